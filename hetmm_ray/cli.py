@@ -1,0 +1,239 @@
+"""The ``hetmm`` command: fit, predict, evaluate, demo.
+
+Every expected failure (bad image, bad config, missing weights, unknown
+product, unreadable store) ends with a one-line ``hetmm: error: ...`` and exit
+status 2; ``--debug`` shows tracebacks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from . import __version__
+from .config import BACKBONES, ConfigError, DetectorConfig, load_config
+
+__all__ = ["main"]
+
+DEFAULT_STORE = "hetmm-store"
+IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff"}
+
+
+class CLIError(Exception):
+    """A user-facing failure with a one-line message."""
+
+
+# --- configuration from flags -----------------------------------------------------
+def _add_config_flags(p: argparse.ArgumentParser, *, templates: bool = True) -> None:
+    g = p.add_argument_group("configuration (a --config file first, then these flags)")
+    g.add_argument("--config", metavar="FILE", help="JSON or YAML configuration file")
+    g.add_argument("--backbone", choices=BACKBONES, help="feature backbone (default wide_resnet101_2)")
+    g.add_argument("--weights", help="DEFAULT, a torchvision enum name, a state-dict file, or 'random'")
+    if templates:
+        g.add_argument("--templates", help="template selection: all (default)")
+        g.add_argument("--sheets", type=int, help="template sheets K for compressed selections")
+    g.add_argument("--device", help="auto (default), cpu, cuda, cuda:N")
+    g.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), help="ATMM compute dtype")
+    g.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE",
+        help="any setting by dotted name, e.g. --set scoring.score_sigma=6.8 (JSON values)",
+    )
+
+
+def _config_from(args: argparse.Namespace, base: DetectorConfig | None = None) -> DetectorConfig:
+    config = load_config(args.config) if getattr(args, "config", None) else (base or DetectorConfig())
+    changes: dict[str, Any] = {}
+    if getattr(args, "backbone", None):
+        changes["backbone.name"] = args.backbone
+    for flag, key in (
+        ("weights", "backbone.weights"),
+        ("templates", "templates.kind"),
+        ("sheets", "templates.sheets"),
+        ("device", "device"),
+        ("dtype", "dtype"),
+    ):
+        if getattr(args, flag, None) is not None:
+            changes[key] = getattr(args, flag)
+    for item in getattr(args, "set", []):
+        key, sep, raw = item.partition("=")
+        if not sep:
+            raise ConfigError(f"--set {item!r}: expected KEY=VALUE")
+        try:
+            changes[key.strip()] = json.loads(raw)
+        except json.JSONDecodeError:
+            changes[key.strip()] = raw
+    return config.replace(**changes) if changes else config
+
+
+def _image_paths(items: list[str]) -> list[Path]:
+    paths: list[Path] = []
+    for item in items:
+        p = Path(item)
+        if p.is_dir():
+            found = sorted(q for q in p.rglob("*") if q.suffix.lower() in IMAGE_SUFFIXES and q.is_file())
+            if not found:
+                raise CLIError(f"{p}: no images (png, jpg, bmp, tif) in this folder")
+            paths.extend(found)
+        elif p.exists():
+            paths.append(p)
+        else:
+            raise CLIError(f"{p}: no such file or folder")
+    return paths
+
+
+# --- commands ------------------------------------------------------------------------
+def cmd_fit(args: argparse.Namespace) -> int:
+    from .detector import HETMM
+    from .evaluation import load_images
+    from .store import open_store
+
+    config = _config_from(args)
+    paths = _image_paths(args.images)
+    det = HETMM(config, progress=True)
+    det.fit(load_images(paths, config.backbone.image_size, progress=True, desc="decode"))
+    version = det.save(open_store(args.store), args.product)
+    print(
+        f"product {args.product}: version {version} from {len(paths)} good images "
+        f"({det.backbone.weights_id}); threshold {det.threshold:.4f}; store {args.store}"
+    )
+    return 0
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    from .data.decode import ImageError, decode_image, resize_rgb
+    from .detector import HETMM
+    from .store import open_store
+    from .visualize import heatmap_overlay, save_png
+
+    overrides = {k: v for k, v in (("device", args.device), ("dtype", args.dtype)) if v}
+    det = HETMM.load(open_store(args.store), args.product, args.version, progress=True, **overrides)
+    size = det.config.backbone.image_size
+    good: list[tuple[Path, Any]] = []
+    failed = 0
+    for path in _image_paths(args.images):
+        try:
+            good.append((path, decode_image(path)))
+        except ImageError as exc:
+            print(f"hetmm: skipped: {exc}", file=sys.stderr)
+            failed += 1
+    if not good:
+        raise CLIError("no readable images to score")
+    pred = det.predict([resize_rgb(img, size) for _, img in good], sigmas=args.sigmas)
+    out = Path(args.out) if args.out else None
+    records = []
+    for i, (path, image) in enumerate(good):
+        rec = {
+            "image": str(path),
+            "score": round(float(pred.scores[i]), 6),
+            "threshold": round(pred.threshold, 6),
+            "is_anomaly": bool(pred.is_anomaly[i]),
+            "version": pred.version,
+        }
+        if out is not None:
+            rec["heatmap"] = str(save_png(heatmap_overlay(image, pred.maps[i]), out / f"{path.stem}_heatmap.png"))
+        records.append(rec)
+        flag = "ANOMALY" if rec["is_anomaly"] else "ok"
+        print(f"{rec['score']:.4f}  {flag:<7}  {path}")
+    print(f"{len(good)} images, {len(good) / pred.seconds:.2f} images/s, product {args.product} v{pred.version}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(records, indent=1))
+    return 1 if failed else 0
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from .evaluation import evaluate
+
+    config = _config_from(args)
+    result, _, _ = evaluate(args.data, config, progress=True)
+    print(result.table())
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result.to_json(), indent=1))
+        print(f"written {args.json}")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+
+    run_demo(Path(args.out), config=_config_from(args), n_train=args.train_images)
+    return 0
+
+
+# --- entry point -----------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hetmm", description="Training-free industrial anomaly detection (HETMM).")
+    parser.add_argument("--version", action="version", version=f"hetmm-ray {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("fit", help="build a product's templates from good images and store them")
+    p.add_argument("images", nargs="+", help="good images or folders of them")
+    p.add_argument("--product", required=True, help="product name")
+    p.add_argument("--store", default=DEFAULT_STORE, help=f"template store (default ./{DEFAULT_STORE})")
+    _add_config_flags(p)
+    p.set_defaults(func=cmd_fit)
+
+    p = sub.add_parser("predict", help="score images against a stored product; write heat-maps")
+    p.add_argument("images", nargs="+", help="images or folders of them")
+    p.add_argument("--product", required=True)
+    p.add_argument("--store", default=DEFAULT_STORE)
+    p.add_argument("--version", type=int, help="template version (default: head)")
+    p.add_argument("--out", help="folder for heat-map overlay PNGs")
+    p.add_argument("--json", help="write results as JSON here")
+    p.add_argument("--sigmas", type=float, help="threshold = mean + SIGMAS * std of good scores (default from config)")
+    p.add_argument("--device")
+    p.add_argument("--dtype", choices=("float32", "float16", "bfloat16"))
+    p.set_defaults(func=cmd_predict)
+
+    p = sub.add_parser("evaluate", help="fit on train/good of an MVTec-layout folder and measure on test/")
+    p.add_argument("--data", required=True, help="category folder (train/good, test/<type>, ground_truth/<type>)")
+    p.add_argument("--json", help="write the results as JSON here")
+    _add_config_flags(p)
+    p.set_defaults(func=cmd_evaluate)
+
+    p = sub.add_parser("demo", help="end to end on a generated product: fit, store, predict, heat-maps")
+    p.add_argument("--out", default="out/demo", help="output folder (default out/demo)")
+    p.add_argument("--train-images", type=int, default=30, help="generated good images to fit on")
+    _add_config_flags(p, templates=False)
+    p.set_defaults(func=cmd_demo)
+    return parser
+
+
+def _expected_errors() -> tuple[type[BaseException], ...]:
+    from .core.backbone import WeightsError
+    from .core.templates import TemplateError
+    from .data.decode import ImageError
+    from .data.mvtec import DatasetError
+    from .store import StoreError
+
+    return (CLIError, ConfigError, ImageError, DatasetError, WeightsError, StoreError, TemplateError, OSError)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    start = time.perf_counter()
+    try:
+        code = args.func(args)
+    except KeyboardInterrupt:
+        print("hetmm: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # noqa: BLE001 - the CLI's promise: one line, never a traceback
+        if args.debug:
+            raise
+        known = isinstance(exc, _expected_errors())
+        msg = str(exc) if known else f"unexpected {type(exc).__name__}: {exc} (run with --debug for a traceback)"
+        print(f"hetmm: error: {msg.splitlines()[0] if msg else type(exc).__name__}", file=sys.stderr)
+        return 2
+    if args.debug:
+        print(f"hetmm: {args.command} took {time.perf_counter() - start:.1f}s", file=sys.stderr)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

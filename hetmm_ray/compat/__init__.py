@@ -1,0 +1,1 @@
+"""Shims that keep third-party imports working on every host."""

@@ -1,0 +1,288 @@
+"""Typed, validated configuration: the one place where defaults live.
+
+Every knob of a product (backbone, windows, alpha, blur, threshold, template
+selection) is a field here. Configurations are frozen dataclasses built from
+keyword arguments or from a plain dict (JSON/YAML); unknown keys and bad values
+raise :class:`ConfigError` with a message that names the field and what is
+allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "BACKBONES",
+    "DEFAULT_LAYERS",
+    "MAX_IMAGE_BYTES",
+    "MAX_IMAGE_PIXELS",
+    "MIN_IMAGE_SIDE",
+    "TEMPLATE_KINDS",
+    "BackboneConfig",
+    "ConfigError",
+    "DetectorConfig",
+    "ScoringConfig",
+    "TemplateConfig",
+    "ThresholdConfig",
+    "load_config",
+]
+
+# --- input limits (checked before any pixel is decoded) -------------------
+MAX_IMAGE_BYTES = 32 * 1024 * 1024
+"""Largest encoded image accepted (bytes)."""
+MAX_IMAGE_PIXELS = 50_000_000
+"""Largest declared width*height accepted; larger headers are refused unread."""
+MIN_IMAGE_SIDE = 8
+"""Smallest width or height accepted."""
+
+# --- backbones ---------------------------------------------------------------
+# Feature taps per backbone: the module whose output is a layer's feature map.
+# For ResNets the tap is moved to the residual sum of the last block when
+# ``pre_relu`` is on (ALGORITHM.md §1); see core/backbone.py.
+DEFAULT_LAYERS: dict[str, tuple[str, ...]] = {
+    "wide_resnet101_2": ("layer1", "layer2", "layer3"),
+    "wide_resnet50_2": ("layer1", "layer2", "layer3"),
+    "resnet18": ("layer1", "layer2", "layer3"),
+    "resnet34": ("layer1", "layer2", "layer3"),
+    "resnet50": ("layer1", "layer2", "layer3"),
+    "resnet101": ("layer1", "layer2", "layer3"),
+    "resnext50_32x4d": ("layer1", "layer2", "layer3"),
+    "resnext101_32x8d": ("layer1", "layer2", "layer3"),
+    "mobilenet_v2": ("features.3", "features.6", "features.13"),
+}
+BACKBONES = tuple(DEFAULT_LAYERS)
+
+TEMPLATE_KINDS = ("all", "ir", "pr", "pc_k", "pts_k", "pts_o")
+DTYPES = ("float32", "float16", "bfloat16")
+
+
+class ConfigError(ValueError):
+    """A configuration value is missing, unknown or out of range."""
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
+
+
+def _odd_windows(name: str, values: tuple[int, ...]) -> None:
+    for v in values:
+        _require(
+            isinstance(v, int) and v >= 1 and v % 2 == 1,
+            f"{name}: every window must be an odd integer >= 1, got {v!r}",
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class BackboneConfig:
+    """Which frozen CNN turns images into features, and how."""
+
+    name: str = "wide_resnet101_2"
+    # "DEFAULT" or a torchvision enum name (e.g. "IMAGENET1K_V2"), a path to a
+    # state-dict file (.pth loaded with weights_only=True, or .safetensors), or
+    # "random" (seeded; for tests and speed benchmarks only).
+    weights: str = "DEFAULT"
+    layers: tuple[str, ...] | None = None  # None: DEFAULT_LAYERS[name]
+    pre_relu: bool = True
+    image_size: int = 256
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        _require(
+            self.name in DEFAULT_LAYERS,
+            f"backbone.name: unknown backbone {self.name!r}; choose one of {', '.join(BACKBONES)}",
+        )
+        _require(bool(self.weights), "backbone.weights: must not be empty")
+        _require(
+            isinstance(self.image_size, int) and 32 <= self.image_size <= 2048,
+            f"backbone.image_size: must be an integer in [32, 2048], got {self.image_size!r}",
+        )
+        if self.layers is not None:
+            object.__setattr__(self, "layers", tuple(self.layers))
+            _require(len(self.layers) >= 1, "backbone.layers: give at least one layer")
+
+    @property
+    def taps(self) -> tuple[str, ...]:
+        return self.layers if self.layers is not None else DEFAULT_LAYERS[self.name]
+
+    @property
+    def is_random(self) -> bool:
+        return self.weights.lower() == "random"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScoringConfig:
+    """ATMM and post-processing (ALGORITHM.md §3). One entry per layer."""
+
+    forward_windows: tuple[int, ...] = (9, 7, 5)
+    backward_windows: tuple[int, ...] = (9, 7, 5)
+    alphas: tuple[float, ...] = (0.5, 0.5, 0.5)
+    layer_weights: tuple[float, ...] = (1.0, 1.0, 1.0)
+    # Image score = max of the map blurred with this sigma (kernel 2*ceil(4*sigma)+1,
+    # reflect padding). 4 is the value the reference figures were measured with.
+    score_sigma: float = 4.0
+    # Blur applied to the localisation map that metrics and heat-maps use (0 = none).
+    map_sigma: float = 4.0
+    output_size: int | None = None  # None: the backbone's image_size
+
+    def __post_init__(self) -> None:
+        for name in ("forward_windows", "backward_windows", "alphas", "layer_weights"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
+        _odd_windows("scoring.forward_windows", self.forward_windows)
+        _odd_windows("scoring.backward_windows", self.backward_windows)
+        for a in self.alphas:
+            _require(0.0 <= a <= 1.0, f"scoring.alphas: each alpha must be in [0, 1], got {a!r}")
+        for w in self.layer_weights:
+            _require(w >= 0.0, f"scoring.layer_weights: weights must be >= 0, got {w!r}")
+        _require(self.score_sigma >= 0, "scoring.score_sigma: must be >= 0")
+        _require(self.map_sigma >= 0, "scoring.map_sigma: must be >= 0")
+        n = {len(self.forward_windows), len(self.backward_windows), len(self.alphas), len(self.layer_weights)}
+        _require(
+            len(n) == 1,
+            "scoring: forward_windows, backward_windows, alphas and layer_weights need one entry per layer",
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class TemplateConfig:
+    """Which templates ATMM matches against (ALGORITHM.md §2, §4)."""
+
+    kind: str = "all"
+    sheets: int = 60
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        _require(
+            self.kind in TEMPLATE_KINDS,
+            f"templates.kind: unknown selection {self.kind!r}; choose one of {', '.join(TEMPLATE_KINDS)}",
+        )
+        _require(isinstance(self.sheets, int) and self.sheets >= 1, "templates.sheets: must be an integer >= 1")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ThresholdConfig:
+    """Verdict threshold calibrated from good images only.
+
+    ``max_images`` training images are split into ``folds``; each fold is scored
+    against the templates of all other training images. The threshold is
+    ``mean + sigmas * std`` of those out-of-fold scores: raise ``sigmas`` for
+    fewer false alarms, lower it for more sensitivity. It can be changed at
+    predict time without refitting, since the scores are stored.
+    """
+
+    folds: int = 5
+    max_images: int = 50
+    sigmas: float = 3.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        _require(isinstance(self.folds, int) and self.folds >= 2, "threshold.folds: must be an integer >= 2")
+        _require(self.max_images >= 2, "threshold.max_images: must be >= 2")
+        _require(self.sigmas >= 0, "threshold.sigmas: must be >= 0")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DetectorConfig:
+    """Everything that defines one product's detector."""
+
+    backbone: BackboneConfig = field(default_factory=BackboneConfig)
+    scoring: ScoringConfig = field(default_factory=ScoringConfig)
+    templates: TemplateConfig = field(default_factory=TemplateConfig)
+    threshold: ThresholdConfig = field(default_factory=ThresholdConfig)
+    device: str = "auto"  # "auto" = cuda when available, else cpu
+    dtype: str = "float32"  # compute dtype of ATMM
+    batch_size: int = 8  # images per backbone/ATMM batch
+    chunk_mib: int = 256  # bound on ATMM's temporary similarity block
+
+    def __post_init__(self) -> None:
+        _require(self.dtype in DTYPES, f"dtype: choose one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        _require(isinstance(self.batch_size, int) and self.batch_size >= 1, "batch_size: must be an integer >= 1")
+        _require(isinstance(self.chunk_mib, int) and self.chunk_mib >= 1, "chunk_mib: must be an integer >= 1")
+        _require(
+            self.device == "auto" or self.device.split(":")[0] in ("cpu", "cuda", "mps"),
+            f"device: use auto, cpu, cuda or cuda:N, got {self.device!r}",
+        )
+        n_layers = len(self.backbone.taps)
+        _require(
+            len(self.scoring.forward_windows) == n_layers,
+            f"scoring: the backbone taps {n_layers} layers {self.backbone.taps} but scoring has "
+            f"{len(self.scoring.forward_windows)} entries per list",
+        )
+
+    # --- (de)serialisation --------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return json.loads(json.dumps(dataclasses.asdict(self)))
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> DetectorConfig:
+        return _build(cls, data, "")
+
+    def replace(self, **changes: Any) -> DetectorConfig:
+        """Copy with top-level or dotted changes: ``replace(**{"backbone.name": "resnet18"})``."""
+        data = self.to_dict()
+        for key, value in changes.items():
+            node = data
+            *parents, leaf = key.split(".")
+            for p in parents:
+                if p not in node or not isinstance(node[p], dict):
+                    raise ConfigError(f"unknown configuration section {p!r} in {key!r}")
+                node = node[p]
+            node[leaf] = value
+        return DetectorConfig.from_dict(data)
+
+
+_SECTIONS: dict[str, type] = {
+    "backbone": BackboneConfig,
+    "scoring": ScoringConfig,
+    "templates": TemplateConfig,
+    "threshold": ThresholdConfig,
+}
+
+
+def _build(cls: type, data: Any, prefix: str) -> Any:
+    where = prefix.rstrip(".") or "configuration"
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: expected a mapping, got {type(data).__name__}")
+    names = {f.name for f in dataclasses.fields(cls)}
+    kwargs: dict[str, Any] = {}
+    for key, value in data.items():
+        if key not in names:
+            hint = difflib.get_close_matches(key, names, n=1)
+            extra = f"; did you mean {hint[0]!r}?" if hint else f"; known: {', '.join(sorted(names))}"
+            raise ConfigError(f"unknown setting {prefix}{key!r}{extra}")
+        if cls is DetectorConfig and key in _SECTIONS:
+            value = _build(_SECTIONS[key], value, f"{key}.")
+        elif isinstance(value, list):
+            value = tuple(value)
+        kwargs[key] = value
+    try:
+        return cls(**kwargs)
+    except TypeError as exc:  # wrong type deep inside a comparison
+        raise ConfigError(f"{where}: {exc}") from None
+
+
+def load_config(path: str | Path) -> DetectorConfig:
+    """Read a JSON or YAML configuration file (partial files fill in defaults)."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read configuration ({exc.strerror})") from None
+    try:
+        if p.suffix.lower() in (".yaml", ".yml"):
+            import yaml
+
+            data = yaml.safe_load(text) or {}
+        else:
+            data = json.loads(text)
+    except Exception as exc:  # noqa: BLE001 - parser errors vary by format
+        raise ConfigError(f"{p}: not valid {p.suffix.lstrip('.') or 'JSON'}: {exc}") from None
+    try:
+        return DetectorConfig.from_dict(data)
+    except ConfigError as exc:
+        raise ConfigError(f"{p}: {exc}") from None

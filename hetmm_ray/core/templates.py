@@ -1,0 +1,129 @@
+"""TemplateSet: a product's per-layer feature bank, its selection, and provenance.
+
+The bank holds every good image's features (the "ALL" set, ALGORITHM.md §2).
+A compressed tiny set is stored as per-pixel bank indices ``(K, H, W)`` per
+layer, so it is derivable, checkable and cheap to keep next to the bank.
+Serialised as safetensors (never pickle): tensors plus a JSON metadata header.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+from torch import Tensor
+
+from ..config import ConfigError, DetectorConfig
+from .scoring import Calibration
+
+__all__ = ["FORMAT_VERSION", "TemplateError", "TemplateSet"]
+
+FORMAT_VERSION = 1
+
+
+class TemplateError(ValueError):
+    """Stored templates are unreadable or do not fit the detector."""
+
+
+@dataclass(frozen=True)
+class TemplateSet:
+    """Everything needed to score a product, independent of where it is stored."""
+
+    bank: dict[str, Tensor]  # layer -> (N, C, H, W), L2-normalised per pixel
+    config: DetectorConfig
+    weights_id: str
+    image_digests: tuple[str, ...]
+    calibration: Calibration | None = None
+    indices: dict[str, Tensor] | None = None  # layer -> (K, H, W) bank indices; None = ALL
+    meta: dict[str, Any] = field(default_factory=dict)  # free-form provenance (parent, created, ...)
+
+    def __post_init__(self) -> None:
+        n = {v.shape[0] for v in self.bank.values()}
+        if len(n) != 1:
+            raise TemplateError(f"bank layers disagree on the image count: {sorted(n)}")
+        if n.pop() != len(self.image_digests):
+            raise TemplateError("bank image count and image digests disagree")
+
+    @property
+    def layers(self) -> tuple[str, ...]:
+        return tuple(self.bank)
+
+    @property
+    def n_images(self) -> int:
+        return len(self.image_digests)
+
+    @property
+    def sheets(self) -> int:
+        if self.indices is None:
+            return self.n_images
+        return next(iter(self.indices.values())).shape[0]
+
+    def templates(self, layer: str) -> Tensor:
+        """The (K, C, H, W) templates ATMM matches against for ``layer``."""
+        bank = self.bank[layer]
+        if self.indices is None:
+            return bank
+        idx = self.indices[layer].to(bank.device)
+        k, h, w = idx.shape
+        # T[k, :, y, x] = bank[idx[k, y, x], :, y, x]
+        gather_idx = idx[:, None].expand(k, bank.shape[1], h, w)
+        return torch.gather(bank, 0, gather_idx)
+
+    def appended(self, bank: dict[str, Tensor], digests: tuple[str, ...], **changes: Any) -> TemplateSet:
+        """A new set with more images' features appended to the bank (selection reset)."""
+        if set(bank) != set(self.bank):
+            raise TemplateError(f"new features have layers {sorted(bank)}, the set has {sorted(self.bank)}")
+        grown = {k: torch.cat([self.bank[k], bank[k].to(self.bank[k].dtype)]) for k in self.bank}
+        return replace(self, bank=grown, image_digests=self.image_digests + digests, indices=None, **changes)
+
+    # --- serialisation ---------------------------------------------------------
+    def to_bytes(self) -> bytes:
+        tensors = {f"bank/{k}": v.contiguous().cpu() for k, v in self.bank.items()}
+        if self.indices is not None:
+            tensors.update({f"indices/{k}": v.contiguous().cpu() for k, v in self.indices.items()})
+        header = {
+            "format": FORMAT_VERSION,
+            "layers": list(self.bank),
+            "config": self.config.to_dict(),
+            "weights_id": self.weights_id,
+            "image_digests": list(self.image_digests),
+            "calibration": None if self.calibration is None else list(self.calibration.scores),
+            "meta": self.meta,
+        }
+        return st_save(tensors, metadata={"hetmm": json.dumps(header)})
+
+    @classmethod
+    def from_bytes(cls, data: bytes, *, source: str = "templates") -> TemplateSet:
+        try:
+            tensors = st_load(data)
+            header = json.loads(_metadata(data)["hetmm"])
+        except Exception as exc:  # noqa: BLE001 - any parse failure means unusable data
+            raise TemplateError(f"{source}: not a readable template set ({exc})") from None
+        if header.get("format") != FORMAT_VERSION:
+            raise TemplateError(f"{source}: unsupported template format {header.get('format')!r}")
+        try:
+            config = DetectorConfig.from_dict(header["config"])
+        except ConfigError as exc:
+            raise TemplateError(f"{source}: stored configuration is invalid: {exc}") from None
+        layers = header["layers"]
+        indices = {k: tensors[f"indices/{k}"] for k in layers} if f"indices/{layers[0]}" in tensors else None
+        cal = header.get("calibration")
+        return cls(
+            bank={k: tensors[f"bank/{k}"] for k in layers},
+            config=config,
+            weights_id=header["weights_id"],
+            image_digests=tuple(header["image_digests"]),
+            calibration=None if cal is None else Calibration(tuple(cal)),
+            indices=indices,
+            meta=header.get("meta", {}),
+        )
+
+
+def _metadata(data: bytes) -> dict[str, str]:
+    """The safetensors JSON header's ``__metadata__`` (8-byte little-endian length prefix)."""
+    n = int.from_bytes(data[:8], "little")
+    return json.loads(data[8 : 8 + n])["__metadata__"]

@@ -1,0 +1,287 @@
+"""Safe image decoding: every bad input becomes one clear :class:`ImageError`.
+
+Images come from cameras, uploads and dataset folders, so nothing about them is
+trusted. :func:`decode_image` enforces, in this order and before any pixel is
+decoded:
+
+1. the input exists, is a regular file and is readable (paths only);
+2. it is not empty and not larger than ``max_bytes`` (``stat`` for paths, so an
+   oversized file is never read);
+3. it is PNG, JPEG, BMP or TIFF. Only those four parsers ever see the data; other
+   formats are recognised from their signature and refused by name;
+4. the width and height declared in the header are sane: ``width * height <=
+   max_pixels`` (a tiny file declaring 100000x100000 pixels is refused unread)
+   and each side ``>= min_side``.
+
+Only then are the pixels decoded (truncated or corrupt data is an error, never
+silently padded) and converted to RGB ``uint8``:
+
+* ``1``, ``L``, ``P``, ``CMYK``, ``YCbCr``, ``RGBX`` -> RGB with Pillow's conversion;
+* modes with alpha (``RGBA``, ``LA``, ``PA``, ``P`` with transparency) are
+  composited onto **black**: ``rgb * alpha / 255``. Fully transparent pixels
+  become black;
+* 16-bit grayscale (``I;16``, ``I;16L``, ``I;16B``, and ``I`` holding values in
+  ``0..65535``) keeps the 8 most significant bits (``value >> 8``), so the full
+  16-bit range maps onto the full 8-bit range instead of being clipped;
+* anything else (``F`` float, ``I`` with 32-bit values, ``LAB``, ``HSV``...) is
+  refused as an unsupported pixel mode;
+* multi-frame files (TIFF pages, APNG, MPO) yield their first frame.
+
+EXIF orientation is not applied: industrial cameras do not set it and the
+detector compares images pixel by pixel as the sensor delivered them.
+
+Pillow's global decompression-bomb limit (``Image.MAX_IMAGE_PIXELS``) is never
+modified; our own limit is checked first, and any ``DecompressionBombError``
+Pillow raises later is converted into :class:`ImageError`.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import stat
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image, JpegImagePlugin
+
+from hetmm_ray.config import MAX_IMAGE_BYTES, MAX_IMAGE_PIXELS, MIN_IMAGE_SIDE
+
+__all__ = [
+    "ACCEPTED_FORMATS",
+    "ImageError",
+    "decode_image",
+    "images_to_tensor",
+    "load_image",
+    "resize_rgb",
+]
+
+ACCEPTED_FORMATS = ("PNG", "JPEG", "BMP", "TIFF")
+"""Encoded formats :func:`decode_image` accepts."""
+
+_ACCEPTED_TEXT = ", ".join(ACCEPTED_FORMATS)
+_PREFIX_BYTES = 16  # what Pillow's signature checks look at
+_SIXTEEN_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I")
+_ALPHA_MODES = ("RGBA", "LA", "PA", "RGBa", "La")
+_DIRECT_MODES = ("1", "L", "CMYK", "YCbCr", "RGBX")
+
+
+class ImageError(ValueError):
+    """An image could not be accepted; ``str(err)`` is ``"<source>: <problem>"``."""
+
+    def __init__(self, source: str, problem: str) -> None:
+        super().__init__(f"{source}: {problem}")
+        self.source = source
+        self.problem = problem
+
+    def __reduce__(self):  # keep both fields across pickling (worker processes)
+        return (type(self), (self.source, self.problem))
+
+
+# --- reading -----------------------------------------------------------------
+def _read_path(path: Path, source: str, max_bytes: int) -> bytes:
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        raise ImageError(source, "file not found") from None
+    except NotADirectoryError:
+        raise ImageError(source, "file not found (a parent of the path is not a folder)") from None
+    except OSError as exc:
+        raise ImageError(source, f"cannot read file ({exc.strerror or exc})") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise ImageError(source, "is a directory, not an image file")
+    if not stat.S_ISREG(st.st_mode):
+        raise ImageError(source, "not a regular file")
+    _check_byte_count(st.st_size, source, max_bytes)
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(max_bytes + 1)  # the file may have grown since stat
+    except OSError as exc:
+        raise ImageError(source, f"cannot read file ({exc.strerror or exc})") from None
+    _check_byte_count(len(raw), source, max_bytes)
+    return raw
+
+
+def _check_byte_count(n: int, source: str, max_bytes: int) -> None:
+    if n == 0:
+        raise ImageError(source, "empty file (0 bytes)")
+    if n > max_bytes:
+        raise ImageError(source, f"file too large: {n} bytes exceeds the limit of {max_bytes} bytes")
+
+
+# --- identification (header only) -------------------------------------------
+def _plugins() -> dict:
+    Image.preinit()
+    Image.init()
+    return Image.OPEN
+
+
+def _signature_matches(accept, prefix: bytes) -> bool:
+    if accept is None:
+        return False
+    try:
+        result = accept(prefix)
+    except Exception:  # noqa: BLE001 - a third-party signature check misbehaving is "no match"
+        return False
+    return bool(result) and not isinstance(result, str)
+
+
+def _open_header(raw: bytes, source: str) -> Image.Image:
+    """Parse the header with one of the accepted parsers; no pixel is decoded.
+
+    This mirrors ``Image.open`` restricted to :data:`ACCEPTED_FORMATS`, without its
+    global decompression-bomb check (our own, configurable check follows).
+    """
+    opens = _plugins()
+    prefix = raw[:_PREFIX_BYTES]
+    header_errors: list[str] = []
+    for fmt in ACCEPTED_FORMATS:
+        factory, accept = opens[fmt]
+        if not _signature_matches(accept, prefix):
+            continue
+        if fmt == "JPEG":
+            # The registered factory may turn a JPEG into a multi-picture (MPO)
+            # file, whose opening decodes frame offsets; we only want frame 0.
+            factory = JpegImagePlugin.JpegImageFile
+        try:
+            return factory(io.BytesIO(raw), "")
+        except Image.DecompressionBombError as exc:
+            raise ImageError(source, f"declared image size too large ({exc})") from None
+        except Exception as exc:  # noqa: BLE001 - parsers raise many types for bad headers
+            header_errors.append(f"{fmt}: {exc}")
+    if header_errors:
+        raise ImageError(source, f"truncated or corrupt image header ({'; '.join(header_errors)})")
+    for fmt in Image.ID:
+        if fmt not in ACCEPTED_FORMATS and _signature_matches(opens[fmt][1], prefix):
+            raise ImageError(source, f"unsupported format {fmt} (accepted formats: {_ACCEPTED_TEXT})")
+    raise ImageError(source, f"not a recognised image format (accepted formats: {_ACCEPTED_TEXT})")
+
+
+def _check_dimensions(size: tuple[int, int], source: str, max_pixels: int, min_side: int) -> None:
+    w, h = size
+    if w * h > max_pixels:
+        raise ImageError(
+            source,
+            f"declared image dimensions {w}x{h} = {w * h} pixels exceed the limit of {max_pixels} pixels "
+            "(refused before decoding: possible decompression bomb)",
+        )
+    if min(w, h) < min_side:
+        raise ImageError(
+            source, f"image dimensions {w}x{h} too small: each side must be at least {min_side} pixels"
+        )
+
+
+# --- pixel conversion ---------------------------------------------------------
+def _drop_alpha(rgba: np.ndarray) -> np.ndarray:
+    """Composite an RGBA uint8 array onto black: ``round(rgb * alpha / 255)``."""
+    rgb = rgba[..., :3].astype(np.uint16)
+    alpha = rgba[..., 3:4].astype(np.uint16)
+    return ((rgb * alpha + 127) // 255).astype(np.uint8)
+
+
+def _to_rgb(im: Image.Image, source: str) -> np.ndarray:
+    mode = im.mode
+    if mode == "RGB":
+        return np.array(im, dtype=np.uint8)
+    if mode in _DIRECT_MODES or (mode == "P" and not im.has_transparency_data):
+        return np.array(im.convert("RGB"), dtype=np.uint8)
+    if mode in _ALPHA_MODES or mode == "P":
+        return _drop_alpha(np.array(im.convert("RGBA"), dtype=np.uint8))
+    if mode in _SIXTEEN_BIT_MODES:
+        values = np.asarray(im)
+        if values.ndim != 2:
+            raise ImageError(source, f"unsupported pixel mode {mode} (unexpected array shape {values.shape})")
+        if mode == "I" and values.size and (values.min() < 0 or values.max() > 0xFFFF):
+            raise ImageError(source, "unsupported pixel mode I (values outside the 16-bit range 0..65535)")
+        gray = (values.astype(np.uint32) >> 8).astype(np.uint8)
+        return np.repeat(gray[:, :, None], 3, axis=2)
+    raise ImageError(
+        source,
+        f"unsupported pixel mode {mode} (accepted: 1, L, P, LA, PA, RGB, RGBA, CMYK, YCbCr, 16-bit grayscale)",
+    )
+
+
+# --- public API ---------------------------------------------------------------
+def decode_image(
+    data: bytes | str | os.PathLike,
+    *,
+    source: str | None = None,
+    max_bytes: int = MAX_IMAGE_BYTES,
+    max_pixels: int = MAX_IMAGE_PIXELS,
+    min_side: int = MIN_IMAGE_SIDE,
+) -> np.ndarray:
+    """Decode encoded image bytes or an image file into an RGB ``uint8`` array ``(H, W, 3)``.
+
+    ``source`` names the input in error messages; it defaults to the path, or
+    ``"<upload>"`` for bytes. Raises :class:`ImageError` for any input that is
+    missing, empty, too large, not PNG/JPEG/BMP/TIFF, of absurd dimensions,
+    truncated/corrupt, or in an unsupported pixel mode (see the module docstring).
+    """
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        src = source if source is not None else "<upload>"
+        raw = bytes(data)
+        _check_byte_count(len(raw), src, max_bytes)
+    elif isinstance(data, (str, os.PathLike)):
+        path = Path(data)
+        src = source if source is not None else str(path)
+        raw = _read_path(path, src, max_bytes)
+    else:
+        raise TypeError(f"decode_image: expected bytes or a path, got {type(data).__name__}")
+
+    im = _open_header(raw, src)
+    try:
+        _check_dimensions(im.size, src, max_pixels, min_side)
+        try:
+            im.seek(0)
+            im.load()
+            return _to_rgb(im, src)
+        except ImageError:
+            raise
+        except Image.DecompressionBombError as exc:
+            raise ImageError(src, f"image dimensions too large to decode ({exc})") from None
+        except MemoryError:
+            raise ImageError(src, "not enough memory to decode the image") from None
+        except Exception as exc:  # noqa: BLE001 - decoders raise OSError, SyntaxError, ValueError, EOFError...
+            raise ImageError(src, f"truncated or corrupt image data ({exc})") from None
+    finally:
+        im.close()
+
+
+def load_image(path: str | os.PathLike) -> np.ndarray:
+    """Read an image file as RGB ``uint8`` ``(H, W, 3)``; see :func:`decode_image`."""
+    return decode_image(path)
+
+
+def _check_rgb(image: np.ndarray) -> None:
+    if not isinstance(image, np.ndarray) or image.dtype != np.uint8 or image.ndim != 3 or image.shape[2] != 3:
+        shape = getattr(image, "shape", None)
+        dtype = getattr(image, "dtype", type(image).__name__)
+        raise ValueError(f"expected an RGB uint8 array of shape (H, W, 3), got shape {shape} dtype {dtype}")
+
+
+def resize_rgb(image: np.ndarray, size: int) -> np.ndarray:
+    """Resize an RGB ``uint8`` array to ``size x size`` with Pillow's bilinear filter.
+
+    Pillow's bilinear filter widens its support when downscaling, i.e. it
+    antialiases. Returns a new ``uint8`` array ``(size, size, 3)``.
+    """
+    _check_rgb(image)
+    if not isinstance(size, int) or size < 1:
+        raise ValueError(f"size must be a positive integer, got {size!r}")
+    pil = Image.fromarray(np.ascontiguousarray(image))
+    return np.asarray(pil.resize((size, size), Image.Resampling.BILINEAR), dtype=np.uint8).copy()
+
+
+def images_to_tensor(images: list[np.ndarray], size: int) -> torch.Tensor:
+    """Stack RGB ``uint8`` arrays into a float32 tensor ``(B, 3, size, size)`` in ``[0, 1]``.
+
+    Images that are not already ``size x size`` are resized with :func:`resize_rgb`.
+    """
+    if len(images) == 0:
+        raise ValueError("images_to_tensor: no images given")
+    batch = np.empty((len(images), size, size, 3), dtype=np.uint8)
+    for i, image in enumerate(images):
+        _check_rgb(image)
+        batch[i] = image if image.shape[:2] == (size, size) else resize_rgb(image, size)
+    return torch.from_numpy(batch).permute(0, 3, 1, 2).float().div_(255.0).contiguous()

@@ -1,0 +1,119 @@
+"""Reader for one category of the MVTec AD folder layout.
+
+::
+
+    <root>/train/good/*.png                       good training images
+    <root>/test/good/*.png                        good test images      (label 0)
+    <root>/test/<defect_type>/*.png               defective test images (label 1)
+    <root>/ground_truth/<defect_type>/<stem>_mask.png   their pixel masks
+
+Image files are recognised by extension (png, jpg, jpeg, bmp, tif, tiff; any
+case); hidden files (``.DS_Store``, ``._x.png``) are ignored. Every listing is
+sorted so that runs are reproducible.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+__all__ = ["IMAGE_EXTENSIONS", "DatasetError", "MVTecCategory", "Sample"]
+
+IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff")
+_LAYOUT = "expected an MVTec AD category folder with train/good, test/<type>, ground_truth/<type>"
+
+
+class DatasetError(ValueError):
+    """A dataset folder does not have the expected layout or content."""
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One test image: ``label`` is 0 for ``good``, 1 for any defect type."""
+
+    path: Path
+    defect_type: str
+    label: int
+    mask_path: Path | None
+
+
+def _is_image(p: Path) -> bool:
+    return p.is_file() and not p.name.startswith(".") and p.suffix.lower() in IMAGE_EXTENSIONS
+
+
+def _images_in(folder: Path) -> list[Path]:
+    return sorted((p for p in folder.iterdir() if _is_image(p)), key=lambda p: p.name)
+
+
+class MVTecCategory:
+    """One MVTec AD category folder (e.g. ``mvtec/bottle``), validated on construction."""
+
+    def __init__(self, root: str | os.PathLike) -> None:
+        self.root = Path(root)
+        if not self.root.is_dir():
+            raise DatasetError(f"{self.root} not found: {_LAYOUT}")
+        for sub in ("train/good", "test"):
+            if not (self.root / sub).is_dir():
+                raise DatasetError(f"{self.root / sub} not found: {_LAYOUT}")
+        if not _images_in(self.root / "train" / "good"):
+            raise DatasetError(
+                f"{self.root / 'train' / 'good'} contains no images (extensions: {', '.join(IMAGE_EXTENSIONS)})"
+            )
+
+    @property
+    def name(self) -> str:
+        return self.root.name
+
+    def __repr__(self) -> str:
+        return f"MVTecCategory({str(self.root)!r})"
+
+    def train_paths(self) -> list[Path]:
+        """Good training images, sorted by file name."""
+        return _images_in(self.root / "train" / "good")
+
+    def test_samples(self) -> list[Sample]:
+        """Test images sorted by defect type, then file name.
+
+        Raises :class:`DatasetError` if a defective image has no mask file.
+        """
+        test_dir = self.root / "test"
+        types = sorted(p.name for p in test_dir.iterdir() if p.is_dir() and not p.name.startswith("."))
+        samples: list[Sample] = []
+        for defect_type in types:
+            for path in _images_in(test_dir / defect_type):
+                if defect_type == "good":
+                    samples.append(Sample(path, defect_type, 0, None))
+                else:
+                    samples.append(Sample(path, defect_type, 1, self._mask_for(path, defect_type)))
+        return samples
+
+    def _mask_for(self, path: Path, defect_type: str) -> Path:
+        folder = self.root / "ground_truth" / defect_type
+        expected = folder / f"{path.stem}_mask.png"
+        if expected.is_file():
+            return expected
+        for ext in IMAGE_EXTENSIONS[1:]:
+            for candidate in (folder / f"{path.stem}_mask{ext}", folder / f"{path.stem}_mask{ext.upper()}"):
+                if candidate.is_file():
+                    return candidate
+        raise DatasetError(f"{expected} not found: the defective test image {path} has no ground-truth mask")
+
+    def load_mask(self, sample: Sample, size: int) -> np.ndarray:
+        """Boolean ``(size, size)`` mask: all False for good samples.
+
+        The mask file (any mode, read as grayscale) is resized bilinearly as a
+        float in ``[0, 1]`` and thresholded at 0.5.
+        """
+        if sample.mask_path is None:
+            return np.zeros((size, size), dtype=bool)
+        try:
+            with Image.open(sample.mask_path) as im:
+                gray = np.asarray(im.convert("L"), dtype=np.float32) / 255.0
+        except (OSError, SyntaxError, ValueError) as exc:
+            raise DatasetError(f"{sample.mask_path}: cannot read mask ({exc})") from None
+        resized = Image.fromarray(gray).resize((size, size), Image.Resampling.BILINEAR)
+        return np.asarray(resized) >= 0.5

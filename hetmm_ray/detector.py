@@ -1,0 +1,236 @@
+"""Single-process detector API: ``HETMM(config).fit(images).predict(images)``."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Union
+
+import numpy as np
+import torch
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from .config import DetectorConfig
+from .core.atmm import anomaly_maps, pixel_major
+from .core.backbone import Backbone
+from .core.scoring import Calibration, calibrate, gaussian_blur, image_scores
+from .core.templates import TemplateError, TemplateSet
+from .data.decode import decode_image, images_to_tensor
+
+__all__ = ["HETMM", "ImageInput", "Prediction"]
+
+ImageInput = Union[str, Path, bytes, np.ndarray]
+"""A path, encoded bytes, or a decoded RGB uint8 array (H, W, 3)."""
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """Scores and maps of a batch of images, and the template version that made them."""
+
+    scores: np.ndarray  # (N,) image scores
+    maps: np.ndarray  # (N, S, S) float32 localisation maps (blurred with map_sigma)
+    threshold: float
+    is_anomaly: np.ndarray  # (N,) bool
+    version: int | None
+    seconds: float
+
+    def __len__(self) -> int:
+        return len(self.scores)
+
+
+def _digest(image: np.ndarray) -> str:
+    return hashlib.sha256(np.ascontiguousarray(image).tobytes()).hexdigest()[:32]
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+class HETMM:
+    """A HETMM detector for one product.
+
+    ``fit`` extracts the good images' features into the bank and calibrates the
+    verdict threshold; ``predict`` scores new images; ``update`` adds good
+    images without refitting the rest (hot update). ``save``/``load`` go
+    through a template store.
+    """
+
+    def __init__(self, config: DetectorConfig | None = None, *, progress: bool = False) -> None:
+        self.config = config or DetectorConfig()
+        self.progress = progress
+        self.device = resolve_device(self.config.device)
+        self.templates: TemplateSet | None = None
+        self.version: int | None = None
+        self._backbone: Backbone | None = None
+        self._prepared: dict[str, Tensor] | None = None
+
+    # --- pieces ------------------------------------------------------------------
+    @property
+    def backbone(self) -> Backbone:
+        if self._backbone is None:
+            self._backbone = Backbone(self.config.backbone).to(self.device)
+        return self._backbone
+
+    @property
+    def threshold(self) -> float:
+        """Current verdict threshold (``inf`` before calibration)."""
+        cal = self.templates.calibration if self.templates else None
+        return cal.threshold(self.config.threshold.sigmas) if cal else float("inf")
+
+    def _batches(self, images: Sequence[ImageInput], desc: str) -> Iterator[tuple[list[np.ndarray], Tensor]]:
+        size = self.config.backbone.image_size
+        bs = self.config.batch_size
+        bar = tqdm(total=len(images), desc=desc, unit="img", disable=not self.progress, leave=False)
+        with bar:
+            for i in range(0, len(images), bs):
+                decoded = [_as_rgb(x) for x in images[i : i + bs]]
+                yield decoded, images_to_tensor(decoded, size).to(self.device)
+                bar.update(len(decoded))
+
+    def extract(self, images: Sequence[ImageInput], *, desc: str = "features") -> tuple[dict[str, Tensor], list[str]]:
+        """Features of ``images`` (layer -> (N, C, h, w), on the detector's device) and their digests."""
+        if len(images) == 0:
+            raise ValueError("no images given")
+        parts: dict[str, list[Tensor]] = {}
+        digests: list[str] = []
+        for decoded, batch in self._batches(images, desc):
+            digests.extend(_digest(x) for x in decoded)
+            for k, v in self.backbone(batch).items():
+                parts.setdefault(k, []).append(v)
+        return {k: torch.cat(v) for k, v in parts.items()}, digests
+
+    def _score_features(self, feats: dict[str, Tensor], templates_pm: dict[str, Tensor]) -> Tensor:
+        sc = self.config.scoring
+        dtype = _DTYPES[self.config.dtype]
+        out = sc.output_size or self.config.backbone.image_size
+        chunk = self.config.chunk_mib * 2**20
+        maps = []
+        n = next(iter(feats.values())).shape[0]
+        for i in range(0, n, self.config.batch_size):
+            q = {k: v[i : i + self.config.batch_size].to(self.device, dtype) for k, v in feats.items()}
+            maps.append(
+                anomaly_maps(
+                    q, templates_pm, sc.forward_windows, sc.backward_windows, sc.alphas, sc.layer_weights, out,
+                    chunk_bytes=chunk,
+                )
+            )
+        return torch.cat(maps)
+
+    def _prepare(self, ts: TemplateSet, keep: Sequence[int] | None = None) -> dict[str, Tensor]:
+        dtype = _DTYPES[self.config.dtype]
+        out = {}
+        for layer in ts.layers:
+            t = ts.templates(layer) if keep is None else ts.bank[layer][list(keep)]
+            out[layer] = pixel_major(t.to(self.device, dtype))
+        return out
+
+    # --- fit / update ----------------------------------------------------------
+    def fit(self, images: Sequence[ImageInput]) -> HETMM:
+        """Build the template set from good images and calibrate the threshold."""
+        if len(images) < 2:
+            raise ValueError(f"fit needs at least 2 good images, got {len(images)}")
+        feats, digests = self.extract(images, desc="fit: features")
+        ts = TemplateSet(
+            bank={k: v.cpu() for k, v in feats.items()},
+            config=self.config,
+            weights_id=self.backbone.weights_id,
+            image_digests=tuple(digests),
+            meta={"created": time.time()},
+        )
+        self._install(self._calibrated(ts), version=None)
+        return self
+
+    def update(self, images: Sequence[ImageInput]) -> HETMM:
+        """Hot update: append good images' features and recalibrate."""
+        ts = self._require_templates()
+        feats, digests = self.extract(images, desc="update: features")
+        grown = ts.appended({k: v.cpu() for k, v in feats.items()}, tuple(digests))
+        self._install(self._calibrated(grown), version=None)
+        return self
+
+    def _calibrated(self, ts: TemplateSet) -> TemplateSet:
+        tc = self.config.threshold
+        bank_dev = {k: v.to(self.device) for k, v in ts.bank.items()}
+
+        def score_fold(held: list[int], kept: list[int]) -> list[float]:
+            pm = self._prepare(ts, keep=kept)
+            maps = self._score_features({k: v[held] for k, v in bank_dev.items()}, pm)
+            return image_scores(maps, self.config.scoring.score_sigma).tolist()
+
+        cal = calibrate(ts.n_images, folds=tc.folds, max_images=tc.max_images, seed=tc.seed, score_fold=score_fold)
+        return replace(ts, calibration=cal)
+
+    def _install(self, ts: TemplateSet, version: int | None) -> None:
+        self.templates = ts
+        self.version = version
+        self._prepared = self._prepare(ts)
+
+    def _require_templates(self) -> TemplateSet:
+        if self.templates is None:
+            raise RuntimeError("this detector has no templates yet: call fit() or load() first")
+        return self.templates
+
+    # --- predict -------------------------------------------------------------------
+    def predict(self, images: Sequence[ImageInput], *, sigmas: float | None = None) -> Prediction:
+        """Scores, maps and verdicts for ``images``; ``sigmas`` overrides the threshold rule."""
+        ts = self._require_templates()
+        assert self._prepared is not None
+        start = time.perf_counter()
+        scores, maps = [], []
+        sc = self.config.scoring
+        for _, batch in self._batches(images, "predict"):
+            feats = self.backbone(batch)
+            m = self._score_features(feats, self._prepared)
+            scores.append(image_scores(m, sc.score_sigma).cpu())
+            maps.append(gaussian_blur(m, sc.map_sigma).cpu())
+        cal = ts.calibration
+        thr = cal.threshold(self.config.threshold.sigmas if sigmas is None else sigmas) if cal else float("inf")
+        s = torch.cat(scores).numpy()
+        return Prediction(
+            scores=s,
+            maps=torch.cat(maps).numpy(),
+            threshold=thr,
+            is_anomaly=s > thr,
+            version=self.version,
+            seconds=time.perf_counter() - start,
+        )
+
+    # --- persistence -----------------------------------------------------------------
+    def save(self, store: Any, product: str) -> int:
+        """Publish the current template set to ``store``; returns the new version."""
+        self.version = store.put(product, self._require_templates())
+        return self.version
+
+    @classmethod
+    def load(
+        cls, store: Any, product: str, version: int | None = None, *, progress: bool = False, **overrides: Any
+    ) -> HETMM:
+        """A detector from a stored template set; ``overrides`` change run-time settings (device, dtype...)."""
+        if version is None:
+            version = store.head(product)
+        ts = store.get(product, version)
+        config = ts.config.replace(**overrides) if overrides else ts.config
+        det = cls(config, progress=progress)
+        if det.backbone.weights_id != ts.weights_id:
+            raise TemplateError(
+                f"product {product!r} v{version} was built with weights {ts.weights_id}, "
+                f"but the backbone now loads {det.backbone.weights_id}"
+            )
+        det._install(replace(ts, config=config), version=version)
+        return det
+
+
+def _as_rgb(x: ImageInput) -> np.ndarray:
+    if isinstance(x, np.ndarray):
+        if x.dtype != np.uint8 or x.ndim != 3 or x.shape[2] != 3:
+            raise ValueError(f"image arrays must be RGB uint8 (H, W, 3), got {x.dtype} {x.shape}")
+        return x
+    return decode_image(x)

@@ -1,0 +1,60 @@
+"""Heat-map overlays for people: anomaly maps drawn over the inspected image."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+__all__ = ["colorize", "heatmap_overlay", "save_png"]
+
+# A perceptually ordered dark-blue -> cyan -> yellow -> red ramp ("jet"-like but
+# without the harsh green band), as (position, RGB) stops.
+_STOPS = np.array(
+    [
+        [0.00, 0, 0, 80],
+        [0.20, 0, 60, 200],
+        [0.40, 0, 190, 230],
+        [0.60, 120, 230, 80],
+        [0.80, 250, 200, 0],
+        [1.00, 220, 20, 10],
+    ],
+    dtype=np.float64,
+)
+
+
+def colorize(values: np.ndarray) -> np.ndarray:
+    """Values in [0, 1] -> RGB uint8 through the colour ramp."""
+    v = np.clip(np.nan_to_num(values.astype(np.float64)), 0.0, 1.0)
+    rgb = np.stack([np.interp(v, _STOPS[:, 0], _STOPS[:, c]) for c in (1, 2, 3)], axis=-1)
+    return rgb.round().astype(np.uint8)
+
+
+def heatmap_overlay(
+    image: np.ndarray,
+    amap: np.ndarray,
+    *,
+    vmin: float | None = None,
+    vmax: float | None = None,
+    alpha: float = 0.5,
+) -> np.ndarray:
+    """Blend a colourised anomaly map over an RGB uint8 image, at the image's size.
+
+    The map is scaled to [vmin, vmax] (default: its own min and max; pass a
+    fixed range to compare images with each other).
+    """
+    lo = float(amap.min()) if vmin is None else vmin
+    hi = float(amap.max()) if vmax is None else vmax
+    norm = (amap - lo) / max(hi - lo, 1e-12)
+    h, w = image.shape[:2]
+    resized = np.asarray(Image.fromarray(norm.astype(np.float32), mode="F").resize((w, h), Image.BILINEAR))
+    heat = colorize(resized).astype(np.float32)
+    return (image.astype(np.float32) * (1 - alpha) + heat * alpha).round().clip(0, 255).astype(np.uint8)
+
+
+def save_png(array: np.ndarray, path: str | Path) -> Path:
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(array).save(p, format="PNG")
+    return p
