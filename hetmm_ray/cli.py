@@ -39,7 +39,10 @@ def _add_config_flags(p: argparse.ArgumentParser, *, templates: bool = True) -> 
     g.add_argument("--device", help="auto (default), cpu, cuda, cuda:N")
     g.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), help="ATMM compute dtype")
     g.add_argument(
-        "--set", action="append", default=[], metavar="KEY=VALUE",
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
         help="any setting by dotted name, e.g. --set scoring.score_sigma=6.8 (JSON values)",
     )
 
@@ -223,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("hetmm: interrupted", file=sys.stderr)
         return 130
-    except Exception as exc:  # noqa: BLE001 - the CLI's promise: one line, never a traceback
+    except Exception as exc:
         if args.debug:
             raise
         known = isinstance(exc, _expected_errors())

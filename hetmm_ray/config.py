@@ -126,8 +126,9 @@ class ScoringConfig:
     # Image score = max of the map blurred with this sigma (kernel 2*ceil(4*sigma)+1,
     # reflect padding). 4 is the value the reference figures were measured with.
     score_sigma: float = 4.0
-    # Blur applied to the localisation map that metrics and heat-maps use (0 = none).
-    map_sigma: float = 4.0
+    # Blur of the localisation map that metrics and heat-maps use (0 = S itself).
+    # Measured on MVTec bottle: blurring trades PRO for pixel AUROC (sigma 4: PRO -0.4).
+    map_sigma: float = 0.0
     output_size: int | None = None  # None: the backbone's image_size
 
     def __post_init__(self) -> None:

@@ -55,8 +55,9 @@ def run_demo(out: Path, *, config: DetectorConfig | None = None, n_train: int = 
     size = config.backbone.image_size
     data = write_mvtec_layout(out / "data", n_train=n_train, n_test_good=6, n_test_per_defect=3, seed=0, size=size)
     category = MVTecCategory(data)
-    print(f"[1/4] generated product in {data}: {n_train} good training images, "
-          f"{len(category.test_samples())} test images")
+    print(
+        f"[1/4] generated product in {data}: {n_train} good training images, {len(category.test_samples())} test images"
+    )
 
     det = HETMM(config, progress=True)
     t0 = time.perf_counter()

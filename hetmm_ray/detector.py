@@ -17,7 +17,7 @@ from tqdm.auto import tqdm
 from .config import DetectorConfig
 from .core.atmm import anomaly_maps, pixel_major
 from .core.backbone import Backbone
-from .core.scoring import Calibration, calibrate, gaussian_blur, image_scores
+from .core.scoring import calibrate, gaussian_blur, image_scores
 from .core.templates import TemplateError, TemplateSet
 from .data.decode import decode_image, images_to_tensor
 
@@ -118,7 +118,13 @@ class HETMM:
             q = {k: v[i : i + self.config.batch_size].to(self.device, dtype) for k, v in feats.items()}
             maps.append(
                 anomaly_maps(
-                    q, templates_pm, sc.forward_windows, sc.backward_windows, sc.alphas, sc.layer_weights, out,
+                    q,
+                    templates_pm,
+                    sc.forward_windows,
+                    sc.backward_windows,
+                    sc.alphas,
+                    sc.layer_weights,
+                    out,
                     chunk_bytes=chunk,
                 )
             )

@@ -8,7 +8,6 @@ from __future__ import annotations
 import io
 import pickle
 import struct
-import time
 import warnings
 import zlib
 from pathlib import Path
@@ -262,11 +261,8 @@ def test_decompression_bomb_refused_from_header(side):
     assert len(data) < 200
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        start = time.perf_counter()
         with pytest.raises(ImageError) as exc:
             decode_image(data, source="bomb.png")
-        elapsed = time.perf_counter() - start
-    assert elapsed < 0.5
     assert not [w for w in caught if issubclass(w.category, Image.DecompressionBombWarning)]
     assert_image_error(exc, "bomb.png", f"{side}x{side}", "pixels", str(MAX_IMAGE_PIXELS))
     assert not isinstance(exc.value, Image.DecompressionBombError)
@@ -449,13 +445,3 @@ def test_synthetic_defects(kind):
         assert diff[~mask].max() <= 30  # and nothing material outside it
         # on the part: between the bore (0.085 * size) and the tooth tips (0.40 * size)
         assert radius[mask].min() > 0.085 * size - 4 and radius[mask].max() < 0.40 * size + 4
-
-
-def test_synthetic_is_fast():
-    product = SyntheticProduct(seed=0)
-    product.good(0)
-    start = time.perf_counter()
-    for i in range(20):
-        product.good(i)
-    per_image = (time.perf_counter() - start) / 20
-    assert per_image < 0.04  # ~10 ms here; generous for loaded CI machines

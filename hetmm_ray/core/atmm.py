@@ -48,8 +48,7 @@ def _check(query: Tensor, t_pm: Tensor, hw: tuple[int, int], window: int) -> Non
     h, w = hw
     if t_pm.shape[0] != h * w or t_pm.shape[1] != query.shape[1]:
         raise ValueError(
-            f"templates do not match the query: query {tuple(query.shape)}, "
-            f"templates (H*W, C, K) = {tuple(t_pm.shape)}"
+            f"templates do not match the query: query {tuple(query.shape)}, templates (H*W, C, K) = {tuple(t_pm.shape)}"
         )
     if window < 1 or window % 2 == 0:
         raise ValueError(f"window sizes must be odd and >= 1, got {window}")

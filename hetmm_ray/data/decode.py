@@ -167,9 +167,7 @@ def _check_dimensions(size: tuple[int, int], source: str, max_pixels: int, min_s
             "(refused before decoding: possible decompression bomb)",
         )
     if min(w, h) < min_side:
-        raise ImageError(
-            source, f"image dimensions {w}x{h} too small: each side must be at least {min_side} pixels"
-        )
+        raise ImageError(source, f"image dimensions {w}x{h} too small: each side must be at least {min_side} pixels")
 
 
 # --- pixel conversion ---------------------------------------------------------

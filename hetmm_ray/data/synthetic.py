@@ -95,7 +95,7 @@ class SyntheticProduct:
         rng = np.random.default_rng([self.seed, 7919])
         # Surface texture fixed to the part (so it moves and turns with it): blotches
         # + grain, padded so that part-frame lookups never leave the array.
-        self._pad = int(math.ceil(0.06 * s)) + 4
+        self._pad = math.ceil(0.06 * s) + 4
         n = size + 2 * self._pad
         n_low = n // 8 + 2
         low = Image.fromarray(rng.standard_normal((n_low, n_low)).astype(np.float32))

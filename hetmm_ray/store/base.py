@@ -26,7 +26,8 @@ class ProductNotFound(StoreError, KeyError):
 def check_product_name(product: str) -> str:
     if not isinstance(product, str) or not _PRODUCT.match(product) or product.endswith("."):
         raise StoreError(
-            f"invalid product name {product!r}: use 1-64 letters, digits, '_', '-' or '.', starting with a letter or digit"
+            f"invalid product name {product!r}: use 1-64 letters, digits, '_', '-' or '.', "
+            "starting with a letter or digit"
         )
     return product
 

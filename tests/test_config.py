@@ -1,0 +1,365 @@
+"""DetectorConfig: defaults, validation messages, (de)serialisation and config files."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from hetmm_ray.config import (
+    BACKBONES,
+    DEFAULT_LAYERS,
+    TEMPLATE_KINDS,
+    BackboneConfig,
+    ConfigError,
+    DetectorConfig,
+    ScoringConfig,
+    TemplateConfig,
+    ThresholdConfig,
+    load_config,
+)
+
+
+def small_config() -> DetectorConfig:
+    return DetectorConfig(
+        backbone=BackboneConfig(name="resnet18", weights="random", image_size=64, layers=("layer1", "layer2")),
+        scoring=ScoringConfig(
+            forward_windows=(7, 3),
+            backward_windows=(5, 3),
+            alphas=(0.3, 0.7),
+            layer_weights=(1.0, 0.5),
+            score_sigma=6.8,
+            map_sigma=0.0,
+            output_size=32,
+        ),
+        templates=TemplateConfig(kind="pts_o", sheets=7, seed=3),
+        threshold=ThresholdConfig(folds=3, max_images=9, sigmas=2.5, seed=4),
+        device="cpu",
+        dtype="float16",
+        batch_size=3,
+        chunk_mib=17,
+    )
+
+
+# --- defaults -------------------------------------------------------------------
+def test_defaults_are_valid_and_match_the_spec():
+    c = DetectorConfig()
+    assert c.backbone.name == "wide_resnet101_2"
+    assert c.backbone.taps == ("layer1", "layer2", "layer3")
+    assert c.backbone.pre_relu is True
+    assert c.backbone.image_size == 256
+    assert c.scoring.forward_windows == (9, 7, 5)
+    assert c.scoring.backward_windows == (9, 7, 5)
+    assert c.scoring.alphas == (0.5, 0.5, 0.5)
+    assert c.scoring.layer_weights == (1.0, 1.0, 1.0)
+    assert c.device == "auto"
+    assert c.dtype == "float32"
+    # The defaults survive their own round trip.
+    assert DetectorConfig.from_dict(c.to_dict()) == c
+    assert DetectorConfig.from_dict({}) == c
+
+
+@pytest.mark.parametrize("name", BACKBONES)
+def test_every_backbone_default_is_consistent_with_default_scoring(name):
+    c = DetectorConfig(backbone=BackboneConfig(name=name))
+    assert c.backbone.taps == DEFAULT_LAYERS[name]
+    assert len(c.backbone.taps) == len(c.scoring.forward_windows)
+
+
+def test_taps_follow_explicit_layers():
+    b = BackboneConfig(name="resnet18", layers=["layer2"])
+    assert b.taps == ("layer2",)
+    assert isinstance(b.layers, tuple)
+
+
+def test_is_random_is_case_insensitive():
+    assert BackboneConfig(weights="random").is_random
+    assert BackboneConfig(weights="RANDOM").is_random
+    assert not BackboneConfig(weights="DEFAULT").is_random
+
+
+def test_configs_are_frozen():
+    c = DetectorConfig()
+    with pytest.raises(AttributeError):
+        c.device = "cpu"  # type: ignore[misc]
+
+
+# --- validation -----------------------------------------------------------------
+def raises_config_error(fn, *words: str) -> str:
+    with pytest.raises(ConfigError) as info:
+        fn()
+    msg = str(info.value)
+    for w in words:
+        assert w in msg, f"{w!r} not in {msg!r}"
+    return msg
+
+
+def test_unknown_backbone_lists_the_choices():
+    msg = raises_config_error(lambda: BackboneConfig(name="resnet19"), "backbone.name", "resnet19")
+    for name in BACKBONES:
+        assert name in msg
+
+
+def test_empty_weights():
+    raises_config_error(lambda: BackboneConfig(weights=""), "backbone.weights")
+
+
+@pytest.mark.parametrize("size", [16, 31, 4096, 64.0, "64"])
+def test_bad_image_size(size):
+    raises_config_error(lambda: BackboneConfig(image_size=size), "backbone.image_size")
+
+
+def test_empty_layers():
+    raises_config_error(lambda: BackboneConfig(layers=()), "backbone.layers")
+
+
+@pytest.mark.parametrize("field", ["forward_windows", "backward_windows"])
+@pytest.mark.parametrize("bad", [4, 0, -3, 5.0])
+def test_windows_must_be_odd_positive_integers(field, bad):
+    windows = [9, bad, 5]
+    msg = raises_config_error(lambda: ScoringConfig(**{field: windows}), f"scoring.{field}", "odd")
+    assert repr(bad) in msg
+
+
+@pytest.mark.parametrize("alpha", [-0.1, 1.5, float("nan")])
+def test_alpha_out_of_range(alpha):
+    raises_config_error(lambda: ScoringConfig(alphas=(0.5, alpha, 0.5)), "scoring.alphas", "[0, 1]")
+
+
+def test_alpha_bounds_are_inclusive():
+    assert ScoringConfig(alphas=(0.0, 1.0, 0.5)).alphas == (0.0, 1.0, 0.5)
+
+
+def test_negative_layer_weight():
+    raises_config_error(lambda: ScoringConfig(layer_weights=(1.0, -1.0, 1.0)), "scoring.layer_weights")
+
+
+@pytest.mark.parametrize("field", ["score_sigma", "map_sigma"])
+def test_negative_sigma(field):
+    raises_config_error(lambda: ScoringConfig(**{field: -1.0}), f"scoring.{field}")
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"forward_windows": (9, 7)},
+        {"backward_windows": (9, 7, 5, 3)},
+        {"alphas": (0.5,)},
+        {"layer_weights": (1.0, 1.0)},
+    ],
+)
+def test_scoring_lists_must_have_equal_lengths(changes):
+    raises_config_error(lambda: ScoringConfig(**changes), "scoring", "one entry per layer")
+
+
+def test_scoring_lists_must_match_the_backbone_taps():
+    backbone = BackboneConfig(name="resnet18", layers=("layer1", "layer2"))
+    msg = raises_config_error(lambda: DetectorConfig(backbone=backbone), "scoring", "2 layers", "3 entries")
+    assert "layer1" in msg and "layer2" in msg
+    # ... and a matching scoring section is accepted.
+    scoring = ScoringConfig(forward_windows=(9, 7), backward_windows=(9, 7), alphas=(0.5, 0.5), layer_weights=(1, 1))
+    assert DetectorConfig(backbone=backbone, scoring=scoring).backbone.taps == ("layer1", "layer2")
+
+
+def test_unknown_template_kind_lists_the_choices():
+    msg = raises_config_error(lambda: TemplateConfig(kind="pts"), "templates.kind", "'pts'")
+    for kind in TEMPLATE_KINDS:
+        assert kind in msg
+
+
+@pytest.mark.parametrize("sheets", [0, -1, 2.5])
+def test_bad_sheets(sheets):
+    raises_config_error(lambda: TemplateConfig(sheets=sheets), "templates.sheets")
+
+
+@pytest.mark.parametrize(
+    ("changes", "field"),
+    [
+        ({"folds": 1}, "threshold.folds"),
+        ({"folds": 2.0}, "threshold.folds"),
+        ({"max_images": 1}, "threshold.max_images"),
+        ({"sigmas": -0.5}, "threshold.sigmas"),
+    ],
+)
+def test_bad_threshold(changes, field):
+    raises_config_error(lambda: ThresholdConfig(**changes), field)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="bug: ThresholdConfig accepts a non-integer max_images; calibrate() then fails with TypeError",
+)
+def test_max_images_must_be_an_integer():
+    raises_config_error(lambda: ThresholdConfig(max_images=2.5), "threshold.max_images")
+
+
+@pytest.mark.parametrize("dtype", ["float64", "fp16", "int8", ""])
+def test_bad_dtype_lists_the_choices(dtype):
+    raises_config_error(lambda: DetectorConfig(dtype=dtype), "dtype", "float32", "float16", "bfloat16")
+
+
+@pytest.mark.parametrize("device", ["gpu", "tpu:0", "", "CUDA"])
+def test_bad_device(device):
+    raises_config_error(lambda: DetectorConfig(device=device), "device", repr(device))
+
+
+@pytest.mark.parametrize("device", ["auto", "cpu", "cuda", "cuda:1", "mps"])
+def test_good_devices(device):
+    assert DetectorConfig(device=device).device == device
+
+
+@pytest.mark.parametrize(("field", "value"), [("batch_size", 0), ("batch_size", 1.5), ("chunk_mib", 0)])
+def test_bad_batch_and_chunk(field, value):
+    raises_config_error(lambda: DetectorConfig(**{field: value}), field)
+
+
+# --- unknown keys ------------------------------------------------------------------
+def test_unknown_key_in_a_section_suggests_the_close_match():
+    msg = raises_config_error(
+        lambda: DetectorConfig.from_dict({"scoring": {"score_sigm": 5.0}}),
+        "score_sigm",
+        "scoring",
+        "did you mean 'score_sigma'",
+    )
+    assert msg.startswith("unknown setting")
+
+
+def test_unknown_top_level_key_suggests_the_close_match():
+    raises_config_error(lambda: DetectorConfig.from_dict({"batchsize": 4}), "batchsize", "did you mean 'batch_size'")
+
+
+def test_unknown_key_without_close_match_lists_the_known_keys():
+    msg = raises_config_error(lambda: DetectorConfig.from_dict({"threshold": {"zzzzzz": 1}}), "zzzzzz", "known:")
+    for name in ("folds", "max_images", "sigmas", "seed"):
+        assert name in msg
+
+
+def test_section_must_be_a_mapping():
+    raises_config_error(lambda: DetectorConfig.from_dict({"backbone": "resnet18"}), "backbone", "mapping")
+    raises_config_error(lambda: DetectorConfig.from_dict([1, 2]), "mapping")  # type: ignore[arg-type]
+
+
+def test_wrong_value_type_is_a_config_error():
+    # A string where a number is compared must not escape as a bare TypeError.
+    raises_config_error(lambda: DetectorConfig.from_dict({"scoring": {"alphas": ["a", "b", "c"]}}), "scoring")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="bug: a non-string device (e.g. --set device=0) raises AttributeError, not ConfigError",
+)
+def test_non_string_device_is_a_config_error():
+    raises_config_error(lambda: DetectorConfig.from_dict({"device": 0}), "device")
+
+
+# --- (de)serialisation ----------------------------------------------------------------
+def test_to_dict_from_dict_round_trip():
+    c = small_config()
+    d = c.to_dict()
+    # Plain JSON types only.
+    assert json.loads(json.dumps(d)) == d
+    assert d["backbone"]["layers"] == ["layer1", "layer2"]
+    assert d["scoring"]["output_size"] == 32
+    back = DetectorConfig.from_dict(d)
+    assert back == c
+    assert isinstance(back.scoring.alphas, tuple)
+    assert isinstance(back.backbone.layers, tuple)
+    assert back.to_dict() == d
+
+
+def test_from_dict_fills_in_defaults():
+    c = DetectorConfig.from_dict({"backbone": {"name": "resnet18"}, "scoring": {"score_sigma": 6.8}})
+    assert c.backbone.name == "resnet18"
+    assert c.backbone.image_size == BackboneConfig().image_size
+    assert c.scoring.score_sigma == 6.8
+    assert c.scoring.forward_windows == ScoringConfig().forward_windows
+    assert c.threshold == ThresholdConfig()
+
+
+def test_replace_with_dotted_and_top_level_keys():
+    c = DetectorConfig()
+    r = c.replace(**{"backbone.name": "resnet18", "scoring.alphas": [0.3, 0.5, 0.7], "dtype": "bfloat16"})
+    assert r.backbone.name == "resnet18"
+    assert r.scoring.alphas == (0.3, 0.5, 0.7)
+    assert r.dtype == "bfloat16"
+    # Everything else is unchanged, and the original is untouched.
+    assert r.backbone.weights == c.backbone.weights
+    assert r.threshold == c.threshold
+    assert c.backbone.name == "wide_resnet101_2"
+    assert c.replace() == c
+
+
+def test_replace_validates():
+    c = DetectorConfig()
+    raises_config_error(lambda: c.replace(**{"scoring.forward_windows": [9, 8, 5]}), "scoring.forward_windows")
+    raises_config_error(lambda: c.replace(**{"scoring.score_sigm": 3}), "did you mean 'score_sigma'")
+    raises_config_error(lambda: c.replace(**{"scorng.score_sigma": 3}), "unknown configuration section", "scorng")
+    raises_config_error(lambda: c.replace(**{"device.x": 3}), "device")
+    raises_config_error(lambda: c.replace(**{"backbone.layers": ["layer1"]}), "1 layers")
+
+
+# --- files ----------------------------------------------------------------------------
+def test_load_json(tmp_path):
+    c = small_config()
+    p = tmp_path / "c.json"
+    p.write_text(json.dumps(c.to_dict()))
+    assert load_config(p) == c
+    assert load_config(str(p)) == c
+
+
+@pytest.mark.parametrize("suffix", [".yaml", ".yml", ".YAML"])
+def test_load_yaml(tmp_path, suffix):
+    c = small_config()
+    p = tmp_path / f"c{suffix}"
+    p.write_text(yaml.safe_dump(c.to_dict()))
+    assert load_config(p) == c
+
+
+def test_load_partial_files(tmp_path):
+    y = tmp_path / "partial.yaml"
+    y.write_text("backbone:\n  name: resnet18\nthreshold:\n  sigmas: 2\n")
+    c = load_config(y)
+    assert c.backbone.name == "resnet18"
+    assert c.threshold.sigmas == 2
+    assert c.threshold.folds == ThresholdConfig().folds
+    assert c.scoring == ScoringConfig()
+
+    j = tmp_path / "partial.json"
+    j.write_text('{"dtype": "float16"}')
+    assert load_config(j) == DetectorConfig(dtype="float16")
+
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("")
+    assert load_config(empty) == DetectorConfig()
+
+
+@pytest.mark.parametrize(
+    ("name", "text"),
+    [
+        ("bad.json", '{"backbone": {"name": "resnet18",}'),
+        ("bad.yaml", "backbone: [unclosed\n  name: x"),
+        ("empty.json", ""),
+        ("noext", "not json at all"),
+    ],
+)
+def test_malformed_file_names_the_file(tmp_path, name, text):
+    p = tmp_path / name
+    p.write_text(text)
+    msg = raises_config_error(lambda: load_config(p), str(p), "not valid")
+    assert "\n" not in msg.split(":", 1)[0]
+
+
+def test_invalid_values_in_a_file_name_the_file_and_field(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("scoring:\n  score_sigm: 6.8\n")
+    raises_config_error(lambda: load_config(p), str(p), "score_sigm", "did you mean 'score_sigma'")
+    p.write_text("scoring:\n  alphas: [0.5, 2.0, 0.5]\n")
+    raises_config_error(lambda: load_config(p), str(p), "scoring.alphas")
+    p.write_text("- 1\n- 2\n")
+    raises_config_error(lambda: load_config(p), str(p), "mapping")
+
+
+def test_missing_file(tmp_path):
+    p = tmp_path / "nope.json"
+    raises_config_error(lambda: load_config(p), str(p), "cannot read")
