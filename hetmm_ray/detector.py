@@ -7,7 +7,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Union
+from typing import Any
 
 import numpy as np
 import torch
@@ -23,7 +23,7 @@ from .data.decode import decode_image, images_to_tensor
 
 __all__ = ["HETMM", "ImageInput", "Prediction"]
 
-ImageInput = Union[str, Path, bytes, np.ndarray]
+ImageInput = str | Path | bytes | np.ndarray
 """A path, encoded bytes, or a decoded RGB uint8 array (H, W, 3)."""
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
