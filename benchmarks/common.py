@@ -1,0 +1,55 @@
+"""Shared helpers for the benchmark scripts: timing, machine rate, tables, inputs."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+BOTTLE = SHARED / "data" / "mvtec_ad" / "bottle"
+MOBILENET_WEIGHTS = SHARED / "weights" / "mobilenet_v2_imagenet.pth"
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def median_time(fn: Callable[[], object], *, runs: int, device: torch.device, warmup: int = 1) -> float:
+    """Median wall time of ``fn`` over ``runs`` calls after ``warmup`` calls."""
+    for _ in range(warmup):
+        fn()
+    sync(device)
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        fn()
+        sync(device)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def matmul_rate(device: torch.device, dtype: torch.dtype = torch.float32, n: int = 2048) -> float:
+    """Measured dense matmul FLOP/s: the machine's practical peak for this dtype."""
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    t = median_time(lambda: a @ b, runs=5, device=device)
+    return 2 * n**3 / t
+
+
+def table(headers: list[str], rows: list[list[object]]) -> str:
+    cells = [headers] + [[f"{c:.3g}" if isinstance(c, float) else str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    lines = ["| " + " | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) + " |" for r in cells]
+    lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    return "\n".join(lines)
+
+
+def describe(device: torch.device) -> str:
+    if device.type == "cuda":
+        return f"{torch.cuda.get_device_name(device)} (torch {torch.__version__})"
+    return f"CPU, {torch.get_num_threads()} threads (torch {torch.__version__})"
