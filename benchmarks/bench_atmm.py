@@ -20,9 +20,9 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import BOTTLE, MOBILENET_WEIGHTS, describe, matmul_rate, median_time, table  # noqa: E402
+from common import BOTTLE, MOBILENET_WEIGHTS, describe, matmul_rate, median_time, table
 
-from hetmm_ray.core.atmm import anomaly_maps, pixel_major  # noqa: E402
+from hetmm_ray.core.atmm import anomaly_maps, pixel_major
 
 WINDOWS = (9, 7, 5)
 SHAPES = {"features.3": (24, 64, 64), "features.6": (32, 32, 32), "features.13": (96, 16, 16)}
@@ -102,8 +102,13 @@ def main() -> None:
         )
         peak = matmul_rate(device, dtype)
         rows.append(
-            [f"hetmm_ray ATMM ({str(dtype).removeprefix('torch.')})", ours / args.batch, flops / ours / 1e9,
-             f"{100 * flops / ours / peak:.0f}%", peak / 1e9]
+            [
+                f"hetmm_ray ATMM ({str(dtype).removeprefix('torch.')})",
+                ours / args.batch,
+                flops / ours / 1e9,
+                f"{100 * flops / ours / peak:.0f}%",
+                peak / 1e9,
+            ]
         )
     base = None
     if not args.skip_baseline:

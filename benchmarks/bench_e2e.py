@@ -20,11 +20,11 @@ import torch.nn.functional as F
 from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import BOTTLE, describe, matmul_rate, median_time, table  # noqa: E402
+from common import BOTTLE, describe, matmul_rate, median_time, table
 
-from hetmm_ray.config import BackboneConfig, DetectorConfig  # noqa: E402
-from hetmm_ray.core.templates import TemplateSet  # noqa: E402
-from hetmm_ray.detector import HETMM  # noqa: E402
+from hetmm_ray.config import BackboneConfig, DetectorConfig
+from hetmm_ray.core.templates import TemplateSet
+from hetmm_ray.detector import HETMM
 
 
 def encoded_images(n: int) -> tuple[list[bytes], str]:
@@ -78,8 +78,10 @@ def main() -> None:
             det = detector_with_random_bank(name, k, args.device, args.dtype, args.batch)
             t = median_time(lambda det=det: det.predict(images), runs=args.runs, device=device)
             rows.append([name, k, len(images) / t, 1000 * t / len(images)])
-    print(f"device: {describe(device)}; dtype {args.dtype}; inputs: {source}; batch {args.batch}; "
-          f"median of {args.runs} runs of {len(images)} images")
+    print(
+        f"device: {describe(device)}; dtype {args.dtype}; inputs: {source}; batch {args.batch}; "
+        f"median of {args.runs} runs of {len(images)} images"
+    )
     print(f"measured matmul rate: {matmul_rate(device) / 1e9:.0f} GFLOP/s (float32)")
     print(table(["backbone", "templates", "images/s", "ms / image"], rows))
 

@@ -247,6 +247,7 @@ def test_wrong_value_type_is_a_config_error():
 
 @pytest.mark.xfail(
     strict=True,
+    raises=AttributeError,
     reason="bug: a non-string device (e.g. --set device=0) raises AttributeError, not ConfigError",
 )
 def test_non_string_device_is_a_config_error():
