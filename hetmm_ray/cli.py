@@ -72,20 +72,30 @@ def _config_from(args: argparse.Namespace, base: DetectorConfig | None = None) -
     return config.replace(**changes) if changes else config
 
 
-def _image_paths(items: list[str]) -> list[Path]:
-    paths: list[Path] = []
+def _image_paths(items: list[str]) -> list[tuple[Path, Path]]:
+    """Image files named or found under folders, each with the name to report it by.
+
+    The name keeps the sub-folders below a given folder (``test/broken/000.png`` ->
+    ``broken/000``), so outputs of same-named files in different folders never collide.
+    """
+    found: list[tuple[Path, Path]] = []
     for item in items:
         p = Path(item)
         if p.is_dir():
-            found = sorted(q for q in p.rglob("*") if q.suffix.lower() in IMAGE_SUFFIXES and q.is_file())
-            if not found:
+            inside = sorted(q for q in p.rglob("*") if q.suffix.lower() in IMAGE_SUFFIXES and q.is_file())
+            if not inside:
                 raise CLIError(f"{p}: no images (png, jpg, bmp, tif) in this folder")
-            paths.extend(found)
+            found.extend((q, q.relative_to(p).with_suffix("")) for q in inside)
         elif p.exists():
-            paths.append(p)
+            found.append((p, Path(p.stem)))
         else:
             raise CLIError(f"{p}: no such file or folder")
-    return paths
+    seen: dict[Path, int] = {}
+    unique = []
+    for path, name in found:
+        seen[name] = seen.get(name, 0) + 1
+        unique.append((path, name if seen[name] == 1 else name.with_name(f"{name.name}-{seen[name]}")))
+    return unique
 
 
 # --- commands ------------------------------------------------------------------------
@@ -95,7 +105,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
     from .store import open_store
 
     config = _config_from(args)
-    paths = _image_paths(args.images)
+    paths = [p for p, _ in _image_paths(args.images)]
     det = HETMM(config, progress=True)
     det.fit(load_images(paths, config.backbone.image_size, progress=True, desc="decode"))
     version = det.save(open_store(args.store), args.product)
@@ -115,20 +125,20 @@ def cmd_predict(args: argparse.Namespace) -> int:
     overrides = {k: v for k, v in (("device", args.device), ("dtype", args.dtype)) if v}
     det = HETMM.load(open_store(args.store), args.product, args.version, progress=True, **overrides)
     size = det.config.backbone.image_size
-    good: list[tuple[Path, Any]] = []
+    good: list[tuple[Path, Path, Any]] = []
     failed = 0
-    for path in _image_paths(args.images):
+    for path, name in _image_paths(args.images):
         try:
-            good.append((path, decode_image(path)))
+            good.append((path, name, decode_image(path)))
         except ImageError as exc:
             print(f"hetmm: skipped: {exc}", file=sys.stderr)
             failed += 1
     if not good:
         raise CLIError("no readable images to score")
-    pred = det.predict([resize_rgb(img, size) for _, img in good], sigmas=args.sigmas)
+    pred = det.predict([resize_rgb(img, size) for _, _, img in good], sigmas=args.sigmas)
     out = Path(args.out) if args.out else None
     records = []
-    for i, (path, image) in enumerate(good):
+    for i, (path, name, image) in enumerate(good):
         rec = {
             "image": str(path),
             "score": round(float(pred.scores[i]), 6),
@@ -137,12 +147,14 @@ def cmd_predict(args: argparse.Namespace) -> int:
             "version": pred.version,
         }
         if out is not None:
-            rec["heatmap"] = str(save_png(heatmap_overlay(image, pred.maps[i]), out / f"{path.stem}_heatmap.png"))
+            target = out / name.parent / f"{name.name}_heatmap.png"
+            rec["heatmap"] = str(save_png(heatmap_overlay(image, pred.maps[i]), target))
         records.append(rec)
         flag = "ANOMALY" if rec["is_anomaly"] else "ok"
         print(f"{rec['score']:.4f}  {flag:<7}  {path}")
     print(f"{len(good)} images, {len(good) / pred.seconds:.2f} images/s, product {args.product} v{pred.version}")
     if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(records, indent=1))
     return 1 if failed else 0
 

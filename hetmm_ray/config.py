@@ -183,7 +183,9 @@ class ThresholdConfig:
 
     def __post_init__(self) -> None:
         _require(isinstance(self.folds, int) and self.folds >= 2, "threshold.folds: must be an integer >= 2")
-        _require(self.max_images >= 2, "threshold.max_images: must be >= 2")
+        _require(
+            isinstance(self.max_images, int) and self.max_images >= 2, "threshold.max_images: must be an integer >= 2"
+        )
         _require(self.sigmas >= 0, "threshold.sigmas: must be >= 0")
 
 
@@ -205,7 +207,8 @@ class DetectorConfig:
         _require(isinstance(self.batch_size, int) and self.batch_size >= 1, "batch_size: must be an integer >= 1")
         _require(isinstance(self.chunk_mib, int) and self.chunk_mib >= 1, "chunk_mib: must be an integer >= 1")
         _require(
-            self.device == "auto" or self.device.split(":")[0] in ("cpu", "cuda", "mps"),
+            isinstance(self.device, str)
+            and (self.device == "auto" or self.device.split(":")[0] in ("cpu", "cuda", "mps")),
             f"device: use auto, cpu, cuda or cuda:N, got {self.device!r}",
         )
         n_layers = len(self.backbone.taps)
@@ -255,7 +258,7 @@ def _build(cls: type, data: Any, prefix: str) -> Any:
         if key not in names:
             hint = difflib.get_close_matches(key, names, n=1)
             extra = f"; did you mean {hint[0]!r}?" if hint else f"; known: {', '.join(sorted(names))}"
-            raise ConfigError(f"unknown setting {prefix}{key!r}{extra}")
+            raise ConfigError(f"unknown setting {prefix + str(key)!r}{extra}")
         if cls is DetectorConfig and key in _SECTIONS:
             value = _build(_SECTIONS[key], value, f"{key}.")
         elif isinstance(value, list):

@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from .config import DetectorConfig
+from .config import ConfigError, DetectorConfig
 from .core.atmm import anomaly_maps, pixel_major
 from .core.backbone import Backbone
 from .core.scoring import calibrate, gaussian_blur, image_scores
@@ -143,6 +143,8 @@ class HETMM:
         """Build the template set from good images and calibrate the threshold."""
         if len(images) < 2:
             raise ValueError(f"fit needs at least 2 good images, got {len(images)}")
+        if self.config.templates.kind != "all":
+            raise ConfigError(f"templates.kind {self.config.templates.kind!r} is not available yet; use 'all'")
         feats, digests = self.extract(images, desc="fit: features")
         ts = TemplateSet(
             bank={k: v.cpu() for k, v in feats.items()},

@@ -22,7 +22,8 @@ __all__ = ["EvaluationResult", "evaluate", "load_images"]
 
 def load_images(paths: Sequence[Path], size: int, *, progress: bool = False, desc: str = "decode") -> list[np.ndarray]:
     """Decode and resize images; a bad file raises ImageError naming it."""
-    return [resize_rgb(decode_image(p), size) for p in tqdm(paths, desc=desc, disable=not progress, leave=False)]
+    with tqdm(paths, desc=desc, disable=not progress, leave=False) as bar:  # closed before any error prints
+        return [resize_rgb(decode_image(p), size) for p in bar]
 
 
 @dataclass(frozen=True)

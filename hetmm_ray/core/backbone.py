@@ -102,6 +102,11 @@ def _build_model(config: BackboneConfig) -> nn.Module:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(config.seed)
         model = builder(weights=None)
+    # torchvision's blocks apply nn.ReLU(inplace=True) right after the residual sum, which
+    # would overwrite a pre-ReLU tap in place: every ReLU must produce a new tensor.
+    for module in model.modules():
+        if getattr(module, "inplace", False):
+            module.inplace = False
     if not config.is_random:
         state = _load_state_dict(config)
         result = model.load_state_dict(state, strict=False)

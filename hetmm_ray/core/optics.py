@@ -95,40 +95,86 @@ def _check_distances(dist: Tensor, min_samples: int) -> None:
         raise ValueError("distances must be finite and non-negative (as scikit-learn requires of precomputed ones)")
 
 
-def optics_graph(dist: Tensor, min_samples: int) -> OpticsGraph:
+def optics_graph(dist: Tensor, min_samples: int, *, overwrite: bool = False) -> OpticsGraph:
     """``compute_optics_graph(D, metric="precomputed", max_eps=inf)`` for every ``D`` in ``dist``.
 
     ``dist`` (P, N, N) float64 distance matrices (rows are what scikit-learn
     reads: ``D[p, q]`` is the distance from ``p`` to ``q``). Results are on
-    ``dist``'s device.
+    ``dist``'s device. ``overwrite=True`` lets the scan reuse ``dist``'s memory
+    (its contents are then undefined), which saves one (P, N, N) buffer.
     """
     if dist.dtype != torch.float64:
         raise TypeError(f"distances must be float64 so ties behave as in scikit-learn, got {dist.dtype}")
     _check_distances(dist, min_samples)
     p, n, _ = dist.shape
     dev = dist.device
+    f64 = torch.float64
+    big = torch.finfo(f64).max
+    inf = float("inf")
     core = torch.kthvalue(dist, min_samples, dim=2).values.round_(decimals=_DECIMALS)
-    reach = torch.full((p, n), float("inf"), dtype=torch.float64, device=dev)
-    pred = torch.full((p, n), -1, dtype=torch.int64, device=dev)
+    # Every candidate reachability sklearn can compute, up front and in one pass:
+    # rd[i, a, b] = around(max(D[a, b], core[a]), 15). The scan then only reads rows.
+    rd = torch.maximum(dist, core.unsqueeze(2), out=dist if overwrite else None).round_(decimals=_DECIMALS)
+
+    # ``key`` drives the choice of the next point. Unprocessed: the current
+    # reachability, with the initial ``inf`` lowered to the largest float so an
+    # unprocessed point still beats a processed one (+inf): while all unprocessed
+    # are at inf, sklearn takes the lowest *unprocessed* index. Keys are >= 0, so
+    # their int64 bit patterns order like the floats, and integer argmin is faster
+    # (first minimum: lowest index on ties, as np.argmin).
+    key = torch.full((p, n), big, dtype=f64, device=dev)
+    key_bits = key.view(torch.int64)
+    # +inf once processed: max(candidate, done) then never lowers a processed key.
+    done = torch.zeros((p, n), dtype=f64, device=dev)
     ordering = torch.empty((p, n), dtype=torch.int64, device=dev)
-    processed = torch.zeros((p, n), dtype=torch.bool, device=dev)
-    # The argmin key: reachability for unprocessed points, with their ``inf``
-    # lowered to the largest float so that it still beats processed points (+inf):
-    # with all unprocessed at inf, sklearn takes the lowest *unprocessed* index.
-    key = torch.full((p, n), torch.finfo(torch.float64).max, dtype=torch.float64, device=dev)
-    rows = torch.arange(p, device=dev)
-    core_finite = torch.isfinite(core)
+    reach_in_order = torch.empty((p, n), dtype=f64, device=dev)
+    flat = rd.view(p * n, n)
+    row_base = torch.arange(p, device=dev) * n
+    # Reused buffers: fresh (P, N) tensors every step would be large allocations,
+    # and on CPU their page faults cost more than the arithmetic.
+    cand = torch.empty((p, n), dtype=f64, device=dev)
+    flat_idx = torch.empty(p, dtype=torch.int64, device=dev)
     for step in range(n):
-        point = torch.argmin(key, dim=1)  # first minimum: lowest index on ties
+        point = torch.argmin(key_bits, dim=1)
         ordering[:, step] = point
-        processed[rows, point] = True
-        key[rows, point] = float("inf")
-        rd = torch.maximum(dist[rows, point], core[rows, point].unsqueeze(1)).round_(decimals=_DECIMALS)
-        improved = (rd < reach) & ~processed & core_finite[rows, point].unsqueeze(1)
-        reach = torch.where(improved, rd, reach)
-        key = torch.where(improved, rd, key)
-        pred = torch.where(improved, point.unsqueeze(1), pred)
+        torch.add(row_base, point, out=flat_idx)
+        # A point's reachability is final once it is picked (only unprocessed ones change).
+        torch.index_select(key.view(-1), 0, flat_idx, out=reach_in_order[:, step])
+        key.view(-1)[flat_idx] = inf
+        done.view(-1)[flat_idx] = inf
+        torch.index_select(flat, 0, flat_idx, out=cand)
+        torch.maximum(cand, done, out=cand)
+        torch.minimum(key, cand, out=key)
+    reach_in_order.masked_fill_(reach_in_order == big, inf)
+    reach = torch.empty_like(reach_in_order).scatter_(1, ordering, reach_in_order)
+    pred = _predecessors(rd, ordering, reach)
     return OpticsGraph(ordering, reach, pred, core)
+
+
+def _predecessors(rd: Tensor, ordering: Tensor, reach: Tensor, block: int = 64) -> Tensor:
+    """sklearn's predecessors, recovered after the scan.
+
+    sklearn sets ``pred[q] = p`` whenever processing ``p`` strictly lowers
+    ``q``'s reachability, so ``pred[q]`` is the first point in processing order
+    (before ``q``) whose candidate ``rd[p, q]`` equals ``q``'s final
+    reachability; -1 when there is none (reachability inf). Doing this once in
+    bulk is cheaper than a masked update at every step of the scan.
+    """
+    p, n = ordering.shape
+    dev = ordering.device
+    rank = torch.empty_like(ordering).scatter_(1, ordering, torch.arange(n, device=dev).expand(p, n))
+    steps = torch.arange(n, device=dev).view(1, n, 1)
+    out = torch.empty_like(ordering)
+    for i in range(0, p, block):
+        j = min(p, i + block)
+        o = ordering[i:j]
+        # rows of rd in processing order: by_step[b, s, q] = rd[b, o[b, s], q]
+        by_step = torch.gather(rd[i:j], 1, o.unsqueeze(2).expand(j - i, n, n))
+        hit = (by_step == reach[i:j].unsqueeze(1)) & (steps < rank[i:j].unsqueeze(1))
+        first = torch.argmax(hit.to(torch.uint8), dim=1)  # first True; 0 if none
+        found = hit.any(dim=1)
+        out[i:j] = torch.where(found, torch.gather(o, 1, first), -1)
+    return out
 
 
 def xi_labels(graph: OpticsGraph, min_samples: int, xi: float = 0.05) -> Tensor:

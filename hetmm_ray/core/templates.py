@@ -107,20 +107,22 @@ class TemplateSet:
             raise TemplateError(f"{source}: unsupported template format {header.get('format')!r}")
         try:
             config = DetectorConfig.from_dict(header["config"])
+            layers = header["layers"]
+            indices = {k: tensors[f"indices/{k}"] for k in layers} if f"indices/{layers[0]}" in tensors else None
+            cal = header.get("calibration")
+            return cls(
+                bank={k: tensors[f"bank/{k}"] for k in layers},
+                config=config,
+                weights_id=header["weights_id"],
+                image_digests=tuple(header["image_digests"]),
+                calibration=None if cal is None else Calibration(tuple(cal)),
+                indices=indices,
+                meta=header.get("meta", {}),
+            )
         except ConfigError as exc:
             raise TemplateError(f"{source}: stored configuration is invalid: {exc}") from None
-        layers = header["layers"]
-        indices = {k: tensors[f"indices/{k}"] for k in layers} if f"indices/{layers[0]}" in tensors else None
-        cal = header.get("calibration")
-        return cls(
-            bank={k: tensors[f"bank/{k}"] for k in layers},
-            config=config,
-            weights_id=header["weights_id"],
-            image_digests=tuple(header["image_digests"]),
-            calibration=None if cal is None else Calibration(tuple(cal)),
-            indices=indices,
-            meta=header.get("meta", {}),
-        )
+        except (KeyError, IndexError, TypeError, AttributeError) as exc:
+            raise TemplateError(f"{source}: incomplete template set (missing or malformed {exc})") from None
 
 
 def _metadata(data: bytes) -> dict[str, str]:
