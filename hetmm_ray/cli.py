@@ -102,13 +102,12 @@ def _image_paths(items: list[str]) -> list[tuple[Path, Path]]:
 def cmd_fit(args: argparse.Namespace) -> int:
     from .detector import HETMM
     from .evaluation import load_images
-    from .store import open_store
 
     config = _config_from(args)
     paths = [p for p, _ in _image_paths(args.images)]
     det = HETMM(config, progress=True)
     det.fit(load_images(paths, config.backbone.image_size, progress=True, desc="decode"))
-    version = det.save(open_store(args.store), args.product)
+    version = det.save(_open(args), args.product)
     print(
         f"product {args.product}: version {version} from {len(paths)} good images "
         f"({det.backbone.weights_id}); threshold {det.threshold:.4f}; store {args.store}"
@@ -119,11 +118,10 @@ def cmd_fit(args: argparse.Namespace) -> int:
 def cmd_predict(args: argparse.Namespace) -> int:
     from .data.decode import ImageError, decode_image, resize_rgb
     from .detector import HETMM
-    from .store import open_store
     from .visualize import heatmap_overlay, save_png
 
     overrides = {k: v for k, v in (("device", args.device), ("dtype", args.dtype)) if v}
-    det = HETMM.load(open_store(args.store), args.product, args.version, progress=True, **overrides)
+    det = HETMM.load(_open(args), args.product, args.version, progress=True, **overrides)
     size = det.config.backbone.image_size
     good: list[tuple[Path, Path, Any]] = []
     failed = 0
@@ -163,12 +161,42 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from .evaluation import evaluate
 
     config = _config_from(args)
-    result, _, _ = evaluate(args.data, config, progress=True)
+    result, det, _ = evaluate(args.data, config, progress=True)
     print(result.table())
+    if args.store:
+        version = det.save(_open(args), args.product or result.category)
+        print(f"published templates as {args.product or result.category} v{version} in {args.store}")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(result.to_json(), indent=1))
         print(f"written {args.json}")
+    return 0
+
+
+def cmd_versions(args: argparse.Namespace) -> int:
+    store = _open(args)
+    if args.product is None:
+        products = store.products()
+        for name in products:
+            print(f"{name}  head v{store.head(name)}  versions {store.versions(name)}")
+        if not products:
+            print(f"no products in {args.store}")
+        return 0
+    head = store.head(args.product)
+    print(f"{'version':>7}  {'parent':>6}  {'images':>6}  {'sheets':>6}  created              weights")
+    for v in store.versions(args.product):
+        m = store.manifest(args.product, v)
+        created = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(m["created"]))
+        sheets = m["images"] if not m.get("selection") else m["config"]["templates"]["sheets"]
+        mark = "*" if v == head else " "
+        print(f"{mark}{v:>6}  {m['parent'] or '-':>6}  {m['images']:>6}  {sheets:>6}  {created}  {m['weights_id']}")
+    return 0
+
+
+def cmd_rollback(args: argparse.Namespace) -> int:
+    store = _open(args)
+    store.rollback(args.product, args.version)
+    print(f"product {args.product}: head is now v{args.version}")
     return 0
 
 
@@ -177,6 +205,20 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     run_demo(Path(args.out), config=_config_from(args), n_train=args.train_images)
     return 0
+
+
+def _open(args: argparse.Namespace) -> Any:
+    from .store import open_store
+
+    return open_store(args.store, endpoint_url=getattr(args, "endpoint_url", None))
+
+
+def _add_store_flags(p: argparse.ArgumentParser, *, default: str | None = DEFAULT_STORE) -> None:
+    where = f"(default ./{default})" if default else "(publish the fitted templates there)"
+    p.add_argument(
+        "--store", default=default, metavar="URI", help=f"template store: a folder or s3://bucket/prefix {where}"
+    )
+    p.add_argument("--endpoint-url", help="S3-compatible endpoint (MinIO, Ceph); default: boto3's standard chain")
 
 
 # --- entry point -----------------------------------------------------------------------
@@ -189,14 +231,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("fit", help="build a product's templates from good images and store them")
     p.add_argument("images", nargs="+", help="good images or folders of them")
     p.add_argument("--product", required=True, help="product name")
-    p.add_argument("--store", default=DEFAULT_STORE, help=f"template store (default ./{DEFAULT_STORE})")
+    _add_store_flags(p)
     _add_config_flags(p)
     p.set_defaults(func=cmd_fit)
 
     p = sub.add_parser("predict", help="score images against a stored product; write heat-maps")
     p.add_argument("images", nargs="+", help="images or folders of them")
     p.add_argument("--product", required=True)
-    p.add_argument("--store", default=DEFAULT_STORE)
+    _add_store_flags(p)
     p.add_argument("--version", type=int, help="template version (default: head)")
     p.add_argument("--out", help="folder for heat-map overlay PNGs")
     p.add_argument("--json", help="write results as JSON here")
@@ -208,8 +250,21 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("evaluate", help="fit on train/good of an MVTec-layout folder and measure on test/")
     p.add_argument("--data", required=True, help="category folder (train/good, test/<type>, ground_truth/<type>)")
     p.add_argument("--json", help="write the results as JSON here")
+    p.add_argument("--product", help="product name when publishing with --store (default: the folder name)")
+    _add_store_flags(p, default=None)
     _add_config_flags(p)
     p.set_defaults(func=cmd_evaluate)
+
+    p = sub.add_parser("versions", help="list products, or the kept versions of one product (* = head)")
+    p.add_argument("--product", help="product name (default: list all products)")
+    _add_store_flags(p)
+    p.set_defaults(func=cmd_versions)
+
+    p = sub.add_parser("rollback", help="make a kept older version the head")
+    p.add_argument("--product", required=True)
+    p.add_argument("--version", type=int, required=True)
+    _add_store_flags(p)
+    p.set_defaults(func=cmd_rollback)
 
     p = sub.add_parser("demo", help="end to end on a generated product: fit, store, predict, heat-maps")
     p.add_argument("--out", default="out/demo", help="output folder (default out/demo)")

@@ -15,7 +15,7 @@ from .config import DetectorConfig
 from .core.metrics import image_auroc, pixel_auroc, pro_score
 from .data.decode import decode_image, resize_rgb
 from .data.mvtec import MVTecCategory, Sample
-from .detector import HETMM, Prediction
+from .detector import HETMM
 
 __all__ = ["EvaluationResult", "evaluate", "load_images"]
 
@@ -72,7 +72,7 @@ class EvaluationResult:
 
 def evaluate(
     data: str | Path, config: DetectorConfig, *, progress: bool = False
-) -> tuple[EvaluationResult, Prediction, list[Sample]]:
+) -> tuple[EvaluationResult, HETMM, list[Sample]]:
     """Fit on ``train/good``, score ``test/``, and measure AUROCs, PRO and speed."""
     category = MVTecCategory(data)
     size = config.backbone.image_size
@@ -109,4 +109,4 @@ def evaluate(
         true_negatives=int((~verdict & (labels == 0)).sum()),
         false_negatives=int((~verdict & (labels == 1)).sum()),
     )
-    return result, pred, samples
+    return result, det, samples

@@ -1,19 +1,56 @@
-"""Template persistence. ``open_store(uri)``: a local directory (default) or, later, S3."""
+"""Template persistence: versioned, verified template sets in a local directory or S3.
+
+``open_store(uri)`` takes a local path (the embedded default) or
+``s3://bucket/prefix``; an S3-compatible server's address can be given as
+``endpoint_url=`` or in the URI (``s3://bucket/prefix?endpoint=http://host:9000``),
+otherwise boto3's standard chain decides (``AWS_ENDPOINT_URL`` included).
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
 
-from .base import ProductNotFound, StoreError, TemplateStore, check_product_name
-from .local import LocalStore
+from .base import (
+    Backend,
+    ProductNotFound,
+    StoreConflict,
+    StoreCorrupt,
+    StoreError,
+    StoreUnavailable,
+    check_product_name,
+)
+from .local import LocalBackend
+from .versioned import VersionedStore
 
-__all__ = ["LocalStore", "ProductNotFound", "StoreError", "TemplateStore", "check_product_name", "open_store"]
+__all__ = [
+    "Backend",
+    "ProductNotFound",
+    "StoreConflict",
+    "StoreCorrupt",
+    "StoreError",
+    "StoreUnavailable",
+    "VersionedStore",
+    "check_product_name",
+    "open_store",
+]
+
+TemplateStore = VersionedStore
 
 
-def open_store(uri: str | Path) -> TemplateStore:
-    """A store for ``uri``: a local directory path (created on first write)."""
+def open_store(uri: str | Path, *, endpoint_url: str | None = None, region: str | None = None) -> VersionedStore:
+    """The store at ``uri``: a local directory (created on first write) or ``s3://bucket/prefix``."""
     text = str(uri)
+    if text.startswith("s3://"):
+        parts = urlsplit(text)
+        if not parts.netloc:
+            raise StoreError(f"store URI {text!r}: give a bucket, e.g. s3://my-bucket/templates")
+        query = parse_qs(parts.query)
+        endpoint = endpoint_url or (query.get("endpoint") or [None])[0]
+        region = region or (query.get("region") or [None])[0]
+        from .s3 import S3Backend
+
+        return VersionedStore(S3Backend(parts.netloc, parts.path, endpoint_url=endpoint, region=region))
     if "://" in text and not text.startswith("file://"):
-        scheme = text.split("://", 1)[0]
-        raise StoreError(f"store URI {text!r}: scheme {scheme}:// is not supported yet; use a local directory")
-    return LocalStore(Path(text.removeprefix("file://")))
+        raise StoreError(f"store URI {text!r}: use a local path or s3://bucket/prefix")
+    return VersionedStore(LocalBackend(Path(text.removeprefix("file://"))))

@@ -1,13 +1,27 @@
-"""The store interface (DESIGN.md contracts) and its errors."""
+"""Store errors, product names, and the object backend interface.
+
+A backend is a flat key -> bytes namespace with the two conditional writes
+that make publishing safe on any object store: create-only (``If-None-Match:
+*``) and compare-and-swap on a previous ETag (``If-Match``). The local
+directory and S3 backends both provide them, so one versioning protocol
+(``versioned.py``) serves both.
+"""
 
 from __future__ import annotations
 
 import re
-from typing import Protocol
+from collections.abc import Iterator
+from typing import BinaryIO, Protocol
 
-from ..core.templates import TemplateSet
-
-__all__ = ["ProductNotFound", "StoreError", "TemplateStore", "check_product_name"]
+__all__ = [
+    "Backend",
+    "ProductNotFound",
+    "StoreConflict",
+    "StoreCorrupt",
+    "StoreError",
+    "StoreUnavailable",
+    "check_product_name",
+]
 
 _PRODUCT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
@@ -23,6 +37,18 @@ class ProductNotFound(StoreError, KeyError):
         return str(self.args[0]) if self.args else "product not found"
 
 
+class StoreConflict(StoreError):
+    """Another writer published first; reload and retry."""
+
+
+class StoreUnavailable(StoreError):
+    """The store could not be reached (after bounded retries)."""
+
+
+class StoreCorrupt(StoreError):
+    """A stored object does not match its recorded checksum."""
+
+
 def check_product_name(product: str) -> str:
     if not isinstance(product, str) or not _PRODUCT.match(product) or product.endswith("."):
         raise StoreError(
@@ -32,13 +58,29 @@ def check_product_name(product: str) -> str:
     return product
 
 
-class TemplateStore(Protocol):
-    def put(self, product: str, template_set: TemplateSet) -> int: ...
+class Backend(Protocol):
+    """Flat object namespace. Keys use '/' separators; ETags are opaque strings."""
 
-    def get(self, product: str, version: int | None = None) -> TemplateSet: ...
+    def describe(self) -> str: ...
 
-    def versions(self, product: str) -> list[int]: ...
+    def read(self, key: str) -> tuple[bytes, str]:
+        """Contents and ETag; ``KeyError`` if absent."""
+        ...
 
-    def head(self, product: str) -> int: ...
+    def read_into(self, key: str, buffer: memoryview) -> None:
+        """Stream an object of known size into ``buffer`` (no intermediate copy)."""
+        ...
 
-    def products(self) -> list[str]: ...
+    def write(self, key: str, data: bytes, *, if_none_match: bool = False, if_match: str | None = None) -> str:
+        """Write a small object; conditional writes raise StoreConflict. Returns the new ETag."""
+        ...
+
+    def upload(self, key: str, stream: BinaryIO, size: int) -> None:
+        """Write a large object from a stream, in parts where the backend supports it."""
+        ...
+
+    def exists(self, key: str) -> bool: ...
+
+    def list(self, prefix: str) -> Iterator[str]: ...
+
+    def delete(self, keys: list[str]) -> None: ...

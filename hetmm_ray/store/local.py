@@ -1,111 +1,138 @@
-"""Versioned template sets in a local directory.
+"""Local directory backend: objects are files, conditional writes use links and a lock.
 
-``<root>/<product>/v<NNNNNN>/templates.safetensors`` plus ``manifest.json``
-(sha256 of the data), then ``<root>/<product>/HEAD`` naming the version,
-replaced atomically and written last: a crash mid-publish leaves the old head.
+Create-only writes land through ``os.link`` from a fully written temporary file
+(atomic, fails if the name exists). Compare-and-swap takes an exclusive
+``flock`` on a per-key lock file, compares the current ETag (sha256 of the
+contents) and replaces the file with ``os.replace``. Both are safe across
+processes on one machine; readers never see partial files.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
-import json
 import os
+import shutil
 import tempfile
-import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
-from ..core.templates import TemplateError, TemplateSet
-from .base import ProductNotFound, StoreError, check_product_name
+from .base import StoreConflict, StoreError
 
-__all__ = ["LocalStore"]
-
-DATA = "templates.safetensors"
-MANIFEST = "manifest.json"
+__all__ = ["LocalBackend"]
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+def _etag(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
 
 
-class LocalStore:
-    def __init__(self, root: Path) -> None:
+class LocalBackend:
+    def __init__(self, root: str | Path) -> None:
         self.root = Path(root)
         if self.root.exists() and not self.root.is_dir():
             raise StoreError(f"store {self.root} is not a directory")
 
-    def __repr__(self) -> str:
-        return f"LocalStore({str(self.root)!r})"
+    def describe(self) -> str:
+        return str(self.root)
 
-    def _product_dir(self, product: str) -> Path:
-        return self.root / check_product_name(product)
+    def _path(self, key: str) -> Path:
+        if key.startswith("/") or ".." in key.split("/"):
+            raise StoreError(f"invalid store key {key!r}")
+        return self.root / key
 
-    def products(self) -> list[str]:
-        if not self.root.is_dir():
-            return []
-        return sorted(p.name for p in self.root.iterdir() if (p / "HEAD").is_file())
+    def _temp(self, path: Path) -> tuple[int, str]:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
 
-    def versions(self, product: str) -> list[int]:
-        d = self._product_dir(product)
-        if not (d / "HEAD").is_file():
-            raise ProductNotFound(f"unknown product {product!r} in store {self.root}")
-        return sorted(int(p.name[1:]) for p in d.glob("v*") if p.name[1:].isdigit() and (p / MANIFEST).is_file())
-
-    def head(self, product: str) -> int:
-        head = self._product_dir(product) / "HEAD"
+    def read(self, key: str) -> tuple[bytes, str]:
         try:
-            return int(head.read_text().strip())
+            data = self._path(key).read_bytes()
         except FileNotFoundError:
-            raise ProductNotFound(f"unknown product {product!r} in store {self.root}") from None
-        except (OSError, ValueError) as exc:
-            raise StoreError(f"{head}: unreadable head pointer ({exc})") from None
+            raise KeyError(key) from None
+        except OSError as exc:
+            raise StoreError(f"{self._path(key)}: cannot read ({exc.strerror})") from None
+        return data, _etag(data)
 
-    def put(self, product: str, template_set: TemplateSet) -> int:
-        d = self._product_dir(product)
-        d.mkdir(parents=True, exist_ok=True)
-        existing = [int(p.name[1:]) for p in d.glob("v*") if p.name[1:].isdigit()]
-        version = max(existing, default=0) + 1
-        vdir = d / f"v{version:06d}"
+    def read_into(self, key: str, buffer: memoryview) -> None:
         try:
-            vdir.mkdir()
+            with self._path(key).open("rb") as f:
+                n = f.readinto(buffer)
+        except FileNotFoundError:
+            raise KeyError(key) from None
+        if n != len(buffer):
+            raise StoreError(f"{self._path(key)}: expected {len(buffer)} bytes, found {n}")
+
+    def _land(self, tmp: str, path: Path, *, exclusive: bool) -> None:
+        try:
+            if exclusive:
+                os.link(tmp, path)  # atomic create-only
+            else:
+                os.replace(tmp, path)
+                return
         except FileExistsError:
-            raise StoreError(f"version {version} of {product!r} is being written by another writer; retry") from None
-        data = template_set.to_bytes()
-        _atomic_write(vdir / DATA, data)
-        manifest = {
-            "product": product,
-            "version": version,
-            "created": time.time(),
-            "files": {DATA: hashlib.sha256(data).hexdigest()},
-            "images": template_set.n_images,
-            "weights_id": template_set.weights_id,
-        }
-        _atomic_write(vdir / MANIFEST, json.dumps(manifest, indent=1).encode())
-        _atomic_write(d / "HEAD", f"{version}\n".encode())
-        return version
+            raise StoreConflict(f"{path} already exists (another writer)") from None
+        finally:
+            if exclusive:
+                Path(tmp).unlink(missing_ok=True)
 
-    def get(self, product: str, version: int | None = None) -> TemplateSet:
-        if version is None:
-            version = self.head(product)
-        vdir = self._product_dir(product) / f"v{version:06d}"
+    def write(self, key: str, data: bytes, *, if_none_match: bool = False, if_match: str | None = None) -> str:
+        path = self._path(key)
+        fd, tmp = self._temp(path)
         try:
-            manifest = json.loads((vdir / MANIFEST).read_text())
-            data = (vdir / DATA).read_bytes()
-        except FileNotFoundError:
-            raise ProductNotFound(f"product {product!r} has no version {version} in store {self.root}") from None
-        except (OSError, ValueError) as exc:
-            raise StoreError(f"{vdir}: unreadable ({exc})") from None
-        if hashlib.sha256(data).hexdigest() != manifest["files"][DATA]:
-            raise StoreError(f"{vdir / DATA}: checksum mismatch, the stored templates are corrupt")
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            if if_match is None:
+                self._land(tmp, path, exclusive=if_none_match)
+            else:
+                with self._locked(path):
+                    try:
+                        current = _etag(path.read_bytes())
+                    except FileNotFoundError:
+                        current = None
+                    if current != if_match:
+                        raise StoreConflict(f"{path} changed since it was read (another writer)")
+                    os.replace(tmp, path)
+        finally:
+            Path(tmp).unlink(missing_ok=True)
+        return _etag(data)
+
+    @contextlib.contextmanager
+    def _locked(self, path: Path) -> Iterator[None]:
+        lock = path.with_name(f".{path.name}.lock")
+        with lock.open("a") as f:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+    def upload(self, key: str, stream: BinaryIO, size: int) -> None:
+        path = self._path(key)
+        fd, tmp = self._temp(path)
         try:
-            return TemplateSet.from_bytes(data, source=str(vdir / DATA))
-        except TemplateError as exc:
-            raise StoreError(str(exc)) from None
+            with os.fdopen(fd, "wb") as f:
+                shutil.copyfileobj(stream, f, length=8 << 20)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        finally:
+            Path(tmp).unlink(missing_ok=True)
+
+    def exists(self, key: str) -> bool:
+        return self._path(key).is_file()
+
+    def list(self, prefix: str) -> Iterator[str]:
+        base = self._path(prefix.rstrip("/")) if prefix else self.root
+        if not base.is_dir():
+            return
+        for p in sorted(base.rglob("*")):
+            if p.is_file() and not p.name.startswith("."):
+                yield p.relative_to(self.root).as_posix()
+
+    def delete(self, keys: list[str]) -> None:
+        for key in keys:
+            self._path(key).unlink(missing_ok=True)

@@ -1,0 +1,321 @@
+"""Pixel-level template selection: PTS and the ablation baselines (ALGORITHM.md §4).
+
+At every pixel, PTS picks K of the N bank vectors: first the medoid of each
+OPTICS cluster ("easy normals"), then, greedily, the vector least similar in
+total to those already chosen ("hard normals"). Pixels are independent, so all
+of it runs for a chunk of pixels in lockstep as tensor operations: one batched
+matmul for the chunk's (P, N, N) cosine similarities, the OPTICS scan of
+:mod:`.optics` (bit-identical to scikit-learn), and K masked argmin steps.
+
+Exact semantics, so that results are reproducible and checkable:
+
+- Similarities are float64 cosines of the vectors re-normalised in float64,
+  made exactly symmetric (:func:`.optics.cosine_similarities`); OPTICS gets
+  ``clip(1 - S, 0)`` with a zero diagonal, the matrix a per-pixel
+  ``OPTICS(metric="precomputed", min_samples=max(2, N // K))`` would be given.
+- Cluster medoid: the member with the largest sum of similarities to the
+  *other* members, summed in increasing member index order; ties (equal
+  float64 sums) go to the lowest index. Clusters are taken in order of their
+  lowest member index, at most K of them.
+- No cluster at all (every point noise): the whole set is treated as one
+  cluster, i.e. the global medoid ``argmax_i sum_{j != i} S[i, j]``. Leaving
+  out ``j == i`` cannot change the argmax in exact arithmetic (every
+  ``S[i, i]`` is 1); it keeps this the same computation as a cluster medoid.
+- Hard normals: while fewer than K are chosen, add the unchosen sample with the
+  smallest running sum ``sum_c S[c, q]`` over the chosen ``c``, accumulated
+  in selection order; ties go to the lowest index.
+- ``init="kmeans"`` (PTS_K): faiss spherical k-means with K centres on the
+  pixel's unit vectors (float32, ``seed``, faiss's defaults otherwise:
+  25 iterations, one run). Each centre is replaced by the sample of largest
+  cosine to it (lowest index on ties), in faiss's centre order; a sample
+  nearest to several centres is kept once, at its first place. The hard-normal
+  step then completes the set to K.
+- ``K >= N``: the whole bank, ``arange(N)`` at every pixel.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from .optics import cosine_distances, cosine_similarities, optics_graph, xi_labels
+
+__all__ = [
+    "DEFAULT_CHUNK_BYTES",
+    "SELECTION_KINDS",
+    "Selection",
+    "kmeans_centres",
+    "pixel_similarities",
+    "pts_indices",
+    "select",
+    "select_templates",
+]
+
+SELECTION_KINDS = ("all", "ir", "pr", "pc_k", "pts_k", "pts_o")
+DEFAULT_CHUNK_BYTES = 256 * 2**20  # (P, N, N) float64 work per pixel chunk, two matrices live at once
+
+Progress = Callable[[int, int], object]
+
+
+def _check_bank(bank: Tensor, k: int) -> None:
+    if bank.dim() != 4:
+        raise ValueError(f"bank must be (N, C, H, W), got shape {tuple(bank.shape)}")
+    if bank.shape[0] < 1:
+        raise ValueError("bank is empty")
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"k must be an integer >= 1, got {k!r}")
+
+
+def _chunk_size(n: int, pixels: int, chunk_pixels: int | None) -> int:
+    if chunk_pixels is not None:
+        if chunk_pixels < 1:
+            raise ValueError(f"chunk_pixels must be >= 1, got {chunk_pixels}")
+        return min(chunk_pixels, pixels)
+    return max(1, min(pixels, DEFAULT_CHUNK_BYTES // (2 * 8 * n * n)))
+
+
+def _pixel_vectors(bank: Tensor, p0: int, p1: int) -> Tensor:
+    """Pixels ``p0:p1`` (row-major over H, W) of a (N, C, H, W) bank as (P, N, C)."""
+    n, c = bank.shape[:2]
+    return bank.reshape(n, c, -1)[:, :, p0:p1].permute(2, 0, 1).contiguous()
+
+
+def pixel_similarities(bank: Tensor, p0: int = 0, p1: int | None = None) -> Tensor:
+    """The (P, N, N) float64 similarity matrices PTS uses for pixels ``p0:p1`` of ``bank``.
+
+    Public so that checks can hand exactly these matrices to a reference.
+    """
+    return cosine_similarities(_pixel_vectors(bank, p0, bank.shape[2] * bank.shape[3] if p1 is None else p1))
+
+
+# --- easy normals ----------------------------------------------------------------------
+def _cluster_medoids(sim: Tensor, labels: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """Medoids of the clusters in ``labels`` (P, N), in order of lowest member index.
+
+    Returns (P, k) indices (entries past the count are undefined) and the count
+    per pixel, ``min(clusters, k)``. All-noise pixels count as one cluster.
+    """
+    p, n, _ = sim.shape
+    dev = sim.device
+    labels = labels.clone()
+    labels[(labels < 0).all(dim=1)] = 0
+    noise = labels < 0
+    n_lab = int(labels.max()) + 1
+    lab = labels.masked_fill(noise, n_lab)  # noise gets its own, ignored, column
+    idx = torch.arange(n, device=dev)
+
+    # Sum of similarities to the other members, accumulated in increasing member
+    # index (the order a plain loop would use, so equal sums are bitwise equal).
+    # S[:, j, :] is row j; by exact symmetry it equals column j, and is contiguous.
+    acc = torch.zeros((p, n), dtype=torch.float64, device=dev)
+    member = torch.empty((p, n), dtype=torch.float64, device=dev)
+    for j in range(n):
+        lj = lab[:, j : j + 1]
+        torch.eq(lab, lj, out=member)  # bool -> 1.0 / 0.0
+        member.masked_fill_(noise, 0.0)
+        member[:, j] = 0.0
+        # acc + S * {1, 0}: adding an exact S or an exact zero, so no extra rounding.
+        acc.addcmul_(sim[:, j, :], member)
+
+    best = torch.full((p, n_lab + 1), -torch.inf, dtype=torch.float64, device=dev)
+    best.scatter_reduce_(1, lab, acc, reduce="amax")
+    is_best = (acc == best.gather(1, lab)) & ~noise
+    big = torch.full((p, n_lab + 1), n, dtype=torch.int64, device=dev)
+    medoid = big.clone().scatter_reduce_(1, lab, torch.where(is_best, idx, n), reduce="amin")
+    first = big.clone().scatter_reduce_(1, lab, idx.expand(p, n), reduce="amin")
+    first[:, n_lab] = n
+    order = torch.argsort(first, dim=1, stable=True)
+    medoids = medoid.gather(1, order)
+    count = (first < n).sum(dim=1).clamp(max=k)
+    width = min(k, n_lab + 1)
+    out = torch.zeros((p, k), dtype=torch.int64, device=dev)
+    out[:, :width] = medoids[:, :width].clamp(max=n - 1)
+    return out, count
+
+
+def _optics_init(sim: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    n = sim.shape[1]
+    m = max(2, n // k)
+    graph = optics_graph(cosine_distances(sim), m, overwrite=True)
+    return _cluster_medoids(sim, xi_labels(graph, m), k)
+
+
+def kmeans_centres(x: np.ndarray, k: int, seed: int) -> np.ndarray:
+    """Spherical k-means centres (k, C) of one pixel's unit vectors ``x`` (N, C), by faiss.
+
+    faiss's defaults except: ``seed``, ``spherical=True`` (centres re-normalised
+    each iteration, assignment by inner product) and ``min_points_per_centroid=1``
+    (a few hundred points for tens of centres is the normal case here, not a
+    mistake worth a warning).
+    """
+    import faiss  # deferred: only the k-means variants need it
+
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    km = faiss.Kmeans(x.shape[1], k, seed=int(seed), spherical=True, min_points_per_centroid=1, verbose=False)
+    km.train(x)
+    return km.centroids.reshape(k, x.shape[1])
+
+
+def _kmeans_init(vectors: Tensor, sim: Tensor, k: int, seed: int) -> tuple[Tensor, Tensor]:
+    p = vectors.shape[0]
+    dev = sim.device
+    x64 = vectors.to(torch.float64)
+    x64 = x64 / x64.norm(dim=-1, keepdim=True).clamp_min(torch.finfo(torch.float64).tiny)
+    x32 = x64.to(torch.float32).cpu().numpy()
+    centres = np.stack([kmeans_centres(x32[i], k, seed) for i in range(p)])  # (P, k, C)
+    c64 = torch.from_numpy(centres).to(dev, torch.float64)
+    c64 = c64 / c64.norm(dim=-1, keepdim=True).clamp_min(torch.finfo(torch.float64).tiny)
+    nearest = torch.bmm(c64, x64.transpose(1, 2)).argmax(dim=2)  # (P, k), first maximum
+    # Keep each sample once, at its first place: a later duplicate moves to the end.
+    dup = (nearest.unsqueeze(2) == nearest.unsqueeze(1)).tril(diagonal=-1).any(dim=2)
+    order = torch.argsort(dup.to(torch.int8), dim=1, stable=True)
+    return nearest.gather(1, order), (~dup).sum(dim=1)
+
+
+# --- hard normals -----------------------------------------------------------------------
+def _complete(sim: Tensor, init: Tensor, count: Tensor, k: int) -> Tensor:
+    """Selection order (P, k): ``init[:, :count]`` first, then hard normals."""
+    p, n, _ = sim.shape
+    dev = sim.device
+    rows = torch.arange(p, device=dev)
+    sums = torch.zeros((p, n), dtype=torch.float64, device=dev)
+    taken = torch.zeros((p, n), dtype=torch.float64, device=dev)  # +inf once chosen
+    keyed = torch.empty((p, n), dtype=torch.float64, device=dev)
+    chosen = torch.empty((p, k), dtype=torch.int64, device=dev)
+    n_init = int(count.max()) if p else 0
+    for t in range(k):
+        torch.add(sums, taken, out=keyed)
+        pick = torch.argmin(keyed, dim=1)  # first minimum: lowest index on ties
+        if t < n_init:
+            pick = torch.where(t < count, init[:, t], pick)
+        chosen[:, t] = pick
+        taken[rows, pick] = torch.inf
+        sums.add_(sim[rows, pick])
+    return chosen
+
+
+def pts_indices(
+    bank: Tensor,
+    k: int,
+    init: str = "optics",
+    *,
+    seed: int = 0,
+    chunk_pixels: int | None = None,
+    progress: Progress | None = None,
+) -> Tensor:
+    """Per-pixel PTS selection: (min(k, N), H, W) int64 bank indices in selection order.
+
+    ``bank`` (N, C, H, W) features (L2-normalised per pixel; re-normalised in
+    float64 anyway). ``init`` is ``"optics"`` (PTS_O, the method) or
+    ``"kmeans"`` (PTS_K, seeded by ``seed``). Pixels are processed in chunks
+    of ``chunk_pixels`` (default: sized so two (P, N, N) float64 matrices fit
+    in :data:`DEFAULT_CHUNK_BYTES`); ``progress(done, total)`` is called with
+    pixel counts after each chunk. Runs on ``bank``'s device.
+    """
+    _check_bank(bank, k)
+    if init not in ("optics", "kmeans"):
+        raise ValueError(f"init must be 'optics' or 'kmeans', got {init!r}")
+    n, _, h, w = bank.shape
+    total = h * w
+    if k >= n:
+        if progress is not None:
+            progress(total, total)
+        return torch.arange(n, device=bank.device).view(n, 1, 1).expand(n, h, w).contiguous()
+    out = torch.empty((k, total), dtype=torch.int64, device=bank.device)
+    step = _chunk_size(n, total, chunk_pixels)
+    for p0 in range(0, total, step):
+        p1 = min(total, p0 + step)
+        vectors = _pixel_vectors(bank, p0, p1)
+        sim = cosine_similarities(vectors)
+        if init == "optics":
+            first, count = _optics_init(sim, k)
+        else:
+            first, count = _kmeans_init(vectors, sim, k, seed)
+        out[:, p0:p1] = _complete(sim, first, count, k).T
+        del sim
+        if progress is not None:
+            progress(p1, total)
+    return out.view(k, h, w)
+
+
+def select_templates(bank: Tensor, indices: Tensor) -> Tensor:
+    """The tiny set (K, C, H, W): ``T[k, :, y, x] = bank[indices[k, y, x], :, y, x]``."""
+    if indices.dim() != 3 or indices.shape[1:] != bank.shape[2:]:
+        raise ValueError(f"indices {tuple(indices.shape)} do not fit bank {tuple(bank.shape)}")
+    kk, h, w = indices.shape
+    idx = indices.to(bank.device)[:, None].expand(kk, bank.shape[1], h, w)
+    return torch.gather(bank, 0, idx)
+
+
+# --- the ablation variants ----------------------------------------------------------
+@dataclass(frozen=True)
+class Selection:
+    """A selection's templates and, where they are bank vectors, their indices."""
+
+    kind: str
+    templates: Tensor  # (K', C, H, W)
+    indices: Tensor | None  # (K', H, W) bank indices; None for "all" (the bank itself) and "pc_k" (centres)
+
+
+def _pc_k(bank: Tensor, k: int, seed: int, progress: Progress | None) -> Tensor:
+    n, c, h, w = bank.shape
+    flat = bank.detach().reshape(n, c, h * w).to(torch.float64)
+    flat = flat / flat.norm(dim=1, keepdim=True).clamp_min(torch.finfo(torch.float64).tiny)
+    x = flat.to(torch.float32).permute(2, 0, 1).cpu().numpy()  # (H*W, N, C)
+    out = np.empty((h * w, k, c), dtype=np.float32)
+    for i in range(h * w):
+        out[i] = kmeans_centres(x[i], k, seed)
+        if progress is not None and ((i + 1) % 256 == 0 or i + 1 == h * w):
+            progress(i + 1, h * w)
+    centres = torch.from_numpy(out).permute(1, 2, 0).reshape(k, c, h, w)
+    centres = centres / centres.norm(dim=1, keepdim=True).clamp_min(torch.finfo(torch.float32).tiny)
+    return centres.to(bank.device, bank.dtype)
+
+
+def select(
+    kind: str,
+    bank: Tensor,
+    k: int,
+    seed: int = 0,
+    *,
+    chunk_pixels: int | None = None,
+    progress: Progress | None = None,
+) -> Selection:
+    """Templates of one selection ``kind`` (ALGORITHM.md §4, the paper's Table RTMM).
+
+    - ``all``: the whole bank (``indices`` None).
+    - ``ir``: the same ``min(k, N)`` random images at every pixel (seeded).
+    - ``pr``: ``min(k, N)`` random images drawn independently per pixel (seeded).
+    - ``pc_k``: per-pixel spherical k-means centres (faiss, seeded), unit
+      vectors, not bank members (``indices`` None); ``k >= N`` gives the bank.
+    - ``pts_k`` / ``pts_o``: :func:`pts_indices` with ``init="kmeans"`` / ``"optics"``.
+
+    Random draws use a CPU ``torch.Generator`` seeded with ``seed``, so they
+    do not depend on the device or on global RNG state.
+    """
+    if kind not in SELECTION_KINDS:
+        raise ValueError(f"unknown selection {kind!r}; choose one of {', '.join(SELECTION_KINDS)}")
+    _check_bank(bank, k)
+    n, _, h, w = bank.shape
+    kk = min(k, n)
+    if kind == "all":
+        return Selection(kind, bank, None)
+    if kind == "pc_k":
+        if k >= n:
+            return Selection(kind, bank, None)
+        return Selection(kind, _pc_k(bank, k, seed, progress), None)
+    if kind in ("pts_k", "pts_o"):
+        init = "kmeans" if kind == "pts_k" else "optics"
+        idx = pts_indices(bank, k, init, seed=seed, chunk_pixels=chunk_pixels, progress=progress)
+    else:
+        gen = torch.Generator().manual_seed(int(seed))
+        if kind == "ir":
+            idx = torch.randperm(n, generator=gen)[:kk].view(kk, 1, 1).expand(kk, h, w).contiguous()
+        else:  # pr
+            idx = torch.rand((n, h, w), generator=gen).argsort(dim=0)[:kk]
+        idx = idx.to(bank.device)
+    return Selection(kind, select_templates(bank, idx), idx)

@@ -1,0 +1,301 @@
+"""Immutable, verified template versions over any :class:`Backend`.
+
+Layout under a product::
+
+    <product>/objects/<sha256>.safetensors   bank chunks and selections, content-addressed
+    <product>/versions/<NNNNNN>.json        manifest of one version (immutable)
+    <product>/HEAD                          {"version": n, "history": [...]}, written last
+
+Publishing writes data objects, then the manifest (create-only: it claims the
+version number), then swaps HEAD with compare-and-swap on the ETag it read. A
+crash before the HEAD swap leaves the old head serving and at most an orphan
+manifest that no reader follows. Two writers racing: one swaps HEAD, the other
+gets :class:`StoreConflict` and can retry. Readers follow HEAD to an immutable
+manifest and objects whose sha256 is checked, so they see the old or the new
+version, never a mix.
+
+Banks grow by appended chunks: a version whose first images are its parent's
+reuses the parent's chunk objects and uploads only the new images.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import time
+from typing import Any
+
+import torch
+from safetensors.torch import save as st_save
+from torch import Tensor
+
+from ..config import ConfigError, DetectorConfig
+from ..core.scoring import Calibration
+from ..core.templates import TemplateSet
+from .base import Backend, ProductNotFound, StoreConflict, StoreCorrupt, StoreError, check_product_name
+
+__all__ = ["VersionedStore"]
+
+FORMAT = 1
+CHUNK_BYTES = 256 * 2**20  # bank bytes per chunk object: bounds memory on save and load
+
+_DTYPES = {
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "U8": torch.uint8,
+}
+
+
+def _sha256(data: bytes | bytearray | memoryview) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _tensors_from(buffer: bytearray, key: str) -> dict[str, Tensor]:
+    """Zero-copy views of a safetensors buffer (the caller copies them where they belong)."""
+    try:
+        n = int.from_bytes(buffer[:8], "little")
+        header = json.loads(bytes(buffer[8 : 8 + n]))
+        out = {}
+        for name, spec in header.items():
+            if name == "__metadata__":
+                continue
+            start, stop = spec["data_offsets"]
+            dtype = _DTYPES[spec["dtype"]]
+            flat = torch.frombuffer(buffer, dtype=dtype, offset=8 + n + start, count=(stop - start) // dtype.itemsize)
+            out[name] = flat.view(spec["shape"])
+        return out
+    except (ValueError, KeyError, TypeError, RuntimeError) as exc:
+        raise StoreCorrupt(f"{key}: not a readable tensor file ({exc})") from None
+
+
+def _layout(ts: TemplateSet) -> dict[str, dict[str, Any]]:
+    return {k: {"shape": list(v.shape[1:]), "dtype": str(v.dtype).removeprefix("torch.")} for k, v in ts.bank.items()}
+
+
+class VersionedStore:
+    """The template store of DESIGN.md: ``put``/``get``/``versions``/``products`` and more."""
+
+    def __init__(self, backend: Backend, *, chunk_bytes: int = CHUNK_BYTES) -> None:
+        self.backend = backend
+        self.chunk_bytes = chunk_bytes
+
+    def __repr__(self) -> str:
+        return f"VersionedStore({self.backend.describe()})"
+
+    # --- reading -------------------------------------------------------------------------
+    def _head(self, product: str) -> tuple[dict[str, Any], str] | None:
+        key = f"{check_product_name(product)}/HEAD"
+        try:
+            data, etag = self.backend.read(key)
+        except KeyError:
+            return None
+        try:
+            head = json.loads(data)
+            int(head["version"])
+        except (ValueError, KeyError, TypeError):
+            raise StoreCorrupt(f"{self.backend.describe()}/{key}: unreadable head pointer") from None
+        return head, etag
+
+    def head(self, product: str) -> int:
+        found = self._head(product)
+        if found is None:
+            raise ProductNotFound(f"unknown product {product!r} in store {self.backend.describe()}")
+        return int(found[0]["version"])
+
+    def products(self) -> list[str]:
+        return sorted(k[: -len("/HEAD")] for k in self.backend.list("") if k.endswith("/HEAD") and k.count("/") == 1)
+
+    def versions(self, product: str) -> list[int]:
+        found = self._head(product)
+        if found is None:
+            raise ProductNotFound(f"unknown product {product!r} in store {self.backend.describe()}")
+        return sorted(int(v) for v in found[0]["history"])
+
+    def manifest(self, product: str, version: int) -> dict[str, Any]:
+        key = f"{check_product_name(product)}/versions/{version:06d}.json"
+        try:
+            data, _ = self.backend.read(key)
+        except KeyError:
+            raise ProductNotFound(
+                f"product {product!r} has no version {version} in {self.backend.describe()}"
+            ) from None
+        try:
+            manifest = json.loads(data)
+        except ValueError:
+            raise StoreCorrupt(f"{self.backend.describe()}/{key}: unreadable manifest") from None
+        if manifest.get("format") != FORMAT:
+            raise StoreError(f"{key}: unsupported manifest format {manifest.get('format')!r}")
+        return manifest
+
+    def _read_object(self, product: str, ref: dict[str, Any]) -> bytearray:
+        buffer = bytearray(int(ref["size"]))
+        key = f"{product}/{ref['key']}"
+        try:
+            self.backend.read_into(key, memoryview(buffer))
+        except KeyError:
+            raise StoreCorrupt(f"{self.backend.describe()}/{key}: object missing") from None
+        if _sha256(buffer) != ref["sha256"]:
+            raise StoreCorrupt(f"{self.backend.describe()}/{key}: checksum mismatch, the stored data is corrupt")
+        return buffer
+
+    def get(self, product: str, version: int | None = None, *, weights_id: str | None = None) -> TemplateSet:
+        """A verified template set (``None`` = head). ``weights_id`` refuses another backbone's features."""
+        if version is None:
+            version = self.head(product)
+        m = self.manifest(product, version)
+        if weights_id is not None and m["weights_id"] != weights_id:
+            raise StoreError(
+                f"product {product!r} v{version} was built with weights {m['weights_id']}, not {weights_id}"
+            )
+        n = int(m["images"])
+        bank = {
+            name: torch.empty((n, *spec["shape"]), dtype=getattr(torch, spec["dtype"]))
+            for name, spec in m["layers"].items()
+        }
+        for ref in m["chunks"]:
+            start, stop = ref["images"]
+            tensors = _tensors_from(self._read_object(product, ref), ref["key"])
+            for name in bank:
+                bank[name][start:stop].copy_(tensors[name])
+        indices = None
+        if m.get("selection"):
+            sel = _tensors_from(self._read_object(product, m["selection"]), m["selection"]["key"])
+            indices = {name: sel[name].clone() for name in bank}
+        try:
+            config = DetectorConfig.from_dict(m["config"])
+        except ConfigError as exc:
+            raise StoreCorrupt(f"{product} v{version}: stored configuration is invalid: {exc}") from None
+        cal = m.get("calibration")
+        return TemplateSet(
+            bank=bank,
+            config=config,
+            weights_id=m["weights_id"],
+            image_digests=tuple(m["image_digests"]),
+            calibration=None if cal is None else Calibration(tuple(cal)),
+            indices=indices,
+            meta={**m.get("meta", {}), "version": version, "parent": m.get("parent")},
+        )
+
+    # --- writing -------------------------------------------------------------------------
+    def _put_object(self, product: str, tensors: dict[str, Tensor]) -> dict[str, Any]:
+        data = st_save({k: v.contiguous() for k, v in tensors.items()})
+        digest = _sha256(data)
+        key = f"objects/{digest}.safetensors"
+        if not self.backend.exists(f"{product}/{key}"):
+            self.backend.upload(f"{product}/{key}", io.BytesIO(data), len(data))
+        return {"key": key, "sha256": digest, "size": len(data)}
+
+    def _chunks(self, product: str, ts: TemplateSet, parent: dict[str, Any] | None) -> list[dict[str, Any]]:
+        chunks: list[dict[str, Any]] = []
+        start = 0
+        if parent is not None and self._extends(parent, ts):
+            chunks = list(parent["chunks"])
+            start = int(parent["images"])
+        per_image = sum(v[0].numel() * v.element_size() for v in ts.bank.values())
+        step = max(1, self.chunk_bytes // max(per_image, 1))
+        for lo in range(start, ts.n_images, step):
+            hi = min(ts.n_images, lo + step)
+            ref = self._put_object(product, {k: v[lo:hi].cpu() for k, v in ts.bank.items()})
+            chunks.append({**ref, "images": [lo, hi]})
+        return chunks
+
+    @staticmethod
+    def _extends(parent: dict[str, Any], ts: TemplateSet) -> bool:
+        n = int(parent["images"])
+        return (
+            parent["weights_id"] == ts.weights_id
+            and parent["layers"] == _layout(ts)
+            and tuple(parent["image_digests"]) == ts.image_digests[:n]
+        )
+
+    def put(self, product: str, template_set: TemplateSet, *, expect_head: int | None = None) -> int:
+        """Publish a new version and make it head; returns its number.
+
+        ``expect_head``: fail with StoreConflict unless the head is still this version
+        (optimistic concurrency for read-modify-write updates).
+        """
+        check_product_name(product)
+        found = self._head(product)
+        head, etag = (found[0], found[1]) if found else ({"version": 0, "history": []}, None)
+        if expect_head is not None and int(head["version"]) != expect_head:
+            raise StoreConflict(f"{product}: head is v{head['version']}, not v{expect_head}; reload and retry")
+        parent = self.manifest(product, int(head["version"])) if found else None
+        existing = [
+            int(k.rsplit("/", 1)[1].split(".")[0])
+            for k in self.backend.list(f"{product}/versions/")
+            if k.endswith(".json")
+        ]
+        version = max([int(head["version"]), *existing]) + 1
+
+        ts = template_set
+        manifest = {
+            "format": FORMAT,
+            "product": product,
+            "version": version,
+            "parent": int(head["version"]) or None,
+            "created": time.time(),
+            "config": ts.config.to_dict(),
+            "backbone": ts.config.backbone.name,
+            "weights_id": ts.weights_id,
+            "layers": _layout(ts),
+            "images": ts.n_images,
+            "image_digests": list(ts.image_digests),
+            "calibration": None if ts.calibration is None else list(ts.calibration.scores),
+            "meta": {k: v for k, v in ts.meta.items() if k not in ("version", "parent")},
+            "chunks": self._chunks(product, ts, parent),
+            "selection": None if ts.indices is None else self._put_object(product, ts.indices),
+        }
+        self.backend.write(f"{product}/versions/{version:06d}.json", json.dumps(manifest).encode(), if_none_match=True)
+        new_head = json.dumps({"version": version, "history": [*head["history"], version]}).encode()
+        self.backend.write(f"{product}/HEAD", new_head, if_none_match=etag is None, if_match=etag)
+        return version
+
+    def rollback(self, product: str, version: int) -> int:
+        """Make a kept older version head again."""
+        found = self._head(product)
+        if found is None:
+            raise ProductNotFound(f"unknown product {product!r} in store {self.backend.describe()}")
+        head, etag = found
+        if version not in head["history"]:
+            raise ProductNotFound(f"product {product!r} has no kept version {version} (kept: {head['history']})")
+        self.get(product, version)  # verify it loads before pointing readers at it
+        self.backend.write(f"{product}/HEAD", json.dumps({**head, "version": version}).encode(), if_match=etag)
+        return version
+
+    def retain(self, product: str, keep: int) -> list[int]:
+        """Keep the newest ``keep`` versions and the head; delete the rest. Returns deleted versions."""
+        if keep < 1:
+            raise StoreError("retention must keep at least 1 version")
+        found = self._head(product)
+        if found is None:
+            raise ProductNotFound(f"unknown product {product!r} in store {self.backend.describe()}")
+        head, etag = found
+        history = sorted(head["history"])
+        kept = sorted(set(history[-keep:]) | {int(head["version"])})
+        dropped = [v for v in history if v not in kept]
+        if not dropped:
+            return []
+        self.backend.write(f"{product}/HEAD", json.dumps({**head, "history": kept}).encode(), if_match=etag)
+        live = {ref["key"] for v in kept for ref in self._refs(self.manifest(product, v))}
+        doomed: set[str] = set()
+        for v in dropped:
+            doomed |= {ref["key"] for ref in self._refs(self.manifest(product, v))}
+        self.backend.delete([f"{product}/versions/{v:06d}.json" for v in dropped])
+        self.backend.delete([f"{product}/{k}" for k in sorted(doomed - live)])
+        return dropped
+
+    @staticmethod
+    def _refs(manifest: dict[str, Any]) -> list[dict[str, Any]]:
+        return [*manifest["chunks"], *([manifest["selection"]] if manifest.get("selection") else [])]
+
+    def delete_product(self, product: str) -> None:
+        """Remove a product: its head first (it disappears at once), then every object."""
+        if self._head(product) is None:
+            raise ProductNotFound(f"unknown product {product!r} in store {self.backend.describe()}")
+        self.backend.delete([f"{product}/HEAD"])
+        self.backend.delete(list(self.backend.list(f"{product}/")))
