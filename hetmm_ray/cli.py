@@ -182,6 +182,9 @@ def cmd_versions(args: argparse.Namespace) -> int:
         if not products:
             print(f"no products in {args.store}")
         return 0
+    if args.keep is not None:
+        dropped = store.retain(args.product, args.keep)
+        print(f"retention: deleted versions {dropped or 'none'} (kept the newest {args.keep} and the head)")
     head = store.head(args.product)
     print(f"{'version':>7}  {'parent':>6}  {'images':>6}  {'sheets':>6}  created              weights")
     for v in store.versions(args.product):
@@ -190,6 +193,14 @@ def cmd_versions(args: argparse.Namespace) -> int:
         sheets = m["images"] if not m.get("selection") else m["config"]["templates"]["sheets"]
         mark = "*" if v == head else " "
         print(f"{mark}{v:>6}  {m['parent'] or '-':>6}  {m['images']:>6}  {sheets:>6}  {created}  {m['weights_id']}")
+    return 0
+
+
+def cmd_delete(args: argparse.Namespace) -> int:
+    if not args.yes:
+        raise CLIError(f"deleting {args.product!r} removes every version from {args.store}: add --yes to confirm")
+    _open(args).delete_product(args.product)
+    print(f"product {args.product} deleted from {args.store}")
     return 0
 
 
@@ -257,8 +268,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("versions", help="list products, or the kept versions of one product (* = head)")
     p.add_argument("--product", help="product name (default: list all products)")
+    p.add_argument(
+        "--keep", type=int, metavar="N", help="retention: delete all but the newest N versions (never the head)"
+    )
     _add_store_flags(p)
     p.set_defaults(func=cmd_versions)
+
+    p = sub.add_parser("delete", help="delete a product and all its versions from the store")
+    p.add_argument("--product", required=True)
+    p.add_argument("--yes", action="store_true", help="confirm")
+    _add_store_flags(p)
+    p.set_defaults(func=cmd_delete)
 
     p = sub.add_parser("rollback", help="make a kept older version the head")
     p.add_argument("--product", required=True)

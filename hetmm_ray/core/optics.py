@@ -61,7 +61,17 @@ class OpticsGraph(NamedTuple):
     core_distances: Tensor  # float64
 
 
-def cosine_similarities(x: Tensor) -> Tensor:
+def _buffer(out: Tensor | None, shape: tuple[int, ...], like: Tensor) -> Tensor:
+    if out is None:
+        return torch.empty(shape, dtype=torch.float64, device=like.device)
+    if out.shape != shape or out.dtype != torch.float64 or out.device != like.device:
+        raise ValueError(f"buffer must be float64 {shape} on {like.device}, got {out.dtype} {tuple(out.shape)}")
+    return out
+
+
+def cosine_similarities(
+    x: Tensor, *, out: Tensor | None = None, work: Tensor | None = None, vectors: Tensor | None = None
+) -> Tensor:
     """(P, N, C) vectors -> (P, N, N) float64 cosine similarities.
 
     The vectors are re-normalised in float64 (float32 features are unit only to
@@ -69,20 +79,32 @@ def cosine_similarities(x: Tensor) -> Tensor:
     (float addition commutes), clipped to [-1, 1], with an exact 1 on the
     diagonal: ``S[i, j] == S[j, i]`` bit for bit, so row and column sums agree.
     A zero vector gets similarity 0 to every other vector.
+
+    ``out`` and ``work`` (P, N, N) and ``vectors`` (P, N, C) are optional
+    float64 buffers; callers that run many chunks reuse them, because fresh
+    buffers this large are fresh pages, and on CPU faulting them in can cost
+    more than the arithmetic. The values do not depend on whether they are given.
     """
     if x.dim() != 3:
         raise ValueError(f"expected (P, N, C) vectors, got shape {tuple(x.shape)}")
-    x = x.to(torch.float64)
-    x = x / x.norm(dim=-1, keepdim=True).clamp_min(torch.finfo(torch.float64).tiny)
-    s = torch.bmm(x, x.transpose(1, 2))
-    s = (s + s.transpose(1, 2)).mul_(0.5).clamp_(-1.0, 1.0)
+    p, n, _ = x.shape
+    xs = _buffer(vectors, tuple(x.shape), x)
+    xs.copy_(x)
+    xs.div_(xs.norm(dim=-1, keepdim=True).clamp_min_(torch.finfo(torch.float64).tiny))
+    raw = torch.bmm(xs, xs.transpose(1, 2), out=_buffer(work, (p, n, n), x))
+    s = torch.add(raw, raw.transpose(1, 2), out=_buffer(out, (p, n, n), x))
+    s.mul_(0.5).clamp_(-1.0, 1.0)
     s.diagonal(dim1=1, dim2=2).fill_(1.0)
     return s
 
 
-def cosine_distances(sim: Tensor) -> Tensor:
-    """Cosine distance ``1 - S`` from :func:`cosine_similarities`: in [0, 2], symmetric, zero diagonal."""
-    return torch.sub(1.0, sim).clamp_(min=0.0)
+def cosine_distances(sim: Tensor, *, out: Tensor | None = None) -> Tensor:
+    """Cosine distance ``1 - S`` from :func:`cosine_similarities`: in [0, 2], symmetric, zero diagonal.
+
+    Computed as ``(-S) + 1`` (the same correctly rounded sum), optionally into ``out``.
+    """
+    d = torch.neg(sim, out=_buffer(out, tuple(sim.shape), sim))
+    return d.add_(1.0).clamp_(min=0.0)
 
 
 def _check_distances(dist: Tensor, min_samples: int) -> None:
@@ -136,11 +158,12 @@ def optics_graph(dist: Tensor, min_samples: int, *, overwrite: bool = False) -> 
     done = torch.zeros((p, n), dtype=f64, device=dev)
     ordering = torch.empty((p, n), dtype=torch.int64, device=dev)
     reach_in_order = torch.empty((p, n), dtype=f64, device=dev)
+    pred = torch.full((p, n), -1, dtype=torch.int64, device=dev)
     flat = rd.view(p * n, n)
     row_base = torch.arange(p, device=dev) * n
-    # Reused buffers: fresh (P, N) tensors every step would be large allocations,
-    # and on CPU their page faults cost more than the arithmetic.
+    # Reused buffers: fresh (P, N) tensors every step would be large allocations.
     cand = torch.empty((p, n), dtype=f64, device=dev)
+    improved = torch.empty((p, n), dtype=torch.bool, device=dev)
     flat_idx = torch.empty(p, dtype=torch.int64, device=dev)
     for step in range(n):
         point = torch.argmin(key_bits, dim=1)
@@ -152,37 +175,13 @@ def optics_graph(dist: Tensor, min_samples: int, *, overwrite: bool = False) -> 
         done.view(-1)[flat_idx] = inf
         torch.index_select(flat, 0, flat_idx, out=cand)
         torch.maximum(cand, done, out=cand)
+        # sklearn: strictly smaller replaces reachability and predecessor.
+        torch.lt(cand, key, out=improved)
+        torch.where(improved, point.unsqueeze(1), pred, out=pred)
         torch.minimum(key, cand, out=key)
     reach_in_order.masked_fill_(reach_in_order == big, inf)
     reach = torch.empty_like(reach_in_order).scatter_(1, ordering, reach_in_order)
-    pred = _predecessors(rd, ordering, reach)
     return OpticsGraph(ordering, reach, pred, core)
-
-
-def _predecessors(rd: Tensor, ordering: Tensor, reach: Tensor, block: int = 64) -> Tensor:
-    """sklearn's predecessors, recovered after the scan.
-
-    sklearn sets ``pred[q] = p`` whenever processing ``p`` strictly lowers
-    ``q``'s reachability, so ``pred[q]`` is the first point in processing order
-    (before ``q``) whose candidate ``rd[p, q]`` equals ``q``'s final
-    reachability; -1 when there is none (reachability inf). Doing this once in
-    bulk is cheaper than a masked update at every step of the scan.
-    """
-    p, n = ordering.shape
-    dev = ordering.device
-    rank = torch.empty_like(ordering).scatter_(1, ordering, torch.arange(n, device=dev).expand(p, n))
-    steps = torch.arange(n, device=dev).view(1, n, 1)
-    out = torch.empty_like(ordering)
-    for i in range(0, p, block):
-        j = min(p, i + block)
-        o = ordering[i:j]
-        # rows of rd in processing order: by_step[b, s, q] = rd[b, o[b, s], q]
-        by_step = torch.gather(rd[i:j], 1, o.unsqueeze(2).expand(j - i, n, n))
-        hit = (by_step == reach[i:j].unsqueeze(1)) & (steps < rank[i:j].unsqueeze(1))
-        first = torch.argmax(hit.to(torch.uint8), dim=1)  # first True; 0 if none
-        found = hit.any(dim=1)
-        out[i:j] = torch.where(found, torch.gather(o, 1, first), -1)
-    return out
 
 
 def xi_labels(graph: OpticsGraph, min_samples: int, xi: float = 0.05) -> Tensor:

@@ -56,7 +56,7 @@ __all__ = [
 ]
 
 SELECTION_KINDS = ("all", "ir", "pr", "pc_k", "pts_k", "pts_o")
-DEFAULT_CHUNK_BYTES = 256 * 2**20  # (P, N, N) float64 work per pixel chunk, two matrices live at once
+DEFAULT_CHUNK_BYTES = 256 * 2**20  # float64 work per pixel chunk: two (P, N, N) matrices and the (P, N, C) vectors
 
 Progress = Callable[[int, int], object]
 
@@ -70,18 +70,32 @@ def _check_bank(bank: Tensor, k: int) -> None:
         raise ValueError(f"k must be an integer >= 1, got {k!r}")
 
 
-def _chunk_size(n: int, pixels: int, chunk_pixels: int | None) -> int:
+def _chunk_size(n: int, c: int, pixels: int, chunk_pixels: int | None) -> int:
     if chunk_pixels is not None:
         if chunk_pixels < 1:
             raise ValueError(f"chunk_pixels must be >= 1, got {chunk_pixels}")
         return min(chunk_pixels, pixels)
-    return max(1, min(pixels, DEFAULT_CHUNK_BYTES // (2 * 8 * n * n)))
+    per_pixel = 8 * (2 * n * n + n * c)  # two (N, N) matrices and the (N, C) vectors, float64
+    return max(1, min(pixels, DEFAULT_CHUNK_BYTES // per_pixel))
 
 
 def _pixel_vectors(bank: Tensor, p0: int, p1: int) -> Tensor:
-    """Pixels ``p0:p1`` (row-major over H, W) of a (N, C, H, W) bank as (P, N, C)."""
+    """Pixels ``p0:p1`` (row-major over H, W) of a (N, C, H, W) bank as a (P, N, C) view."""
     n, c = bank.shape[:2]
-    return bank.reshape(n, c, -1)[:, :, p0:p1].permute(2, 0, 1).contiguous()
+    return bank.reshape(n, c, -1)[:, :, p0:p1].permute(2, 0, 1)
+
+
+class _Workspace:
+    """float64 buffers for the largest chunk, reused by every chunk (see :func:`.optics.cosine_similarities`)."""
+
+    def __init__(self, p: int, n: int, c: int, device: torch.device) -> None:
+        self.vectors = torch.empty((p, n, c), dtype=torch.float64, device=device)
+        self.sim = torch.empty((p, n, n), dtype=torch.float64, device=device)
+        self.work = torch.empty((p, n, n), dtype=torch.float64, device=device)
+
+    def similarities(self, x: Tensor) -> Tensor:
+        p = x.shape[0]
+        return cosine_similarities(x, out=self.sim[:p], work=self.work[:p], vectors=self.vectors[:p])
 
 
 def pixel_similarities(bank: Tensor, p0: int = 0, p1: int | None = None) -> Tensor:
@@ -107,16 +121,17 @@ def _cluster_medoids(sim: Tensor, labels: Tensor, k: int) -> tuple[Tensor, Tenso
     n_lab = int(labels.max()) + 1
     lab = labels.masked_fill(noise, n_lab)  # noise gets its own, ignored, column
     idx = torch.arange(n, device=dev)
+    # For the sums every noise point gets a label of its own: it then matches only
+    # itself, and self-pairs are skipped anyway.
+    lab_u = torch.where(noise, n_lab + idx, labels).to(torch.int32)
 
     # Sum of similarities to the other members, accumulated in increasing member
     # index (the order a plain loop would use, so equal sums are bitwise equal).
-    # S[:, j, :] is row j; by exact symmetry it equals column j, and is contiguous.
+    # S[:, j, :] is row j; by exact symmetry it equals column j.
     acc = torch.zeros((p, n), dtype=torch.float64, device=dev)
     member = torch.empty((p, n), dtype=torch.float64, device=dev)
     for j in range(n):
-        lj = lab[:, j : j + 1]
-        torch.eq(lab, lj, out=member)  # bool -> 1.0 / 0.0
-        member.masked_fill_(noise, 0.0)
+        torch.eq(lab_u, lab_u[:, j : j + 1], out=member)  # bool -> 1.0 / 0.0
         member[:, j] = 0.0
         # acc + S * {1, 0}: adding an exact S or an exact zero, so no extra rounding.
         acc.addcmul_(sim[:, j, :], member)
@@ -137,10 +152,10 @@ def _cluster_medoids(sim: Tensor, labels: Tensor, k: int) -> tuple[Tensor, Tenso
     return out, count
 
 
-def _optics_init(sim: Tensor, k: int) -> tuple[Tensor, Tensor]:
+def _optics_init(sim: Tensor, k: int, work: Tensor) -> tuple[Tensor, Tensor]:
     n = sim.shape[1]
     m = max(2, n // k)
-    graph = optics_graph(cosine_distances(sim), m, overwrite=True)
+    graph = optics_graph(cosine_distances(sim, out=work), m, overwrite=True)
     return _cluster_medoids(sim, xi_labels(graph, m), k)
 
 
@@ -160,16 +175,15 @@ def kmeans_centres(x: np.ndarray, k: int, seed: int) -> np.ndarray:
     return km.centroids.reshape(k, x.shape[1])
 
 
-def _kmeans_init(vectors: Tensor, sim: Tensor, k: int, seed: int) -> tuple[Tensor, Tensor]:
-    p = vectors.shape[0]
-    dev = sim.device
-    x64 = vectors.to(torch.float64)
-    x64 = x64 / x64.norm(dim=-1, keepdim=True).clamp_min(torch.finfo(torch.float64).tiny)
-    x32 = x64.to(torch.float32).cpu().numpy()
+def _kmeans_init(unit: Tensor, k: int, seed: int) -> tuple[Tensor, Tensor]:
+    """``unit``: the (P, N, C) float64 unit vectors the similarities were made from."""
+    p = unit.shape[0]
+    dev = unit.device
+    x32 = unit.to(torch.float32).cpu().numpy()
     centres = np.stack([kmeans_centres(x32[i], k, seed) for i in range(p)])  # (P, k, C)
     c64 = torch.from_numpy(centres).to(dev, torch.float64)
     c64 = c64 / c64.norm(dim=-1, keepdim=True).clamp_min(torch.finfo(torch.float64).tiny)
-    nearest = torch.bmm(c64, x64.transpose(1, 2)).argmax(dim=2)  # (P, k), first maximum
+    nearest = torch.bmm(c64, unit.transpose(1, 2)).argmax(dim=2)  # (P, k), first maximum
     # Keep each sample once, at its first place: a later duplicate moves to the end.
     dup = (nearest.unsqueeze(2) == nearest.unsqueeze(1)).tril(diagonal=-1).any(dim=2)
     order = torch.argsort(dup.to(torch.int8), dim=1, stable=True)
@@ -182,7 +196,10 @@ def _complete(sim: Tensor, init: Tensor, count: Tensor, k: int) -> Tensor:
     p, n, _ = sim.shape
     dev = sim.device
     rows = torch.arange(p, device=dev)
+    row_base = rows * n
+    flat = sim.view(p * n, n)
     sums = torch.zeros((p, n), dtype=torch.float64, device=dev)
+    row = torch.empty((p, n), dtype=torch.float64, device=dev)
     taken = torch.zeros((p, n), dtype=torch.float64, device=dev)  # +inf once chosen
     keyed = torch.empty((p, n), dtype=torch.float64, device=dev)
     chosen = torch.empty((p, k), dtype=torch.int64, device=dev)
@@ -194,7 +211,7 @@ def _complete(sim: Tensor, init: Tensor, count: Tensor, k: int) -> Tensor:
             pick = torch.where(t < count, init[:, t], pick)
         chosen[:, t] = pick
         taken[rows, pick] = torch.inf
-        sums.add_(sim[rows, pick])
+        sums.add_(torch.index_select(flat, 0, row_base + pick, out=row))
     return chosen
 
 
@@ -219,24 +236,23 @@ def pts_indices(
     _check_bank(bank, k)
     if init not in ("optics", "kmeans"):
         raise ValueError(f"init must be 'optics' or 'kmeans', got {init!r}")
-    n, _, h, w = bank.shape
+    n, c, h, w = bank.shape
     total = h * w
     if k >= n:
         if progress is not None:
             progress(total, total)
         return torch.arange(n, device=bank.device).view(n, 1, 1).expand(n, h, w).contiguous()
     out = torch.empty((k, total), dtype=torch.int64, device=bank.device)
-    step = _chunk_size(n, total, chunk_pixels)
+    step = _chunk_size(n, c, total, chunk_pixels)
+    ws = _Workspace(step, n, c, bank.device)
     for p0 in range(0, total, step):
         p1 = min(total, p0 + step)
-        vectors = _pixel_vectors(bank, p0, p1)
-        sim = cosine_similarities(vectors)
+        sim = ws.similarities(_pixel_vectors(bank, p0, p1))
         if init == "optics":
-            first, count = _optics_init(sim, k)
+            first, count = _optics_init(sim, k, ws.work[: p1 - p0])
         else:
-            first, count = _kmeans_init(vectors, sim, k, seed)
+            first, count = _kmeans_init(ws.vectors[: p1 - p0], k, seed)
         out[:, p0:p1] = _complete(sim, first, count, k).T
-        del sim
         if progress is not None:
             progress(p1, total)
     return out.view(k, h, w)
