@@ -734,7 +734,8 @@ def error_case(request, cli_data, tmp_path):
         d = tmp_path / "nowhere"
         return ["evaluate", "--data", d, *FLAGS], [str(d), "not found"]
     if kind == "s3 store":
-        return ["predict", train, "--product", "gear", "--store", "s3://bucket/x"], ["s3://", "not supported"]
+        dead = ["--store", "s3://bucket/x", "--endpoint-url", "http://127.0.0.1:9"]
+        return ["predict", train, "--product", "gear", *dead], ["s3://bucket/x", "127.0.0.1:9"]
     raise AssertionError(kind)
 
 

@@ -3,8 +3,8 @@
 Layout under a product::
 
     <product>/objects/<sha256>.safetensors   bank chunks and selections, content-addressed
-    <product>/versions/<NNNNNN>.json        manifest of one version (immutable)
-    <product>/HEAD                          {"version": n, "history": [...]}, written last
+    <product>/versions/<NNNNNN>.json        manifest of one version (immutable, carries its own sha256)
+    <product>/HEAD                          {"version": n, "history": [kept versions]}, written last
 
 Publishing writes data objects, then the manifest (create-only: it claims the
 version number), then swaps HEAD with compare-and-swap on the ETag it read. A
@@ -39,15 +39,19 @@ __all__ = ["VersionedStore"]
 
 FORMAT = 1
 CHUNK_BYTES = 256 * 2**20  # bank bytes per chunk object: bounds memory on save and load
+CLEANUP_STALE_S = 600.0  # a retention clean-up mark older than this was left by a crash
 
 _DTYPES = {
+    "F64": torch.float64,
     "F32": torch.float32,
     "F16": torch.float16,
     "BF16": torch.bfloat16,
     "I64": torch.int64,
     "I32": torch.int32,
     "I16": torch.int16,
+    "I8": torch.int8,
     "U8": torch.uint8,
+    "BOOL": torch.bool,
 }
 
 
@@ -71,6 +75,10 @@ def _tensors_from(buffer: bytearray, key: str) -> dict[str, Tensor]:
         return out
     except (ValueError, KeyError, TypeError, RuntimeError) as exc:
         raise StoreCorrupt(f"{key}: not a readable tensor file ({exc})") from None
+
+
+def _canonical(manifest: dict[str, Any]) -> bytes:
+    return json.dumps(manifest, sort_keys=True).encode()
 
 
 def _layout(ts: TemplateSet) -> dict[str, dict[str, Any]]:
@@ -97,26 +105,28 @@ class VersionedStore:
         try:
             head = json.loads(data)
             int(head["version"])
+            list(head["history"])
         except (ValueError, KeyError, TypeError):
             raise StoreCorrupt(f"{self.backend.describe()}/{key}: unreadable head pointer") from None
         return head, etag
 
     def head(self, product: str) -> int:
-        found = self._head(product)
-        if found is None:
-            raise ProductNotFound(f"unknown product {product!r} in store {self.backend.describe()}")
-        return int(found[0]["version"])
+        return int(self._require_head(product)[0]["version"])
 
     def products(self) -> list[str]:
         return sorted(k[: -len("/HEAD")] for k in self.backend.list("") if k.endswith("/HEAD") and k.count("/") == 1)
 
-    def versions(self, product: str) -> list[int]:
+    def _require_head(self, product: str) -> tuple[dict[str, Any], str]:
         found = self._head(product)
         if found is None:
             raise ProductNotFound(f"unknown product {product!r} in store {self.backend.describe()}")
-        return sorted(int(v) for v in found[0]["history"])
+        return found
+
+    def versions(self, product: str) -> list[int]:
+        return sorted(int(v) for v in self._require_head(product)[0]["history"])
 
     def manifest(self, product: str, version: int) -> dict[str, Any]:
+        """A version's manifest, verified against the sha256 it carries of its own body."""
         key = f"{check_product_name(product)}/versions/{version:06d}.json"
         try:
             data, _ = self.backend.read(key)
@@ -126,8 +136,11 @@ class VersionedStore:
             ) from None
         try:
             manifest = json.loads(data)
-        except ValueError:
+            claimed = manifest.pop("sha256")
+        except (ValueError, KeyError, TypeError, AttributeError):
             raise StoreCorrupt(f"{self.backend.describe()}/{key}: unreadable manifest") from None
+        if claimed != _sha256(_canonical(manifest)):
+            raise StoreCorrupt(f"{self.backend.describe()}/{key}: manifest checksum mismatch, it is corrupt")
         if manifest.get("format") != FORMAT:
             raise StoreError(f"{key}: unsupported manifest format {manifest.get('format')!r}")
         return manifest
@@ -191,27 +204,25 @@ class VersionedStore:
         return {"key": key, "sha256": digest, "size": len(data)}
 
     def _chunks(self, product: str, ts: TemplateSet, parent: dict[str, Any] | None) -> list[dict[str, Any]]:
-        chunks: list[dict[str, Any]] = []
-        start = 0
-        if parent is not None and self._extends(parent, ts):
-            chunks = list(parent["chunks"])
-            start = int(parent["images"])
+        """Chunk refs for the bank. An append keeps the parent's chunk boundaries, so the
+        unchanged images hash to the parent's objects and are not uploaded again; changed
+        features (same images, new settings) hash differently and are stored."""
         per_image = sum(v[0].numel() * v.element_size() for v in ts.bank.values())
         step = max(1, self.chunk_bytes // max(per_image, 1))
-        for lo in range(start, ts.n_images, step):
-            hi = min(ts.n_images, lo + step)
-            ref = self._put_object(product, {k: v[lo:hi].cpu() for k, v in ts.bank.items()})
-            chunks.append({**ref, "images": [lo, hi]})
-        return chunks
+        ranges: list[tuple[int, int]] = []
+        if parent is not None and self._extends(parent, ts):
+            ranges = [tuple(ref["images"]) for ref in parent["chunks"]]  # type: ignore[misc]
+        start = ranges[-1][1] if ranges else 0
+        ranges += [(lo, min(ts.n_images, lo + step)) for lo in range(start, ts.n_images, step)]
+        return [
+            {**self._put_object(product, {k: v[lo:hi].cpu() for k, v in ts.bank.items()}), "images": [lo, hi]}
+            for lo, hi in ranges
+        ]
 
     @staticmethod
     def _extends(parent: dict[str, Any], ts: TemplateSet) -> bool:
         n = int(parent["images"])
-        return (
-            parent["weights_id"] == ts.weights_id
-            and parent["layers"] == _layout(ts)
-            and tuple(parent["image_digests"]) == ts.image_digests[:n]
-        )
+        return parent["layers"] == _layout(ts) and tuple(parent["image_digests"]) == ts.image_digests[:n]
 
     def put(self, product: str, template_set: TemplateSet, *, expect_head: int | None = None) -> int:
         """Publish a new version and make it head; returns its number.
@@ -224,6 +235,10 @@ class VersionedStore:
         head, etag = (found[0], found[1]) if found else ({"version": 0, "history": []}, None)
         if expect_head is not None and int(head["version"]) != expect_head:
             raise StoreConflict(f"{product}: head is v{head['version']}, not v{expect_head}; reload and retry")
+        cleanup = head.get("cleanup")
+        if cleanup and time.time() - cleanup["since"] < CLEANUP_STALE_S:
+            # Objects are being deleted: an 'exists' check now could trust a doomed object.
+            raise StoreConflict(f"{product}: retention clean-up in progress; retry shortly")
         parent = self.manifest(product, int(head["version"])) if found else None
         existing = [
             int(k.rsplit("/", 1)[1].split(".")[0])
@@ -250,17 +265,15 @@ class VersionedStore:
             "chunks": self._chunks(product, ts, parent),
             "selection": None if ts.indices is None else self._put_object(product, ts.indices),
         }
-        self.backend.write(f"{product}/versions/{version:06d}.json", json.dumps(manifest).encode(), if_none_match=True)
-        new_head = json.dumps({"version": version, "history": [*head["history"], version]}).encode()
-        self.backend.write(f"{product}/HEAD", new_head, if_none_match=etag is None, if_match=etag)
+        sealed = {**manifest, "sha256": _sha256(_canonical(manifest))}
+        self.backend.write(f"{product}/versions/{version:06d}.json", json.dumps(sealed).encode(), if_none_match=True)
+        new_head = {"version": version, "history": [*head["history"], version]}
+        self.backend.write(f"{product}/HEAD", json.dumps(new_head).encode(), if_none_match=etag is None, if_match=etag)
         return version
 
     def rollback(self, product: str, version: int) -> int:
         """Make a kept older version head again."""
-        found = self._head(product)
-        if found is None:
-            raise ProductNotFound(f"unknown product {product!r} in store {self.backend.describe()}")
-        head, etag = found
+        head, etag = self._require_head(product)
         if version not in head["history"]:
             raise ProductNotFound(f"product {product!r} has no kept version {version} (kept: {head['history']})")
         self.get(product, version)  # verify it loads before pointing readers at it
@@ -268,25 +281,35 @@ class VersionedStore:
         return version
 
     def retain(self, product: str, keep: int) -> list[int]:
-        """Keep the newest ``keep`` versions and the head; delete the rest. Returns deleted versions."""
+        """Keep the newest ``keep`` versions and the head; delete the rest. Returns deleted versions.
+
+        HEAD carries a clean-up mark while objects are deleted; publishes wait for it to
+        clear (or to go stale after a crash), so none can reuse an object being deleted.
+        """
         if keep < 1:
             raise StoreError("retention must keep at least 1 version")
-        found = self._head(product)
-        if found is None:
-            raise ProductNotFound(f"unknown product {product!r} in store {self.backend.describe()}")
-        head, etag = found
+        head, etag = self._require_head(product)
         history = sorted(head["history"])
         kept = sorted(set(history[-keep:]) | {int(head["version"])})
         dropped = [v for v in history if v not in kept]
         if not dropped:
             return []
-        self.backend.write(f"{product}/HEAD", json.dumps({**head, "history": kept}).encode(), if_match=etag)
         live = {ref["key"] for v in kept for ref in self._refs(self.manifest(product, v))}
         doomed: set[str] = set()
         for v in dropped:
             doomed |= {ref["key"] for ref in self._refs(self.manifest(product, v))}
+        marked = {**head, "history": kept, "cleanup": {"since": time.time()}}
+        etag = self.backend.write(f"{product}/HEAD", json.dumps(marked).encode(), if_match=etag)
         self.backend.delete([f"{product}/versions/{v:06d}.json" for v in dropped])
         self.backend.delete([f"{product}/{k}" for k in sorted(doomed - live)])
+        for _ in range(3):  # a rollback may have moved HEAD meanwhile: re-read and clear the mark
+            try:
+                current, etag = self._require_head(product)
+                current.pop("cleanup", None)
+                self.backend.write(f"{product}/HEAD", json.dumps(current).encode(), if_match=etag)
+                break
+            except StoreConflict:
+                continue
         return dropped
 
     @staticmethod
@@ -295,7 +318,6 @@ class VersionedStore:
 
     def delete_product(self, product: str) -> None:
         """Remove a product: its head first (it disappears at once), then every object."""
-        if self._head(product) is None:
-            raise ProductNotFound(f"unknown product {product!r} in store {self.backend.describe()}")
+        self._require_head(product)
         self.backend.delete([f"{product}/HEAD"])
         self.backend.delete(list(self.backend.list(f"{product}/")))
