@@ -928,3 +928,35 @@ def test_detector_saved_to_s3_loads_and_scores_identically(s3_endpoint):
     reloaded = HETMM.load(open_store(location), "gear")
     assert reloaded.version == 2
     np.testing.assert_array_equal(reloaded.predict(queries).scores, det.predict(queries).scores)
+
+
+# --- a slow endpoint: accepts connections, never answers ------------------------------------------
+def test_slow_endpoint_times_out_with_a_clear_error(monkeypatch):
+    import socket
+
+    from hetmm_ray.store.s3 import S3Backend
+    from hetmm_ray.store.versioned import VersionedStore
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "x")
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(16)  # the kernel accepts; nobody ever reads or replies
+    port = silent.getsockname()[1]
+    try:
+        backend = S3Backend(
+            "hetmm-slow",
+            "p",
+            endpoint_url=f"http://127.0.0.1:{port}",
+            region="us-east-1",
+            max_attempts=2,
+            connect_timeout=0.5,
+            read_timeout=0.5,
+        )
+        store = VersionedStore(backend)
+        for call in (lambda: store.get("p"), lambda: store.products(), lambda: store.put("p", make_set(2))):
+            with pytest.raises(StoreUnavailable, match=f"127.0.0.1:{port}") as info:
+                call()
+            assert "timeout" in str(info.value).lower() or "timed out" in str(info.value).lower()
+    finally:
+        silent.close()

@@ -22,8 +22,21 @@ What is reproduced exactly (``compute_optics_graph`` with ``max_eps=inf``):
 
 ``torch.round(x, decimals=15)`` is the same ``rint(x * 1e15) / 1e15`` as numpy
 and everything runs in float64, so the graph is bit-identical, ties included.
-The Xi cluster extraction is scikit-learn's own ``cluster_optics_xi`` run per
-pixel (~0.5 ms each), so labels equal ``OPTICS(...).fit(D).labels_``.
+The scan keeps one ``key`` per point (reachability while unprocessed, +inf once
+processed) and records a point's reachability when it is picked; all candidate
+reachabilities ``around(max(D, core), 15)`` are computed up front in one pass.
+
+The Xi cluster extraction (``cluster_optics_xi``) is a per-set walk over the
+steep points of the reachability plot. It is ported statement for statement
+(:func:`_xi_labels_one`) onto Python lists, with the steepness flags computed
+for all sets at once in numpy: ~3-5x faster than calling scikit-learn per
+pixel, and the tests check it against scikit-learn (``method="sklearn"`` keeps
+the direct call). Labels equal ``OPTICS(metric="precomputed", ...).fit(D).labels_``.
+
+A consequence of scikit-learn's Xi with ``max_eps=inf`` worth knowing: the
+plot starts at inf (the first point) and an inf is appended at its end, so the
+whole range ``[0, N-1]`` always qualifies as a cluster; it is labelled when no
+smaller cluster is. No set is ever all noise.
 
 Distances must be finite and non-negative, as scikit-learn requires of a
 precomputed matrix (it raises otherwise). The cosine helpers produce exactly
@@ -184,30 +197,191 @@ def optics_graph(dist: Tensor, min_samples: int, *, overwrite: bool = False) -> 
     return OpticsGraph(ordering, reach, pred, core)
 
 
-def xi_labels(graph: OpticsGraph, min_samples: int, xi: float = 0.05) -> Tensor:
-    """Xi cluster labels (P, N) int64 (-1 = noise), scikit-learn's ``cluster_optics_xi`` per set.
+def xi_labels(graph: OpticsGraph, min_samples: int, xi: float = 0.05, *, method: str = "port") -> Tensor:
+    """Xi cluster labels (P, N) int64 (-1 = noise), as scikit-learn's ``cluster_optics_xi``.
 
     With scikit-learn's OPTICS defaults: ``min_cluster_size=None`` (= ``min_samples``),
-    ``predecessor_correction=True``.
+    ``predecessor_correction=True``. ``method="port"`` (default) runs
+    :func:`_xi_labels_one`, a line-by-line port of scikit-learn's
+    ``_xi_cluster`` / ``_extract_xi_labels`` on Python lists with the steepness
+    flags computed for all sets at once: several times faster than calling
+    scikit-learn per set, and checked equal to it by the tests.
+    ``method="sklearn"`` calls ``cluster_optics_xi`` per set.
     """
+    if not 0.0 <= xi <= 1.0:
+        raise ValueError(f"xi must be in [0, 1], got {xi!r}")
+    p, n = graph.ordering.shape
+    if not 2 <= min_samples <= n:
+        raise ValueError(f"min_samples must be an integer in [2, N={n}], got {min_samples!r}")
     ordering = graph.ordering.cpu().numpy()
     reach = graph.reachability.cpu().numpy()
     pred = graph.predecessor.cpu().numpy()
-    out = np.empty(ordering.shape, dtype=np.int64)
-    # Duplicate points give zero reachabilities; sklearn's steepness ratios then
-    # divide by zero (harmlessly: inf compares as intended) and numpy would warn.
+    out = np.empty((p, n), dtype=np.int64)
+    if method == "sklearn":
+        # Duplicate points give zero reachabilities; the steepness ratios then
+        # divide by zero (harmlessly: inf compares as intended) and numpy would warn.
+        with np.errstate(divide="ignore", invalid="ignore"):
+            for i in range(p):
+                out[i], _ = cluster_optics_xi(
+                    reachability=reach[i],
+                    predecessor=pred[i],
+                    ordering=ordering[i],
+                    min_samples=min_samples,
+                    min_cluster_size=None,
+                    xi=xi,
+                    predecessor_correction=True,
+                )
+        return torch.from_numpy(out).to(graph.ordering.device)
+    if method != "port":
+        raise ValueError(f"method must be 'port' or 'sklearn', got {method!r}")
+
+    # _xi_cluster's preamble for all sets at once: the plot with an inf appended,
+    # and the four steepness flags (same float64 arithmetic, NaN compares false).
+    plot = np.take_along_axis(reach, ordering, axis=1)
+    plot = np.concatenate([plot, np.full((p, 1), np.inf)], axis=1)
+    pred_plot = np.take_along_axis(pred, ordering, axis=1)
+    xi_complement = 1 - xi
     with np.errstate(divide="ignore", invalid="ignore"):
-        for i in range(ordering.shape[0]):
-            out[i], _ = cluster_optics_xi(
-                reachability=reach[i],
-                predecessor=pred[i],
-                ordering=ordering[i],
-                min_samples=min_samples,
-                min_cluster_size=None,
-                xi=xi,
-                predecessor_correction=True,
-            )
+        ratio = plot[:, :-1] / plot[:, 1:]
+    steep_up = ratio <= xi_complement
+    steep_down = ratio >= 1 / xi_complement
+    downward = ratio > 1
+    upward = ratio < 1
+    rank = np.empty_like(ordering)
+    np.put_along_axis(rank, ordering, np.arange(n)[None].repeat(p, axis=0), axis=1)
+    for i in range(p):
+        steep = np.flatnonzero(steep_up[i] | steep_down[i]).tolist()
+        out[i] = _xi_labels_one(
+            plot[i].tolist(),
+            pred_plot[i].tolist(),
+            ordering[i],
+            rank[i].tolist(),
+            steep,
+            steep_up[i].tolist(),
+            steep_down[i].tolist(),
+            upward[i].tolist(),
+            downward[i].tolist(),
+            min_samples,
+            min_samples,
+            xi_complement,
+        )
     return torch.from_numpy(out).to(graph.ordering.device)
+
+
+def _extend_region(steep: list[bool], xward: list[bool], start: int, min_samples: int) -> int:
+    """sklearn's ``_extend_region``."""
+    n = len(steep)
+    non_xward = 0
+    index = start
+    end = start
+    while index < n:
+        if steep[index]:
+            non_xward = 0
+            end = index
+        elif not xward[index]:
+            non_xward += 1
+            if non_xward > min_samples:
+                break
+        else:
+            return end
+        index += 1
+    return end
+
+
+def _xi_labels_one(
+    plot: list[float],
+    pred_plot: list[int],
+    ordering: np.ndarray,
+    rank: list[int],
+    steep_points: list[int],
+    steep_up: list[bool],
+    steep_down: list[bool],
+    upward: list[bool],
+    downward: list[bool],
+    min_samples: int,
+    min_cluster_size: int,
+    xi_complement: float,
+) -> np.ndarray:
+    """sklearn's ``_xi_cluster`` + ``_extract_xi_labels`` for one set, statement for statement.
+
+    ``plot`` is the reachability plot with an inf appended; ``rank[p]`` the
+    position of point ``p`` in ``ordering``. The one change of form: the
+    predecessor correction's scan ``p_e in ordering[s:e]`` is ``s <= rank[p_e] < e``.
+    """
+    inf = float("inf")
+    sdas: list[list[float]] = []  # [start, end, mib]
+    clusters: list[tuple[int, int]] = []
+    index = 0
+    mib = 0.0
+    for steep_index in steep_points:
+        if steep_index < index:
+            continue
+        mib = max(mib, max(plot[index : steep_index + 1]))
+        # _update_filter_sdas
+        if mib == inf:
+            sdas = []
+        else:
+            sdas = [sda for sda in sdas if mib <= plot[int(sda[0])] * xi_complement]
+            for sda in sdas:
+                sda[2] = max(sda[2], mib)
+        if steep_down[steep_index]:
+            d_end = _extend_region(steep_down, upward, steep_index, min_samples)
+            sdas.append([steep_index, d_end, 0.0])
+            index = d_end + 1
+            mib = plot[index]
+            continue
+        u_start = steep_index
+        u_end = _extend_region(steep_up, downward, u_start, min_samples)
+        index = u_end + 1
+        mib = plot[index]
+        found = []
+        for sda in sdas:
+            d_start, d_end, d_mib = int(sda[0]), int(sda[1]), sda[2]
+            c_start = d_start
+            c_end = u_end
+            if plot[c_end + 1] * xi_complement < d_mib:
+                continue
+            d_max = plot[d_start]
+            if d_max * xi_complement >= plot[c_end + 1]:
+                while plot[c_start + 1] > plot[c_end + 1] and c_start < d_end:
+                    c_start += 1
+            elif plot[c_end + 1] * xi_complement >= d_max:
+                while plot[c_end - 1] > d_max and c_end > u_start:
+                    c_end -= 1
+            # _correct_predecessor
+            s, e = c_start, c_end
+            corrected = False
+            while s < e:
+                if plot[s] > plot[e]:
+                    corrected = True
+                    break
+                p_e = pred_plot[e]
+                if p_e >= 0 and s <= rank[p_e] < e:
+                    corrected = True
+                    break
+                e -= 1
+            if not corrected:
+                continue
+            c_start, c_end = s, e
+            if c_end - c_start + 1 < min_cluster_size:
+                continue
+            if c_start > d_end:
+                continue
+            if c_end < u_start:
+                continue
+            found.append((c_start, c_end))
+        found.reverse()
+        clusters.extend(found)
+    # _extract_xi_labels: smaller clusters come first; a cluster is labelled only if untouched.
+    labels = np.full(len(ordering), -1, dtype=np.int64)
+    label = 0
+    for c0, c1 in clusters:
+        if not (labels[c0 : c1 + 1] != -1).any():
+            labels[c0 : c1 + 1] = label
+            label += 1
+    out = np.empty_like(labels)
+    out[ordering] = labels
+    return out
 
 
 def optics_labels(dist: Tensor, min_samples: int, xi: float = 0.05) -> Tensor:

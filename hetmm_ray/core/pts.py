@@ -21,6 +21,10 @@ Exact semantics, so that results are reproducible and checkable:
   cluster, i.e. the global medoid ``argmax_i sum_{j != i} S[i, j]``. Leaving
   out ``j == i`` cannot change the argmax in exact arithmetic (every
   ``S[i, i]`` is 1); it keeps this the same computation as a cluster medoid.
+  With scikit-learn's Xi and ``max_eps=inf`` this cannot happen (the whole
+  range always qualifies as a cluster, see :mod:`.optics`), so the branch is a
+  safeguard; when the whole range is the only cluster its medoid is this same
+  global medoid anyway.
 - Hard normals: while fewer than K are chosen, add the unchosen sample with the
   smallest running sum ``sum_c S[c, q]`` over the chosen ``c``, accumulated
   in selection order; ties go to the lowest index.
@@ -107,11 +111,12 @@ def pixel_similarities(bank: Tensor, p0: int = 0, p1: int | None = None) -> Tens
 
 
 # --- easy normals ----------------------------------------------------------------------
-def _cluster_medoids(sim: Tensor, labels: Tensor, k: int) -> tuple[Tensor, Tensor]:
+def _cluster_medoids(sim: Tensor, labels: Tensor, k: int, work: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Medoids of the clusters in ``labels`` (P, N), in order of lowest member index.
 
     Returns (P, k) indices (entries past the count are undefined) and the count
     per pixel, ``min(clusters, k)``. All-noise pixels count as one cluster.
+    ``work``: an optional (P, N, N) float64 scratch buffer.
     """
     p, n, _ = sim.shape
     dev = sim.device
@@ -127,14 +132,16 @@ def _cluster_medoids(sim: Tensor, labels: Tensor, k: int) -> tuple[Tensor, Tenso
 
     # Sum of similarities to the other members, accumulated in increasing member
     # index (the order a plain loop would use, so equal sums are bitwise equal).
-    # S[:, j, :] is row j; by exact symmetry it equals column j.
+    # T = S * [same cluster, not self] is exactly symmetric (so are both factors),
+    # so row j of T is column j: acc_i += T[j, i] reads contiguous rows. Adding
+    # an exact S or an exact (signed) zero: no rounding beyond the loop's own.
+    t = torch.empty_like(sim) if work is None else work
+    torch.eq(lab_u.unsqueeze(2), lab_u.unsqueeze(1), out=t)  # bool -> 1.0 / 0.0
+    t.diagonal(dim1=1, dim2=2).fill_(0.0)
+    t.mul_(sim)
     acc = torch.zeros((p, n), dtype=torch.float64, device=dev)
-    member = torch.empty((p, n), dtype=torch.float64, device=dev)
     for j in range(n):
-        torch.eq(lab_u, lab_u[:, j : j + 1], out=member)  # bool -> 1.0 / 0.0
-        member[:, j] = 0.0
-        # acc + S * {1, 0}: adding an exact S or an exact zero, so no extra rounding.
-        acc.addcmul_(sim[:, j, :], member)
+        acc.add_(t[:, j, :])
 
     best = torch.full((p, n_lab + 1), -torch.inf, dtype=torch.float64, device=dev)
     best.scatter_reduce_(1, lab, acc, reduce="amax")
@@ -156,7 +163,7 @@ def _optics_init(sim: Tensor, k: int, work: Tensor) -> tuple[Tensor, Tensor]:
     n = sim.shape[1]
     m = max(2, n // k)
     graph = optics_graph(cosine_distances(sim, out=work), m, overwrite=True)
-    return _cluster_medoids(sim, xi_labels(graph, m), k)
+    return _cluster_medoids(sim, xi_labels(graph, m), k, work)
 
 
 def kmeans_centres(x: np.ndarray, k: int, seed: int) -> np.ndarray:
@@ -238,6 +245,8 @@ def pts_indices(
         raise ValueError(f"init must be 'optics' or 'kmeans', got {init!r}")
     n, c, h, w = bank.shape
     total = h * w
+    if not bool(torch.isfinite(bank).all()):
+        raise ValueError("bank has non-finite values")
     if k >= n:
         if progress is not None:
             progress(total, total)
