@@ -14,9 +14,10 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from .config import ConfigError, DetectorConfig
+from .config import DetectorConfig
 from .core.atmm import anomaly_maps, pixel_major
 from .core.backbone import Backbone
+from .core.pts import select
 from .core.scoring import calibrate, gaussian_blur, image_scores
 from .core.templates import TemplateError, TemplateSet
 from .data.decode import decode_image, images_to_tensor
@@ -130,46 +131,91 @@ class HETMM:
             )
         return torch.cat(maps)
 
-    def _prepare(self, ts: TemplateSet, keep: Sequence[int] | None = None) -> dict[str, Tensor]:
+    def _prepare(self, ts: TemplateSet, held_out: Sequence[int] | None = None) -> dict[str, Tensor]:
+        """Pixel-major templates on the device; ``held_out`` images are left out (calibration).
+
+        Leaving images out of a selection zeroes the sheets they supplied at each pixel
+        (similarity 0 never beats a real match), instead of re-running the selection per
+        fold: exact for ALL, a close approximation for PTS, and no exclusion at all for
+        ``pc_k`` centres, which blend every image.
+        """
         dtype = _DTYPES[self.config.dtype]
         out = {}
         for layer in ts.layers:
-            t = ts.templates(layer) if keep is None else ts.bank[layer][list(keep)]
+            if held_out is None:
+                t = ts.templates(layer)
+            elif ts.indices is None and ts.centres is None:
+                keep = torch.ones(ts.n_images, dtype=torch.bool)
+                keep[list(held_out)] = False
+                t = ts.bank[layer][keep]
+            else:
+                t = ts.templates(layer).clone()
+                if ts.indices is not None:
+                    left_out = torch.isin(ts.indices[layer], torch.tensor(list(held_out)))
+                    t.masked_fill_(left_out[:, None], 0.0)
             out[layer] = pixel_major(t.to(self.device, dtype))
         return out
 
-    # --- fit / update ----------------------------------------------------------
+    # --- fit / update / compress -----------------------------------------------------
     def fit(self, images: Sequence[ImageInput]) -> HETMM:
-        """Build the template set from good images and calibrate the threshold."""
+        """Build the template set from good images, select the tiny set, calibrate the threshold."""
         if len(images) < 2:
             raise ValueError(f"fit needs at least 2 good images, got {len(images)}")
-        if self.config.templates.kind != "all":
-            raise ConfigError(f"templates.kind {self.config.templates.kind!r} is not available yet; use 'all'")
         feats, digests = self.extract(images, desc="fit: features")
         ts = TemplateSet(
-            bank={k: v.cpu() for k, v in feats.items()},
+            bank={k: v.to("cpu", _DTYPES[self.config.bank_dtype]) for k, v in feats.items()},
             config=self.config,
             weights_id=self.backbone.weights_id,
             image_digests=tuple(digests),
             meta={"created": time.time()},
         )
-        self._install(self._calibrated(ts), version=None)
+        self._install(self._calibrated(self._selected(ts)), version=None)
         return self
 
     def update(self, images: Sequence[ImageInput]) -> HETMM:
-        """Hot update: append good images' features and recalibrate."""
+        """Hot update: append good images' features, re-select the tiny set, recalibrate."""
         ts = self._require_templates()
         feats, digests = self.extract(images, desc="update: features")
         grown = ts.appended({k: v.cpu() for k, v in feats.items()}, tuple(digests))
-        self._install(self._calibrated(grown), version=None)
+        self._install(self._calibrated(self._selected(grown)), version=None)
         return self
+
+    def compress(self, kind: str | None = None, sheets: int | None = None, *, seed: int | None = None) -> HETMM:
+        """Re-select the tiny set from the bank (PTS or an ablation baseline) and recalibrate."""
+        ts = self._require_templates()
+        changes = {"kind": kind, "sheets": sheets, "seed": seed}
+        tc = replace(self.config.templates, **{k: v for k, v in changes.items() if v is not None})
+        self.config = replace(self.config, templates=tc)
+        self._install(self._calibrated(self._selected(replace(ts, config=self.config))), version=None)
+        return self
+
+    def _selected(self, ts: TemplateSet) -> TemplateSet:
+        """``ts`` with the selection of ``config.templates`` (ALGORITHM.md §4) computed per layer."""
+        tc = self.config.templates
+        if tc.kind == "all":
+            return replace(ts, indices=None, centres=None)
+        total = sum(v.shape[2] * v.shape[3] for v in ts.bank.values())
+        indices, centres = {}, {}
+        with tqdm(total=total, desc=f"{tc.kind}: {tc.sheets} sheets", unit="px", disable=not self.progress) as bar:
+            for layer, bank in ts.bank.items():
+                start = bar.n
+
+                def progress(done: int, _total: int, start: int = start) -> None:
+                    bar.update(start + done - bar.n)
+
+                chosen = select(tc.kind, bank.to(self.device), tc.sheets, tc.seed, progress=progress)
+                if chosen.indices is not None:
+                    indices[layer] = chosen.indices.cpu()
+                elif tc.kind == "pc_k" and tc.sheets < ts.n_images:
+                    centres[layer] = chosen.templates.to("cpu", bank.dtype)
+        return replace(ts, config=self.config, indices=indices or None, centres=centres or None)
 
     def _calibrated(self, ts: TemplateSet) -> TemplateSet:
         tc = self.config.threshold
         bank_dev = {k: v.to(self.device) for k, v in ts.bank.items()}
 
         def score_fold(held: list[int], kept: list[int]) -> list[float]:
-            pm = self._prepare(ts, keep=kept)
+            pm = self._prepare(ts, held_out=held)
             maps = self._score_features({k: v[held] for k, v in bank_dev.items()}, pm)
             return image_scores(maps, self.config.scoring.score_sigma).tolist()
 

@@ -124,10 +124,13 @@ def _check_distances(dist: Tensor, min_samples: int) -> None:
     if dist.dim() != 3 or dist.shape[1] != dist.shape[2]:
         raise ValueError(f"expected (P, N, N) distances, got shape {tuple(dist.shape)}")
     n = dist.shape[1]
-    if not 2 <= min_samples <= n:
+    if isinstance(min_samples, bool) or not isinstance(min_samples, int) or not 2 <= min_samples <= n:
         raise ValueError(f"min_samples must be an integer in [2, N={n}], got {min_samples!r}")
-    if not bool(torch.isfinite(dist).all()) or bool((dist < 0).any()):
-        raise ValueError("distances must be finite and non-negative (as scikit-learn requires of precomputed ones)")
+    if dist.numel():
+        lo, hi = torch.aminmax(dist)  # NaN propagates and fails both tests
+        # The largest float is reserved by the scan (see optics_graph).
+        if not (bool(lo >= 0) and bool(hi < torch.finfo(dist.dtype).max)):
+            raise ValueError("distances must be finite and non-negative (as scikit-learn requires of precomputed ones)")
 
 
 def _kth_smallest(dist: Tensor, k: int) -> Tensor:

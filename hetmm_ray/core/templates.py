@@ -2,7 +2,9 @@
 
 The bank holds every good image's features (the "ALL" set, ALGORITHM.md §2).
 A compressed tiny set is stored as per-pixel bank indices ``(K, H, W)`` per
-layer, so it is derivable, checkable and cheap to keep next to the bank.
+layer, so it is derivable, checkable and cheap to keep next to the bank; only
+selections that are not bank vectors (``pc_k`` k-means centres) keep their
+``(K, C, H, W)`` centres instead.
 Serialised as safetensors (never pickle): tensors plus a JSON metadata header.
 """
 
@@ -39,6 +41,7 @@ class TemplateSet:
     image_digests: tuple[str, ...]
     calibration: Calibration | None = None
     indices: dict[str, Tensor] | None = None  # layer -> (K, H, W) bank indices; None = ALL
+    centres: dict[str, Tensor] | None = None  # layer -> (K, C, H, W) templates that are not bank vectors
     meta: dict[str, Any] = field(default_factory=dict)  # free-form provenance (parent, created, ...)
 
     def __post_init__(self) -> None:
@@ -58,12 +61,13 @@ class TemplateSet:
 
     @property
     def sheets(self) -> int:
-        if self.indices is None:
-            return self.n_images
-        return next(iter(self.indices.values())).shape[0]
+        chosen = self.indices or self.centres
+        return self.n_images if chosen is None else next(iter(chosen.values())).shape[0]
 
     def templates(self, layer: str) -> Tensor:
         """The (K, C, H, W) templates ATMM matches against for ``layer``."""
+        if self.centres is not None:
+            return self.centres[layer]
         bank = self.bank[layer]
         if self.indices is None:
             return bank
@@ -78,13 +82,28 @@ class TemplateSet:
         if set(bank) != set(self.bank):
             raise TemplateError(f"new features have layers {sorted(bank)}, the set has {sorted(self.bank)}")
         grown = {k: torch.cat([self.bank[k], bank[k].to(self.bank[k].dtype)]) for k in self.bank}
-        return replace(self, bank=grown, image_digests=self.image_digests + digests, indices=None, **changes)
+        return replace(
+            self, bank=grown, image_digests=self.image_digests + digests, indices=None, centres=None, **changes
+        )
+
+    def selection_tensors(self) -> dict[str, Tensor]:
+        """The selection as named tensors (``indices/<layer>`` or ``centres/<layer>``); empty for ALL."""
+        out = {f"indices/{k}": v.contiguous().cpu() for k, v in (self.indices or {}).items()}
+        out.update({f"centres/{k}": v.contiguous().cpu() for k, v in (self.centres or {}).items()})
+        return out
+
+    @staticmethod
+    def parse_selection(tensors: dict[str, Tensor], layers: list[str]) -> dict[str, Any]:
+        """Inverse of :meth:`selection_tensors`: ``indices=`` and ``centres=`` keyword arguments."""
+        return {
+            kind: {k: tensors[f"{kind}/{k}"] for k in layers} if f"{kind}/{layers[0]}" in tensors else None
+            for kind in ("indices", "centres")
+        }
 
     # --- serialisation ---------------------------------------------------------
     def to_bytes(self) -> bytes:
         tensors = {f"bank/{k}": v.contiguous().cpu() for k, v in self.bank.items()}
-        if self.indices is not None:
-            tensors.update({f"indices/{k}": v.contiguous().cpu() for k, v in self.indices.items()})
+        tensors.update(self.selection_tensors())
         header = {
             "format": FORMAT_VERSION,
             "layers": list(self.bank),
@@ -108,7 +127,6 @@ class TemplateSet:
         try:
             config = DetectorConfig.from_dict(header["config"])
             layers = header["layers"]
-            indices = {k: tensors[f"indices/{k}"] for k in layers} if f"indices/{layers[0]}" in tensors else None
             cal = header.get("calibration")
             return cls(
                 bank={k: tensors[f"bank/{k}"] for k in layers},
@@ -116,8 +134,8 @@ class TemplateSet:
                 weights_id=header["weights_id"],
                 image_digests=tuple(header["image_digests"]),
                 calibration=None if cal is None else Calibration(tuple(cal)),
-                indices=indices,
                 meta=header.get("meta", {}),
+                **cls.parse_selection(tensors, layers),
             )
         except ConfigError as exc:
             raise TemplateError(f"{source}: stored configuration is invalid: {exc}") from None

@@ -175,10 +175,10 @@ class VersionedStore:
             tensors = _tensors_from(self._read_object(product, ref), ref["key"])
             for name in bank:
                 bank[name][start:stop].copy_(tensors[name])
-        indices = None
+        selection: dict[str, Any] = {}
         if m.get("selection"):
             sel = _tensors_from(self._read_object(product, m["selection"]), m["selection"]["key"])
-            indices = {name: sel[name].clone() for name in bank}
+            selection = TemplateSet.parse_selection({k: v.clone() for k, v in sel.items()}, list(bank))
         try:
             config = DetectorConfig.from_dict(m["config"])
         except ConfigError as exc:
@@ -190,8 +190,8 @@ class VersionedStore:
             weights_id=m["weights_id"],
             image_digests=tuple(m["image_digests"]),
             calibration=None if cal is None else Calibration(tuple(cal)),
-            indices=indices,
             meta={**m.get("meta", {}), "version": version, "parent": m.get("parent")},
+            **selection,
         )
 
     # --- writing -------------------------------------------------------------------------
@@ -263,7 +263,7 @@ class VersionedStore:
             "calibration": None if ts.calibration is None else list(ts.calibration.scores),
             "meta": {k: v for k, v in ts.meta.items() if k not in ("version", "parent")},
             "chunks": self._chunks(product, ts, parent),
-            "selection": None if ts.indices is None else self._put_object(product, ts.indices),
+            "selection": self._put_object(product, sel) if (sel := ts.selection_tensors()) else None,
         }
         sealed = {**manifest, "sha256": _sha256(_canonical(manifest))}
         self.backend.write(f"{product}/versions/{version:06d}.json", json.dumps(sealed).encode(), if_none_match=True)
