@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__
-from .config import BACKBONES, ConfigError, DetectorConfig, load_config
+from .config import BACKBONES, TEMPLATE_KINDS, ConfigError, DetectorConfig, load_config
 
 __all__ = ["main"]
 
@@ -34,7 +34,9 @@ def _add_config_flags(p: argparse.ArgumentParser, *, templates: bool = True) -> 
     g.add_argument("--backbone", choices=BACKBONES, help="feature backbone (default wide_resnet101_2)")
     g.add_argument("--weights", help="DEFAULT, a torchvision enum name, a state-dict file, or 'random'")
     if templates:
-        g.add_argument("--templates", help="template selection: all (default)")
+        g.add_argument(
+            "--templates", choices=(*TEMPLATE_KINDS, "pts"), help="template selection (default all; pts = pts_o)"
+        )
         g.add_argument("--sheets", type=int, help="template sheets K for compressed selections")
     g.add_argument("--device", help="auto (default), cpu, cuda, cuda:N")
     g.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), help="ATMM compute dtype")
@@ -52,6 +54,8 @@ def _config_from(args: argparse.Namespace, base: DetectorConfig | None = None) -
     changes: dict[str, Any] = {}
     if getattr(args, "backbone", None):
         changes["backbone.name"] = args.backbone
+    if getattr(args, "templates", None):
+        args.templates = _template_kind(args.templates)
     for flag, key in (
         ("weights", "backbone.weights"),
         ("templates", "templates.kind"),
@@ -173,6 +177,29 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_compress(args: argparse.Namespace) -> int:
+    from .detector import HETMM
+
+    store = _open(args)
+    overrides = {k: v for k, v in (("device", args.device),) if v}
+    det = HETMM.load(store, args.product, args.version, progress=True, **overrides)
+    start = time.perf_counter()
+    det.compress(_template_kind(args.templates), args.sheets, seed=args.seed)
+    seconds = time.perf_counter() - start
+    version = det.save(store, args.product)
+    ts = det.templates
+    assert ts is not None
+    print(
+        f"product {args.product}: version {version} = {ts.config.templates.kind} with {ts.sheets} sheets "
+        f"of {ts.n_images} images ({seconds:.1f}s); threshold {det.threshold:.4f}"
+    )
+    return 0
+
+
+def _template_kind(kind: str | None) -> str | None:
+    return "pts_o" if kind == "pts" else kind
+
+
 def cmd_versions(args: argparse.Namespace) -> int:
     store = _open(args)
     if args.product is None:
@@ -265,6 +292,16 @@ def build_parser() -> argparse.ArgumentParser:
     _add_store_flags(p, default=None)
     _add_config_flags(p)
     p.set_defaults(func=cmd_evaluate)
+
+    p = sub.add_parser("compress", help="select a stored product's tiny template set (PTS) and publish it")
+    p.add_argument("--product", required=True)
+    p.add_argument("--version", type=int, help="version to compress (default: head)")
+    p.add_argument("--templates", default="pts_o", choices=(*TEMPLATE_KINDS, "pts"), help="selection (default pts_o)")
+    p.add_argument("--sheets", type=int, default=None, help="sheets K (default: the product's configuration, 60)")
+    p.add_argument("--seed", type=int, help="seed of the random and k-means selections")
+    p.add_argument("--device")
+    _add_store_flags(p)
+    p.set_defaults(func=cmd_compress)
 
     p = sub.add_parser("versions", help="list products, or the kept versions of one product (* = head)")
     p.add_argument("--product", help="product name (default: list all products)")
