@@ -50,7 +50,6 @@ from typing import NamedTuple
 
 import numpy as np
 import torch
-from sklearn.cluster import cluster_optics_xi
 from torch import Tensor
 
 __all__ = [
@@ -133,12 +132,23 @@ def _check_distances(dist: Tensor, min_samples: int) -> None:
             raise ValueError("distances must be finite and non-negative (as scikit-learn requires of precomputed ones)")
 
 
-def _kth_smallest(dist: Tensor, k: int) -> Tensor:
-    """The k-th smallest entry of every row (an exact selection, so any method gives the same value)."""
-    if 4 * k <= dist.shape[-1]:
-        # topk is several times faster than kthvalue on CPU for small k.
-        return torch.topk(dist, k, dim=-1, largest=False, sorted=False).values.amax(dim=-1)
-    return torch.kthvalue(dist, k, dim=-1).values
+def _kth_smallest(dist: Tensor, k: int, block_bytes: int = 8 * 2**20) -> Tensor:
+    """The k-th smallest entry of every row (an exact selection, so any method gives the same value).
+
+    Done a few matrices at a time: the selection kernels copy their input, and
+    on CPU a fresh copy of a whole chunk costs more in page faults than the work.
+    """
+    p, n, _ = dist.shape
+    out = torch.empty((p, n), dtype=dist.dtype, device=dist.device)
+    step = max(1, block_bytes // max(1, n * n * dist.element_size()))
+    for i in range(0, p, step):
+        block = dist[i : i + step]
+        if 4 * k <= n:
+            # topk is several times faster than kthvalue on CPU for small k.
+            torch.amax(torch.topk(block, k, dim=-1, largest=False, sorted=False).values, dim=-1, out=out[i : i + step])
+        else:
+            out[i : i + step] = torch.kthvalue(block, k, dim=-1).values
+    return out
 
 
 def optics_graph(dist: Tensor, min_samples: int, *, overwrite: bool = False) -> OpticsGraph:
@@ -221,6 +231,8 @@ def xi_labels(graph: OpticsGraph, min_samples: int, xi: float = 0.05, *, method:
     pred = graph.predecessor.cpu().numpy()
     out = np.empty((p, n), dtype=np.int64)
     if method == "sklearn":
+        from sklearn.cluster import cluster_optics_xi  # deferred: a slow import, only this path needs it
+
         # Duplicate points give zero reachabilities; the steepness ratios then
         # divide by zero (harmlessly: inf compares as intended) and numpy would warn.
         with np.errstate(divide="ignore", invalid="ignore"):

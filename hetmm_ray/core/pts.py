@@ -245,7 +245,7 @@ def pts_indices(
         raise ValueError(f"init must be 'optics' or 'kmeans', got {init!r}")
     n, c, h, w = bank.shape
     total = h * w
-    if not bool(torch.isfinite(bank).all()):
+    if bank.numel() and not bool(torch.isfinite(torch.stack(torch.aminmax(bank))).all()):  # no bank-sized temporary
         raise ValueError("bank has non-finite values")
     if k >= n:
         if progress is not None:
