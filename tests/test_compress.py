@@ -1,0 +1,119 @@
+"""Template selection through the detector, the store and the CLI (PTS wired end to end)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from hetmm_ray.cli import main
+from hetmm_ray.config import BackboneConfig, DetectorConfig, TemplateConfig, ThresholdConfig
+from hetmm_ray.core.pts import pts_indices, select
+from hetmm_ray.data.synthetic import SyntheticProduct, write_mvtec_layout
+from hetmm_ray.detector import HETMM
+from hetmm_ray.store import open_store
+
+SIZE = 64
+FLAGS = ["--backbone", "resnet18", "--weights", "random", "--set", f"backbone.image_size={SIZE}"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def config(kind: str = "all", sheets: int = 3) -> DetectorConfig:
+    return DetectorConfig(
+        backbone=BackboneConfig(name="resnet18", weights="random", image_size=SIZE),
+        templates=TemplateConfig(kind=kind, sheets=sheets),
+        threshold=ThresholdConfig(max_images=4, folds=2),
+        batch_size=4,
+    )
+
+
+@pytest.fixture(scope="module")
+def images() -> tuple[list[np.ndarray], list[np.ndarray]]:
+    product = SyntheticProduct(seed=0, size=SIZE)
+    train = [product.good(i) for i in range(7)]
+    query = [product.good(100), product.defective(101, "hole")[0]]
+    return train, query
+
+
+def test_fit_with_pts_stores_the_exact_pts_indices(images):
+    train, query = images
+    det = HETMM(config("pts_o", 3)).fit(train)
+    ts = det.templates
+    assert ts is not None and ts.sheets == 3 and ts.centres is None
+    for layer, bank in ts.bank.items():
+        assert torch.equal(ts.indices[layer], pts_indices(bank, 3))
+        assert torch.equal(ts.templates(layer), select("pts_o", bank, 3).templates)
+    pred = det.predict(query)
+    assert pred.scores.shape == (2,) and np.isfinite(pred.threshold)
+
+
+@pytest.mark.parametrize("kind", ["ir", "pr", "pc_k", "pts_k", "pts_o"])
+def test_compress_round_trips_through_the_store(images, tmp_path, kind):
+    train, query = images
+    det = HETMM(config()).fit(train)
+    assert det.templates.sheets == 7
+    det.compress(kind, 3)
+    assert det.config.templates.kind == kind and det.templates.sheets == 3
+    assert (det.templates.centres is not None) == (kind == "pc_k")
+    store = open_store(tmp_path)
+    version = det.save(store, "gear")
+    loaded = HETMM.load(store, "gear", version)
+    assert loaded.templates.sheets == 3
+    for layer in det.templates.layers:
+        assert torch.equal(loaded.templates.templates(layer), det.templates.templates(layer))
+    np.testing.assert_array_equal(loaded.predict(query).scores, det.predict(query).scores)
+    assert loaded.threshold == det.threshold
+
+
+def test_calibration_leaves_the_held_out_images_sheets_out(images):
+    det = HETMM(config("pts_o", 3)).fit(images[0])
+    ts = det.templates
+    held = [1, 4]
+    prepared = det._prepare(ts, held_out=held)
+    for layer, pm in prepared.items():
+        idx = ts.indices[layer]  # (K, H, W)
+        k, h, w = idx.shape
+        t = pm.reshape(h, w, -1, k).permute(3, 2, 0, 1)  # back to (K, C, H, W)
+        left_out = torch.isin(idx, torch.tensor(held))
+        assert left_out.any()
+        assert (t.permute(0, 2, 3, 1)[left_out] == 0).all()
+        kept = ts.templates(layer).float().permute(0, 2, 3, 1)[~left_out]
+        assert torch.equal(t.permute(0, 2, 3, 1)[~left_out], kept)
+
+
+def test_update_reselects_from_the_grown_bank(images):
+    train, _ = images
+    det = HETMM(config("pts_o", 3)).fit(train[:5])
+    det.update(train[5:])
+    ts = det.templates
+    assert ts.n_images == 7 and ts.sheets == 3
+    for layer, bank in ts.bank.items():
+        assert torch.equal(ts.indices[layer], pts_indices(bank, 3))
+
+
+def test_cli_compress_and_evaluate_with_pts(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    data = write_mvtec_layout(tmp_path / "data", n_train=6, n_test_good=2, n_test_per_defect=1, size=SIZE)
+    store = str(tmp_path / "store")
+    small = ["--set", "threshold.max_images=4", "--set", "threshold.folds=2"]
+    assert main(["fit", str(data / "train" / "good"), "--product", "gear", "--store", store, *FLAGS, *small]) == 0
+    assert main(["compress", "--product", "gear", "--store", store, "--templates", "pts", "--sheets", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "version 2 = pts_o with 2 sheets of 6 images" in out
+    assert main(["versions", "--product", "gear", "--store", store]) == 0
+    listing = capsys.readouterr().out.splitlines()
+    assert listing[-1].startswith("*") and listing[-1].split()[1:5] == ["2", "1", "6", "2"]
+    result = tmp_path / "eval.json"
+    argv = ["evaluate", "--data", str(data), *FLAGS, *small, "--templates", "pts_o", "--sheets", "2"]
+    assert main([*argv, "--json", str(result)]) == 0
+    got = json.loads(result.read_text())
+    assert got["templates"] == "pts_o" and got["sheets"] == 2 and 0 <= got["image_auroc"] <= 100
