@@ -201,13 +201,16 @@ class DetectorConfig:
     dtype: str = "float32"  # compute dtype of ATMM
     bank_dtype: str = "float16"  # storage dtype of the feature bank (measured lossless on bottle)
     batch_size: int = 8  # images per backbone/ATMM batch
-    chunk_mib: int = 256  # bound on ATMM's temporary similarity block
+    chunk_mib: int | None = None  # ATMM working block; None: 4 MiB on CPU (cache-sized), 256 MiB on CUDA
 
     def __post_init__(self) -> None:
         _require(self.dtype in DTYPES, f"dtype: choose one of {', '.join(DTYPES)}, got {self.dtype!r}")
         _require(self.bank_dtype in DTYPES, f"bank_dtype: choose one of {', '.join(DTYPES)}, got {self.bank_dtype!r}")
         _require(isinstance(self.batch_size, int) and self.batch_size >= 1, "batch_size: must be an integer >= 1")
-        _require(isinstance(self.chunk_mib, int) and self.chunk_mib >= 1, "chunk_mib: must be an integer >= 1")
+        _require(
+            self.chunk_mib is None or (isinstance(self.chunk_mib, int) and self.chunk_mib >= 1),
+            "chunk_mib: must be an integer >= 1 (or null for the device's default)",
+        )
         _require(
             isinstance(self.device, str)
             and (self.device == "auto" or self.device.split(":")[0] in ("cpu", "cuda", "mps")),

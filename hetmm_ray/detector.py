@@ -112,7 +112,7 @@ class HETMM:
         sc = self.config.scoring
         dtype = _DTYPES[self.config.dtype]
         out = sc.output_size or self.config.backbone.image_size
-        chunk = self.config.chunk_mib * 2**20
+        chunk = self.config.chunk_mib * 2**20 if self.config.chunk_mib else None
         maps = []
         n = next(iter(feats.values())).shape[0]
         for i in range(0, n, self.config.batch_size):

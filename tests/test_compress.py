@@ -83,7 +83,7 @@ def test_calibration_leaves_the_held_out_images_sheets_out(images):
     for layer, pm in prepared.items():
         idx = ts.indices[layer]  # (K, H, W)
         k, h, w = idx.shape
-        t = pm.reshape(h, w, -1, k).permute(3, 2, 0, 1)  # back to (K, C, H, W)
+        t = pm.reshape(h, w, k, -1).permute(2, 3, 0, 1)  # back to (K, C, H, W)
         left_out = torch.isin(idx, torch.tensor(held))
         assert left_out.any()
         assert (t.permute(0, 2, 3, 1)[left_out] == 0).all()

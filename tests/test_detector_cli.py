@@ -153,7 +153,7 @@ def test_training_images_score_lower_than_defective_ones(prediction):
     assert (train < 1e-4).all()
     assert train.max() < bad.min()
     assert good.mean() < bad.mean()
-        # Maps of training images are flat (near) zeros, defective ones are not.
+    # Maps of training images are flat (near) zeros, defective ones are not.
     assert np.abs(prediction.maps[:2]).max() < 1e-3  # fp16 bank: cosines round to ~1e-4
     assert (prediction.maps[5:].reshape(len(bad), -1).max(axis=1) > 10 * 1e-4).all()
 
