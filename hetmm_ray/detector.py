@@ -96,8 +96,14 @@ class HETMM:
                 yield decoded, images_to_tensor(decoded, size).to(self.device)
                 bar.update(len(decoded))
 
-    def extract(self, images: Sequence[ImageInput], *, desc: str = "features") -> tuple[dict[str, Tensor], list[str]]:
-        """Features of ``images`` (layer -> (N, C, h, w), on the detector's device) and their digests."""
+    def extract(
+        self, images: Sequence[ImageInput], *, desc: str = "features", bank: bool = False
+    ) -> tuple[dict[str, Tensor], list[str]]:
+        """Features of ``images`` (layer -> (N, C, h, w)) and their digests.
+
+        ``bank=True`` moves each batch to the CPU in ``bank_dtype`` as it comes, so a large
+        bank never exists twice (device float32 and CPU storage) at once.
+        """
         if len(images) == 0:
             raise ValueError("no images given")
         parts: dict[str, list[Tensor]] = {}
@@ -105,7 +111,7 @@ class HETMM:
         for decoded, batch in self._batches(images, desc):
             digests.extend(_digest(x) for x in decoded)
             for k, v in self.backbone(batch).items():
-                parts.setdefault(k, []).append(v)
+                parts.setdefault(k, []).append(v.to("cpu", _DTYPES[self.config.bank_dtype]) if bank else v)
         return {k: torch.cat(v) for k, v in parts.items()}, digests
 
     def _score_features(self, feats: dict[str, Tensor], templates_pm: dict[str, Tensor]) -> Tensor:
@@ -161,9 +167,9 @@ class HETMM:
         """Build the template set from good images, select the tiny set, calibrate the threshold."""
         if len(images) < 2:
             raise ValueError(f"fit needs at least 2 good images, got {len(images)}")
-        feats, digests = self.extract(images, desc="fit: features")
+        feats, digests = self.extract(images, desc="fit: features", bank=True)
         ts = TemplateSet(
-            bank={k: v.to("cpu", _DTYPES[self.config.bank_dtype]) for k, v in feats.items()},
+            bank=feats,
             config=self.config,
             weights_id=self.backbone.weights_id,
             image_digests=tuple(digests),
@@ -175,8 +181,8 @@ class HETMM:
     def update(self, images: Sequence[ImageInput]) -> HETMM:
         """Hot update: append good images' features, re-select the tiny set, recalibrate."""
         ts = self._require_templates()
-        feats, digests = self.extract(images, desc="update: features")
-        grown = ts.appended({k: v.cpu() for k, v in feats.items()}, tuple(digests))
+        feats, digests = self.extract(images, desc="update: features", bank=True)
+        grown = ts.appended(feats, tuple(digests))
         self._install(self._calibrated(self._selected(grown)), version=None)
         return self
 

@@ -35,8 +35,6 @@ __all__ = [
     "open_store",
 ]
 
-TemplateStore = VersionedStore
-
 
 def open_store(uri: str | Path, *, endpoint_url: str | None = None, region: str | None = None) -> VersionedStore:
     """The store at ``uri``: a local directory (created on first write) or ``s3://bucket/prefix``."""
