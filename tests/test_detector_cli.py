@@ -95,13 +95,7 @@ def scipy_blur(maps: np.ndarray, sigma: float) -> np.ndarray:
     return np.stack([gaussian_filter(m.astype(np.float64), sigma, mode="mirror", radius=r) for m in maps])
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny tensors: intra-op threads only add overhead (and contention with parallel test runs)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 # --- fixtures ----------------------------------------------------------------------------------

@@ -246,13 +246,7 @@ def store(location) -> VersionedStore:
     return open_store(location)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """Small tensors on a shared machine: one thread is fastest and steadiest."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 # --- 1. publish and read ------------------------------------------------------------------------
