@@ -177,6 +177,24 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_update(args: argparse.Namespace) -> int:
+    from .detector import HETMM
+    from .evaluation import load_images
+
+    store = _open(args)
+    head = store.head(args.product)
+    det = HETMM.load(store, args.product, head, progress=True)
+    paths = [p for p, _ in _image_paths(args.images)]
+    det.update(load_images(paths, det.config.backbone.image_size, progress=True, desc="decode"))
+    # expect_head: a concurrent update in between makes this one fail cleanly instead of losing images.
+    version = store.put(args.product, det.templates, expect_head=head)
+    print(
+        f"product {args.product}: version {version} (from v{head}) with {len(paths)} more good images, "
+        f"{det.templates.n_images} in all; threshold {det.threshold:.4f}"
+    )
+    return 0
+
+
 def cmd_compress(args: argparse.Namespace) -> int:
     from .detector import HETMM
 
@@ -292,6 +310,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_store_flags(p, default=None)
     _add_config_flags(p)
     p.set_defaults(func=cmd_evaluate)
+
+    p = sub.add_parser("update", help="hot update: add good images to a stored product (new version)")
+    p.add_argument("images", nargs="+", help="good images or folders of them")
+    p.add_argument("--product", required=True)
+    _add_store_flags(p)
+    p.set_defaults(func=cmd_update)
 
     p = sub.add_parser("compress", help="select a stored product's tiny template set (PTS) and publish it")
     p.add_argument("--product", required=True)

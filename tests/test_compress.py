@@ -112,3 +112,23 @@ def test_cli_compress_and_evaluate_with_pts(tmp_path: Path, capsys: pytest.Captu
     assert main([*argv, "--json", str(result)]) == 0
     got = json.loads(result.read_text())
     assert got["templates"] == "pts_o" and got["sheets"] == 2 and 0 <= got["image_auroc"] <= 100
+
+
+def test_cli_update_appends_images_as_a_new_version(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    data = write_mvtec_layout(tmp_path / "data", n_train=5, n_test_good=3, n_test_per_defect=1, size=SIZE)
+    store_dir = str(tmp_path / "store")
+    small = ["--set", "threshold.max_images=4", "--set", "threshold.folds=2", "--templates", "pts", "--sheets", "2"]
+    fit = ["fit", str(data / "train" / "good"), "--product", "gear", "--store", store_dir, *FLAGS, *small]
+    assert main(fit) == 0
+    assert main(["update", str(data / "test" / "good"), "--product", "gear", "--store", store_dir]) == 0
+    assert "version 2 (from v1) with 3 more good images, 8 in all" in capsys.readouterr().out
+    store = open_store(store_dir)
+    v1, v2 = store.manifest("gear", 1), store.manifest("gear", 2)
+    assert v2["images"] == 8 and v2["parent"] == 1
+    assert v2["chunks"][: len(v1["chunks"])] == v1["chunks"]  # appended, not rewritten
+    ts = store.get("gear")
+    assert ts.sheets == 2 and ts.config.templates.kind == "pts_o"
+    for layer, bank in ts.bank.items():
+        assert torch.equal(ts.indices[layer], pts_indices(bank, 2))
+    assert main(["update", str(tmp_path / "missing"), "--product", "gear", "--store", store_dir]) == 2
+    assert store.head("gear") == 2  # a failed update leaves the head alone
