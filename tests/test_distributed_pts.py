@@ -2,22 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
-import ray
 import torch
 import torch.nn.functional as F
 
 from hetmm_ray.core.pts import pts_indices
 from hetmm_ray.distributed import pts_indices_ray
 
-
-@pytest.fixture(scope="module", autouse=True)
-def local_ray() -> Iterator[None]:
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    yield
-    ray.shutdown()
+pytestmark = pytest.mark.usefixtures("local_ray")
 
 
 def clustered_bank(n: int, c: int, h: int, w: int, seed: int) -> torch.Tensor:

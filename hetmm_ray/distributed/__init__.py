@@ -3,5 +3,6 @@
 from __future__ import annotations
 
 from .pts_fanout import pts_indices_ray
+from .shard import ShardPlacement, TemplateShard, shard_options
 
-__all__ = ["pts_indices_ray"]
+__all__ = ["ShardPlacement", "TemplateShard", "pts_indices_ray", "shard_options"]

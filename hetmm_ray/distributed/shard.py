@@ -1,0 +1,107 @@
+"""TemplateShard: one actor per (product, layer) holding that layer's feature bank.
+
+A product's template set is split by layer so that big banks and many
+products spread over the cluster's GPUs and nodes (DESIGN.md, "Sharding").
+A shard appends new images' features, runs PTS for its layer by fanning pixel
+chunks out as Ray tasks, and hands out its tiny set through the object store,
+so replicas never pull the full bank.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import ray
+import torch
+from torch import Tensor
+
+from ..core.pts import select, select_templates
+from .pts_fanout import pts_indices_ray
+
+__all__ = ["ShardPlacement", "TemplateShard", "shard_options"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShardPlacement:
+    """Where shards go: fractional GPUs when the cluster has them, else CPUs, spread over nodes."""
+
+    num_gpus: float = 0.25  # per shard when the cluster has GPUs
+    num_cpus: float = 0.1  # shards mostly hold memory; PTS work runs in tasks
+    resources: dict[str, float] | None = None  # e.g. {"template_memory": 1} on dedicated nodes
+
+
+def shard_options(placement: ShardPlacement, *, product: str, layer: str) -> dict[str, Any]:
+    """``TemplateShard.options(...)`` for a product's layer."""
+    has_gpus = ray.cluster_resources().get("GPU", 0) > 0
+    return {
+        "name": f"hetmm-shard:{product}:{layer}",
+        "num_cpus": placement.num_cpus,
+        "num_gpus": placement.num_gpus if has_gpus else 0,
+        "resources": dict(placement.resources or {}),
+        "scheduling_strategy": "SPREAD",
+        "max_restarts": -1,  # the store is the truth: a restarted shard is reloaded from it
+    }
+
+
+@ray.remote
+class TemplateShard:
+    """One layer of one product: the bank (N, C, H, W) and its current selection."""
+
+    def __init__(self, product: str, layer: str, bank: np.ndarray) -> None:
+        self.product = product
+        self.layer = layer
+        self.bank = torch.from_numpy(np.array(bank))  # own, writable copy
+        self.indices: Tensor | None = None
+        self.centres: Tensor | None = None
+
+    def info(self) -> dict[str, Any]:
+        return {
+            "product": self.product,
+            "layer": self.layer,
+            "images": int(self.bank.shape[0]),
+            "shape": list(self.bank.shape[1:]),
+            "dtype": str(self.bank.dtype).removeprefix("torch."),
+            "sheets": self._tiny().shape[0],
+            "node": ray.get_runtime_context().get_node_id(),
+        }
+
+    def append(self, features: np.ndarray) -> int:
+        """Add new images' features; the selection is reset until :meth:`select` runs."""
+        new = torch.from_numpy(np.array(features)).to(self.bank.dtype)
+        if new.shape[1:] != self.bank.shape[1:]:
+            raise ValueError(f"{self.layer}: features {tuple(new.shape[1:])} do not fit {tuple(self.bank.shape[1:])}")
+        self.bank = torch.cat([self.bank, new])
+        self.indices = self.centres = None
+        return int(self.bank.shape[0])
+
+    def select(self, kind: str, sheets: int, seed: int = 0, chunk_pixels: int = 256) -> int:
+        """Re-select the tiny set; PTS runs as Ray tasks over pixel chunks."""
+        self.indices = self.centres = None
+        if kind in ("pts_o", "pts_k"):
+            init = "optics" if kind == "pts_o" else "kmeans"
+            self.indices = pts_indices_ray(self.bank, sheets, init, seed=seed, chunk_pixels=chunk_pixels)
+        elif kind != "all":
+            chosen = select(kind, self.bank, sheets, seed)
+            self.indices = chosen.indices
+            if chosen.indices is None and kind == "pc_k":
+                self.centres = chosen.templates
+        return self._tiny().shape[0]
+
+    def selection(self) -> dict[str, np.ndarray | None]:
+        return {
+            "indices": None if self.indices is None else self.indices.numpy(),
+            "centres": None if self.centres is None else self.centres.numpy(),
+        }
+
+    def _tiny(self) -> Tensor:
+        if self.centres is not None:
+            return self.centres
+        if self.indices is not None:
+            return select_templates(self.bank, self.indices)
+        return self.bank
+
+    def tiny(self) -> np.ndarray:
+        """The (K, C, H, W) templates ATMM matches against, for replicas (via the object store)."""
+        return self._tiny().numpy()
