@@ -175,7 +175,7 @@ class HETMM:
             image_digests=tuple(digests),
             meta={"created": time.time()},
         )
-        self._install(self._calibrated(self._selected(ts)), version=None)
+        self._install(self.calibrated(self._selected(ts)), version=None)
         return self
 
     def update(self, images: Sequence[ImageInput]) -> HETMM:
@@ -183,7 +183,7 @@ class HETMM:
         ts = self._require_templates()
         feats, digests = self.extract(images, desc="update: features", bank=True)
         grown = ts.appended(feats, tuple(digests))
-        self._install(self._calibrated(self._selected(grown)), version=None)
+        self._install(self.calibrated(self._selected(grown)), version=None)
         return self
 
     def compress(self, kind: str | None = None, sheets: int | None = None, *, seed: int | None = None) -> HETMM:
@@ -192,7 +192,7 @@ class HETMM:
         changes = {"kind": kind, "sheets": sheets, "seed": seed}
         tc = replace(self.config.templates, **{k: v for k, v in changes.items() if v is not None})
         self.config = replace(self.config, templates=tc)
-        self._install(self._calibrated(self._selected(replace(ts, config=self.config))), version=None)
+        self._install(self.calibrated(self._selected(replace(ts, config=self.config))), version=None)
         return self
 
     def _selected(self, ts: TemplateSet) -> TemplateSet:
@@ -216,7 +216,8 @@ class HETMM:
                     centres[layer] = chosen.templates.to("cpu", bank.dtype)
         return replace(ts, config=self.config, indices=indices or None, centres=centres or None)
 
-    def _calibrated(self, ts: TemplateSet) -> TemplateSet:
+    def calibrated(self, ts: TemplateSet) -> TemplateSet:
+        """``ts`` with its threshold calibration recomputed from its own bank (no backbone needed)."""
         tc = self.config.threshold
         bank_dev = {k: v.to(self.device) for k, v in ts.bank.items()}
 

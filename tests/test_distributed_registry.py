@@ -1,0 +1,99 @@
+"""ProductRegistry on a real local Ray: hot update through the shards equals the single-process update."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import ray
+import torch
+
+from hetmm_ray.config import BackboneConfig, DetectorConfig, TemplateConfig, ThresholdConfig
+from hetmm_ray.core.pts import pts_indices
+from hetmm_ray.data.synthetic import SyntheticProduct
+from hetmm_ray.detector import HETMM
+from hetmm_ray.distributed import ProductRegistry
+from hetmm_ray.store import StoreConflict, open_store
+
+pytestmark = pytest.mark.usefixtures("local_ray", "one_torch_thread")
+
+SIZE = 64
+
+
+@pytest.fixture
+def product(tmp_path: Path) -> tuple[str, HETMM, list[np.ndarray]]:
+    config = DetectorConfig(
+        backbone=BackboneConfig(name="resnet18", weights="random", image_size=SIZE),
+        templates=TemplateConfig(kind="pts_o", sheets=3),
+        threshold=ThresholdConfig(max_images=4, folds=2),
+        batch_size=4,
+    )
+    gear = SyntheticProduct(seed=0, size=SIZE)
+    det = HETMM(config).fit([gear.good(i) for i in range(6)])
+    uri = str(tmp_path / "store")
+    det.save(open_store(uri), "gear")
+    return uri, det, [gear.good(i) for i in range(50, 54)]
+
+
+def features(det: HETMM, images: list[np.ndarray]) -> tuple[dict[str, np.ndarray], list[str]]:
+    feats, digests = det.extract(images, bank=True)
+    return {k: v.numpy() for k, v in feats.items()}, digests
+
+
+def test_hot_update_through_shards_equals_the_single_process_update(product) -> None:
+    uri, det, more = product
+    registry = ProductRegistry.remote(uri)
+    assert ray.get(registry.head.remote("gear")) == 1
+    shards = ray.get(registry.shard_handles.remote("gear"))
+    assert sorted(shards) == sorted(det.templates.layers)
+    for layer, shard in shards.items():
+        got = ray.get(shard.selection.remote())["indices"]
+        assert np.array_equal(got, det.templates.indices[layer].numpy())
+
+    waiter = registry.wait_for_version.remote("gear", 1, 60.0)  # a subscriber, parked until v2
+    feats, digests = features(det, more[:2])
+    assert ray.get(registry.update.remote("gear", feats, digests)) == 2
+    assert ray.get(waiter) == 2
+
+    published = open_store(uri).get("gear")
+    det.update(more[:2])  # the same update in one process
+    expected = det.templates
+    assert published.n_images == 8 and published.image_digests == expected.image_digests
+    for layer in expected.layers:
+        assert torch.equal(published.bank[layer], expected.bank[layer])
+        assert torch.equal(published.indices[layer], expected.indices[layer])
+        assert torch.equal(published.indices[layer], pts_indices(published.bank[layer], 3))
+    assert published.calibration == expected.calibration
+
+
+def test_concurrent_updates_serialise_without_losing_images(product) -> None:
+    uri, det, more = product
+    registry = ProductRegistry.remote(uri)
+    batches = [features(det, more[i : i + 2]) for i in (0, 2)]
+    versions = ray.get([registry.update.remote("gear", f, d) for f, d in batches])
+    assert sorted(versions) == [2, 3]
+    final = open_store(uri).get("gear")
+    assert final.n_images == 10
+    assert set(final.image_digests[6:]) == {d for _, ds in batches for d in ds}
+
+
+def test_a_failed_update_leaves_the_old_version_everywhere(product) -> None:
+    uri, det, more = product
+    registry = ProductRegistry.remote(uri)
+    feats, digests = features(det, more[:1])
+    bad = {k: v for k, v in list(feats.items())[:-1]}  # a layer missing
+    with pytest.raises(ray.exceptions.RayTaskError, match="layers"):
+        ray.get(registry.update.remote("gear", bad, digests))
+    assert ray.get(registry.head.remote("gear")) == 1 and open_store(uri).head("gear") == 1
+    shards = ray.get(registry.shard_handles.remote("gear"))
+    assert all(ray.get(s.info.remote())["images"] == 6 for s in shards.values())
+
+    open_store(uri).put("gear", det.templates)  # another writer moves the head behind the registry's back
+    with pytest.raises(ray.exceptions.RayTaskError) as info:
+        ray.get(registry.update.remote("gear", feats, digests))
+    assert isinstance(info.value.cause, StoreConflict)
+    assert open_store(uri).head("gear") == 2 and open_store(uri).get("gear").n_images == 6
+    # The registry re-read the store: its shards and head follow the store's head again.
+    assert ray.get(registry.head.remote("gear")) == 2
+    assert ray.get(registry.update.remote("gear", feats, digests)) == 3
