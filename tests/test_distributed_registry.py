@@ -97,3 +97,38 @@ def test_a_failed_update_leaves_the_old_version_everywhere(product) -> None:
     # The registry re-read the store: its shards and head follow the store's head again.
     assert ray.get(registry.head.remote("gear")) == 2
     assert ray.get(registry.update.remote("gear", feats, digests)) == 3
+
+
+def _info_of_new_incarnation(shard, old_pid: int, timeout: float = 60.0) -> dict:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            info = ray.get(shard.info.remote())
+            if info["pid"] != old_pid:
+                return info
+        except ray.exceptions.RayActorError:
+            pass  # dead or restarting
+        time.sleep(0.2)
+    raise AssertionError("the shard did not come back")
+
+
+def test_a_killed_shard_comes_back_from_the_store_bit_for_bit(product) -> None:
+    uri, det, more = product
+    registry = ProductRegistry.remote(uri)
+    feats, digests = features(det, more[:2])
+    assert ray.get(registry.update.remote("gear", feats, digests)) == 2
+    shards = ray.get(registry.shard_handles.remote("gear"))
+    layer = sorted(shards)[0]
+    shard = shards[layer]
+    before = ray.get(shard.tiny.remote())
+    old = ray.get(shard.info.remote())
+    assert old["version"] == 2
+    ray.kill(shard, no_restart=False)  # a crash: Ray restarts the actor, which reloads from the store
+    info = _info_of_new_incarnation(shard, old["pid"])
+    assert info["version"] == 2 and info["images"] == 8
+    after = ray.get(shard.tiny.remote())
+    assert np.array_equal(after, before)
+    stored = open_store(uri).get("gear")
+    assert np.array_equal(after, stored.templates(layer).numpy())

@@ -60,17 +60,18 @@ class ProductRegistry:
         return self.versions[product]
 
     async def _load_shards(self, product: str) -> TemplateSet:
-        """(Re)create the product's shards from the store head."""
+        """(Re)create the product's shards; each loads its layer of the store head itself."""
         ts = await asyncio.to_thread(self.store.get, product)
         for old in self.shards.pop(product, {}).values():
-            ray.kill(old)
+            ray.kill(old, no_restart=True)
         shards = {}
-        for layer, bank in ts.bank.items():
+        for layer in ts.layers:
             opts = shard_options(self.placement, product=product, layer=layer)
             opts.pop("name")  # replaced shards must not collide with the old names while they die
-            shards[layer] = TemplateShard.options(**opts).remote(product, layer, bank.numpy())
-        tc = ts.config.templates
-        await asyncio.gather(*(s.select.remote(tc.kind, tc.sheets, tc.seed) for s in shards.values()))
+            shards[layer] = TemplateShard.options(**opts).remote(product, layer, self.store_uri)
+        infos = await asyncio.gather(*(s.info.remote() for s in shards.values()))
+        if any(i["version"] != ts.meta["version"] for i in infos):  # the head moved meanwhile: retry
+            return await self._load_shards(product)
         self.shards[product] = shards
         self.versions[product] = int(ts.meta["version"])
         return ts
@@ -116,6 +117,7 @@ class ProductRegistry:
                 await self._load_shards(product)  # back to the old head everywhere
                 raise
             self.versions[product] = version
+            await asyncio.gather(*(s.mark_published.remote(version) for s in shards.values()))
         async with self._condition(product):
             self._condition(product).notify_all()
         return version

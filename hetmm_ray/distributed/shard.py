@@ -5,10 +5,16 @@ products spread over the cluster's GPUs and nodes (DESIGN.md, "Sharding").
 A shard appends new images' features, runs PTS for its layer by fanning pixel
 chunks out as Ray tasks, and hands out its tiny set through the object store,
 so replicas never pull the full bank.
+
+A shard starts from the store (the truth): its layer's bank and stored
+selection at the product's head. Ray restarts a dead shard (``max_restarts``),
+on any node, by running the constructor again, so it comes back with the
+published tiny set bit for bit, without re-running PTS.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,12 +55,24 @@ def shard_options(placement: ShardPlacement, *, product: str, layer: str) -> dic
 class TemplateShard:
     """One layer of one product: the bank (N, C, H, W) and its current selection."""
 
-    def __init__(self, product: str, layer: str, bank: np.ndarray) -> None:
+    def __init__(self, product: str, layer: str, source: str | np.ndarray) -> None:
+        """``source``: a store URI (load the head's layer) or a bank array (tests, ad-hoc use)."""
         self.product = product
         self.layer = layer
-        self.bank = torch.from_numpy(np.array(bank))  # own, writable copy
         self.indices: Tensor | None = None
         self.centres: Tensor | None = None
+        self.version: int | None = None
+        if isinstance(source, str):
+            from ..store import open_store
+
+            # The store's chunks hold every layer: a shard reads its product's whole head once.
+            ts = open_store(source).get(product)
+            self.bank = ts.bank[layer]
+            self.indices = None if ts.indices is None else ts.indices[layer]
+            self.centres = None if ts.centres is None else ts.centres[layer]
+            self.version = int(ts.meta["version"])
+        else:
+            self.bank = torch.from_numpy(np.array(source))  # own, writable copy
 
     def info(self) -> dict[str, Any]:
         return {
@@ -64,8 +82,14 @@ class TemplateShard:
             "shape": list(self.bank.shape[1:]),
             "dtype": str(self.bank.dtype).removeprefix("torch."),
             "sheets": self._tiny().shape[0],
+            "version": self.version,
+            "pid": os.getpid(),  # tells a restarted incarnation from the old one
             "node": ray.get_runtime_context().get_node_id(),
         }
+
+    def mark_published(self, version: int) -> None:
+        """The registry published this shard's state as ``version``: a restart now reloads it."""
+        self.version = version
 
     def append(self, features: np.ndarray) -> int:
         """Add new images' features; the selection is reset until :meth:`select` runs."""
