@@ -212,8 +212,8 @@ class HETMM:
                 chosen = select(tc.kind, bank.to(self.device), tc.sheets, tc.seed, progress=progress)
                 if chosen.indices is not None:
                     indices[layer] = chosen.indices.cpu()
-                elif tc.kind == "pc_k" and tc.sheets < ts.n_images:
-                    centres[layer] = chosen.templates.to("cpu", bank.dtype)
+                if chosen.centres is not None:
+                    centres[layer] = chosen.centres.to("cpu", bank.dtype)
         return replace(ts, config=self.config, indices=indices or None, centres=centres or None)
 
     def calibrated(self, ts: TemplateSet) -> TemplateSet:

@@ -284,6 +284,7 @@ class Selection:
     kind: str
     templates: Tensor  # (K', C, H, W)
     indices: Tensor | None  # (K', H, W) bank indices; None for "all" (the bank itself) and "pc_k" (centres)
+    centres: Tensor | None = None  # the templates when they are not bank vectors (pc_k below N sheets)
 
 
 def _pc_k(bank: Tensor, k: int, seed: int, progress: Progress | None) -> Tensor:
@@ -309,6 +310,7 @@ def select(
     *,
     chunk_pixels: int | None = None,
     progress: Progress | None = None,
+    pts: Callable[..., Tensor] = pts_indices,
 ) -> Selection:
     """Templates of one selection ``kind`` (ALGORITHM.md §4, the paper's Table RTMM).
 
@@ -317,7 +319,8 @@ def select(
     - ``pr``: ``min(k, N)`` random images drawn independently per pixel (seeded).
     - ``pc_k``: per-pixel spherical k-means centres (faiss, seeded), unit
       vectors, not bank members (``indices`` None); ``k >= N`` gives the bank.
-    - ``pts_k`` / ``pts_o``: :func:`pts_indices` with ``init="kmeans"`` / ``"optics"``.
+    - ``pts_k`` / ``pts_o``: :func:`pts_indices` with ``init="kmeans"`` / ``"optics"``;
+      ``pts`` swaps in another implementation of the same contract (the Ray fan-out).
 
     Random draws use a CPU ``torch.Generator`` seeded with ``seed``, so they
     do not depend on the device or on global RNG state.
@@ -332,10 +335,12 @@ def select(
     if kind == "pc_k":
         if k >= n:
             return Selection(kind, bank, None)
-        return Selection(kind, _pc_k(bank, k, seed, progress), None)
+        centres = _pc_k(bank, k, seed, progress)
+        return Selection(kind, centres, None, centres)
     if kind in ("pts_k", "pts_o"):
         init = "kmeans" if kind == "pts_k" else "optics"
-        idx = pts_indices(bank, k, init, seed=seed, chunk_pixels=chunk_pixels, progress=progress)
+        extra = {} if chunk_pixels is None else {"chunk_pixels": chunk_pixels}
+        idx = pts(bank, k, init, seed=seed, progress=progress, **extra)
     else:
         gen = torch.Generator().manual_seed(int(seed))
         if kind == "ir":

@@ -100,14 +100,13 @@ class ProductRegistry:
                 grown = base.appended({k: torch.from_numpy(np.array(v)) for k, v in features.items()}, tuple(digests))
                 selections = await asyncio.gather(*(shards[k].selection.remote() for k in grown.layers))
                 chosen = dict(zip(grown.layers, selections, strict=True))
+                # appended() reset the selection; take the shards' new one (indices or centres).
                 grown = replace(
                     grown,
-                    indices={k: torch.from_numpy(s["indices"]) for k, s in chosen.items()}
-                    if tc.kind not in ("all", "pc_k")
-                    else None,
-                    centres={k: torch.from_numpy(s["centres"]) for k, s in chosen.items()}
-                    if tc.kind == "pc_k"
-                    else None,
+                    **{
+                        part: {k: torch.from_numpy(c[part]) for k, c in chosen.items() if c[part] is not None} or None
+                        for part in ("indices", "centres")
+                    },
                 )
                 calibrated = await asyncio.to_thread(HETMM(base.config).calibrated, grown)
                 version = await asyncio.to_thread(

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -102,15 +103,8 @@ class TemplateShard:
 
     def select(self, kind: str, sheets: int, seed: int = 0, chunk_pixels: int = 256) -> int:
         """Re-select the tiny set; PTS runs as Ray tasks over pixel chunks."""
-        self.indices = self.centres = None
-        if kind in ("pts_o", "pts_k"):
-            init = "optics" if kind == "pts_o" else "kmeans"
-            self.indices = pts_indices_ray(self.bank, sheets, init, seed=seed, chunk_pixels=chunk_pixels)
-        elif kind != "all":
-            chosen = select(kind, self.bank, sheets, seed)
-            self.indices = chosen.indices
-            if chosen.indices is None and kind == "pc_k":
-                self.centres = chosen.templates
+        chosen = select(kind, self.bank, sheets, seed, pts=partial(pts_indices_ray, chunk_pixels=chunk_pixels))
+        self.indices, self.centres = chosen.indices, chosen.centres
         return self._tiny().shape[0]
 
     def selection(self) -> dict[str, np.ndarray | None]:
