@@ -17,11 +17,33 @@ def one_torch_thread() -> Iterator[None]:
     torch.set_num_threads(threads)
 
 
+LOCAL_RAY_ARGS = {"num_cpus": 2, "include_dashboard": False, "log_to_driver": False, "configure_logging": False}
+
+
 @pytest.fixture(scope="session")
 def local_ray() -> Iterator[None]:
     """A real local Ray (2 CPUs), started once for the tests that ask for it."""
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    if not ray.is_initialized():
+        ray.init(**LOCAL_RAY_ARGS)
     yield
     ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def own_ray() -> Iterator[None]:
+    """For a module that connects Ray its own way (a multi-node ``Cluster``, ``connect()``).
+
+    A process joins one Ray at a time: the shared local Ray is shut down for the
+    module and started again afterwards if it was running, so ``local_ray`` still
+    holds for the modules after this one.
+    """
+    import ray
+
+    was_running = ray.is_initialized()
+    ray.shutdown()
+    yield
+    ray.shutdown()
+    if was_running:
+        ray.init(**LOCAL_RAY_ARGS)

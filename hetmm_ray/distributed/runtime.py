@@ -1,0 +1,90 @@
+"""One place that starts or joins Ray, for the CLI, the Python API and the service.
+
+``connect()`` reuses a Ray this process already joined, else starts a local one
+(no dashboard, worker logs kept out of the driver's terminal, namespace
+``hetmm`` so named actors such as the registry are found again). Given an
+address (or ``RAY_ADDRESS``) it joins that cluster instead.
+
+Ray itself, given an address where nothing listens, retries for minutes before
+giving up; a reachability probe with a short timeout turns that into one clear
+:class:`ClusterUnavailable` line within seconds.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import ray
+
+__all__ = ["NAMESPACE", "ClusterUnavailable", "connect"]
+
+NAMESPACE = "hetmm"
+PROBE_TIMEOUT_S = 3.0
+DEFAULT_CLIENT_PORT = 10001  # Ray Client's default when a ray:// address has no port
+
+
+class ClusterUnavailable(RuntimeError):
+    """The Ray cluster at the given address cannot be reached."""
+
+
+def _host_port(address: str) -> tuple[str, int] | None:
+    """(host, port) of a ``host:port`` or ``ray://host[:port]`` address; None for ``auto``."""
+    if address == "auto":
+        return None
+    rest = address.removeprefix("ray://")
+    host, sep, port = rest.rpartition(":")
+    if not sep:
+        if address.startswith("ray://"):
+            return rest, DEFAULT_CLIENT_PORT
+        raise ClusterUnavailable(f"ray address {address!r}: expected host:port, ray://host:port or auto")
+    try:
+        return host.strip("[]"), int(port)
+    except ValueError:
+        raise ClusterUnavailable(f"ray address {address!r}: port {port!r} is not a number") from None
+
+
+def _probe(address: str, host: str, port: int, timeout: float) -> None:
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            pass
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        if isinstance(exc, TimeoutError):
+            reason = f"no answer within {timeout:g} s"
+        raise ClusterUnavailable(f"ray cluster at {address} is unreachable ({reason})") from None
+
+
+def connect(address: str | None = None, *, num_cpus: int | None = None) -> None:
+    """Start or join Ray once for this process.
+
+    ``address``: None (or empty) -> ``RAY_ADDRESS`` if set, else reuse a Ray this
+    process already joined, else start a local one with ``num_cpus`` CPUs (all
+    by default). ``"auto"`` joins the cluster started on this machine by
+    ``ray start``; ``"host:port"`` (the GCS) or ``"ray://host:port"`` (Ray
+    Client) join that cluster. ``num_cpus`` only applies to a local Ray.
+
+    Raises :class:`ClusterUnavailable` when the address cannot be reached.
+    """
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    if ray.is_initialized():
+        return  # one Ray per process: a second connect is a no-op
+    if address is None:
+        ray.init(
+            num_cpus=num_cpus,
+            include_dashboard=False,
+            log_to_driver=False,
+            namespace=NAMESPACE,
+            configure_logging=False,
+        )
+        return
+    if num_cpus is not None:
+        raise ValueError("num_cpus applies to a local Ray only; an existing cluster has its own CPUs")
+    target = _host_port(address)
+    if target is not None:
+        _probe(address, *target, PROBE_TIMEOUT_S)
+    try:
+        ray.init(address=address, log_to_driver=False, namespace=NAMESPACE, configure_logging=False)
+    except ConnectionError as exc:  # "auto" with no cluster on this machine, a stale address file...
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ClusterUnavailable(f"ray cluster at {address} is unreachable ({first})") from None
