@@ -22,12 +22,15 @@ __all__ = [
     "MAX_IMAGE_BYTES",
     "MAX_IMAGE_PIXELS",
     "MIN_IMAGE_SIDE",
+    "TASK_CPUS",
     "TEMPLATE_KINDS",
     "BackboneConfig",
     "ConfigError",
     "DetectorConfig",
     "ScoringConfig",
     "TemplateConfig",
+    "ReplicaSettings",
+    "ServiceConfig",
     "ThresholdConfig",
     "load_config",
 ]
@@ -39,6 +42,12 @@ MAX_IMAGE_PIXELS = 50_000_000
 """Largest declared width*height accepted; larger headers are refused unread."""
 MIN_IMAGE_SIDE = 8
 """Smallest width or height accepted."""
+
+# --- Ray placement -------------------------------------------------------------
+TASK_CPUS = 0.5
+"""CPUs a service-side Ray task reserves (PTS chunk, feature batch, calibration). Fractional so
+that tasks still fit beside the resident actors (ingress, detector replicas, registry, shards)
+on a small node; each task runs max(1, round(cpus)) torch threads."""
 
 # --- backbones ---------------------------------------------------------------
 # Feature taps per backbone: the module whose output is a layer's feature map.
@@ -243,6 +252,61 @@ class DetectorConfig:
                 node = node[p]
             node[leaf] = value
         return DetectorConfig.from_dict(data)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServiceConfig:
+    """The HTTP service (``deploy.yaml`` application ``args``, ``hetmm serve`` flags)."""
+
+    store: str = "./hetmm-store"  # local directory or s3://bucket/prefix[?endpoint=...]
+    admin_token_env: str = "HETMM_ADMIN_TOKEN"  # environment variable holding the admin bearer token
+    max_products_per_replica: int = 4  # tiny sets a detector replica keeps (LRU beyond that)
+    max_body_mib: int = 64  # largest request body; larger uploads get 413 before being read
+    max_images_per_request: int = 16  # images in one multipart predict
+    max_images_per_job: int = 2000  # good images in one create / normals job
+    job_wait_s: float = 600.0  # longest ``?wait=true`` on an admin job
+    # Settings of products created over HTTP that the request leaves out
+    # (e.g. {"backbone": {"name": "mobilenet_v2", "weights": "/weights/mnv2.pth"}}).
+    product_defaults: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _require(bool(self.store), "store: give a local directory or s3://bucket/prefix")
+        for name in ("max_products_per_replica", "max_body_mib", "max_images_per_request", "max_images_per_job"):
+            value = getattr(self, name)
+            _require(isinstance(value, int) and value >= 1, f"{name}: must be an integer >= 1, got {value!r}")
+        _require(self.job_wait_s > 0, "job_wait_s: must be > 0")
+        _require(isinstance(self.product_defaults, dict), "product_defaults: must be a mapping")
+        DetectorConfig.from_dict(self.product_defaults)  # fail at start-up, not at the first create
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ServiceConfig:
+        return _build(cls, data, "")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReplicaSettings:
+    """Live settings of detector replicas (``user_config``; changed without a restart)."""
+
+    max_batch_size: int = 8  # images scored together per product
+    batch_wait_timeout_s: float = 0.005  # how long a batch waits to fill
+    threads: int = 0  # torch intra-op threads per replica; 0 = the CPUs the replica was given
+    sigmas: float | None = None  # override every product's threshold rule (None: each product's own)
+
+    def __post_init__(self) -> None:
+        _require(
+            isinstance(self.max_batch_size, int) and 1 <= self.max_batch_size <= 256,
+            f"max_batch_size: must be an integer in [1, 256], got {self.max_batch_size!r}",
+        )
+        _require(
+            isinstance(self.batch_wait_timeout_s, int | float) and 0 <= self.batch_wait_timeout_s <= 10,
+            f"batch_wait_timeout_s: must be a number of seconds in [0, 10], got {self.batch_wait_timeout_s!r}",
+        )
+        _require(isinstance(self.threads, int) and self.threads >= 0, "threads: must be an integer >= 0")
+        _require(self.sigmas is None or self.sigmas >= 0, "sigmas: must be >= 0 or null")
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ReplicaSettings:
+        return _build(cls, data, "user_config.")
 
 
 _SECTIONS: dict[str, type] = {

@@ -288,6 +288,40 @@ class HETMM:
         det._install(replace(ts, config=config), version=version)
         return det
 
+    @classmethod
+    def serving(
+        cls,
+        config: DetectorConfig,
+        templates: dict[str, Tensor],
+        *,
+        weights_id: str,
+        calibration: Any,
+        version: int | None,
+        backbone: Backbone | None = None,
+    ) -> HETMM:
+        """A predict-only detector over a tiny set (layer -> (K, C, H, W)), as replicas hold it.
+
+        ``backbone`` shares one already-built backbone between products with the same one.
+        """
+        det = cls(config)
+        if backbone is not None:
+            det._backbone = backbone
+        if det.backbone.weights_id != weights_id:
+            raise TemplateError(
+                f"templates were built with weights {weights_id}, the backbone has {det.backbone.weights_id}"
+            )
+        k = next(iter(templates.values())).shape[0]
+        ts = TemplateSet(
+            bank=templates,
+            config=config,
+            weights_id=weights_id,
+            image_digests=tuple(f"sheet-{i}" for i in range(k)),  # sheets, not images: nothing to refit from
+            calibration=calibration,
+            meta={"tiny": True},
+        )
+        det._install(ts, version=version)
+        return det
+
 
 def _as_rgb(x: ImageInput) -> np.ndarray:
     if isinstance(x, np.ndarray):

@@ -59,7 +59,7 @@ def pts_indices_ray(
     ref = ray.put(np.ascontiguousarray(bank.detach().cpu().numpy()))
     task = _pts_chunk.options(num_cpus=num_cpus, num_gpus=num_gpus)
     ranges = {
-        task.remote(ref, p0, min(total, p0 + chunk_pixels), k, init, seed, int(num_cpus)): p0
+        task.remote(ref, p0, min(total, p0 + chunk_pixels), k, init, seed, max(1, round(num_cpus))): p0
         for p0 in range(0, total, chunk_pixels)
     }
     out = np.empty((min(k, n), total), dtype=np.int64)

@@ -24,6 +24,7 @@ import ray
 import torch
 from torch import Tensor
 
+from ..config import TASK_CPUS
 from ..core.pts import select, select_templates
 from .pts_fanout import pts_indices_ray
 
@@ -101,9 +102,12 @@ class TemplateShard:
         self.indices = self.centres = None
         return int(self.bank.shape[0])
 
-    def select(self, kind: str, sheets: int, seed: int = 0, chunk_pixels: int = 256) -> int:
+    def select(
+        self, kind: str, sheets: int, seed: int = 0, chunk_pixels: int = 256, task_cpus: float = TASK_CPUS
+    ) -> int:
         """Re-select the tiny set; PTS runs as Ray tasks over pixel chunks."""
-        chosen = select(kind, self.bank, sheets, seed, pts=partial(pts_indices_ray, chunk_pixels=chunk_pixels))
+        pts = partial(pts_indices_ray, chunk_pixels=chunk_pixels, num_cpus=task_cpus)
+        chosen = select(kind, self.bank, sheets, seed, pts=pts)
         self.indices, self.centres = chosen.indices, chosen.centres
         return self._tiny().shape[0]
 

@@ -32,12 +32,13 @@ __all__ = [
     "StoreUnavailable",
     "VersionedStore",
     "check_product_name",
+    "open_backend",
     "open_store",
 ]
 
 
-def open_store(uri: str | Path, *, endpoint_url: str | None = None, region: str | None = None) -> VersionedStore:
-    """The store at ``uri``: a local directory (created on first write) or ``s3://bucket/prefix``."""
+def open_backend(uri: str | Path, *, endpoint_url: str | None = None, region: str | None = None) -> Backend:
+    """The flat object backend at ``uri``: a local directory or ``s3://bucket/prefix[?endpoint=...]``."""
     text = str(uri)
     if text.startswith("s3://"):
         parts = urlsplit(text)
@@ -48,7 +49,12 @@ def open_store(uri: str | Path, *, endpoint_url: str | None = None, region: str 
         region = region or (query.get("region") or [None])[0]
         from .s3 import S3Backend
 
-        return VersionedStore(S3Backend(parts.netloc, parts.path, endpoint_url=endpoint, region=region))
+        return S3Backend(parts.netloc, parts.path, endpoint_url=endpoint, region=region)
     if "://" in text and not text.startswith("file://"):
         raise StoreError(f"store URI {text!r}: use a local path or s3://bucket/prefix")
-    return VersionedStore(LocalBackend(Path(text.removeprefix("file://"))))
+    return LocalBackend(Path(text.removeprefix("file://")))
+
+
+def open_store(uri: str | Path, *, endpoint_url: str | None = None, region: str | None = None) -> VersionedStore:
+    """The store at ``uri``: a local directory (created on first write) or ``s3://bucket/prefix``."""
+    return VersionedStore(open_backend(uri, endpoint_url=endpoint_url, region=region))

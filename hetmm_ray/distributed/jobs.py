@@ -1,0 +1,88 @@
+"""Long-running admin work (create a product, add normals) as jobs with live progress.
+
+A job is an asyncio task inside the registry actor; its record is plain JSON so
+``GET /v1/jobs/{id}`` can show it from any ingress replica. Records of finished
+jobs are kept (bounded) so a client that polls late still sees the outcome.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+__all__ = ["JobBoard", "JobProgress"]
+
+KEEP_FINISHED = 200
+
+
+class JobProgress:
+    """What a running job reports: a stage name and done/total units of it."""
+
+    def __init__(self, record: dict[str, Any]) -> None:
+        self._record = record
+
+    def stage(self, name: str, total: int = 0) -> None:
+        self._record["progress"] = {"stage": name, "done": 0, "total": total}
+
+    def __call__(self, done: int, total: int) -> None:
+        self._record["progress"].update(done=done, total=total)
+
+    @property
+    def total(self) -> int:
+        return int(self._record["progress"]["total"])
+
+
+class JobBoard:
+    def __init__(self) -> None:
+        self.records: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self.tasks: dict[str, asyncio.Task[Any]] = {}
+
+    def start(self, kind: str, product: str, work: Callable[[JobProgress], Awaitable[int]]) -> dict[str, Any]:
+        """Run ``work`` (returns the published version) in the background; returns the job record."""
+        job_id = uuid.uuid4().hex[:16]
+        record: dict[str, Any] = {
+            "id": job_id,
+            "kind": kind,
+            "product": product,
+            "state": "running",
+            "progress": {"stage": "queued", "done": 0, "total": 0},
+            "version": None,
+            "error": None,
+            "created": time.time(),
+            "finished": None,
+        }
+        self.records[job_id] = record
+        self.tasks[job_id] = asyncio.get_running_loop().create_task(self._run(record, work))
+        self._trim()
+        return dict(record)
+
+    async def _run(self, record: dict[str, Any], work: Callable[[JobProgress], Awaitable[int]]) -> None:
+        try:
+            record["version"] = await work(JobProgress(record))
+            record["state"] = "succeeded"
+            record["progress"]["stage"] = "published"
+        except Exception as exc:  # noqa: BLE001 - any failure is the job's outcome, reported to the client
+            record["state"] = "failed"
+            record["error"] = {"type": type(exc).__name__, "message": str(exc).strip().splitlines()[-1][:2000]}
+        finally:
+            record["finished"] = time.time()
+            self.tasks.pop(record["id"], None)
+
+    def get(self, job_id: str) -> dict[str, Any] | None:
+        record = self.records.get(job_id)
+        return None if record is None else {**record, "progress": dict(record["progress"])}
+
+    async def wait(self, job_id: str, timeout: float) -> dict[str, Any] | None:
+        task = self.tasks.get(job_id)
+        if task is not None:
+            await asyncio.wait([task], timeout=timeout)
+        return self.get(job_id)
+
+    def _trim(self) -> None:
+        finished = [k for k, r in self.records.items() if r["state"] != "running"]
+        for k in finished[: max(0, len(finished) - KEEP_FINISHED)]:
+            del self.records[k]

@@ -1,0 +1,7 @@
+"""Ray Serve HTTP service (DESIGN.md, "The service"): ingress, detector replicas, metrics."""
+
+from __future__ import annotations
+
+from .app import build_app, load_deploy_config
+
+__all__ = ["build_app", "load_deploy_config"]

@@ -1,0 +1,52 @@
+"""The Serve application: ``Ingress`` in front of multiplexed ``Detector`` replicas.
+
+``deploy.yaml`` points Serve at :func:`build_app` with its ``args`` (a
+:class:`~hetmm_ray.config.ServiceConfig`); ``hetmm serve`` builds the same
+application from the same file, so the CLI and ``serve run deploy.yaml`` run
+one thing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+from ray.serve import Application
+
+from ..config import ConfigError, ReplicaSettings, ServiceConfig
+from .ingress import Ingress
+from .replica import Detector
+
+__all__ = ["DEPLOY_YAML", "build_app", "load_deploy_config"]
+
+DEPLOY_YAML = Path(__file__).resolve().parents[2] / "deploy.yaml"
+
+
+def build_app(args: dict[str, Any]) -> Application:
+    """Serve application builder (``import_path: hetmm_ray.serve.app:build_app``)."""
+    service = ServiceConfig.from_dict(dict(args or {}))
+    if "://" not in service.store:  # replicas may run elsewhere: pin the folder where the app was built
+        service = dataclasses.replace(service, store=os.path.abspath(service.store))
+    detector = Detector.bind(service.store, service.max_products_per_replica)
+    return Ingress.bind(detector, dataclasses.asdict(service))
+
+
+def load_deploy_config(path: str | Path = DEPLOY_YAML) -> dict[str, Any]:
+    """A Serve config file, with the hetmm application's args and user_config validated."""
+    p = Path(path)
+    try:
+        data = yaml.safe_load(p.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"{p}: cannot read the Serve config ({exc})") from None
+    apps = data.get("applications") if isinstance(data, dict) else None
+    if not apps:
+        raise ConfigError(f"{p}: no 'applications' in the Serve config")
+    for app in apps:
+        ServiceConfig.from_dict(app.get("args") or {})
+        for dep in app.get("deployments") or []:
+            if dep.get("name") == "Detector" and dep.get("user_config") is not None:
+                ReplicaSettings.from_dict(dep["user_config"])
+    return data

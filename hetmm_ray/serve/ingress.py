@@ -1,0 +1,383 @@
+"""The HTTP ingress: validation, decoding, auth and errors in front of the detector replicas.
+
+Every client mistake is a 4xx with ``{"error": {"code", "message"}}``; sizes
+are checked before bodies are read and images are checked before they are
+decoded (``data/decode.py``). Predictions go to the ``Detector`` deployment
+with the product as the multiplexed model id; admin work (create, normals,
+rollback, jobs) goes to the product registry.
+"""
+
+# No `from __future__ import annotations`: FastAPI must see real types on the routes
+# that Serve re-wraps, or it takes `request: Request` for a query parameter.
+import asyncio
+import hmac
+import ipaddress
+import json
+import os
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict
+from typing import Any
+
+import numpy as np
+import ray
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from ray import serve
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ..config import MAX_IMAGE_BYTES, ConfigError, DetectorConfig, ServiceConfig
+from ..core.templates import TemplateError
+from ..data.decode import ImageError, decode_image
+from ..data.sources import SourceError, read_image_source
+from ..distributed.registry import get_registry
+from ..store import ProductNotFound, StoreConflict, StoreError, StoreUnavailable, check_product_name
+from .metrics import CONTENT_TYPE_LATEST, ServiceMetrics
+
+__all__ = ["ApiError", "Ingress", "app"]
+
+RAW_IMAGE_TYPES = ("image/png", "image/jpeg", "image/bmp", "image/tiff", "image/x-ms-bmp", "application/octet-stream")
+
+
+class ApiError(Exception):
+    """A client-visible error: HTTP status, a stable code and a one-line message."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message = status, code, message
+
+
+# Known error types -> (status, code). Ray re-raises a remote error as a subclass of its cause.
+_CLASSIFIED: tuple[tuple[type[BaseException], int, str], ...] = (
+    (ImageError, 400, "bad_image"),
+    (ConfigError, 400, "bad_config"),
+    (SourceError, 400, "bad_source"),
+    (ProductNotFound, 404, "unknown_product"),
+    (StoreConflict, 409, "conflict"),
+    (TemplateError, 409, "incompatible_templates"),
+    (StoreUnavailable, 503, "store_unavailable"),
+    (StoreError, 502, "store_error"),
+)
+
+
+def classify(exc: BaseException) -> ApiError:
+    if isinstance(exc, ApiError):
+        return exc
+    cause = getattr(exc, "cause", None) or exc
+    for kind, status, code in _CLASSIFIED:
+        if isinstance(exc, kind) or isinstance(cause, kind):
+            return ApiError(status, code, _one_line(cause))
+    return ApiError(500, "internal", f"internal error ({type(cause).__name__}); see the server log")
+
+
+def _one_line(exc: BaseException) -> str:
+    lines = [s for s in str(exc).strip().splitlines() if s.strip()]
+    text = lines[-1] if lines else type(exc).__name__
+    return text.split(": ", 1)[1] if text.startswith(type(exc).__name__ + ": ") else text
+
+
+def _error(err: ApiError) -> JSONResponse:
+    return JSONResponse({"error": {"code": err.code, "message": err.message}}, status_code=err.status)
+
+
+app = FastAPI(title="hetmm-ray", summary="Training-free visual anomaly detection (HETMM) over HTTP")
+
+
+@app.exception_handler(ApiError)
+async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
+    return _error(exc)
+
+
+@app.exception_handler(StarletteHTTPException)
+async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+    return _error(ApiError(exc.status_code, code, str(exc.detail)))
+
+
+@app.exception_handler(RequestValidationError)
+async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+    first = exc.errors()[0] if exc.errors() else {}
+    where = ".".join(str(p) for p in first.get("loc", ()))
+    return _error(ApiError(400, "bad_request", f"{where}: {first.get('msg', 'invalid request')}"))
+
+
+@app.exception_handler(Exception)
+async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+    return _error(classify(exc))
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def refuse_open_bind(host: str, token: str | None, env: str) -> None:
+    """A server reachable from other machines must protect its admin routes."""
+    if not _is_loopback(host) and not token:
+        raise RuntimeError(
+            f"refusing to serve on non-loopback address {host!r} without an admin token: set {env} (or bind 127.0.0.1)"
+        )
+
+
+def _proxy_host() -> str | None:
+    """The HTTP host Serve's proxies bind (the controller knows; private API, so best effort)."""
+    try:
+        controller = ray.get_actor("SERVE_CONTROLLER_ACTOR", namespace="serve")
+        return ray.get(controller.get_http_config.remote(), timeout=10).host
+    except Exception:  # noqa: BLE001 - an older/newer Serve without this call: the CLI checks instead
+        return None
+
+
+@serve.deployment(name="Ingress", ray_actor_options={"num_cpus": 0.25}, max_ongoing_requests=256)
+@serve.ingress(app)
+class Ingress:
+    def __init__(self, detector: Any, service: dict[str, Any]) -> None:
+        self.service = ServiceConfig.from_dict(service)
+        self.token = os.environ.get(self.service.admin_token_env) or None
+        host = _proxy_host()
+        if host is not None:
+            refuse_open_bind(host, self.token, self.service.admin_token_env)
+        self.detector = detector
+        self.registry = get_registry(self.service.store, detached=True)
+        self.metrics = ServiceMetrics()
+        self.limit = self.service.max_body_mib * 2**20
+        self._known: dict[str, float] = {}  # product -> until when its existence is cached
+
+    # --- plumbing -------------------------------------------------------------------------------
+    async def _timed(self, request: Request, route: str, handler: Callable[[], Awaitable[Response]]) -> Response:
+        start = time.perf_counter()
+        try:
+            response = await handler()
+        except Exception as exc:  # noqa: BLE001 - every failure becomes a JSON error with a status
+            response = _error(classify(exc))
+        self.metrics.observe_request(route, response.status_code, time.perf_counter() - start)
+        return response
+
+    def _admin(self, request: Request) -> None:
+        if self.token is None:
+            return  # loopback-only server without a token (checked at start-up)
+        header = request.headers.get("authorization", "")
+        if not header:
+            raise ApiError(401, "unauthorized", "admin route: send 'Authorization: Bearer <token>'")
+        scheme, _, given = header.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), self.token.encode()):
+            raise ApiError(403, "forbidden", "admin route: the bearer token is wrong")
+
+    async def _body(self, request: Request) -> bytes:
+        declared = request.headers.get("content-length")
+        if declared is not None:
+            if not declared.isdigit():
+                raise ApiError(400, "bad_request", "Content-Length is not a number")
+            if int(declared) > self.limit:
+                raise ApiError(413, "too_large", f"request body of {declared} bytes exceeds {self.limit} bytes")
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > self.limit:
+                raise ApiError(413, "too_large", f"request body exceeds {self.limit} bytes")
+            chunks.append(chunk)
+        body = b"".join(chunks)
+        request._body = body  # lets request.form() parse what was already read (and bounded)
+        return body
+
+    async def _uploads(self, request: Request, *, max_images: int) -> tuple[list[tuple[str, bytes]], dict[str, str]]:
+        """Images of a raw-image or multipart body, and the multipart's text fields."""
+        ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        body = await self._body(request)
+        if ctype in RAW_IMAGE_TYPES:
+            if not body:
+                raise ApiError(400, "empty_body", "the request body is empty: send an image")
+            return [("<body>", body)], {}
+        if ctype == "multipart/form-data":
+            try:
+                form = await request.form(max_files=max_images, max_fields=16, max_part_size=MAX_IMAGE_BYTES)
+            except Exception as exc:  # noqa: BLE001 - the multipart parser's errors vary
+                raise ApiError(400, "bad_multipart", f"malformed multipart body ({_one_line(exc)})") from None
+            images, fields = [], {}
+            for key, value in form.multi_items():
+                if isinstance(value, str):
+                    fields[key] = value
+                else:
+                    images.append((value.filename or key, await value.read()))
+            if not images:
+                raise ApiError(400, "empty_body", "the multipart body holds no image files")
+            if len(images) > max_images:
+                raise ApiError(
+                    413, "too_many_images", f"{len(images)} images in one request; the limit is {max_images}"
+                )
+            return images, fields
+        allowed = ", ".join((*RAW_IMAGE_TYPES[:4], "multipart/form-data"))
+        raise ApiError(415, "unsupported_media_type", f"content type {ctype or '(none)'!r}; send one of {allowed}")
+
+    @staticmethod
+    def _check_product(product: str) -> str:
+        try:
+            return check_product_name(product)
+        except StoreError as exc:
+            raise ApiError(400, "bad_product_name", str(exc)) from None
+
+    async def _require_product(self, product: str) -> None:
+        self._check_product(product)
+        if self._known.get(product, 0.0) > time.monotonic():
+            return
+        await self.registry.head.remote(product)  # ProductNotFound -> 404
+        self._known[product] = time.monotonic() + 5.0
+
+    @staticmethod
+    async def _decode(uploads: list[tuple[str, bytes]]) -> list[np.ndarray]:
+        return await asyncio.to_thread(lambda: [decode_image(data, source=name) for name, data in uploads])
+
+    async def _json(self, request: Request) -> dict[str, Any]:
+        ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if ctype != "application/json":
+            raise ApiError(415, "unsupported_media_type", f"content type {ctype or '(none)'!r}; send application/json")
+        body = await self._body(request)
+        try:
+            data = json.loads(body)
+        except ValueError as exc:
+            raise ApiError(400, "bad_json", f"malformed JSON ({exc})") from None
+        if not isinstance(data, dict):
+            raise ApiError(400, "bad_json", "expected a JSON object")
+        return data
+
+    async def _job_response(self, record: dict[str, Any], wait: bool) -> JSONResponse:
+        if not wait:
+            return JSONResponse({"job": record}, status_code=202)
+        final = await self.registry.job.remote(record["id"], self.service.job_wait_s)
+        if final["state"] == "running":
+            return JSONResponse({"job": final}, status_code=202)
+        if final["state"] == "failed":
+            err = final["error"] or {}
+            status = 503 if err.get("type") == "StoreUnavailable" else 422
+            body = {"error": {"code": "job_failed", "message": err.get("message", "")}, "job": final}
+            return JSONResponse(body, status_code=status)
+        return JSONResponse({"job": final}, status_code=200)
+
+    # --- routes ---------------------------------------------------------------------------------
+    @app.get("/healthz")
+    async def healthz(self) -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def metrics(self) -> Response:
+        return Response(self.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/products")
+    async def products(self, request: Request) -> Response:
+        async def handler() -> Response:
+            return JSONResponse({"products": await self.registry.describe.remote()})
+
+        return await self._timed(request, "products", handler)
+
+    @app.post("/v1/products/{product}/predict")
+    async def predict(self, product: str, request: Request, map: str | None = None) -> Response:
+        async def handler() -> Response:
+            if map not in (None, "png"):
+                raise ApiError(400, "bad_request", f"map={map!r}: the only heat-map format is png")
+            await self._require_product(product)
+            uploads, _ = await self._uploads(request, max_images=self.service.max_images_per_request)
+            images = await self._decode(uploads)
+            started = time.perf_counter()
+            handle = self.detector.options(multiplexed_model_id=product)
+            results = await handle.predict.remote(images, map == "png")
+            self.metrics.observe_results(product, results)
+            total_ms = round(1000 * (time.perf_counter() - started), 3)
+            for (name, _), r in zip(uploads, results, strict=True):
+                r["timing"]["total_ms"] = total_ms
+                r["name"] = name
+            if len(results) == 1 and uploads[0][0] == "<body>":
+                return JSONResponse({"product": product, **{k: v for k, v in results[0].items() if k != "name"}})
+            return JSONResponse({"product": product, "version": results[0]["version"], "results": results})
+
+        return await self._timed(request, "predict", handler)
+
+    @app.post("/v1/products/{product}")
+    async def create(self, product: str, request: Request, wait: bool = False) -> Response:
+        async def handler() -> Response:
+            self._admin(request)
+            self._check_product(product)
+            ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+            if ctype == "application/json":
+                spec = await self._json(request)
+                unknown = set(spec) - {"config", "source"}
+                if unknown or "source" not in spec:
+                    raise ApiError(
+                        400, "bad_request", "JSON body: give 'source' (folder or s3:// prefix) and optional 'config'"
+                    )
+                uploads = await asyncio.to_thread(
+                    read_image_source, str(spec["source"]), max_images=self.service.max_images_per_job
+                )
+                config_data = spec.get("config") or {}
+            else:
+                uploads, fields = await self._uploads(request, max_images=self.service.max_images_per_job)
+                try:
+                    config_data = json.loads(fields.get("config", "{}"))
+                except ValueError as exc:
+                    raise ApiError(400, "bad_json", f"the 'config' field is not valid JSON ({exc})") from None
+            if not isinstance(config_data, dict):
+                raise ApiError(400, "bad_config", "'config' must be a JSON object")
+            config = _merged(self.service.product_defaults, config_data)
+            await self._decode(uploads)  # every bad image is a 400 now, not a failed job later
+            if len(uploads) < 2:
+                raise ApiError(400, "too_few_images", "a product needs at least 2 good images")
+            record = await self.registry.start_create.remote(product, config, [d for _, d in uploads])
+            return await self._job_response(record, wait)
+
+        return await self._timed(request, "create", handler)
+
+    @app.post("/v1/products/{product}/normals")
+    async def normals(self, product: str, request: Request, wait: bool = False) -> Response:
+        async def handler() -> Response:
+            self._admin(request)
+            await self._require_product(product)
+            uploads, _ = await self._uploads(request, max_images=self.service.max_images_per_job)
+            await self._decode(uploads)
+            record = await self.registry.start_normals.remote(product, [d for _, d in uploads])
+            return await self._job_response(record, wait)
+
+        return await self._timed(request, "normals", handler)
+
+    @app.post("/v1/products/{product}/rollback")
+    async def rollback(self, product: str, request: Request) -> Response:
+        async def handler() -> Response:
+            self._admin(request)
+            await self._require_product(product)
+            spec = await self._json(request)
+            version = spec.get("version")
+            if not isinstance(version, int) or isinstance(version, bool):
+                raise ApiError(400, "bad_request", "JSON body: give the integer 'version' to roll back to")
+            done = await self.registry.rollback.remote(product, version)
+            return JSONResponse({"product": product, "version": done})
+
+        return await self._timed(request, "rollback", handler)
+
+    @app.get("/v1/jobs/{job_id}")
+    async def job(self, job_id: str, request: Request) -> Response:
+        async def handler() -> Response:
+            self._admin(request)
+            record = await self.registry.job.remote(job_id)
+            if record is None:
+                raise ApiError(404, "unknown_job", f"no job {job_id!r}")
+            return JSONResponse({"job": record})
+
+        return await self._timed(request, "job", handler)
+
+
+def _merged(defaults: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
+    """``given`` over ``defaults`` (one level deep per section), validated as a DetectorConfig."""
+    out: dict[str, Any] = {k: dict(v) if isinstance(v, dict) else v for k, v in defaults.items()}
+    for key, value in given.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = {**out[key], **value}
+        else:
+            out[key] = value
+    return DetectorConfig.from_dict(out).to_dict()
+
+
+def service_args(service: ServiceConfig) -> dict[str, Any]:
+    return asdict(service)

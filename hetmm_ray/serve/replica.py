@@ -1,0 +1,177 @@
+"""The detector deployment: backbone + ATMM replicas, multiplexed by product.
+
+Each replica keeps the tiny sets of up to ``max_products_per_replica``
+products (``@serve.multiplexed``: Serve routes a product's requests to the
+replicas that hold it and evicts the least recently used). Requests for one
+product are batched (``@serve.batch``; Serve splits batches by product). Before
+each batch the replica asks the registry for the product's head version and
+swaps to it if it moved, so template versions change only between batches, a
+response is scored by exactly one version, and no client sees a version older
+than one it has already seen.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import ray
+import torch
+from PIL import Image
+from ray import serve
+
+from ..config import BackboneConfig, DetectorConfig, ReplicaSettings
+from ..core.backbone import Backbone
+from ..core.scoring import Calibration
+from ..data.decode import resize_rgb
+from ..detector import HETMM
+from ..distributed.registry import get_registry
+from ..visualize import heatmap_overlay
+
+__all__ = ["Detector", "ScoreRequest"]
+
+
+@dataclass(frozen=True)
+class ScoreRequest:
+    """One HTTP request's decoded images; scored together by one template version."""
+
+    images: list[np.ndarray]
+    want_maps: bool = False
+    enqueued: float = 0.0
+
+
+class ProductModel:
+    """A product's current detector on this replica; swapped whole when the head moves."""
+
+    def __init__(self, product: str) -> None:
+        self.product = product
+        self.detector: HETMM | None = None
+        self.version = -1
+        self.swap_lock = asyncio.Lock()
+
+
+def _encode_png(image: np.ndarray) -> str:
+    buf = io.BytesIO()
+    Image.fromarray(image).save(buf, format="PNG")
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+@serve.deployment(name="Detector", ray_actor_options={"num_cpus": 0.5}, max_ongoing_requests=32)
+class Detector:
+    def __init__(self, store: str, max_products_per_replica: int = 4) -> None:
+        self.registry = get_registry(store, detached=True)
+        self.settings = ReplicaSettings()
+        self._backbones: dict[BackboneConfig, Backbone] = {}
+        self._device = "cuda" if torch.cuda.is_available() else "cpu"
+        self._fatal: BaseException | None = None
+        self._set_threads(0)
+
+        async def load(product: str) -> ProductModel:
+            model = ProductModel(product)
+            await self._swap(model, await self.registry.head.remote(product))
+            return model
+
+        # Multiplexing is set up per instance so the LRU size comes from the application's args.
+        self.product_model = serve.multiplexed(max_num_models_per_replica=max_products_per_replica)(load)
+
+    # --- live settings and health ---------------------------------------------------------
+    def reconfigure(self, user_config: dict[str, Any] | None) -> None:
+        settings = ReplicaSettings.from_dict(user_config or {})
+        self.score.set_max_batch_size(settings.max_batch_size)
+        self.score.set_batch_wait_timeout_s(settings.batch_wait_timeout_s)
+        self._set_threads(settings.threads)
+        self.settings = settings
+
+    def _set_threads(self, threads: int) -> None:
+        # Ray sets OMP_NUM_THREADS=1 in workers: use the CPUs this replica was given.
+        cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", 1.0)
+        torch.set_num_threads(threads or max(1, round(cpus)))
+
+    def check_health(self) -> None:
+        if self._fatal is not None:  # e.g. a CUDA error: let Serve replace this replica
+            raise RuntimeError(f"replica unhealthy: {self._fatal}")
+
+    # --- template versions --------------------------------------------------------------------
+    def _backbone(self, config: BackboneConfig) -> Backbone:
+        if config not in self._backbones:
+            self._backbones[config] = Backbone(config).to(self._device)
+        return self._backbones[config]
+
+    def _build(self, snapshot: dict[str, Any]) -> HETMM:
+        """A detector scoring against a published tiny set (never the full bank)."""
+        config = DetectorConfig.from_dict(snapshot["config"]).replace(device=self._device)
+        tiny = {
+            k: torch.from_numpy(np.array(v))
+            for k, v in zip(snapshot["tiny"], ray.get(list(snapshot["tiny"].values())), strict=True)
+        }
+        cal = snapshot["calibration"]
+        return HETMM.serving(
+            config,
+            tiny,
+            weights_id=snapshot["weights_id"],
+            calibration=None if cal is None else Calibration(tuple(cal)),
+            version=snapshot["version"],
+            backbone=self._backbone(config.backbone),
+        )
+
+    async def _swap(self, model: ProductModel, head: int) -> None:
+        async with model.swap_lock:
+            if model.version == head:
+                return
+            snapshot = await self.registry.snapshot.remote(model.product)
+            model.detector = await asyncio.to_thread(self._build, snapshot)
+            model.version = snapshot["version"]
+
+    # --- scoring ------------------------------------------------------------------------------
+    async def predict(self, images: list[np.ndarray], want_maps: bool = False) -> list[dict[str, Any]]:
+        """Score one request's images (all by the same template version)."""
+        return await self.score(ScoreRequest(images, want_maps, time.perf_counter()))
+
+    @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.005)
+    async def score(self, requests: list[ScoreRequest]) -> list[list[dict[str, Any]]]:
+        product = serve.get_multiplexed_model_id()
+        model = await self.product_model(product)
+        head = await self.registry.head.remote(product)
+        if head != model.version:
+            await self._swap(model, head)
+        detector = model.detector
+        assert detector is not None
+        images = [im for r in requests for im in r.images]
+        started = time.perf_counter()
+        try:
+            pred = await asyncio.to_thread(detector.predict, images, sigmas=self.settings.sigmas)
+        except (RuntimeError, torch.cuda.OutOfMemoryError) as exc:
+            if "CUDA" in str(exc):
+                self._fatal = exc
+            raise
+        score_ms = 1000 * (time.perf_counter() - started)
+        size = detector.config.backbone.image_size
+        vmax = max(pred.threshold, float(pred.maps.max())) if np.isfinite(pred.threshold) else None
+        out, i = [], 0
+        for r in requests:
+            results = []
+            for image in r.images:
+                result: dict[str, Any] = {
+                    "score": float(pred.scores[i]),
+                    "threshold": float(pred.threshold),
+                    "is_anomaly": bool(pred.is_anomaly[i]),
+                    "version": model.version,
+                    "timing": {
+                        "queue_ms": round(1000 * (started - r.enqueued), 3),
+                        "score_ms": round(score_ms, 3),
+                        "batch_images": len(images),
+                        "batch_requests": len(requests),
+                    },
+                }
+                if r.want_maps:
+                    overlay = heatmap_overlay(resize_rgb(image, size), pred.maps[i], vmin=0.0, vmax=vmax)
+                    result["heatmap_png"] = _encode_png(overlay)
+                results.append(result)
+                i += 1
+            out.append(results)
+        return out
