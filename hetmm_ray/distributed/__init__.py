@@ -1,12 +1,33 @@
-"""Ray layer: places ``core`` work on a cluster (DESIGN.md). Imports Ray; ``core`` never does."""
+"""Ray layer: places ``core`` work on a cluster (DESIGN.md). Imports Ray; ``core`` never does.
+
+Names are imported on first use: Ray workers import this package to reach one
+actor or task (a shard needs neither the backbone nor the registry), so
+importing it must not pull in every module's dependencies.
+"""
 
 from __future__ import annotations
 
-from .extract import extract_features_ray
-from .pts_fanout import pts_indices_ray
-from .registry import ProductRegistry, get_registry
-from .runtime import ClusterUnavailable, connect
-from .shard import ShardPlacement, TemplateShard, shard_options
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .extract import extract_features_ray
+    from .pts_fanout import pts_indices_ray
+    from .registry import ProductRegistry, get_registry
+    from .runtime import ClusterUnavailable, connect
+    from .shard import ShardPlacement, TemplateShard, shard_options
+
+_WHERE = {
+    "ClusterUnavailable": "runtime",
+    "ProductRegistry": "registry",
+    "ShardPlacement": "shard",
+    "TemplateShard": "shard",
+    "connect": "runtime",
+    "extract_features_ray": "extract",
+    "get_registry": "registry",
+    "pts_indices_ray": "pts_fanout",
+    "shard_options": "shard",
+}
 
 __all__ = [
     "ClusterUnavailable",
@@ -19,3 +40,11 @@ __all__ = [
     "pts_indices_ray",
     "shard_options",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
+    globals()[name] = value  # later lookups skip this hook
+    return value

@@ -16,15 +16,17 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import ray
 import torch
 
 from ..config import BackboneConfig, DetectorConfig
-from ..core.backbone import Backbone
 from ..data.decode import ImageError, decode_image, images_to_tensor
-from ..detector import _DTYPES, _digest, resolve_device
+
+if TYPE_CHECKING:
+    from ..core.backbone import Backbone
 
 __all__ = ["extract_features_ray"]
 
@@ -36,6 +38,8 @@ ImageItem = bytes | np.ndarray
 def _backbone(config: BackboneConfig, device: str) -> Backbone:
     # Keyed by the whole frozen config (name, weights, layers, image size, pre_relu, seed):
     # building a backbone costs seconds, a forward pass on a batch far less.
+    from ..core.backbone import Backbone  # torchvision: only in processes that extract
+
     return Backbone(config).to(device)
 
 
@@ -53,6 +57,9 @@ def _decode(item: ImageItem, index: int) -> np.ndarray:
 def _extract_batch(
     config: DetectorConfig, start: int, items: list[ImageItem], threads: int, use_gpu: bool
 ) -> tuple[dict[str, np.ndarray], list[str]]:
+    # The single-process helpers, so digests and dtypes cannot drift apart.
+    from ..detector import _DTYPES, _digest, resolve_device
+
     # Ray sets OMP_NUM_THREADS=1 in workers: use the CPUs this task was given.
     torch.set_num_threads(max(1, threads))
     decoded = [_decode(x, start + i) for i, x in enumerate(items)]
