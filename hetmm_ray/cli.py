@@ -1,4 +1,4 @@
-"""The ``hetmm`` command: fit, predict, evaluate, demo.
+"""The ``hetmm`` command: fit, predict, update, compress, evaluate, serve, demo.
 
 Every expected failure (bad image, bad config, missing weights, unknown
 product, unreadable store) ends with a one-line ``hetmm: error: ...`` and exit
@@ -109,7 +109,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
 
     config = _config_from(args)
     paths = [p for p, _ in _image_paths(args.images)]
-    det = HETMM(config, progress=True)
+    det = HETMM(config, progress=True, cluster=_cluster(args))
     det.fit(load_images(paths, config.backbone.image_size, progress=True, desc="decode"))
     version = det.save(_open(args), args.product)
     print(
@@ -183,7 +183,7 @@ def cmd_update(args: argparse.Namespace) -> int:
 
     store = _open(args)
     head = store.head(args.product)
-    det = HETMM.load(store, args.product, head, progress=True)
+    det = HETMM.load(store, args.product, head, progress=True, cluster=_cluster(args))
     paths = [p for p, _ in _image_paths(args.images)]
     det.update(load_images(paths, det.config.backbone.image_size, progress=True, desc="decode"))
     # expect_head: a concurrent update in between makes this one fail cleanly instead of losing images.
@@ -200,7 +200,7 @@ def cmd_compress(args: argparse.Namespace) -> int:
 
     store = _open(args)
     overrides = {k: v for k, v in (("device", args.device),) if v}
-    det = HETMM.load(store, args.product, args.version, progress=True, **overrides)
+    det = HETMM.load(store, args.product, args.version, progress=True, cluster=_cluster(args), **overrides)
     start = time.perf_counter()
     det.compress(_template_kind(args.templates), args.sheets, seed=args.seed)
     seconds = time.perf_counter() - start
@@ -211,6 +211,40 @@ def cmd_compress(args: argparse.Namespace) -> int:
         f"product {args.product}: version {version} = {ts.config.templates.kind} with {ts.sheets} sheets "
         f"of {ts.n_images} images ({seconds:.1f}s); threshold {det.threshold:.4f}"
     )
+    return 0
+
+
+def _cluster(args: argparse.Namespace) -> bool:
+    """Join the Ray cluster at ``--address`` (features and PTS then run there); False without one."""
+    if not getattr(args, "address", None):
+        return False
+    from .distributed.runtime import connect
+
+    connect(args.address)
+    return True
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import signal
+    import threading
+
+    from .serve.app import DEPLOY_YAML
+    from .serve.run import start_service, stop_service
+
+    running = start_service(
+        config_path=args.serve_config or DEPLOY_YAML,
+        store=args.store,
+        host=args.host,
+        port=args.port,
+        address=args.address,
+    )
+    print(f"hetmm: serving {running.url} (store {running.store}); Ctrl-C stops", flush=True)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    stop.wait()
+    print("hetmm: stopping (in-flight requests finish first)", flush=True)
+    stop_service(running, shutdown_ray=True)
     return 0
 
 
@@ -269,6 +303,14 @@ def _open(args: argparse.Namespace) -> Any:
     return open_store(args.store, endpoint_url=getattr(args, "endpoint_url", None))
 
 
+def _add_address_flag(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument(
+        "--address",
+        metavar="ADDR",
+        help=f"Ray cluster to {what} (auto, host:port or ray://host:port; default: RAY_ADDRESS, else local)",
+    )
+
+
 def _add_store_flags(p: argparse.ArgumentParser, *, default: str | None = DEFAULT_STORE) -> None:
     where = f"(default ./{default})" if default else "(publish the fitted templates there)"
     p.add_argument(
@@ -289,6 +331,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--product", required=True, help="product name")
     _add_store_flags(p)
     _add_config_flags(p)
+    _add_address_flag(p, "extract features and run PTS on")
     p.set_defaults(func=cmd_fit)
 
     p = sub.add_parser("predict", help="score images against a stored product; write heat-maps")
@@ -315,6 +358,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("images", nargs="+", help="good images or folders of them")
     p.add_argument("--product", required=True)
     _add_store_flags(p)
+    _add_address_flag(p, "extract features and run PTS on")
     p.set_defaults(func=cmd_update)
 
     p = sub.add_parser("compress", help="select a stored product's tiny template set (PTS) and publish it")
@@ -325,6 +369,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, help="seed of the random and k-means selections")
     p.add_argument("--device")
     _add_store_flags(p)
+    _add_address_flag(p, "run PTS on")
     p.set_defaults(func=cmd_compress)
 
     p = sub.add_parser("versions", help="list products, or the kept versions of one product (* = head)")
@@ -347,6 +392,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add_store_flags(p)
     p.set_defaults(func=cmd_rollback)
 
+    p = sub.add_parser("serve", help="run the HTTP service (deploy.yaml's application) until Ctrl-C")
+    p.add_argument("--serve-config", metavar="FILE", help="Serve config file (default: the repository's deploy.yaml)")
+    p.add_argument("--store", metavar="URI", help="template store (default: deploy.yaml's args.store)")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1; others need an admin token)")
+    p.add_argument("--port", type=int, default=8000, help="HTTP port (default 8000)")
+    _add_address_flag(p, "run on")
+    p.set_defaults(func=cmd_serve)
+
     p = sub.add_parser("demo", help="end to end on a generated product: fit, store, predict, heat-maps")
     p.add_argument("--out", default="out/demo", help="output folder (default out/demo)")
     p.add_argument("--train-images", type=int, default=30, help="generated good images to fit on")
@@ -360,9 +413,20 @@ def _expected_errors() -> tuple[type[BaseException], ...]:
     from .core.templates import TemplateError
     from .data.decode import ImageError
     from .data.mvtec import DatasetError
+    from .distributed.runtime import ClusterUnavailable
     from .store import StoreError
 
-    return (CLIError, ConfigError, ImageError, DatasetError, WeightsError, StoreError, TemplateError, OSError)
+    return (
+        CLIError,
+        ConfigError,
+        ImageError,
+        DatasetError,
+        WeightsError,
+        StoreError,
+        TemplateError,
+        OSError,
+        ClusterUnavailable,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -64,9 +64,12 @@ class HETMM:
     through a template store.
     """
 
-    def __init__(self, config: DetectorConfig | None = None, *, progress: bool = False) -> None:
+    def __init__(self, config: DetectorConfig | None = None, *, progress: bool = False, cluster: bool = False) -> None:
+        """``cluster=True``: fit/update/compress extract features and run PTS as tasks on the
+        connected Ray cluster (see :func:`hetmm_ray.distributed.runtime.connect`)."""
         self.config = config or DetectorConfig()
         self.progress = progress
+        self.cluster = cluster
         self.device = resolve_device(self.config.device)
         self.templates: TemplateSet | None = None
         self.version: int | None = None
@@ -106,6 +109,14 @@ class HETMM:
         """
         if len(images) == 0:
             raise ValueError("no images given")
+        if bank and self.cluster:
+            from .distributed.extract import extract_features_ray
+
+            with tqdm(total=len(images), desc=desc, unit="img", disable=not self.progress, leave=False) as bar:
+                feats, digests = extract_features_ray(
+                    self.config, images, progress=lambda done, _total: bar.update(done - bar.n)
+                )
+            return {k: torch.from_numpy(v).to(_DTYPES[self.config.bank_dtype]) for k, v in feats.items()}, digests
         parts: dict[str, list[Tensor]] = {}
         digests: list[str] = []
         for decoded, batch in self._batches(images, desc):
@@ -209,7 +220,12 @@ class HETMM:
                 def progress(done: int, _total: int, start: int = start) -> None:
                     bar.update(start + done - bar.n)
 
-                chosen = select(tc.kind, bank.to(self.device), tc.sheets, tc.seed, progress=progress)
+                pts = {}
+                if self.cluster:
+                    from .distributed.pts_fanout import pts_indices_ray
+
+                    pts = {"pts": pts_indices_ray}
+                chosen = select(tc.kind, bank.to(self.device), tc.sheets, tc.seed, progress=progress, **pts)
                 if chosen.indices is not None:
                     indices[layer] = chosen.indices.cpu()
                 if chosen.centres is not None:
@@ -272,14 +288,21 @@ class HETMM:
 
     @classmethod
     def load(
-        cls, store: Any, product: str, version: int | None = None, *, progress: bool = False, **overrides: Any
+        cls,
+        store: Any,
+        product: str,
+        version: int | None = None,
+        *,
+        progress: bool = False,
+        cluster: bool = False,
+        **overrides: Any,
     ) -> HETMM:
         """A detector from a stored template set; ``overrides`` change run-time settings (device, dtype...)."""
         if version is None:
             version = store.head(product)
         ts = store.get(product, version)
         config = ts.config.replace(**overrides) if overrides else ts.config
-        det = cls(config, progress=progress)
+        det = cls(config, progress=progress, cluster=cluster)
         if det.backbone.weights_id != ts.weights_id:
             raise TemplateError(
                 f"product {product!r} v{version} was built with weights {ts.weights_id}, "

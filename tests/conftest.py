@@ -17,7 +17,7 @@ def one_torch_thread() -> Iterator[None]:
     torch.set_num_threads(threads)
 
 
-LOCAL_RAY_ARGS = {"num_cpus": 2, "include_dashboard": False, "log_to_driver": False, "configure_logging": False}
+LOCAL_RAY_ARGS = {"address": "local", "num_cpus": 2, "include_dashboard": False, "log_to_driver": False, "configure_logging": False}
 
 
 @pytest.fixture(scope="session")

@@ -21,6 +21,7 @@ the error is raised: the old version keeps serving everywhere.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
 from dataclasses import replace
 from functools import partial
@@ -39,7 +40,7 @@ from .jobs import JobBoard, JobProgress
 from .pts_fanout import pts_indices_ray
 from .shard import ShardPlacement, TemplateShard, shard_options
 
-__all__ = ["REGISTRY_NAME", "ProductRegistry", "get_registry"]
+__all__ = ["REGISTRY_NAME", "ProductRegistry", "get_registry", "registry_name"]
 
 REGISTRY_NAME = "hetmm-registry"
 
@@ -307,10 +308,15 @@ class ProductRegistry:
         return await self.jobs.wait(job_id, wait) if wait > 0 else self.jobs.get(job_id)
 
 
+def registry_name(store_uri: str) -> str:
+    """One registry per store: services on different stores in one cluster stay apart."""
+    return f"{REGISTRY_NAME}:{hashlib.sha256(store_uri.encode()).hexdigest()[:12]}"
+
+
 def get_registry(store_uri: str, *, detached: bool = False, namespace: str = "hetmm") -> Any:
-    """The cluster's registry actor, created on first use."""
+    """The store's registry actor in the cluster, created on first use."""
     return ProductRegistry.options(
-        name=REGISTRY_NAME,
+        name=registry_name(store_uri),
         namespace=namespace,
         get_if_exists=True,
         lifetime="detached" if detached else None,

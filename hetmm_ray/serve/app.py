@@ -20,18 +20,32 @@ from ..config import ConfigError, ReplicaSettings, ServiceConfig
 from .ingress import Ingress
 from .replica import Detector
 
-__all__ = ["DEPLOY_YAML", "build_app", "load_deploy_config"]
+__all__ = ["DEPLOY_YAML", "build_app", "deployment_options", "load_deploy_config"]
 
 DEPLOY_YAML = Path(__file__).resolve().parents[2] / "deploy.yaml"
 
 
-def build_app(args: dict[str, Any]) -> Application:
-    """Serve application builder (``import_path: hetmm_ray.serve.app:build_app``)."""
+def build_app(args: dict[str, Any], deployments: dict[str, dict[str, Any]] | None = None) -> Application:
+    """Serve application builder (``import_path: hetmm_ray.serve.app:build_app``).
+
+    ``deployments`` (name -> ``.options()``) is what ``serve run`` takes from the
+    config file's ``deployments`` list; ``hetmm serve`` and tests pass it here.
+    """
     service = ServiceConfig.from_dict(dict(args or {}))
     if "://" not in service.store:  # replicas may run elsewhere: pin the folder where the app was built
         service = dataclasses.replace(service, store=os.path.abspath(service.store))
-    detector = Detector.bind(service.store, service.max_products_per_replica)
-    return Ingress.bind(detector, dataclasses.asdict(service))
+    options = deployments or {}
+    unknown = set(options) - {"Ingress", "Detector"}
+    if unknown:
+        raise ConfigError(f"deployments: unknown deployment(s) {sorted(unknown)}; there are Ingress and Detector")
+    detector = Detector.options(**options.get("Detector", {}))
+    ingress = Ingress.options(**options.get("Ingress", {}))
+    return ingress.bind(detector.bind(service.store, service.max_products_per_replica), dataclasses.asdict(service))
+
+
+def deployment_options(app_config: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """name -> ``.options()`` kwargs from one application entry of a Serve config file."""
+    return {d["name"]: {k: v for k, v in d.items() if k != "name"} for d in app_config.get("deployments") or []}
 
 
 def load_deploy_config(path: str | Path = DEPLOY_YAML) -> dict[str, Any]:

@@ -13,10 +13,10 @@ import asyncio
 import hmac
 import ipaddress
 import json
+import logging
 import os
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict
 from typing import Any
 
 import numpy as np
@@ -25,6 +25,8 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from ray import serve
+from ray.exceptions import RayActorError
+from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..config import MAX_IMAGE_BYTES, ConfigError, DetectorConfig, ServiceConfig
@@ -36,6 +38,8 @@ from ..store import ProductNotFound, StoreConflict, StoreError, StoreUnavailable
 from .metrics import CONTENT_TYPE_LATEST, ServiceMetrics
 
 __all__ = ["ApiError", "Ingress", "app"]
+
+logger = logging.getLogger("ray.serve")
 
 RAW_IMAGE_TYPES = ("image/png", "image/jpeg", "image/bmp", "image/tiff", "image/x-ms-bmp", "application/octet-stream")
 
@@ -64,6 +68,8 @@ _CLASSIFIED: tuple[tuple[type[BaseException], int, str], ...] = (
 def classify(exc: BaseException) -> ApiError:
     if isinstance(exc, ApiError):
         return exc
+    if isinstance(exc, RayActorError | BackPressureError | DeploymentUnavailableError):
+        return ApiError(503, "unavailable", f"no replica could take the request now ({type(exc).__name__}); retry")
     cause = getattr(exc, "cause", None) or exc
     for kind, status, code in _CLASSIFIED:
         if isinstance(exc, kind) or isinstance(cause, kind):
@@ -133,6 +139,19 @@ def _proxy_host() -> str | None:
         return None
 
 
+def _merged(defaults: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
+    """``given`` over ``defaults`` (one level deep per section), validated as a DetectorConfig."""
+    out: dict[str, Any] = {k: dict(v) if isinstance(v, dict) else v for k, v in defaults.items()}
+    for key, value in given.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = {**out[key], **value}
+        else:
+            out[key] = value
+    return DetectorConfig.from_dict(out).to_dict()
+
+
+# Serve captures this module's globals when the class below is decorated: every helper
+# the routes use must be defined above this line.
 @serve.deployment(name="Ingress", ray_actor_options={"num_cpus": 0.25}, max_ongoing_requests=256)
 @serve.ingress(app)
 class Ingress:
@@ -153,8 +172,11 @@ class Ingress:
         start = time.perf_counter()
         try:
             response = await handler()
-        except Exception as exc:  # noqa: BLE001 - every failure becomes a JSON error with a status
-            response = _error(classify(exc))
+        except Exception as exc:  # every failure becomes a JSON error with a status
+            err = classify(exc)
+            if err.status >= 500:
+                logger.error("%s %s failed", request.method, request.url.path, exc_info=exc)
+            response = _error(err)
         self.metrics.observe_request(route, response.status_code, time.perf_counter() - start)
         return response
 
@@ -284,7 +306,10 @@ class Ingress:
             images = await self._decode(uploads)
             started = time.perf_counter()
             handle = self.detector.options(multiplexed_model_id=product)
-            results = await handle.predict.remote(images, map == "png")
+            try:
+                results = await handle.predict.remote(images, map == "png")
+            except RayActorError:  # the replica died under the request: scoring is idempotent, retry once
+                results = await handle.predict.remote(images, map == "png")
             self.metrics.observe_results(product, results)
             total_ms = round(1000 * (time.perf_counter() - started), 3)
             for (name, _), r in zip(uploads, results, strict=True):
@@ -366,18 +391,3 @@ class Ingress:
             return JSONResponse({"job": record})
 
         return await self._timed(request, "job", handler)
-
-
-def _merged(defaults: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
-    """``given`` over ``defaults`` (one level deep per section), validated as a DetectorConfig."""
-    out: dict[str, Any] = {k: dict(v) if isinstance(v, dict) else v for k, v in defaults.items()}
-    for key, value in given.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = {**out[key], **value}
-        else:
-            out[key] = value
-    return DetectorConfig.from_dict(out).to_dict()
-
-
-def service_args(service: ServiceConfig) -> dict[str, Any]:
-    return asdict(service)

@@ -1,0 +1,97 @@
+"""Start and stop the service from Python (``hetmm serve``, the demo, tests, benchmarks).
+
+The application and its deployment options come from ``deploy.yaml``, so this
+runs exactly what ``serve run deploy.yaml`` runs, with the store, host and
+port overridable.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import ray
+from ray import serve
+
+from ..config import ConfigError, ServiceConfig
+from ..distributed.registry import registry_name
+from ..distributed.runtime import NAMESPACE, connect
+from .app import DEPLOY_YAML, build_app, deployment_options, load_deploy_config
+from .ingress import refuse_open_bind
+
+__all__ = ["RunningService", "start_service", "stop_service"]
+
+APP_NAME = "hetmm"
+
+
+@dataclass(frozen=True)
+class RunningService:
+    url: str
+    store: str
+    app_name: str
+
+
+def _app_entry(config: dict[str, Any], name: str) -> dict[str, Any]:
+    for app in config["applications"]:
+        if app.get("name") == name:
+            return app
+    raise ConfigError(f"the Serve config has no application named {name!r}")
+
+
+def start_service(
+    *,
+    config_path: str | Path = DEPLOY_YAML,
+    store: str | None = None,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    address: str | None = None,
+    args: dict[str, Any] | None = None,
+    deployments: dict[str, dict[str, Any]] | None = None,
+    num_cpus: int | None = None,
+) -> RunningService:
+    """Deploy the ``hetmm`` application of ``config_path`` and return its URL once it is up.
+
+    ``args`` and ``deployments`` (name -> options) override the file's entries key by key.
+    """
+    config = load_deploy_config(config_path)
+    entry = _app_entry(config, APP_NAME)
+    app_args = {**(entry.get("args") or {}), **(args or {})}
+    if store is not None:
+        app_args["store"] = store
+    service = ServiceConfig.from_dict(app_args)
+    token = os.environ.get(service.admin_token_env)
+    refuse_open_bind(host, token, service.admin_token_env)
+
+    options = deployment_options(entry)
+    for name, extra in (deployments or {}).items():
+        options[name] = {**options.get(name, {}), **extra}
+        if "num_replicas" in extra:
+            options[name].pop("autoscaling_config", None)
+    if token:  # a cluster started elsewhere does not have this shell's environment
+        ingress = copy.deepcopy(options.setdefault("Ingress", {}))
+        actor = ingress.setdefault("ray_actor_options", {})
+        actor.setdefault("runtime_env", {}).setdefault("env_vars", {})[service.admin_token_env] = token
+        options["Ingress"] = ingress
+
+    connect(address, num_cpus=num_cpus if address is None else None)
+    http = {**(config.get("http_options") or {}), "host": host, "port": port}
+    serve.start(http_options=http)
+    app = build_app(app_args, options)
+    serve.run(app, name=APP_NAME, route_prefix=entry.get("route_prefix", "/"))
+    return RunningService(url=f"http://{host}:{port}", store=ServiceConfig.from_dict(app_args).store, app_name=APP_NAME)
+
+
+def stop_service(running: RunningService, *, shutdown_ray: bool = False) -> None:
+    """Delete the application and its registry (the store keeps every version)."""
+    serve.delete(running.app_name)
+    store = running.store if "://" in running.store else os.path.abspath(running.store)
+    try:
+        ray.kill(ray.get_actor(registry_name(store), namespace=NAMESPACE))
+    except ValueError:
+        pass  # never created
+    if shutdown_ray:
+        serve.shutdown()
+        ray.shutdown()
