@@ -17,7 +17,13 @@ def one_torch_thread() -> Iterator[None]:
     torch.set_num_threads(threads)
 
 
-LOCAL_RAY_ARGS = {"address": "local", "num_cpus": 2, "include_dashboard": False, "log_to_driver": False, "configure_logging": False}
+LOCAL_RAY_ARGS = {
+    "address": "local",  # always a fresh local Ray, never a cluster some other process started
+    "num_cpus": 2,
+    "include_dashboard": False,
+    "log_to_driver": False,
+    "configure_logging": False,
+}
 
 
 @pytest.fixture(scope="session")

@@ -30,7 +30,9 @@ def _pts_chunk(bank: np.ndarray, p0: int, p1: int, k: int, init: str, seed: int,
     n, c = bank.shape[:2]
     # The shared bank is read-only; copy just this chunk's pixels: (N, C, P, 1).
     pixels = torch.from_numpy(np.array(bank.reshape(n, c, -1)[:, :, p0:p1]))[..., None]
-    return pts_indices(pixels, k, init, seed=seed)[:, :, 0].numpy()
+    if ray.get_gpu_ids() and torch.cuda.is_available():  # a task given a GPU computes there
+        pixels = pixels.cuda()
+    return pts_indices(pixels, k, init, seed=seed)[:, :, 0].cpu().numpy()
 
 
 def pts_indices_ray(

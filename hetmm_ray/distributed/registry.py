@@ -32,7 +32,6 @@ import ray
 import torch
 
 from ..config import TASK_CPUS, DetectorConfig
-from ..core.backbone import weights_identity
 from ..core.pts import select
 from ..core.templates import TemplateSet
 from ..store import StoreConflict, check_product_name, open_store
@@ -52,6 +51,12 @@ def _calibrated(ts: TemplateSet) -> TemplateSet:
 
     torch.set_num_threads(max(1, round(ray.get_runtime_context().get_assigned_resources().get("CPU", 1))))
     return HETMM(ts.config).calibrated(ts)
+
+
+def _weights_identity(config: Any) -> str:
+    from ..core.backbone import weights_identity  # torchvision only where a backbone is involved
+
+    return weights_identity(config)
 
 
 def _features_to_bank(features: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
@@ -179,7 +184,7 @@ class ProductRegistry:
             ts = TemplateSet(
                 bank=_features_to_bank(features),
                 config=cfg,
-                weights_id=await asyncio.to_thread(weights_identity, cfg.backbone),
+                weights_id=await asyncio.to_thread(_weights_identity, cfg.backbone),
                 image_digests=tuple(digests),
                 meta={"created": time.time()},
             )
@@ -313,8 +318,14 @@ def registry_name(store_uri: str) -> str:
     return f"{REGISTRY_NAME}:{hashlib.sha256(store_uri.encode()).hexdigest()[:12]}"
 
 
-def get_registry(store_uri: str, *, detached: bool = False, namespace: str = "hetmm") -> Any:
-    """The store's registry actor in the cluster, created on first use."""
+def get_registry(
+    store_uri: str, *, detached: bool = False, namespace: str = "hetmm", placement: dict[str, Any] | None = None
+) -> Any:
+    """The store's registry actor in the cluster, created on first use.
+
+    ``placement``: :class:`~hetmm_ray.distributed.shard.ShardPlacement` fields for its shards
+    (used when this call creates the actor).
+    """
     return ProductRegistry.options(
         name=registry_name(store_uri),
         namespace=namespace,
@@ -323,4 +334,4 @@ def get_registry(store_uri: str, *, detached: bool = False, namespace: str = "he
         num_cpus=0.1,
         max_restarts=-1,
         max_concurrency=64,
-    ).remote(store_uri)
+    ).remote(store_uri, placement)
