@@ -1,28 +1,34 @@
-"""The main job on embedded defaults: a generated product, end to end, in one process.
+"""The main job on embedded defaults: the HTTP service, end to end, on one machine.
 
-Generate a synthetic product (MVTec layout) -> fit -> publish to a local
-directory store -> reload the head version -> predict the test images ->
-write heat-map overlays -> print a summary with image/pixel AUROC.
+A local Ray and a local directory store; a generated product (MVTec layout) is
+created over HTTP from its good images; a burst of predictions goes over HTTP
+(heat-map overlays saved); a hot update adds good images while the service
+keeps answering; a summary (scores, verdicts, versions, latency, AUROC) is
+printed; the service shuts down cleanly.
 """
 
 from __future__ import annotations
 
+import base64
+import io
+import json
+import os
+import socket
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+from PIL import Image
 
 from .config import DetectorConfig
 from .core.backbone import WeightsError, weights_identity
-from .core.metrics import image_auroc, pixel_auroc
+from .core.metrics import image_auroc
 from .data.mvtec import MVTecCategory
-from .data.synthetic import write_mvtec_layout
-from .detector import HETMM
-from .evaluation import load_images
-from .store import open_store
-from .visualize import heatmap_overlay, save_png
+from .data.synthetic import SyntheticProduct, write_mvtec_layout
 
 __all__ = ["run_demo"]
 
@@ -49,52 +55,142 @@ def _usable_weights(config: DetectorConfig) -> tuple[DetectorConfig, str]:
         return random_cfg, "RANDOM weights (seeded; pretrained weights could not be had)"
 
 
-def run_demo(out: Path, *, config: DetectorConfig | None = None, n_train: int = 30) -> dict[str, float]:
+def _free_port(preferred: int) -> int:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", preferred))
+        except OSError:
+            sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _png(array: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(array).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def _percentile(values: list[float], q: float) -> float:
+    return float(np.percentile(np.array(values), q)) if values else float("nan")
+
+
+def run_demo(
+    out: Path, *, config: DetectorConfig | None = None, n_train: int = 30, port: int = 8000, address: str | None = None
+) -> dict[str, Any]:
+    import httpx
+    from ray import serve
+
+    from .serve.run import start_service, stop_service
+
     t_start = time.perf_counter()
     config, weights_label = _usable_weights(config or DetectorConfig())
     size = config.backbone.image_size
     data = write_mvtec_layout(out / "data", n_train=n_train, n_test_good=6, n_test_per_defect=3, seed=0, size=size)
     category = MVTecCategory(data)
+    samples = category.test_samples()
+    print(f"[1/6] generated product in {data}: {n_train} good training images, {len(samples)} test images")
+
+    # One replica on a small machine: let it use every core (deploy.yaml's default is its CPU share).
+    threads = {"Detector": {"user_config": {"threads": os.cpu_count() or 1}}}
+    running = start_service(store=str(out / "store"), port=_free_port(port), address=address, deployments=threads)
+    print(f"[2/6] service up at {running.url} (local Ray, store {out / 'store'})")
+    try:
+        with httpx.Client(base_url=running.url, timeout=900) as client:
+            summary = _exercise(client, category, samples, config, weights_label, out, n_train)
+    finally:
+        stop_service(running)
+        serve.shutdown()
+        print("[6/6] service stopped cleanly")
+    summary["total_s"] = time.perf_counter() - t_start
+    print(f"  total        {summary['total_s']:.1f}s")
+    return summary
+
+
+def _exercise(
+    client: Any,
+    category: MVTecCategory,
+    samples: list,
+    config: DetectorConfig,
+    weights_label: str,
+    out: Path,
+    n_train: int,
+) -> dict[str, Any]:
+    files = [("images", (p.name, p.read_bytes(), "image/png")) for p in category.train_paths()]
+    t0 = time.perf_counter()
+    r = client.post(f"/v1/products/{PRODUCT}?wait=true", files=files, data={"config": json.dumps(config.to_dict())})
+    r.raise_for_status()
+    created = r.json()["job"]
     print(
-        f"[1/4] generated product in {data}: {n_train} good training images, {len(category.test_samples())} test images"
+        f"[3/6] created {PRODUCT} v{created['version']} over HTTP in {time.perf_counter() - t0:.1f}s ({weights_label})"
     )
 
-    det = HETMM(config, progress=True)
-    t0 = time.perf_counter()
-    det.fit(load_images(category.train_paths(), size))
-    store = open_store(out / "store")
-    version = det.save(store, PRODUCT)
-    fit_s = time.perf_counter() - t0
-    print(f"[2/4] fitted and stored {PRODUCT} v{version} in {out / 'store'} ({fit_s:.1f}s, {weights_label})")
+    def predict(path: Path) -> tuple[dict[str, Any], float]:
+        start = time.perf_counter()
+        res = client.post(
+            f"/v1/products/{PRODUCT}/predict",
+            params={"map": "png"},
+            content=path.read_bytes(),
+            headers={"content-type": "image/png"},
+        )
+        res.raise_for_status()
+        return res.json(), 1000 * (time.perf_counter() - start)
 
-    served = HETMM.load(store, PRODUCT, progress=True)
-    samples = category.test_samples()
-    pred = served.predict(load_images([s.path for s in samples], size))
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(4) as pool:
+        burst = list(pool.map(predict, [s.path for s in samples]))
+    burst_s = time.perf_counter() - t0
     maps_dir = out / "heatmaps"
-    vmax = float(np.quantile(pred.maps, 0.999))
-    for s, m in zip(samples, pred.maps, strict=True):
-        image = load_images([s.path], size)[0]
-        save_png(heatmap_overlay(image, m, vmin=0.0, vmax=vmax), maps_dir / f"{s.defect_type}_{s.path.stem}.png")
-    print(f"[3/4] scored {len(samples)} images with v{pred.version}; heat-maps in {maps_dir}")
+    maps_dir.mkdir(parents=True, exist_ok=True)
+    for s, (res, _) in zip(samples, burst, strict=True):
+        (maps_dir / f"{s.defect_type}_{s.path.stem}.png").write_bytes(base64.b64decode(res["heatmap_png"]))
+    print(f"[4/6] {len(samples)} predictions over HTTP at concurrency 4 in {burst_s:.1f}s; heat-maps in {maps_dir}")
+
+    gear = SyntheticProduct(seed=0, size=config.backbone.image_size)
+    extra = [gear.good(10_000 + i) for i in range(4)]
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(2) as pool:  # predictions keep flowing while the update runs
+        during = pool.submit(lambda: [predict(s.path)[0]["version"] for s in samples[:6]])
+        upd = client.post(
+            f"/v1/products/{PRODUCT}/normals?wait=true",
+            files=[("images", (f"extra{i}.png", _png(a), "image/png")) for i, a in enumerate(extra)],
+        )
+        upd.raise_for_status()
+        seen_during = during.result()
+    new_version = upd.json()["job"]["version"]
+    after, _ = predict(samples[0].path)
+    print(
+        f"[5/6] hot update with {len(extra)} good images -> v{new_version} in {time.perf_counter() - t0:.1f}s; "
+        f"versions answered meanwhile {sorted(set(seen_during))}, next answer v{after['version']}"
+    )
 
     labels = np.array([s.label for s in samples])
-    masks = np.stack([category.load_mask(s, pred.maps.shape[-1]) for s in samples])
-    summary = {
-        "image_auroc": 100 * image_auroc(pred.scores, labels),
-        "pixel_auroc": 100 * pixel_auroc(pred.maps, masks),
-        "images_per_s": len(samples) / pred.seconds,
-        "threshold": pred.threshold,
-        "version": float(pred.version or 0),
-    }
-    print("[4/4] summary")
+    scores = np.array([res["score"] for res, _ in burst])
+    verdicts = np.array([res["is_anomaly"] for res, _ in burst])
+    latencies = [ms for _, ms in burst]
+    print("  summary")
     print(f"  weights      {weights_label}")
-    print(f"  {'image':<22} {'type':<8} {'score':>8}  verdict")
-    for s, score, flag in zip(samples, pred.scores, pred.is_anomaly, strict=True):
-        print(f"  {s.path.name:<22} {s.defect_type:<8} {score:8.4f}  {'ANOMALY' if flag else 'ok'}")
-    correct = int((pred.is_anomaly == (labels == 1)).sum())
-    print(f"  threshold    {pred.threshold:.4f} (calibrated on good training images only)")
-    print(f"  verdicts     {correct}/{len(samples)} correct")
-    print(f"  image AUROC  {summary['image_auroc']:.1f}   pixel AUROC {summary['pixel_auroc']:.1f}")
-    print(f"  speed        {summary['images_per_s']:.2f} images/s (backbone + ATMM, {served.device})")
-    print(f"  total        {time.perf_counter() - t_start:.1f}s")
+    print(f"  {'image':<22} {'type':<8} {'score':>8}  verdict  version")
+    for s, (res, _) in zip(samples, burst, strict=True):
+        flag = "ANOMALY" if res["is_anomaly"] else "ok"
+        print(f"  {s.path.name:<22} {s.defect_type:<8} {res['score']:8.4f}  {flag:<7}  v{res['version']}")
+    correct = int((verdicts == (labels == 1)).sum())
+    summary = {
+        "image_auroc": 100 * image_auroc(scores, labels),
+        "correct": correct,
+        "n_test": len(samples),
+        "threshold": burst[0][0]["threshold"],
+        "versions": [created["version"], new_version],
+        "latency_p50_ms": _percentile(latencies, 50),
+        "latency_p99_ms": _percentile(latencies, 99),
+        "images_per_s": len(samples) / burst_s,
+    }
+    print(f"  threshold    {summary['threshold']:.4f} (calibrated on good training images only)")
+    print(f"  verdicts     {correct}/{len(samples)} correct; image AUROC {summary['image_auroc']:.1f}")
+    print(
+        f"  latency      p50 {summary['latency_p50_ms']:.0f} ms, p99 {summary['latency_p99_ms']:.0f} ms over HTTP; "
+        f"{summary['images_per_s']:.2f} images/s"
+    )
+    print(
+        f"  versions     v{created['version']} (created) -> v{new_version} (hot update, {n_train + len(extra)} images)"
+    )
     return summary
