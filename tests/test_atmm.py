@@ -15,6 +15,7 @@ from hetmm_ray.core.atmm import (
     forward_atm,
     fuse_layer_maps,
     pixel_major,
+    window_max_similarity,
 )
 
 
@@ -89,6 +90,35 @@ def test_pair_with_different_windows(pf: int, pb: int) -> None:
     fwd, bwd = atm_pair(q.float(), pixel_major(t.float()), pf, pb)
     torch.testing.assert_close(fwd.double(), naive_forward(q, t, pf), atol=1e-5, rtol=0)
     torch.testing.assert_close(bwd.double(), naive_backward(q, t, pb), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("chunk_bytes", [1, 3000, 20000, 1 << 30])
+@pytest.mark.parametrize(("h", "w", "pf", "pb"), [(9, 7, 5, 3), (4, 11, 3, 9), (3, 3, 7, 5)])
+def test_pair_chunking_and_borders(chunk_bytes: int, h: int, w: int, pf: int, pb: int) -> None:
+    # chunk sizes that split rows into several matmul groups and the map into several row
+    # slabs, windows reaching past the map, maps wider than tall
+    q = unit(3, 5, h, w, seed=11)
+    t = unit(4, 5, h, w, seed=12)
+    fwd, bwd = atm_pair(q.float(), pixel_major(t.float()), pf, pb, chunk_bytes=chunk_bytes)
+    torch.testing.assert_close(fwd.double(), naive_forward(q, t, pf), atol=1e-5, rtol=0)
+    torch.testing.assert_close(bwd.double(), naive_backward(q, t, pb), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("chunk_bytes", [1, None])
+def test_window_max_similarity_layout(chunk_bytes: int | None) -> None:
+    b, k, c, h, w, p = 2, 3, 4, 5, 6, 3
+    q = unit(b, c, h, w, seed=13)
+    t = unit(k, c, h, w, seed=14)
+    got = window_max_similarity(q.float(), pixel_major(t.float()), p, chunk_bytes=chunk_bytes)
+    assert got.shape == (b, p * p, h, w)
+    r = p // 2
+    for bi, y, x, dy, dx in itertools.product(range(b), range(h), range(w), range(-r, r + 1), range(-r, r + 1)):
+        d = (dy + r) * p + (dx + r)  # row offset major
+        if 0 <= y + dy < h and 0 <= x + dx < w:
+            ref = float((t[:, :, y, x] @ q[bi, :, y + dy, x + dx]).max())
+            assert abs(float(got[bi, d, y, x]) - ref) < 1e-5
+        else:
+            assert got[bi, d, y, x] == float("-inf")
 
 
 def test_border_is_skipped_not_zero_padded() -> None:

@@ -1,14 +1,20 @@
 """Aligned template mutual matching (ALGORITHM.md §3).
 
 Both directions look at the same (query pixel, template pixel) pairs, so they
-share one product. For every template pixel ``y`` the query window around it is
-unfolded (``B*p*p`` vectors of ``C`` channels) and multiplied by the ``K``
-template vectors at ``y``: one batched matmul over pixels,
-``S[y, b, d, k] = <Q[b, y + d], T[k, y]>``. Reducing over ``k`` leaves
-``M[y, b, d]``; backward ATM at ``y`` is the max over ``d``, forward ATM at
-``x`` is the max over ``d`` of ``M[x - d, b, d]``. Offsets that leave the map
-are masked to ``-inf``, never scored as zero similarity. Pixels are processed
-in row chunks so the ``S`` block stays within a memory budget.
+share one product. For every template pixel ``y`` the ``B*p*p`` query vectors
+of the window around it are multiplied by the ``K`` template vectors at ``y``:
+one batched matmul over pixels, ``S[y, k, d, b] = <Q[b, y + d], T[k, y]>``.
+Reducing over ``k`` leaves ``M[d, y, b]``; backward ATM at ``y`` is the max over
+``d``, forward ATM at ``x`` is the max over ``d`` of ``M[d, x - d, b]``. Offsets
+that leave the map are ``-inf``, never scored as zero similarity.
+
+The query windows are not unfolded ``p*p``-fold. The padded query is stored
+``(C, rows, W + 2r, p, B)``: unfolded along rows only, batch innermost. Then
+the window of template pixel ``(i, j)``, ordered ``(dx, dy, b)``, is one
+contiguous run of ``p*p*B`` values, and the windows of consecutive pixels of a
+row start ``p*B`` apart: an overlapping strided view that the matmul reads in
+place. That makes the per-query work (the copy, ``p`` times the query) small
+next to the matmul, so the ATMM time scales with ``K`` (PTS sheets pay off).
 """
 
 from __future__ import annotations
@@ -58,6 +64,60 @@ def _check(query: Tensor, t_pm: Tensor, hw: tuple[int, int], window: int) -> Non
         raise ValueError(f"window sizes must be odd and >= 1, got {window}")
 
 
+def _window_max(query: Tensor, t_pm: Tensor, window: int, chunk_bytes: int | None) -> Tensor:
+    """``M[dx, dy, y, x, b] = max_k <Q[b, y + dy, x + dx], T[k, y, x]>``: (p, p, H, W, B), offsets
+    ``- r .. r`` (column offset first), ``-inf`` where the query pixel is off the map."""
+    b, c, h, w = query.shape
+    _check(query, t_pm, (h, w), window)
+    k = t_pm.shape[1]
+    p, r = window, window // 2
+    wp = w + 2 * r
+    pb, ppb = p * b, p * p * b
+    chunk = chunk_bytes or default_chunk_bytes(query.device)
+    elsize = query.element_size()
+    # Pixels per matmul: its (n, K, p*p*B) output is reduced over K while still in cache.
+    group = max(1, min(w, chunk // (ppb * k * elsize)))
+    rows = max(1, min(h, chunk // (c * wp * pb * elsize)))
+    # (C, H + 2r, W + 2r, B): batch innermost, so a window row (dx, b) is contiguous. The zero
+    # padding only keeps the views rectangular; those entries are set to -inf below.
+    qt = F.pad(query, (r, r, r, r)).permute(1, 2, 3, 0).contiguous()
+    m = torch.empty(p * p, h, w, b, dtype=query.dtype, device=query.device)
+    row = torch.empty(w, ppb, dtype=query.dtype, device=query.device)
+    for i0 in range(0, h, rows):
+        n_rows = min(rows, h - i0)
+        # (C, n_rows, W + 2r, p, B): the p query rows each template row needs, side by side.
+        z = qt[:, i0 : i0 + n_rows + 2 * r].unfold(1, p, 1).transpose(3, 4).contiguous()
+        for i in range(i0, i0 + n_rows):
+            for j0 in range(0, w, group):
+                n = min(group, w - j0)
+                # (n, C, p*p*B) view, no copy: pixel j's window starts p*B after pixel j-1's.
+                win = z.as_strided((n, c, ppb), (pb, z.stride(0), 1), z.storage_offset() + ((i - i0) * wp + j0) * pb)
+                # (n, K, C) @ (n, C, p*p*B): the max over K runs along contiguous rows.
+                torch.amax(torch.bmm(t_pm[i * w + j0 : i * w + j0 + n], win), dim=1, out=row[j0 : j0 + n])
+            # offset-major, so the forward shifts below read contiguous (W, B) rows
+            m[:, i].copy_(row.view(w, p * p, b).transpose(0, 1))
+    m = m.view(p, p, h, w, b)
+    _mask_off_map_(m, r)
+    return m
+
+
+def _mask_off_map_(m: Tensor, r: int) -> None:
+    """Set ``M[dx, dy, y, x]`` to -inf where ``(y + dy, x + dx)`` is off the map; only the
+    ``r``-wide border strips can have such offsets, so only those are touched."""
+    h, w = m.shape[2:4]
+    if r == 0:
+        return
+    ds = torch.arange(-r, r + 1, device=m.device)
+    for lo, hi in ((0, min(r, h)), (max(h - r, 0), h)):
+        ys = torch.arange(lo, hi, device=m.device)
+        off = (ys[None, :] + ds[:, None] < 0) | (ys[None, :] + ds[:, None] >= h)  # (dy, rows)
+        m[:, :, lo:hi].masked_fill_(off[None, :, :, None, None], float("-inf"))
+    for lo, hi in ((0, min(r, w)), (max(w - r, 0), w)):
+        xs = torch.arange(lo, hi, device=m.device)
+        off = (xs[None, :] + ds[:, None] < 0) | (xs[None, :] + ds[:, None] >= w)  # (dx, cols)
+        m[:, :, :, lo:hi].masked_fill_(off[:, None, None, :, None], float("-inf"))
+
+
 def window_max_similarity(
     query: Tensor,
     t_pm: Tensor,
@@ -68,70 +128,44 @@ def window_max_similarity(
     """``M[b, d, y] = max_k <Q[b, y + d], T[k, y]>`` over a ``window``-square of offsets.
 
     ``query`` (B, C, H, W); ``t_pm`` (H*W, K, C) from :func:`pixel_major`.
-    Returns (B, window*window, H, W), ``-inf`` where ``y + d`` is off the map.
-    ``chunk_bytes`` bounds both the unfolded query windows of a row slab and the
-    similarity block of one matmul (default :func:`default_chunk_bytes`).
+    Returns (B, window*window, H, W), offsets ``d = (dy, dx)`` row-major, ``-inf``
+    where ``y + d`` is off the map. ``chunk_bytes`` bounds both the row-unfolded
+    query slab and the similarity block of one matmul (default
+    :func:`default_chunk_bytes`).
     """
-    b, c, h, w = query.shape
-    _check(query, t_pm, (h, w), window)
-    k = t_pm.shape[1]
-    p, r = window, window // 2
-    pp = p * p
-    chunk = chunk_bytes or default_chunk_bytes(query.device)
-    elsize = query.element_size()
-    rows = max(1, min(h, chunk // (w * c * b * pp * elsize)))
-    group = max(1, chunk // (b * pp * k * elsize))
-    # Zero padding only keeps the unfold rectangular; those entries are masked below.
-    padded = F.pad(query, (r, r, r, r))
-
-    ys = torch.arange(h, device=query.device)
-    xs = torch.arange(w, device=query.device)
-    ds = torch.arange(-r, r + 1, device=query.device)
-    col_ok = (xs[:, None] + ds[None, :] >= 0) & (xs[:, None] + ds[None, :] < w)  # (W, p) over dx
-
-    out = torch.empty(h, w, b, pp, dtype=query.dtype, device=query.device)
-    for y0 in range(0, h, rows):
-        y1 = min(h, y0 + rows)
-        n = y1 - y0
-        # (B, C, n, W, p, p) view -> (n*W, C, B*p*p) copy: the query windows of each pixel,
-        # a few rows at a time so the copy is still in cache when the matmul reads it.
-        win = padded[:, :, y0 : y1 + 2 * r].unfold(2, p, 1).unfold(3, p, 1)
-        win = win.permute(2, 3, 1, 0, 4, 5).reshape(n * w, c, b * pp)
-        best = out[y0:y1].view(n * w, b * pp)
-        t_slab = t_pm[y0 * w : y1 * w]
-        for i in range(0, n * w, group):
-            # (G, K, C) @ (G, C, B*p*p): the max over K then runs along contiguous rows.
-            torch.amax(torch.bmm(t_slab[i : i + group], win[i : i + group]), dim=1, out=best[i : i + group])
-        row_ok = (ys[y0:y1, None] + ds[None, :] >= 0) & (ys[y0:y1, None] + ds[None, :] < h)  # (n, p) over dy
-        ok = row_ok[:, None, None, :, None] & col_ok[None, :, None, None, :]
-        out[y0:y1].view(n, w, b, p, p).masked_fill_(~ok, float("-inf"))
-    return out.permute(2, 3, 0, 1)
+    b, _, h, w = query.shape
+    m = _window_max(query, t_pm, window, chunk_bytes)  # (dx, dy, H, W, B)
+    return m.permute(4, 1, 0, 2, 3).reshape(b, window * window, h, w)
 
 
-def _central(m: Tensor, window: int, sub: int) -> Tensor:
-    """Restrict (B, p*p, H, W) offsets to the central ``sub`` x ``sub`` square."""
-    if sub == window:
-        return m
-    b, _, h, w = m.shape
-    cut = (window - sub) // 2
-    m = m.view(b, window, window, h, w)[:, cut : cut + sub, cut : cut + sub]
-    return m.reshape(b, sub * sub, h, w)
+def _central(m: Tensor, sub: int) -> Tensor:
+    """Restrict (p, p, H, W, B) offsets to the central ``sub`` x ``sub`` square."""
+    cut = (m.shape[0] - sub) // 2
+    return m[cut : cut + sub, cut : cut + sub]
 
 
 def _backward_from(m: Tensor) -> Tensor:
-    return 1 - m.amax(dim=1)
+    """``Bw[b, y] = 1 - max_d M[d, y, b]``: (B, H, W)."""
+    p, _, h, w, b = m.shape
+    return 1 - m.reshape(p * p, h, w, b).amax(dim=0).permute(2, 0, 1)
 
 
-def _forward_from(m: Tensor, window: int) -> Tensor:
-    """``F[b, x] = 1 - max_d M[b, d, x - d]``: a shifted max over offsets."""
-    b, _, h, w = m.shape
-    r = window // 2
-    mp = F.pad(m, (r, r, r, r), value=float("-inf")).view(b, window, window, h + 2 * r, w + 2 * r)
-    best = torch.full((b, h, w), float("-inf"), dtype=m.dtype, device=m.device)
-    for i in range(window):  # offset dy = i - r reads row x - dy
-        for j in range(window):
-            torch.maximum(best, mp[:, i, j, 2 * r - i : 2 * r - i + h, 2 * r - j : 2 * r - j + w], out=best)
-    return 1 - best
+def _forward_from(m: Tensor) -> Tensor:
+    """``F[b, x] = 1 - max_d M[d, x - d, b]``: a shifted max over offsets, each shift
+    restricted to the ``x`` whose ``x - d`` is on the map (the other ``d`` do not exist there)."""
+    p, _, h, w, _ = m.shape
+    r = p // 2
+    best = m[r, r].clone()  # d = 0 is always on the map
+    for a in range(p):  # dx = a - r
+        dx = a - r
+        for e in range(p):  # dy = e - r
+            dy = e - r
+            if (dx == 0 and dy == 0) or abs(dy) >= h or abs(dx) >= w:
+                continue
+            xr, yr = slice(max(0, dy), h + min(0, dy)), slice(max(0, -dy), h - max(0, dy))
+            xc, yc = slice(max(0, dx), w + min(0, dx)), slice(max(0, -dx), w - max(0, dx))
+            torch.maximum(best[xr, xc], m[a, e, yr, yc], out=best[xr, xc])
+    return 1 - best.permute(2, 0, 1)
 
 
 def atm_pair(
@@ -146,21 +180,18 @@ def atm_pair(
     p = max(forward_window, backward_window)
     if forward_window % 2 == 0 or backward_window % 2 == 0:
         raise ValueError(f"window sizes must be odd, got {forward_window} and {backward_window}")
-    m = window_max_similarity(query, t_pm, p, chunk_bytes=chunk_bytes)
-    fwd = _forward_from(_central(m, p, forward_window), forward_window)
-    bwd = _backward_from(_central(m, p, backward_window))
-    return fwd, bwd
+    m = _window_max(query, t_pm, p, chunk_bytes)
+    return _forward_from(_central(m, forward_window)), _backward_from(_central(m, backward_window))
 
 
 def forward_atm(query: Tensor, templates: Tensor, patch: int, *, chunk_bytes: int | None = None) -> Tensor:
     """``1 - max_{k, d} <Q[b, x], T[k, x + d]>`` for every query pixel ``x``: (B, H, W)."""
-    m = window_max_similarity(query, pixel_major(templates), patch, chunk_bytes=chunk_bytes)
-    return _forward_from(m, patch)
+    return _forward_from(_window_max(query, pixel_major(templates), patch, chunk_bytes))
 
 
 def backward_atm(query: Tensor, templates: Tensor, patch: int, *, chunk_bytes: int | None = None) -> Tensor:
     """``1 - max_{k, d} <Q[b, y + d], T[k, y]>`` for every template pixel ``y``: (B, H, W)."""
-    return _backward_from(window_max_similarity(query, pixel_major(templates), patch, chunk_bytes=chunk_bytes))
+    return _backward_from(_window_max(query, pixel_major(templates), patch, chunk_bytes))
 
 
 def fuse_layer_maps(
