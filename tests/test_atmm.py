@@ -92,11 +92,11 @@ def test_pair_with_different_windows(pf: int, pb: int) -> None:
     torch.testing.assert_close(bwd.double(), naive_backward(q, t, pb), atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("chunk_bytes", [1, 3000, 20000, 1 << 30])
+@pytest.mark.parametrize("chunk_bytes", [1, 3000, 5000, 20000, 1 << 30])
 @pytest.mark.parametrize(("h", "w", "pf", "pb"), [(9, 7, 5, 3), (4, 11, 3, 9), (3, 3, 7, 5)])
 def test_pair_chunking_and_borders(chunk_bytes: int, h: int, w: int, pf: int, pb: int) -> None:
-    # chunk sizes that split rows into several matmul groups and the map into several row
-    # slabs, windows reaching past the map, maps wider than tall
+    # chunk sizes that make matmul groups of one pixel, groups that span rows, several row
+    # slabs (the last one shorter), one slab; windows reaching past the map; wide maps
     q = unit(3, 5, h, w, seed=11)
     t = unit(4, 5, h, w, seed=12)
     fwd, bwd = atm_pair(q.float(), pixel_major(t.float()), pf, pb, chunk_bytes=chunk_bytes)

@@ -8,13 +8,13 @@ Reducing over ``k`` leaves ``M[d, y, b]``; backward ATM at ``y`` is the max over
 ``d``, forward ATM at ``x`` is the max over ``d`` of ``M[d, x - d, b]``. Offsets
 that leave the map are ``-inf``, never scored as zero similarity.
 
-The query windows are not unfolded ``p*p``-fold. The padded query is stored
-``(C, rows, W + 2r, p, B)``: unfolded along rows only, batch innermost. Then
-the window of template pixel ``(i, j)``, ordered ``(dx, dy, b)``, is one
-contiguous run of ``p*p*B`` values, and the windows of consecutive pixels of a
-row start ``p*B`` apart: an overlapping strided view that the matmul reads in
-place. That makes the per-query work (the copy, ``p`` times the query) small
-next to the matmul, so the ATMM time scales with ``K`` (PTS sheets pay off).
+The query windows are not unfolded ``p*p``-fold. The query is stored
+``(C, pixels, p, B)``: unfolded along rows only, batch innermost. Then the
+window of template pixel ``u``, ordered ``(dx, dy, b)``, is one contiguous run
+of ``p*p*B`` values, and the windows of consecutive pixels start ``p*B``
+apart: an overlapping strided view that the matmul reads in place. That keeps
+the per-query work (the copy, ``p`` times the query) small next to the matmul,
+so the ATMM time scales with ``K`` (PTS sheets pay off).
 """
 
 from __future__ import annotations
@@ -71,31 +71,39 @@ def _window_max(query: Tensor, t_pm: Tensor, window: int, chunk_bytes: int | Non
     _check(query, t_pm, (h, w), window)
     k = t_pm.shape[1]
     p, r = window, window // 2
-    wp = w + 2 * r
-    pb, ppb = p * b, p * p * b
+    pp, pb, ppb = p * p, p * b, p * p * b
     chunk = chunk_bytes or default_chunk_bytes(query.device)
     elsize = query.element_size()
     # Pixels per matmul: its (n, K, p*p*B) output is reduced over K while still in cache.
-    group = max(1, min(w, chunk // (ppb * k * elsize)))
-    rows = max(1, min(h, chunk // (c * wp * pb * elsize)))
-    # (C, H + 2r, W + 2r, B): batch innermost, so a window row (dx, b) is contiguous. The zero
-    # padding only keeps the views rectangular; those entries are set to -inf below.
-    qt = F.pad(query, (r, r, r, r)).permute(1, 2, 3, 0).contiguous()
-    m = torch.empty(p * p, h, w, b, dtype=query.dtype, device=query.device)
-    row = torch.empty(w, ppb, dtype=query.dtype, device=query.device)
+    group = max(1, chunk // (ppb * k * elsize))
+    rows = max(1, min(h, chunk // (c * w * pb * elsize)))  # query rows per unfolded slab
+    # Pixels are numbered row by row with no column padding, so pixel u's window starts p*B
+    # after pixel u-1's even across rows and a matmul group may span rows. Window columns
+    # past the left/right edge read the neighbouring row (or the zero slack at the slab
+    # ends): finite values at exactly the offsets that _mask_off_map_ sets to -inf.
+    qt = F.pad(query, (0, 0, r, r)).permute(1, 2, 3, 0)  # (C, H + 2r, W, B) view
+    z = torch.zeros(c, rows * w + 2 * r, p, b, dtype=query.dtype, device=query.device)
+    sims = torch.empty(rows * w, ppb, dtype=query.dtype, device=query.device)
+    m = torch.empty(pp, h * w, b, dtype=query.dtype, device=query.device)
+    # one matmul output block for all groups: a fresh multi-MiB block per matmul costs page faults
+    prod = torch.empty(min(group, h * w), k, ppb, dtype=query.dtype, device=query.device)
     for i0 in range(0, h, rows):
         n_rows = min(rows, h - i0)
-        # (C, n_rows, W + 2r, p, B): the p query rows each template row needs, side by side.
-        z = qt[:, i0 : i0 + n_rows + 2 * r].unfold(1, p, 1).transpose(3, 4).contiguous()
-        for i in range(i0, i0 + n_rows):
-            for j0 in range(0, w, group):
-                n = min(group, w - j0)
-                # (n, C, p*p*B) view, no copy: pixel j's window starts p*B after pixel j-1's.
-                win = z.as_strided((n, c, ppb), (pb, z.stride(0), 1), z.storage_offset() + ((i - i0) * wp + j0) * pb)
-                # (n, K, C) @ (n, C, p*p*B): the max over K runs along contiguous rows.
-                torch.amax(torch.bmm(t_pm[i * w + j0 : i * w + j0 + n], win), dim=1, out=row[j0 : j0 + n])
-            # offset-major, so the forward shifts below read contiguous (W, B) rows
-            m[:, i].copy_(row.view(w, p * p, b).transpose(0, 1))
+        npx, u_base = n_rows * w, i0 * w
+        # z[:, r + u, dy] = query row (row of u) + dy - r, batch innermost: the p rows every
+        # template row needs side by side, so a window (dx, dy, b) is one contiguous run.
+        z[:, r : r + npx].view(c, n_rows, w, p, b).copy_(
+            qt[:, i0 : i0 + n_rows + 2 * r].unfold(1, p, 1).transpose(3, 4)
+        )
+        for u0 in range(0, npx, group):
+            n = min(group, npx - u0)
+            # (n, C, p*p*B) overlapping view of z, no copy
+            win = z.as_strided((n, c, ppb), (pb, z.stride(0), 1), z.storage_offset() + u0 * pb)
+            # (n, K, C) @ (n, C, p*p*B): the max over K runs along contiguous rows.
+            t = t_pm[u_base + u0 : u_base + u0 + n]
+            torch.amax(torch.bmm(t, win, out=prod[:n]), dim=1, out=sims[u0 : u0 + n])
+        # offset-major, so the reductions below read contiguous (W, B) rows per offset
+        m[:, u_base : u_base + npx].copy_(sims[:npx].view(npx, pp, b).transpose(0, 1))
     m = m.view(p, p, h, w, b)
     _mask_off_map_(m, r)
     return m
