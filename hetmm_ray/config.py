@@ -264,7 +264,9 @@ class ServiceConfig:
     max_body_mib: int = 64  # largest request body; larger uploads get 413 before being read
     max_images_per_request: int = 16  # images in one multipart predict
     max_images_per_job: int = 2000  # good images in one create / normals job
-    job_wait_s: float = 600.0  # longest ``?wait=true`` on an admin job
+    # Longest ``?wait=true`` on an admin job before answering 202 with the running job; keep it
+    # under the proxy's http_options.request_timeout_s (deploy.yaml: 120 s).
+    job_wait_s: float = 100.0
     # Settings of products created over HTTP that the request leaves out
     # (e.g. {"backbone": {"name": "mobilenet_v2", "weights": "/weights/mnv2.pth"}}).
     product_defaults: dict[str, Any] = field(default_factory=dict)

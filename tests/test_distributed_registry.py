@@ -51,10 +51,12 @@ def test_hot_update_through_shards_equals_the_single_process_update(product) -> 
         got = ray.get(shard.selection.remote())["indices"]
         assert np.array_equal(got, det.templates.indices[layer].numpy())
 
-    waiter = registry.wait_for_version.remote("gear", 1, 60.0)  # a subscriber, parked until v2
+    waiters = [registry.wait_for_version.remote("gear", 1, 60.0) for _ in range(3)]  # subscribers, parked
     feats, digests = features(det, more[:2])
     assert ray.get(registry.update.remote("gear", feats, digests)) == 2
-    assert ray.get(waiter) == 2
+    assert ray.get(waiters) == [2, 2, 2]  # every subscriber hears of v2
+    snapshot = ray.get(registry.snapshot.remote("gear"))  # what replicas score with from now on
+    assert snapshot["version"] == 2
 
     published = open_store(uri).get("gear")
     det.update(more[:2])  # the same update in one process
@@ -132,3 +134,32 @@ def test_a_killed_shard_comes_back_from_the_store_bit_for_bit(product) -> None:
     assert np.array_equal(after, before)
     stored = open_store(uri).get("gear")
     assert np.array_equal(after, stored.templates(layer).numpy())
+
+
+def test_cluster_fit_equals_single_process_fit(product) -> None:
+    """``HETMM(cluster=True)`` (features and PTS as Ray tasks, as with ``--address``) fits the same set."""
+    det = product[1]
+    gear = SyntheticProduct(seed=0, size=SIZE)
+    images = [gear.good(i) for i in range(6)]
+    on_ray = HETMM(det.config, cluster=True).fit(images).templates
+    local = det.templates
+    assert on_ray.image_digests == local.image_digests
+    for layer in local.layers:
+        assert torch.equal(on_ray.bank[layer], local.bank[layer])
+        assert torch.equal(on_ray.indices[layer], local.indices[layer])
+    assert on_ray.calibration == local.calibration
+
+
+def test_cli_address_that_cannot_be_reached_is_one_line(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from PIL import Image
+
+    image = tmp_path / "g.png"
+    Image.fromarray(SyntheticProduct(seed=0, size=SIZE).good(0)).save(image)
+    argv = ["fit", str(image), str(image), "--product", "x", "--store", str(tmp_path / "s"), "--address", "127.0.0.1:1"]
+    done = subprocess.run([sys.executable, "-m", "hetmm_ray.cli", *argv], capture_output=True, text=True, timeout=120)
+    err = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(err) == 1, done.stderr
+    assert err[0].startswith("hetmm: error: ray cluster at 127.0.0.1:1 is unreachable"), err

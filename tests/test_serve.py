@@ -126,6 +126,17 @@ def predict(c: httpx.Client, product: str, image: np.ndarray, **params: str) -> 
     return r.json()
 
 
+def finished(c: httpx.Client, r: httpx.Response, timeout: float = 600.0) -> dict:
+    """The job of an admin response, polled to its end if ``?wait=true`` answered before it finished."""
+    assert r.status_code in (200, 202), r.text
+    job = r.json()["job"]
+    deadline = time.monotonic() + timeout
+    while job["state"] == "running" and time.monotonic() < deadline:
+        time.sleep(0.5)
+        job = c.get(f"/v1/jobs/{job['id']}", headers=ADMIN).json()["job"]
+    return job
+
+
 def test_health_and_product_list(client: httpx.Client) -> None:
     assert client.get("/healthz").json() == {"status": "ok"}
     listed = {p["product"]: p for p in client.get("/v1/products").json()["products"]}
@@ -292,14 +303,14 @@ def test_create_over_http_reports_progress_and_serves(client: httpx.Client, stor
     for i in range(4):
         (folder / f"{i}.png").write_bytes(png(gear(8).good(i)))
     r = client.post("/v1/products/from-folder?wait=true", json={"source": str(folder), "config": cfg}, headers=ADMIN)
-    assert r.status_code == 200 and r.json()["job"]["state"] == "succeeded", r.text
+    assert finished(client, r)["state"] == "succeeded"
     assert open_store(store).get("from-folder").n_images == 4
 
 
 def test_normals_then_rollback(client: httpx.Client, store: str) -> None:
     files = [("images", (f"n{i}.png", png(gear(3).good(80 + i)), "image/png")) for i in range(2)]
     r = client.post("/v1/products/part-3/normals?wait=true", files=files, headers=ADMIN)
-    assert r.status_code == 200 and r.json()["job"]["version"] == 2, r.text
+    assert finished(client, r)["version"] == 2
     probe = gear(3).good(90)
     assert predict(client, "part-3", probe)["version"] == 2
     assert open_store(store).get("part-3").n_images == 8
@@ -343,8 +354,9 @@ def test_hot_swap_under_load(client: httpx.Client, service: str) -> None:
             ("images", (f"u{round_}{i}.png", png(gear(4).good(200 + 10 * round_ + i)), "image/png")) for i in range(2)
         ]
         r = client.post("/v1/products/part-4/normals?wait=true", files=files, headers=ADMIN)
-        assert r.status_code == 200, r.text
-        updates.append((time.monotonic(), r.json()["job"]["version"]))
+        job = finished(client, r)
+        assert job["state"] == "succeeded", job
+        updates.append((time.monotonic(), job["version"]))
     loader.join()
     assert len(log) == 2000
     assert all(status == 200 for *_, status, _ in log), [x for x in log if x[3] != 200][:5]

@@ -331,7 +331,7 @@ def get_registry(
         namespace=namespace,
         get_if_exists=True,
         lifetime="detached" if detached else None,
-        num_cpus=0.1,
+        num_cpus=0.05,  # it waits on others' work: keep the CPUs for the tasks it starts
         max_restarts=-1,
         max_concurrency=64,
     ).remote(store_uri, placement)

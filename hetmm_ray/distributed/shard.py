@@ -36,7 +36,9 @@ class ShardPlacement:
     """Where shards go: fractional GPUs when the cluster has them, else CPUs, spread over nodes."""
 
     num_gpus: float = 0.25  # per shard when the cluster has GPUs
-    num_cpus: float = 0.01  # shards hold memory; their PTS work runs in tasks that reserve CPUs
+    # Shards hold memory; their PTS work runs in tasks that reserve CPUs. A nonzero share here
+    # would add up over products x layers and starve those tasks on a small node.
+    num_cpus: float = 0.0
     resources: dict[str, float] | None = None  # e.g. {"template_memory": 1} on dedicated nodes
 
 
