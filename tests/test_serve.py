@@ -403,3 +403,32 @@ def test_replica_killed_during_load_recovers(service: str) -> None:
             time.sleep(1)
         assert len(alive) == len(replicas)
         assert predict(c, "part-2", gear(2).good(5))["version"] == 1
+
+
+def test_deploy_yaml_is_a_valid_serve_config_for_this_application(tmp_path: Path) -> None:
+    import inspect
+
+    import yaml
+
+    from hetmm_ray.config import ConfigError
+    from hetmm_ray.serve.app import DEPLOY_YAML, build_app, load_deploy_config
+
+    config = load_deploy_config(DEPLOY_YAML)
+    (app,) = config["applications"]
+    assert app["import_path"] == "hetmm_ray.serve.app:build_app"
+    assert len(inspect.signature(build_app).parameters) == 1  # Serve's rule for application builders
+    assert config["http_options"]["host"] == "127.0.0.1"
+    assert {d["name"] for d in app["deployments"]} == {"Ingress", "Detector"}
+    bad = yaml.safe_load(DEPLOY_YAML.read_text())
+    bad["applications"][0]["deployments"][1]["user_config"]["max_batch"] = 4
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(bad))
+    with pytest.raises(ConfigError, match="did you mean 'max_batch_size'"):
+        load_deploy_config(tmp_path / "bad.yaml")
+
+
+def test_a_non_loopback_bind_without_an_admin_token_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hetmm_ray.serve.run import start_service
+
+    monkeypatch.delenv("HETMM_ADMIN_TOKEN", raising=False)
+    with pytest.raises(RuntimeError, match=r"refusing to serve on non-loopback address '0\.0\.0\.0' without an admin"):
+        start_service(host="0.0.0.0", port=free_port())

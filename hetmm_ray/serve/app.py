@@ -20,17 +20,21 @@ from ..config import ConfigError, ReplicaSettings, ServiceConfig
 from .ingress import Ingress
 from .replica import Detector
 
-__all__ = ["DEPLOY_YAML", "build_app", "deployment_options", "load_deploy_config"]
+__all__ = ["DEPLOY_YAML", "build_app", "build_application", "deployment_options", "load_deploy_config"]
 
 DEPLOY_YAML = Path(__file__).resolve().parents[2] / "deploy.yaml"
 
 
-def build_app(args: dict[str, Any], deployments: dict[str, dict[str, Any]] | None = None) -> Application:
+def build_app(args: dict[str, Any]) -> Application:
     """Serve application builder (``import_path: hetmm_ray.serve.app:build_app``).
 
-    ``deployments`` (name -> ``.options()``) is what ``serve run`` takes from the
-    config file's ``deployments`` list; ``hetmm serve`` and tests pass it here.
+    Serve applies the config file's ``deployments`` options itself.
     """
+    return build_application(args)
+
+
+def build_application(args: dict[str, Any], deployments: dict[str, dict[str, Any]] | None = None) -> Application:
+    """The application, with ``deployments`` (name -> ``.options()``) applied as ``serve run`` would."""
     service = ServiceConfig.from_dict(dict(args or {}))
     if "://" not in service.store:  # replicas may run elsewhere: pin the folder where the app was built
         service = dataclasses.replace(service, store=os.path.abspath(service.store))

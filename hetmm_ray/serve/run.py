@@ -19,7 +19,7 @@ from ray import serve
 from ..config import ConfigError, ServiceConfig
 from ..distributed.registry import registry_name
 from ..distributed.runtime import NAMESPACE, connect
-from .app import DEPLOY_YAML, build_app, deployment_options, load_deploy_config
+from .app import DEPLOY_YAML, build_application, deployment_options, load_deploy_config
 from .ingress import refuse_open_bind
 
 __all__ = ["RunningService", "start_service", "stop_service"]
@@ -79,7 +79,7 @@ def start_service(
     connect(address, num_cpus=num_cpus if address is None else None)
     http = {**(config.get("http_options") or {}), "host": host, "port": port}
     serve.start(http_options=http)
-    app = build_app(app_args, options)
+    app = build_application(app_args, options)
     serve.run(app, name=APP_NAME, route_prefix=entry.get("route_prefix", "/"))
     return RunningService(url=f"http://{host}:{port}", store=ServiceConfig.from_dict(app_args).store, app_name=APP_NAME)
 
