@@ -132,7 +132,7 @@ class Detector:
         """Score one request's images (all by the same template version)."""
         return await self.score(ScoreRequest(images, want_maps, time.perf_counter()))
 
-    @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.005)
+    @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.05)
     async def score(self, requests: list[ScoreRequest]) -> list[list[dict[str, Any]]]:
         product = serve.get_multiplexed_model_id()
         model = await self.product_model(product)
