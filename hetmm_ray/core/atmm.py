@@ -102,16 +102,20 @@ def _carve_size(*shapes: tuple[int, ...]) -> int:
 
 
 def _window_max(query: Tensor, t_pm: Tensor, window: int, chunk_bytes: int | None) -> Tensor:
-    """``M[dx, dy, y, x, b] = max_k <Q[b, y + dy, x + dx], T[k, y, x]>``: (p, p, H, W, B), offsets
-    ``- r .. r`` (column offset first), ``-inf`` where the query pixel is off the map.
+    """``M[dx, dy, y, x, b] = max_k <Q[b, y + dy, x + dx], T[k, y, x]>``, offsets ``-r .. r``
+    (column offset first), ``-inf`` where the query pixel is off the map.
 
-    The result lives in this thread's scratch buffer: use it before the next call.
+    Stored as (p, p, pad + H*W + pad, B) with pixels numbered row by row and ``pad = r*W + r``
+    entries of ``-inf`` before and after each offset's plane (see :func:`_forward_from`);
+    :func:`_interior` gives the (p, p, H, W, B) view. The result lives in this thread's
+    scratch buffer: use it before the next call.
     """
     b, c, h, w = query.shape
     _check(query, t_pm, (h, w), window)
     k = t_pm.shape[1]
     p, r = window, window // 2
     pp, pb, ppb = p * p, p * b, p * p * b
+    pad = r * w + r
     chunk = chunk_bytes or default_chunk_bytes(query.device)
     elsize = query.element_size()
     rows = max(1, min(h, chunk // (c * w * pb * elsize)))  # query rows per unfolded slab
@@ -122,7 +126,7 @@ def _window_max(query: Tensor, t_pm: Tensor, window: int, chunk_bytes: int | Non
         "z": (c, rows * w + 2 * r, p, b),
         "prod": (group, k, ppb),
         "sims": (rows * w, ppb),
-        "m": (pp, h * w, b),
+        "m": (pp, pad + h * w + pad, b),
     }
     qt, z, prod, sims, m = _carve(_scratch(_carve_size(*shapes.values()), query), *shapes.values())
     # (C, H + 2r, W, B): batch innermost; the 2r zero rows only keep the slabs rectangular
@@ -135,6 +139,8 @@ def _window_max(query: Tensor, t_pm: Tensor, window: int, chunk_bytes: int | Non
     # ends): finite values at exactly the offsets that _mask_off_map_ sets to -inf.
     z[:, :r].zero_()
     z[:, r + rows * w :].zero_()
+    m[:, :pad].fill_(float("-inf"))
+    m[:, pad + h * w :].fill_(float("-inf"))
     for i0 in range(0, h, rows):
         n_rows = min(rows, h - i0)
         npx, u_base = n_rows * w, i0 * w
@@ -151,10 +157,16 @@ def _window_max(query: Tensor, t_pm: Tensor, window: int, chunk_bytes: int | Non
             t = t_pm[u_base + u0 : u_base + u0 + n]
             torch.amax(torch.bmm(t, win, out=prod[:n]), dim=1, out=sims[u0 : u0 + n])
         # offset-major, so the reductions below read contiguous (W, B) rows per offset
-        m[:, u_base : u_base + npx].copy_(sims[:npx].view(npx, pp, b).transpose(0, 1))
-    m5 = m.view(p, p, h, w, b)
-    _mask_off_map_(m5)
-    return m5
+        m[:, pad + u_base : pad + u_base + npx].copy_(sims[:npx].view(npx, pp, b).transpose(0, 1))
+    m = m.view(p, p, pad + h * w + pad, b)
+    _mask_off_map_(_interior(m, h, w))
+    return m
+
+
+def _interior(m: Tensor, h: int, w: int) -> Tensor:
+    """(p, p, H, W, B) view of the padded offset planes of :func:`_window_max`."""
+    pad = (m.shape[2] - h * w) // 2
+    return m[:, :, pad : pad + h * w].unflatten(2, (h, w))
 
 
 def _mask_off_map_(m: Tensor) -> None:
@@ -192,40 +204,40 @@ def window_max_similarity(
     :func:`default_chunk_bytes`).
     """
     b, _, h, w = query.shape
-    m = _window_max(query, t_pm, window, chunk_bytes)  # (dx, dy, H, W, B), in scratch: copy out
+    m = _interior(_window_max(query, t_pm, window, chunk_bytes), h, w)  # (dx, dy, H, W, B), in scratch
     out = query.new_empty(b, window, window, h, w)
     out.copy_(m.permute(4, 1, 0, 2, 3))
     return out.view(b, window * window, h, w)
 
 
-def _central(m: Tensor, sub: int) -> Tensor:
-    """Restrict (p, p, H, W, B) offsets to the central ``sub`` x ``sub`` square."""
+def _backward_from(m: Tensor, h: int, w: int, sub: int) -> Tensor:
+    """``Bw[b, y] = 1 - max_d M[d, y, b]`` over the central ``sub`` x ``sub`` offsets: (B, H, W)."""
     cut = (m.shape[0] - sub) // 2
-    return m[cut : cut + sub, cut : cut + sub]
-
-
-def _backward_from(m: Tensor) -> Tensor:
-    """``Bw[b, y] = 1 - max_d M[d, y, b]``: (B, H, W)."""
-    p, _, h, w, b = m.shape
-    return 1 - m.reshape(p * p, h, w, b).amax(dim=0).permute(2, 0, 1)
-
-
-def _forward_from(m: Tensor) -> Tensor:
-    """``F[b, x] = 1 - max_d M[d, x - d, b]``: a shifted max over offsets, each shift
-    restricted to the ``x`` whose ``x - d`` is on the map (the other ``d`` do not exist there)."""
-    p, _, h, w, _ = m.shape
-    r = p // 2
-    best = m[r, r].clone()  # d = 0 is always on the map
-    for a in range(p):  # dx = a - r
-        dx = a - r
-        for e in range(p):  # dy = e - r
-            dy = e - r
-            if (dx == 0 and dy == 0) or abs(dy) >= h or abs(dx) >= w:
-                continue
-            xr, yr = slice(max(0, dy), h + min(0, dy)), slice(max(0, -dy), h - max(0, dy))
-            xc, yc = slice(max(0, dx), w + min(0, dx)), slice(max(0, -dx), w - max(0, dx))
-            torch.maximum(best[xr, xc], m[a, e, yr, yc], out=best[xr, xc])
+    best = _interior(m, h, w)[cut : cut + sub, cut : cut + sub].amax(dim=(0, 1))  # (H, W, B)
     return 1 - best.permute(2, 0, 1)
+
+
+def _forward_from(m: Tensor, h: int, w: int, sub: int) -> Tensor:
+    """``F[b, x] = 1 - max_d M[d, x - d, b]`` over the central ``sub`` x ``sub`` offsets: (B, H, W).
+
+    In the row-by-row pixel numbering ``x - d`` is ``x - (dy*W + dx)``: for one column offset
+    all row offsets are a single strided view (plane stride minus one row), so the max is
+    ``sub`` reductions instead of ``sub**2`` shifted slices. Shifts past the map's top or bottom
+    land in the ``-inf`` padding; shifts past its left or right edge land on the neighbouring
+    row at an offset that leaves the map there, which :func:`_mask_off_map_` made ``-inf``.
+    """
+    p, _, length, b = m.shape
+    r, cut = p // 2, (p - sub) // 2
+    pad = (length - h * w) // 2
+    plane = length * b
+    best: Tensor | None = None
+    for a in range(cut, cut + sub):  # dx = a - r; element (a, e, x) sits at
+        # a*p*plane + e*plane + (pad + x - (e - r)*W - (a - r))*B
+        start = m.storage_offset() + a * p * plane + cut * (plane - w * b) + (pad + r * w + r - a) * b
+        col = m.as_strided((sub, h * w, b), (plane - w * b, b, 1), start).amax(dim=0)
+        best = col if best is None else torch.maximum(best, col, out=best)
+    assert best is not None
+    return 1 - best.view(h, w, b).permute(2, 0, 1)
 
 
 def atm_pair(
@@ -240,18 +252,21 @@ def atm_pair(
     p = max(forward_window, backward_window)
     if forward_window % 2 == 0 or backward_window % 2 == 0:
         raise ValueError(f"window sizes must be odd, got {forward_window} and {backward_window}")
-    m = _window_max(query, t_pm, p, chunk_bytes)
-    return _forward_from(_central(m, forward_window)), _backward_from(_central(m, backward_window))
+    m = _window_max(query, t_pm, p, chunk_bytes)  # checks the shapes
+    h, w = query.shape[2:]
+    return _forward_from(m, h, w, forward_window), _backward_from(m, h, w, backward_window)
 
 
 def forward_atm(query: Tensor, templates: Tensor, patch: int, *, chunk_bytes: int | None = None) -> Tensor:
     """``1 - max_{k, d} <Q[b, x], T[k, x + d]>`` for every query pixel ``x``: (B, H, W)."""
-    return _forward_from(_window_max(query, pixel_major(templates), patch, chunk_bytes))
+    m = _window_max(query, pixel_major(templates), patch, chunk_bytes)
+    return _forward_from(m, query.shape[2], query.shape[3], patch)
 
 
 def backward_atm(query: Tensor, templates: Tensor, patch: int, *, chunk_bytes: int | None = None) -> Tensor:
     """``1 - max_{k, d} <Q[b, y + d], T[k, y]>`` for every template pixel ``y``: (B, H, W)."""
-    return _backward_from(_window_max(query, pixel_major(templates), patch, chunk_bytes))
+    m = _window_max(query, pixel_major(templates), patch, chunk_bytes)
+    return _backward_from(m, query.shape[2], query.shape[3], patch)
 
 
 def fuse_layer_maps(
@@ -263,7 +278,8 @@ def fuse_layer_maps(
     total: Tensor | None = None
     for s, wj in zip(layer_maps, weights, strict=True):
         up = F.interpolate(s[:, None].float(), size=size, mode="bilinear", align_corners=True)[:, 0]
-        total = up * wj if total is None else total + up * wj
+        up.mul_(wj)  # in place: same arithmetic as ``total + up * wj``, no full-size temporaries
+        total = up if total is None else total.add_(up)
     assert total is not None
     return total
 
