@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import numpy as np
@@ -163,3 +164,32 @@ def test_cli_address_that_cannot_be_reached_is_one_line(tmp_path: Path) -> None:
     err = done.stderr.strip().splitlines()
     assert done.returncode == 2 and len(err) == 1, done.stderr
     assert err[0].startswith("hetmm: error: ray cluster at 127.0.0.1:1 is unreachable"), err
+
+
+def test_a_restarted_registry_recovers_its_state_from_the_store(product) -> None:
+    """The registry keeps nothing the store does not have: killed and restarted, it serves the same head."""
+    from hetmm_ray.distributed.registry import get_registry
+
+    uri, det, more = product
+    registry = get_registry(uri, detached=True)
+    feats, digests = features(det, more[:2])
+    assert ray.get(registry.update.remote("gear", feats, digests)) == 2
+    before = ray.get(registry.snapshot.remote("gear"))
+    before_tiny = {k: ray.get(v) for k, v in before["tiny"].items()}
+    ray.kill(registry, no_restart=False)  # a crash: Ray restarts it (max_restarts=-1)
+    try:
+        again = get_registry(uri, detached=True)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                assert ray.get(again.head.remote("gear"), timeout=30) == 2
+                break
+            except ray.exceptions.RayActorError:
+                assert time.monotonic() < deadline
+                time.sleep(0.5)
+        after = ray.get(again.snapshot.remote("gear"))
+        assert after["version"] == 2 and after["calibration"] == before["calibration"]
+        for layer, tiny in before_tiny.items():
+            assert np.array_equal(ray.get(after["tiny"][layer]), tiny)
+    finally:
+        ray.kill(get_registry(uri, detached=True), no_restart=True)
