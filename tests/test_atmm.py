@@ -174,3 +174,26 @@ def test_fuse_corners_keep_values() -> None:
     s = torch.arange(4.0).view(1, 2, 2)
     up = fuse_layer_maps([s], [2.0], 5)
     assert up[0, 0, 0] == 0 and up[0, -1, -1] == 6.0 and up[0, 0, -1] == 2.0
+
+
+@pytest.mark.parametrize(
+    ("sizes", "out"),
+    [
+        (((64, 64), (32, 32), (16, 16)), 256),  # the mobilenet_v2 taps at 256x256
+        (((8, 8), (4, 4)), 16),
+        (((5, 7), (3, 2), (1, 1)), (9, 4)),
+        (((6, 6),), 1),
+        (((4, 3),), (4, 3)),
+    ],
+)
+def test_fuse_equals_interpolate(sizes: tuple[tuple[int, int], ...], out: int | tuple[int, int]) -> None:
+    g = torch.Generator().manual_seed(15)
+    maps = [torch.rand(2, *hw, generator=g, dtype=torch.float64) for hw in sizes]
+    weights = [1.0, 0.5, 0.3][: len(maps)]
+    expected = sum(
+        wj * F.interpolate(s[:, None], size=out, mode="bilinear", align_corners=True)[:, 0]
+        for s, wj in zip(maps, weights, strict=True)
+    )
+    got = fuse_layer_maps([m.float() for m in maps], weights, out)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got.double(), expected, atol=1e-6, rtol=0)
