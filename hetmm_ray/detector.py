@@ -17,7 +17,7 @@ from tqdm.auto import tqdm
 from .config import DetectorConfig
 from .core.atmm import anomaly_maps, pixel_major
 from .core.backbone import Backbone
-from .core.pts import select
+from .core.pts import select_layers
 from .core.scoring import calibrate, gaussian_blur, image_scores
 from .core.templates import TemplateError, TemplateSet
 from .data.decode import decode_image, images_to_tensor
@@ -212,25 +212,22 @@ class HETMM:
         if tc.kind == "all":
             return replace(ts, indices=None, centres=None)
         total = sum(v.shape[2] * v.shape[3] for v in ts.bank.values())
-        indices, centres = {}, {}
+        pts = {}
+        if self.cluster:
+            from .distributed.pts_fanout import pts_indices_ray
+
+            pts = {"pts": pts_indices_ray}
         with tqdm(total=total, desc=f"{tc.kind}: {tc.sheets} sheets", unit="px", disable=not self.progress) as bar:
-            for layer, bank in ts.bank.items():
-                start = bar.n
-
-                def progress(done: int, _total: int, start: int = start) -> None:
-                    bar.update(start + done - bar.n)
-
-                pts = {}
-                if self.cluster:
-                    from .distributed.pts_fanout import pts_indices_ray
-
-                    pts = {"pts": pts_indices_ray}
-                chosen = select(tc.kind, bank.to(self.device), tc.sheets, tc.seed, progress=progress, **pts)
-                if chosen.indices is not None:
-                    indices[layer] = chosen.indices.cpu()
-                if chosen.centres is not None:
-                    centres[layer] = chosen.centres.to("cpu", bank.dtype)
-        return replace(ts, config=self.config, indices=indices or None, centres=centres or None)
+            indices, centres = select_layers(
+                ts.bank,
+                tc.kind,
+                tc.sheets,
+                tc.seed,
+                device=self.device,
+                progress=lambda done, _total: bar.update(done - bar.n),
+                **pts,
+            )
+        return replace(ts, config=self.config, indices=indices, centres=centres)
 
     def calibrated(self, ts: TemplateSet) -> TemplateSet:
         """``ts`` with its threshold calibration recomputed from its own bank (no backbone needed)."""

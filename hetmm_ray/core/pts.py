@@ -349,3 +349,34 @@ def select(
             idx = torch.rand((n, h, w), generator=gen).argsort(dim=0)[:kk]
         idx = idx.to(bank.device)
     return Selection(kind, select_templates(bank, idx), idx)
+
+
+def select_layers(
+    bank: dict[str, Tensor],
+    kind: str,
+    k: int,
+    seed: int = 0,
+    *,
+    device: torch.device | str | None = None,
+    progress: Progress | None = None,
+    pts: Callable[..., Tensor] = pts_indices,
+) -> tuple[dict[str, Tensor] | None, dict[str, Tensor] | None]:
+    """:func:`select` for every layer of a bank: CPU ``(indices, centres)``, each None when unused.
+
+    ``progress(done, total)`` counts pixels over all layers; ``pts`` as in :func:`select`.
+    """
+    total = sum(v.shape[2] * v.shape[3] for v in bank.values())
+    indices, centres, done = {}, {}, 0
+    for layer, b in bank.items():
+
+        def report(d: int, _t: int, base: int = done) -> None:
+            if progress is not None:
+                progress(base + d, total)
+
+        chosen = select(kind, b if device is None else b.to(device), k, seed, progress=report, pts=pts)
+        done += b.shape[2] * b.shape[3]
+        if chosen.indices is not None:
+            indices[layer] = chosen.indices.cpu()
+        if chosen.centres is not None:
+            centres[layer] = chosen.centres.to("cpu", b.dtype)
+    return indices or None, centres or None

@@ -31,10 +31,6 @@ class JobProgress:
     def __call__(self, done: int, total: int) -> None:
         self._record["progress"].update(done=done, total=total)
 
-    @property
-    def total(self) -> int:
-        return int(self._record["progress"]["total"])
-
 
 class JobBoard:
     def __init__(self) -> None:

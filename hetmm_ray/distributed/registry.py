@@ -32,7 +32,7 @@ import ray
 import torch
 
 from ..config import TASK_CPUS, DetectorConfig
-from ..core.pts import select
+from ..core.pts import select_layers
 from ..core.templates import TemplateSet
 from ..store import StoreConflict, check_product_name, open_store
 from .jobs import JobBoard, JobProgress
@@ -204,23 +204,11 @@ class ProductRegistry:
             return ts
         if progress is not None:
             progress.stage(f"select {tc.kind}", sum(v.shape[2] * v.shape[3] for v in ts.bank.values()))
-        indices, centres, done = {}, {}, 0
-        for layer, bank in ts.bank.items():
-
-            def report(d: int, _t: int, base: int = done) -> None:
-                if progress is not None:
-                    progress(base + d, progress.total)
-
-            fanned = partial(pts_indices_ray, num_cpus=TASK_CPUS)
-            chosen = await asyncio.to_thread(
-                partial(select, progress=report, pts=fanned), tc.kind, bank, tc.sheets, tc.seed
-            )
-            done += bank.shape[2] * bank.shape[3]
-            if chosen.indices is not None:
-                indices[layer] = chosen.indices.cpu()
-            if chosen.centres is not None:
-                centres[layer] = chosen.centres.to("cpu", bank.dtype)
-        return replace(ts, indices=indices or None, centres=centres or None)
+        fanned = partial(pts_indices_ray, num_cpus=TASK_CPUS)
+        indices, centres = await asyncio.to_thread(
+            partial(select_layers, progress=progress, pts=fanned), ts.bank, tc.kind, tc.sheets, tc.seed
+        )
+        return replace(ts, indices=indices, centres=centres)
 
     async def update(self, product: str, features: dict[str, np.ndarray], digests: list[str]) -> int:
         """Hot update with new good images' features (layer -> (n, C, H, W)); returns the new version."""
