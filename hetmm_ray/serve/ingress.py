@@ -113,6 +113,10 @@ async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
     return _error(classify(exc))
 
 
+def _content_type(request: Request) -> str:
+    return request.headers.get("content-type", "").split(";")[0].strip().lower()
+
+
 def _is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
@@ -209,7 +213,7 @@ class Ingress:
 
     async def _uploads(self, request: Request, *, max_images: int) -> tuple[list[tuple[str, bytes]], dict[str, str]]:
         """Images of a raw-image or multipart body, and the multipart's text fields."""
-        ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        ctype = _content_type(request)
         body = await self._body(request)
         if ctype in RAW_IMAGE_TYPES:
             if not body:
@@ -255,7 +259,7 @@ class Ingress:
         return await asyncio.to_thread(lambda: [decode_image(data, source=name) for name, data in uploads])
 
     async def _json(self, request: Request) -> dict[str, Any]:
-        ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        ctype = _content_type(request)
         if ctype != "application/json":
             raise ApiError(415, "unsupported_media_type", f"content type {ctype or '(none)'!r}; send application/json")
         body = await self._body(request)
@@ -326,7 +330,7 @@ class Ingress:
         async def handler() -> Response:
             self._admin(request)
             self._check_product(product)
-            ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+            ctype = _content_type(request)
             if ctype == "application/json":
                 spec = await self._json(request)
                 unknown = set(spec) - {"config", "source"}
