@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__
-from .config import BACKBONES, TEMPLATE_KINDS, ConfigError, DetectorConfig, load_config
+from .config import BACKBONES, TEMPLATE_KINDS, ConfigError, DetectorConfig, check_number, load_config
 
 __all__ = ["main"]
 
@@ -86,7 +86,9 @@ def _image_paths(items: list[str]) -> list[tuple[Path, Path]]:
     for item in items:
         p = Path(item)
         if p.is_dir():
-            inside = sorted(q for q in p.rglob("*") if q.suffix.lower() in IMAGE_SUFFIXES and q.is_file())
+            inside, skipped = _folder_images(p)
+            for q, why in skipped:
+                print(f"hetmm: skipped: {q}: {why}", file=sys.stderr)
             if not inside:
                 raise CLIError(f"{p}: no images (png, jpg, bmp, tif) in this folder")
             found.extend((q, q.relative_to(p).with_suffix("")) for q in inside)
@@ -102,6 +104,37 @@ def _image_paths(items: list[str]) -> list[tuple[Path, Path]]:
     return unique
 
 
+def _folder_images(folder: Path) -> tuple[list[Path], list[tuple[Path, str]]]:
+    """Regular image files under ``folder`` (sorted), and every other entry with why it was skipped.
+
+    Hidden entries (``.name``) are skipped without a word; directories are walked, not
+    reported; a symlink loop or an unreadable entry is reported, never followed.
+    """
+    images: list[Path] = []
+    skipped: list[tuple[Path, str]] = []
+    for q in sorted(folder.rglob("*")):
+        if any(part.startswith(".") for part in q.relative_to(folder).parts):
+            continue
+        try:
+            if q.is_dir():
+                if q.suffix.lower() in IMAGE_SUFFIXES:
+                    skipped.append((q, "a directory, not an image file"))
+                continue
+            mode = q.stat().st_mode
+        except OSError as exc:  # a symlink loop, a dangling link, no permission
+            skipped.append((q, f"cannot be read ({exc.strerror or type(exc).__name__})"))
+            continue
+        import stat
+
+        if not stat.S_ISREG(mode):
+            skipped.append((q, "not a regular file (a FIFO, socket or device)"))
+        elif q.suffix.lower() not in IMAGE_SUFFIXES:
+            skipped.append((q, f"not an image suffix ({', '.join(sorted(IMAGE_SUFFIXES))})"))
+        else:
+            images.append(q)
+    return images, skipped
+
+
 # --- commands ------------------------------------------------------------------------
 def cmd_fit(args: argparse.Namespace) -> int:
     from .detector import HETMM
@@ -109,6 +142,8 @@ def cmd_fit(args: argparse.Namespace) -> int:
 
     config = _config_from(args)
     paths = [p for p, _ in _image_paths(args.images)]
+    if len(paths) < 2:
+        raise CLIError(f"fit needs at least 2 good images, got {len(paths)}")
     det = HETMM(config, progress=True, cluster=_cluster(args))
     det.fit(load_images(paths, config.backbone.image_size, progress=True, desc="decode"))
     version = det.save(_open(args), args.product)
@@ -124,6 +159,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
     from .detector import HETMM
     from .visualize import heatmap_overlay, save_png
 
+    if args.sigmas is not None:
+        check_number("threshold.sigmas", args.sigmas)  # before any work: NaN would pass every image
     overrides = {k: v for k, v in (("device", args.device), ("dtype", args.dtype)) if v}
     det = HETMM.load(_open(args), args.product, args.version, progress=True, **overrides)
     size = det.config.backbone.image_size
@@ -186,10 +223,16 @@ def cmd_update(args: argparse.Namespace) -> int:
     det = HETMM.load(store, args.product, head, progress=True, cluster=_cluster(args))
     paths = [p for p, _ in _image_paths(args.images)]
     det.update(load_images(paths, det.config.backbone.image_size, progress=True, desc="decode"))
+    if det.skipped_duplicates:
+        print(f"hetmm: skipped: {det.skipped_duplicates} image(s) already in v{head} (same content)", file=sys.stderr)
+    if det.skipped_duplicates == len(paths):
+        print(f"product {args.product}: no new images; head stays v{head}")
+        return 0
     # expect_head: a concurrent update in between makes this one fail cleanly instead of losing images.
     version = store.put(args.product, det.templates, expect_head=head)
     print(
-        f"product {args.product}: version {version} (from v{head}) with {len(paths)} more good images, "
+        f"product {args.product}: version {version} (from v{head}) with "
+        f"{len(paths) - det.skipped_duplicates} more good images, "
         f"{det.templates.n_images} in all; threshold {det.threshold:.4f}"
     )
     return 0
@@ -280,6 +323,16 @@ def cmd_delete(args: argparse.Namespace) -> int:
         raise CLIError(f"deleting {args.product!r} removes every version from {args.store}: add --yes to confirm")
     _open(args).delete_product(args.product)
     print(f"product {args.product} deleted from {args.store}")
+    return 0
+
+
+def cmd_repair(args: argparse.Namespace) -> int:
+    done = _open(args).repair(args.product)
+    swept = f"; removed {len(done['swept'])} stale temporary file(s)" if done["swept"] else ""
+    if done["rebuilt"]:
+        print(f"product {args.product}: HEAD rebuilt at v{done['version']} (versions {done['history']}){swept}")
+    else:
+        print(f"product {args.product}: HEAD is sound (v{done['version']}), left alone{swept}")
     return 0
 
 
@@ -391,6 +444,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", type=int, required=True)
     _add_store_flags(p)
     p.set_defaults(func=cmd_rollback)
+
+    p = sub.add_parser("repair", help="rebuild a garbage or missing HEAD from the newest version that loads")
+    p.add_argument("--product", required=True)
+    _add_store_flags(p)
+    p.set_defaults(func=cmd_repair)
 
     p = sub.add_parser("serve", help="run the HTTP service (deploy.yaml's application) until Ctrl-C")
     p.add_argument("--serve-config", metavar="FILE", help="Serve config file (default: the repository's deploy.yaml)")

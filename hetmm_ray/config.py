@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,9 @@ __all__ = [
     "ReplicaSettings",
     "ServiceConfig",
     "ThresholdConfig",
+    "NUMERIC_RANGES",
+    "check_number",
+    "is_finite_number",
     "load_config",
 ]
 
@@ -79,6 +83,71 @@ def _require(ok: bool, message: str) -> None:
         raise ConfigError(message)
 
 
+# --- numeric ranges ------------------------------------------------------------
+# Every numeric setting's allowed closed range, by the name a config file, --set or the README
+# uses (sections as in DetectorConfig; the service's settings as ``service.``, the replicas'
+# live settings as ``user_config.``). Every value must also be finite (no NaN, no Infinity:
+# JSON parsers accept both and they would break verdicts and JSON responses). ``int`` ranges
+# refuse non-integers; booleans are never numbers. Lists are checked element by element, and
+# a field whose default is None may be null. tests/test_hardening.py keeps the README's
+# validation table equal to this one.
+NUMERIC_RANGES: dict[str, tuple[float, float, type]] = {
+    "backbone.image_size": (32, 2048, int),
+    "backbone.seed": (0, 2**32 - 1, int),
+    "scoring.forward_windows": (1, 99, int),
+    "scoring.backward_windows": (1, 99, int),
+    "scoring.alphas": (0.0, 1.0, float),
+    "scoring.layer_weights": (0.0, 1000.0, float),
+    "scoring.score_sigma": (0.0, 64.0, float),
+    "scoring.map_sigma": (0.0, 64.0, float),
+    "scoring.output_size": (8, 4096, int),
+    "templates.sheets": (1, 100_000, int),
+    "templates.seed": (0, 2**32 - 1, int),
+    "threshold.folds": (2, 100, int),
+    "threshold.max_images": (2, 100_000, int),
+    "threshold.sigmas": (0.0, 100.0, float),
+    "threshold.seed": (0, 2**32 - 1, int),
+    "batch_size": (1, 4096, int),
+    "chunk_mib": (1, 65_536, int),
+    "service.max_products_per_replica": (1, 1024, int),
+    "service.max_body_mib": (1, 4096, int),
+    "service.max_images_per_request": (1, 1024, int),
+    "service.max_images_per_job": (1, 100_000, int),
+    "service.job_wait_s": (0.1, 3600.0, float),
+    "service.store_poll_s": (0.1, 60.0, float),
+    "service.body_timeout_s": (0.5, 600.0, float),
+    "user_config.max_batch_size": (1, 256, int),
+    "user_config.batch_wait_timeout_s": (0.0, 10.0, float),
+    "user_config.threads": (0, 1024, int),
+    "user_config.sigmas": (0.0, 100.0, float),
+}
+
+
+def is_finite_number(value: Any) -> bool:
+    """A real number that is not a boolean, NaN or infinite."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def check_number(key: str, value: Any) -> None:
+    """Refuse ``value`` for the numeric setting ``key`` unless it is finite and in NUMERIC_RANGES[key]."""
+    lo, hi, kind = NUMERIC_RANGES[key]
+    what = "an integer" if kind is int else "a finite number"
+    ok = is_finite_number(value) and (kind is not int or isinstance(value, int)) and lo <= value <= hi
+    _require(ok, f"{key}: must be {what} in [{lo:g}, {hi:g}], got {value!r}")
+
+
+def _check_numbers(obj: Any, section: str) -> None:
+    for f in dataclasses.fields(obj):
+        key = section + f.name
+        if key not in NUMERIC_RANGES:
+            continue
+        value = getattr(obj, f.name)
+        if value is None and f.default is None:
+            continue
+        for v in value if isinstance(value, tuple | list) else (value,):
+            check_number(key, v)
+
+
 def _odd_windows(name: str, values: tuple[int, ...]) -> None:
     for v in values:
         _require(
@@ -114,6 +183,7 @@ class BackboneConfig:
         if self.layers is not None:
             object.__setattr__(self, "layers", tuple(self.layers))
             _require(len(self.layers) >= 1, "backbone.layers: give at least one layer")
+        _check_numbers(self, "backbone.")
 
     @property
     def taps(self) -> tuple[str, ...]:
@@ -156,6 +226,7 @@ class ScoringConfig:
             len(n) == 1,
             "scoring: forward_windows, backward_windows, alphas and layer_weights need one entry per layer",
         )
+        _check_numbers(self, "scoring.")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -172,6 +243,7 @@ class TemplateConfig:
             f"templates.kind: unknown selection {self.kind!r}; choose one of {', '.join(TEMPLATE_KINDS)}",
         )
         _require(isinstance(self.sheets, int) and self.sheets >= 1, "templates.sheets: must be an integer >= 1")
+        _check_numbers(self, "templates.")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -196,6 +268,7 @@ class ThresholdConfig:
             isinstance(self.max_images, int) and self.max_images >= 2, "threshold.max_images: must be an integer >= 2"
         )
         _require(self.sigmas >= 0, "threshold.sigmas: must be >= 0")
+        _check_numbers(self, "threshold.")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -231,6 +304,7 @@ class DetectorConfig:
             f"scoring: the backbone taps {n_layers} layers {self.backbone.taps} but scoring has "
             f"{len(self.scoring.forward_windows)} entries per list",
         )
+        _check_numbers(self, "")
 
     # --- (de)serialisation --------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -270,15 +344,36 @@ class ServiceConfig:
     # Settings of products created over HTTP that the request leaves out
     # (e.g. {"backbone": {"name": "mobilenet_v2", "weights": "/weights/mnv2.pth"}}).
     product_defaults: dict[str, Any] = field(default_factory=dict)
+    # How often the registry re-reads the HEAD of every product it serves, so a rollback,
+    # delete or new version written by another writer (the CLI, another cluster) is served
+    # within about 2 * store_poll_s plus the time to load the new version.
+    store_poll_s: float = 2.0
+    # Longest time to receive a request body; a slower client gets a JSON 408 and its slot back.
+    body_timeout_s: float = 60.0
+    # Where a create request's server-side ``source`` may read: local folders and/or
+    # s3://bucket/prefix[?endpoint=...] roots. None by default (sources refused); an S3
+    # endpoint comes only from here, never from the client's URI.
+    source_roots: tuple[str, ...] = ()
+    # Origins (scheme://host[:port]) besides the service's own that may send non-GET requests
+    # from a browser; every other cross-origin write is refused (403).
+    allowed_origins: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         _require(bool(self.store), "store: give a local directory or s3://bucket/prefix")
+        for name in ("source_roots", "allowed_origins"):
+            value = getattr(self, name)
+            _require(
+                isinstance(value, list | tuple) and all(isinstance(v, str) and v for v in value),
+                f"{name}: must be a list of non-empty strings, got {value!r}",
+            )
+            object.__setattr__(self, name, tuple(value))
         for name in ("max_products_per_replica", "max_body_mib", "max_images_per_request", "max_images_per_job"):
             value = getattr(self, name)
             _require(isinstance(value, int) and value >= 1, f"{name}: must be an integer >= 1, got {value!r}")
         _require(self.job_wait_s > 0, "job_wait_s: must be > 0")
         _require(isinstance(self.product_defaults, dict), "product_defaults: must be a mapping")
         DetectorConfig.from_dict(self.product_defaults)  # fail at start-up, not at the first create
+        _check_numbers(self, "service.")
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ServiceConfig:
@@ -308,6 +403,7 @@ class ReplicaSettings:
         )
         _require(isinstance(self.threads, int) and self.threads >= 0, "threads: must be an integer >= 0")
         _require(self.sigmas is None or self.sigmas >= 0, "sigmas: must be >= 0 or null")
+        _check_numbers(self, "user_config.")
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ReplicaSettings:

@@ -14,12 +14,12 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from .config import DetectorConfig
+from .config import DetectorConfig, check_number
 from .core.atmm import anomaly_maps, pixel_major
 from .core.backbone import Backbone
 from .core.pts import select_layers
 from .core.scoring import calibrate, gaussian_blur, image_scores
-from .core.templates import TemplateError, TemplateSet
+from .core.templates import TemplateError, TemplateSet, unseen_positions
 from .data.decode import decode_image, images_to_tensor
 
 __all__ = ["HETMM", "ImageInput", "Prediction"]
@@ -75,6 +75,7 @@ class HETMM:
         self.version: int | None = None
         self._backbone: Backbone | None = None
         self._prepared: dict[str, Tensor] | None = None
+        self.skipped_duplicates = 0  # images the last update() skipped: already in the bank
 
     # --- pieces ------------------------------------------------------------------
     @property
@@ -190,9 +191,20 @@ class HETMM:
         return self
 
     def update(self, images: Sequence[ImageInput]) -> HETMM:
-        """Hot update: append good images' features, re-select the tiny set, recalibrate."""
+        """Hot update: append good images' features, re-select the tiny set, recalibrate.
+
+        Images already in the bank (same content digest) are skipped, so a retried update
+        changes nothing; ``self.skipped_duplicates`` says how many were skipped.
+        """
         ts = self._require_templates()
         feats, digests = self.extract(images, desc="update: features", bank=True)
+        keep = unseen_positions(ts.image_digests, digests)
+        self.skipped_duplicates = len(digests) - len(keep)
+        if not keep:
+            return self
+        if len(keep) < len(digests):
+            feats = {k: v[keep] for k, v in feats.items()}
+            digests = [digests[i] for i in keep]
         grown = ts.appended(feats, tuple(digests))
         self._install(self.calibrated(self._selected(grown)), version=None)
         return self
@@ -255,6 +267,8 @@ class HETMM:
     # --- predict -------------------------------------------------------------------
     def predict(self, images: Sequence[ImageInput], *, sigmas: float | None = None) -> Prediction:
         """Scores, maps and verdicts for ``images``; ``sigmas`` overrides the threshold rule."""
+        if sigmas is not None:
+            check_number("threshold.sigmas", sigmas)  # NaN would judge every image "ok"
         ts = self._require_templates()
         assert self._prepared is not None
         start = time.perf_counter()

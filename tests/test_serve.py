@@ -86,7 +86,7 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 @pytest.fixture(scope="module")
-def service(store: str) -> Iterator[str]:
+def service(store: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     from ray import serve
 
     from hetmm_ray.serve.run import start_service, stop_service
@@ -95,7 +95,12 @@ def service(store: str) -> Iterator[str]:
     running = start_service(
         store=store,
         port=free_port(),
-        args={"admin_token_env": TOKEN_ENV, "max_products_per_replica": 2, "max_body_mib": 1},
+        args={
+            "admin_token_env": TOKEN_ENV,
+            "max_products_per_replica": 2,
+            "max_body_mib": 1,
+            "source_roots": [str(tmp_path_factory.getbasetemp())],  # create from a folder (tmp_path)
+        },
         deployments={
             "Detector": {
                 "num_replicas": 2,

@@ -27,6 +27,21 @@ __all__ = ["FORMAT_VERSION", "TemplateError", "TemplateSet"]
 FORMAT_VERSION = 1
 
 
+def unseen_positions(known: tuple[str, ...] | list[str], digests: list[str] | tuple[str, ...]) -> list[int]:
+    """Positions in ``digests`` of images not in ``known`` and not repeated earlier in ``digests``.
+
+    Hot updates keep only these, so sending the same good images twice (a client's retry)
+    changes nothing: the bank, the selection and the threshold stay as they are.
+    """
+    seen = set(known)
+    keep = []
+    for i, d in enumerate(digests):
+        if d not in seen:
+            seen.add(d)
+            keep.append(i)
+    return keep
+
+
 class TemplateError(ValueError):
     """Stored templates are unreadable or do not fit the detector."""
 

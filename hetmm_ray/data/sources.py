@@ -22,15 +22,26 @@ class SourceError(ValueError):
     """An image source is missing, empty or too big."""
 
 
-def read_image_source(uri: str, *, max_images: int, max_bytes: int = MAX_IMAGE_BYTES) -> list[tuple[str, bytes]]:
-    """``(name, encoded bytes)`` of every image under a local folder or ``s3://bucket/prefix``."""
-    if not uri.startswith("s3://") and not Path(uri.removeprefix("file://")).is_dir():
-        raise SourceError(f"{uri}: not a folder")
+def read_image_source(
+    uri: str, *, max_images: int, max_bytes: int = MAX_IMAGE_BYTES, confine_to: str | None = None
+) -> list[tuple[str, bytes]]:
+    """``(name, encoded bytes)`` of every image under a local folder or ``s3://bucket/prefix``.
+
+    ``confine_to``: a local folder every file read must really lie under (symlinks resolved),
+    so a link inside an allowed folder cannot reach outside it.
+    """
     try:
+        if not uri.startswith("s3://") and not Path(uri.removeprefix("file://")).is_dir():
+            raise SourceError(f"{uri}: not a folder")
         backend = open_backend(uri)
         names = [k for k in backend.list("") if k.lower().endswith(IMAGE_SUFFIXES)]
     except StoreError as exc:
         raise SourceError(f"{uri}: {exc}") from None
+    except OSError as exc:  # a name too long, a symlink loop, no permission
+        raise SourceError(f"{uri}: cannot be listed ({exc.strerror or type(exc).__name__})") from None
+    if confine_to is not None:
+        root = Path(confine_to).resolve()
+        names = [n for n in names if (Path(uri) / n).resolve().is_relative_to(root)]
     if not names:
         raise SourceError(f"{uri}: no images ({', '.join(IMAGE_SUFFIXES)}) found")
     if len(names) > max_images:

@@ -28,6 +28,10 @@ class JobProgress:
     def stage(self, name: str, total: int = 0) -> None:
         self._record["progress"] = {"stage": name, "done": 0, "total": total}
 
+    def note(self, **fields: Any) -> None:
+        """Facts the job's record reports besides progress (e.g. ``skipped_duplicates``)."""
+        self._record.update(fields)
+
     def __call__(self, done: int, total: int) -> None:
         self._record["progress"].update(done=done, total=total)
 

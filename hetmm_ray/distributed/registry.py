@@ -31,13 +31,14 @@ import numpy as np
 import ray
 import torch
 
-from ..config import TASK_CPUS, DetectorConfig
+from ..config import TASK_CPUS, DetectorConfig, ServiceConfig
 from ..core.pts import select_layers
-from ..core.templates import TemplateSet
-from ..store import StoreConflict, check_product_name, open_store
+from ..core.templates import TemplateSet, unseen_positions
+from ..store import ProductNotFound, StoreConflict, StoreError, check_product_name, open_store
 from .jobs import JobBoard, JobProgress
 from .pts_fanout import pts_indices_ray
 from .shard import ShardPlacement, TemplateShard, shard_options
+from .store_watch import follow_store
 
 __all__ = ["REGISTRY_NAME", "ProductRegistry", "get_registry", "registry_name"]
 
@@ -75,6 +76,44 @@ class ProductRegistry:
         self.locks: dict[str, asyncio.Lock] = {}
         self.changed: dict[str, asyncio.Condition] = {}
         self.jobs = JobBoard()
+        self.poll_s = ServiceConfig().store_poll_s  # the service sets its own with set_poll()
+        self._watch: asyncio.Task[None] | None = None
+
+    # --- following the store (other writers) ----------------------------------------------
+    def _ensure_watch(self) -> None:
+        if self._watch is None or self._watch.done():
+            self._watch = asyncio.get_running_loop().create_task(follow_store(self.sync_heads, lambda: self.poll_s))
+
+    async def set_poll(self, seconds: float) -> None:
+        """How often to re-read the HEADs of served products (ServiceConfig.store_poll_s)."""
+        self.poll_s = float(seconds)
+        self._ensure_watch()
+
+    async def sync_heads(self) -> None:
+        """Make what is served here follow each held product's HEAD in the store (store_watch.py)."""
+        for product in list(self.versions):
+            try:
+                head = await asyncio.to_thread(self.store.head, product)
+            except ProductNotFound:
+                head = None
+            except StoreError:
+                continue  # unreadable now: keep serving what we have
+            if head == self.versions.get(product):
+                continue
+            async with self._lock(product):  # a writer here may be mid-publish: look again under its lock
+                try:
+                    head = await asyncio.to_thread(self.store.head, product)
+                except ProductNotFound:
+                    self._forget(product)
+                    continue
+                if head == self.versions.get(product):
+                    continue
+                if product in self.published:
+                    await self._load_shards(product)
+                else:
+                    self.versions[product] = head
+                    async with self._condition(product):
+                        self._condition(product).notify_all()
 
     def _lock(self, product: str) -> asyncio.Lock:
         return self.locks.setdefault(product, asyncio.Lock())
@@ -87,6 +126,7 @@ class ProductRegistry:
         return {p: await self.head(p) for p in names}
 
     async def head(self, product: str) -> int:
+        self._ensure_watch()
         if product not in self.versions:
             self.versions[product] = await asyncio.to_thread(self.store.head, product)
         return self.versions[product]
@@ -95,29 +135,33 @@ class ProductRegistry:
         """Every product's head version, selection, backbone and threshold (for ``GET /v1/products``)."""
         out = []
         for product, version in (await self.products()).items():
-            m = await asyncio.to_thread(self.store.manifest, product, version)
-            config = DetectorConfig.from_dict(m["config"])
-            sheets = next(iter(m["layers"].values())).get("sheets") if m.get("selection") else None
-            cal = m.get("calibration")
-            threshold = None
-            if cal:
-                from ..core.scoring import Calibration
-
-                threshold = Calibration(tuple(cal)).threshold(config.threshold.sigmas)
-            out.append(
-                {
-                    "product": product,
-                    "version": version,
-                    "images": m["images"],
-                    "templates": config.templates.kind,
-                    "sheets": sheets or (m["images"] if config.templates.kind == "all" else config.templates.sheets),
-                    "backbone": config.backbone.name,
-                    "image_size": config.backbone.image_size,
-                    "threshold": threshold,
-                    "created": m.get("created"),
-                }
-            )
+            try:
+                out.append(await self._describe_one(product, version))
+            except Exception as exc:  # noqa: BLE001 - one bad product must not break the list of all
+                out.append({"product": product, "version": version, "error": f"{type(exc).__name__}: {exc}"})
         return out
+
+    async def _describe_one(self, product: str, version: int) -> dict[str, Any]:
+        m = await asyncio.to_thread(self.store.manifest, product, version)
+        config = DetectorConfig.from_dict(m["config"])
+        sheets = next(iter(m["layers"].values())).get("sheets") if m.get("selection") else None
+        cal = m.get("calibration")
+        threshold = None
+        if cal:
+            from ..core.scoring import Calibration
+
+            threshold = Calibration(tuple(cal)).threshold(config.threshold.sigmas)
+        return {
+            "product": product,
+            "version": version,
+            "images": m["images"],
+            "templates": config.templates.kind,
+            "sheets": sheets or (m["images"] if config.templates.kind == "all" else config.templates.sheets),
+            "backbone": config.backbone.name,
+            "image_size": config.backbone.image_size,
+            "threshold": threshold,
+            "created": m.get("created"),
+        }
 
     async def _load_shards(self, product: str) -> TemplateSet:
         """(Re)create the product's shards; each loads its layer of the store head itself."""
@@ -161,6 +205,7 @@ class ProductRegistry:
 
     async def snapshot(self, product: str) -> dict[str, Any]:
         """The published version of ``product`` for replicas: metadata plus per-layer tiny-set refs."""
+        self._ensure_watch()
         if product not in self.published:
             async with self._lock(product):
                 if product not in self.published:
@@ -210,12 +255,32 @@ class ProductRegistry:
         )
         return replace(ts, indices=indices, centres=centres)
 
-    async def update(self, product: str, features: dict[str, np.ndarray], digests: list[str]) -> int:
-        """Hot update with new good images' features (layer -> (n, C, H, W)); returns the new version."""
+    async def update(
+        self,
+        product: str,
+        features: dict[str, np.ndarray],
+        digests: list[str],
+        progress: JobProgress | None = None,
+    ) -> int:
+        """Hot update with new good images' features (layer -> (n, C, H, W)); returns the new version.
+
+        Images already in the head's bank (same content digest) are skipped and counted in the
+        job's ``skipped_duplicates``; with nothing new the head stays as it is (idempotent retries).
+        """
         async with self._lock(product):
-            base = await self._load_shards(product) if product not in self.shards else None
-            if base is None:
+            stored_head = await asyncio.to_thread(self.store.head, product)  # another writer may have moved it
+            if product not in self.shards or stored_head != self.versions.get(product):
+                base = await self._load_shards(product)
+            else:
                 base = await asyncio.to_thread(self.store.get, product, self.versions[product])
+            keep = unseen_positions(base.image_digests, digests)
+            if progress is not None:
+                progress.note(skipped_duplicates=len(digests) - len(keep), added_images=len(keep))
+            if not keep:
+                return int(base.meta["version"])
+            if len(keep) < len(digests):
+                features = {k: np.asarray(v)[keep] for k, v in features.items()}
+                digests = [digests[i] for i in keep]
             shards = self.shards[product]
             try:
                 if set(features) != set(shards):
@@ -252,6 +317,28 @@ class ProductRegistry:
             await asyncio.to_thread(self.store.rollback, product, version)
             await self._load_shards(product)
         return version
+
+    async def delete(self, product: str) -> None:
+        """Remove a product from the store (every version) and stop serving it here."""
+        check_product_name(product)
+        async with self._lock(product):
+            await asyncio.to_thread(self.store.delete_product, product)
+            self._forget(product)
+
+    def _forget(self, product: str) -> None:
+        """Drop everything held for a product that is gone from the store; wake its subscribers."""
+        for shard in self.shards.pop(product, {}).values():
+            ray.kill(shard, no_restart=True)
+        self.published.pop(product, None)
+        self.versions.pop(product, None)
+        cond = self.changed.get(product)
+        if cond is not None:
+
+            async def wake() -> None:
+                async with cond:
+                    cond.notify_all()
+
+            asyncio.get_running_loop().create_task(wake())
 
     async def wait_for_version(self, product: str, after: int, timeout: float = 30.0) -> int:
         """Long-poll: return as soon as the head differs from ``after`` (or at ``timeout``)."""
@@ -292,7 +379,7 @@ class ProductRegistry:
         async def work(progress: JobProgress) -> int:
             features, digests = await self._extract(cfg, images, progress)
             progress.stage("select and publish")
-            return await self.update(product, features, digests)
+            return await self.update(product, features, digests, progress)
 
         return self.jobs.start("normals", product, work)
 

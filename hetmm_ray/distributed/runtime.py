@@ -1,7 +1,7 @@
 """One place that starts or joins Ray, for the CLI, the Python API and the service.
 
 ``connect()`` reuses a Ray this process already joined, else starts a local one
-(no dashboard, worker logs kept out of the driver's terminal, namespace
+(listening on 127.0.0.1 only, no dashboard, worker logs kept out of the driver's terminal, namespace
 ``hetmm`` so named actors such as the registry are found again). Given an
 address (or ``RAY_ADDRESS``) it joins that cluster instead.
 
@@ -55,6 +55,26 @@ def _probe(address: str, host: str, port: int, timeout: float) -> None:
         raise ClusterUnavailable(f"ray cluster at {address} is unreachable ({reason})") from None
 
 
+LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+def _loopback_only() -> None:
+    """Make the local Ray about to start listen on 127.0.0.1 only.
+
+    Ray 2.60 binds its GCS, raylets, workers and agents to the node IP and ``*``, and
+    turns a ``_node_ip_address`` of 127.0.0.1 back into the machine's reachable address.
+    Its single-machine mode (what ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` selects; on
+    Linux it changes nothing else) takes 127.0.0.1 as the node IP, and then every Ray
+    process binds loopback (checked with ``ss -ltnp`` in tests/test_hardening.py). The
+    variable is set in this process's environment so Ray's child processes see it too;
+    the constant is patched because Ray read the variable when it was imported.
+    """
+    os.environ[LOOPBACK_ENV] = "0"
+    from ray._private import ray_constants
+
+    ray_constants.ENABLE_RAY_CLUSTER = False
+
+
 def connect(address: str | None = None, *, num_cpus: int | None = None) -> None:
     """Start or join Ray once for this process.
 
@@ -70,6 +90,7 @@ def connect(address: str | None = None, *, num_cpus: int | None = None) -> None:
     if ray.is_initialized():
         return  # one Ray per process: a second connect is a no-op
     if address is None:
+        _loopback_only()
         ray.init(
             num_cpus=num_cpus,
             include_dashboard=False,

@@ -12,7 +12,6 @@ rollback, jobs) goes to the product registry.
 import asyncio
 import hmac
 import ipaddress
-import json
 import logging
 import os
 import time
@@ -23,11 +22,12 @@ import numpy as np
 import ray
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 from ray import serve
 from ray.exceptions import RayActorError
 from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from ..config import MAX_IMAGE_BYTES, ConfigError, DetectorConfig, ServiceConfig
 from ..core.templates import TemplateError
@@ -35,7 +35,9 @@ from ..data.decode import ImageError, decode_image
 from ..data.sources import SourceError, read_image_source
 from ..distributed.registry import get_registry
 from ..store import ProductNotFound, StoreConflict, StoreError, StoreUnavailable, check_product_name
+from . import security
 from .metrics import CONTENT_TYPE_LATEST, ServiceMetrics
+from .security import CrossOriginGuard, JSONResponse, Refused, parse_json_object, resolve_source
 
 __all__ = ["ApiError", "Ingress", "app"]
 
@@ -68,6 +70,10 @@ _CLASSIFIED: tuple[tuple[type[BaseException], int, str], ...] = (
 def classify(exc: BaseException) -> ApiError:
     if isinstance(exc, ApiError):
         return exc
+    if isinstance(exc, Refused):
+        return ApiError(exc.status, exc.code, exc.message)
+    if isinstance(exc, ClientDisconnect):  # the client went away mid-body: its mistake, not ours
+        return ApiError(499, "client_closed_request", "the client closed the connection before the body was sent")
     if isinstance(exc, RayActorError | BackPressureError | DeploymentUnavailableError):
         return ApiError(503, "unavailable", f"no replica could take the request now ({type(exc).__name__}); retry")
     cause = getattr(exc, "cause", None) or exc
@@ -88,6 +94,7 @@ def _error(err: ApiError) -> JSONResponse:
 
 
 app = FastAPI(title="hetmm-ray", summary="Training-free visual anomaly detection (HETMM) over HTTP")
+app.add_middleware(CrossOriginGuard)
 
 
 @app.exception_handler(ApiError)
@@ -126,10 +133,14 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
+class InsecureBind(ConfigError, RuntimeError):
+    """A non-loopback bind without an admin token (a configuration mistake: one CLI line)."""
+
+
 def refuse_open_bind(host: str, token: str | None, env: str) -> None:
     """A server reachable from other machines must protect its admin routes."""
     if not _is_loopback(host) and not token:
-        raise RuntimeError(
+        raise InsecureBind(
             f"refusing to serve on non-loopback address {host!r} without an admin token: set {env} (or bind 127.0.0.1)"
         )
 
@@ -156,7 +167,9 @@ def _merged(defaults: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
 
 # Serve captures this module's globals when the class below is decorated: every helper
 # the routes use must be defined above this line.
-@serve.deployment(name="Ingress", ray_actor_options={"num_cpus": 0.25}, max_ongoing_requests=256)
+# max_ongoing_requests: a request holds its slot while its body arrives, so slow clients must not
+# be able to take every slot (bodies time out after ServiceConfig.body_timeout_s).
+@serve.deployment(name="Ingress", ray_actor_options={"num_cpus": 0.25}, max_ongoing_requests=1024)
 @serve.ingress(app)
 class Ingress:
     def __init__(self, detector: Any, service: dict[str, Any]) -> None:
@@ -167,9 +180,11 @@ class Ingress:
             refuse_open_bind(host, self.token, self.service.admin_token_env)
         self.detector = detector
         self.registry = get_registry(self.service.store, detached=True)
+        self.registry.set_poll.remote(self.service.store_poll_s)  # follow other writers of the store
         self.metrics = ServiceMetrics()
         self.limit = self.service.max_body_mib * 2**20
         self._known: dict[str, float] = {}  # product -> until when its existence is cached
+        security.ALLOWED_ORIGINS = self.service.allowed_origins
 
     # --- plumbing -------------------------------------------------------------------------------
     async def _timed(self, request: Request, route: str, handler: Callable[[], Awaitable[Response]]) -> Response:
@@ -178,7 +193,7 @@ class Ingress:
             response = await handler()
         except Exception as exc:  # every failure becomes a JSON error with a status
             err = classify(exc)
-            if err.status >= 500:
+            if err.status >= 500 and err.status != 499:
                 logger.error("%s %s failed", request.method, request.url.path, exc_info=exc)
             response = _error(err)
         self.metrics.observe_request(route, response.status_code, time.perf_counter() - start)
@@ -202,11 +217,18 @@ class Ingress:
             if int(declared) > self.limit:
                 raise ApiError(413, "too_large", f"request body of {declared} bytes exceeds {self.limit} bytes")
         chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > self.limit:
-                raise ApiError(413, "too_large", f"request body exceeds {self.limit} bytes")
-            chunks.append(chunk)
+        timeout = self.service.body_timeout_s
+        try:
+            async with asyncio.timeout(timeout):  # a slow client must give its slot back
+                async for chunk in request.stream():
+                    size += len(chunk)
+                    if size > self.limit:
+                        raise ApiError(413, "too_large", f"request body exceeds {self.limit} bytes")
+                    chunks.append(chunk)
+        except TimeoutError:
+            raise ApiError(
+                408, "body_timeout", f"the request body did not arrive within {timeout:g} s ({size} bytes received)"
+            ) from None
         body = b"".join(chunks)
         request._body = body  # lets request.form() parse what was already read (and bounded)
         return body
@@ -223,6 +245,8 @@ class Ingress:
             try:
                 form = await request.form(max_files=max_images, max_fields=16, max_part_size=MAX_IMAGE_BYTES)
             except Exception as exc:  # noqa: BLE001 - the multipart parser's errors vary
+                if "Too many files" in str(exc):  # the parser stops at max_files + 1: the README's 413
+                    raise ApiError(413, "too_many_images", f"more than {max_images} images in one request") from None
                 raise ApiError(400, "bad_multipart", f"malformed multipart body ({_one_line(exc)})") from None
             images, fields = [], {}
             for key, value in form.multi_items():
@@ -252,7 +276,8 @@ class Ingress:
         if self._known.get(product, 0.0) > time.monotonic():
             return
         await self.registry.head.remote(product)  # ProductNotFound -> 404
-        self._known[product] = time.monotonic() + 5.0
+        # Cached no longer than the registry's store poll: a product deleted elsewhere 404s soon.
+        self._known[product] = time.monotonic() + self.service.store_poll_s
 
     @staticmethod
     async def _decode(uploads: list[tuple[str, bytes]]) -> list[np.ndarray]:
@@ -262,14 +287,7 @@ class Ingress:
         ctype = _content_type(request)
         if ctype != "application/json":
             raise ApiError(415, "unsupported_media_type", f"content type {ctype or '(none)'!r}; send application/json")
-        body = await self._body(request)
-        try:
-            data = json.loads(body)
-        except ValueError as exc:
-            raise ApiError(400, "bad_json", f"malformed JSON ({exc})") from None
-        if not isinstance(data, dict):
-            raise ApiError(400, "bad_json", "expected a JSON object")
-        return data
+        return parse_json_object(await self._body(request))
 
     async def _job_response(self, record: dict[str, Any], wait: bool) -> JSONResponse:
         if not wait:
@@ -338,16 +356,14 @@ class Ingress:
                     raise ApiError(
                         400, "bad_request", "JSON body: give 'source' (folder or s3:// prefix) and optional 'config'"
                     )
+                uri, confine_to = resolve_source(spec["source"], self.service.source_roots)
                 uploads = await asyncio.to_thread(
-                    read_image_source, str(spec["source"]), max_images=self.service.max_images_per_job
+                    read_image_source, uri, max_images=self.service.max_images_per_job, confine_to=confine_to
                 )
                 config_data = spec.get("config") or {}
             else:
                 uploads, fields = await self._uploads(request, max_images=self.service.max_images_per_job)
-                try:
-                    config_data = json.loads(fields.get("config", "{}"))
-                except ValueError as exc:
-                    raise ApiError(400, "bad_json", f"the 'config' field is not valid JSON ({exc})") from None
+                config_data = parse_json_object(fields.get("config", "{}"), what="the 'config' field")
             if not isinstance(config_data, dict):
                 raise ApiError(400, "bad_config", "'config' must be a JSON object")
             config = _merged(self.service.product_defaults, config_data)
@@ -384,6 +400,17 @@ class Ingress:
             return JSONResponse({"product": product, "version": done})
 
         return await self._timed(request, "rollback", handler)
+
+    @app.delete("/v1/products/{product}")
+    async def delete(self, product: str, request: Request) -> Response:
+        async def handler() -> Response:
+            self._admin(request)
+            self._check_product(product)
+            await self.registry.delete.remote(product)  # ProductNotFound -> 404
+            self._known.pop(product, None)
+            return JSONResponse({"product": product, "deleted": True})
+
+        return await self._timed(request, "delete", handler)
 
     @app.get("/v1/jobs/{job_id}")
     async def job(self, job_id: str, request: Request) -> Response:

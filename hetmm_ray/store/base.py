@@ -23,7 +23,8 @@ __all__ = [
     "check_product_name",
 ]
 
-_PRODUCT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+# Matched with fullmatch: a "$" anchor would also accept a trailing newline ("nl\n").
+_PRODUCT = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 
 class StoreError(RuntimeError):
@@ -50,7 +51,7 @@ class StoreCorrupt(StoreError):
 
 
 def check_product_name(product: str) -> str:
-    if not isinstance(product, str) or not _PRODUCT.match(product) or product.endswith("."):
+    if not isinstance(product, str) or not _PRODUCT.fullmatch(product) or product.endswith("."):
         raise StoreError(
             f"invalid product name {product!r}: use 1-64 letters, digits, '_', '-' or '.', "
             "starting with a letter or digit"

@@ -15,13 +15,17 @@ import hashlib
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
 from .base import StoreConflict, StoreError
 
-__all__ = ["LocalBackend"]
+__all__ = ["STALE_TEMP_S", "LocalBackend"]
+
+STALE_TEMP_S = 600.0
+"""A temporary file untouched this long was left by a killed writer (a live one keeps writing it)."""
 
 
 def _etag(data: bytes) -> str:
@@ -132,6 +136,26 @@ class LocalBackend:
         for p in sorted(base.rglob("*")):
             if p.is_file() and not p.name.startswith("."):
                 yield p.relative_to(self.root).as_posix()
+
+    def sweep_temp(self, prefix: str = "", *, older_than_s: float = STALE_TEMP_S) -> list[str]:
+        """Remove temporary files (``.NAME.XXXX.tmp``) that a killed writer left; returns their keys.
+
+        Only files not modified for ``older_than_s`` are removed, so a write in progress in
+        another process keeps its file.
+        """
+        base = self._path(prefix.rstrip("/")) if prefix else self.root
+        if not base.is_dir():
+            return []
+        cutoff = time.time() - older_than_s
+        removed = []
+        for p in sorted(base.rglob(".*.tmp")):
+            try:
+                if p.is_file() and p.stat().st_mtime < cutoff:
+                    p.unlink()
+                    removed.append(p.relative_to(self.root).as_posix())
+            except FileNotFoundError:  # another sweeper took it
+                continue
+        return removed
 
     def delete(self, keys: list[str]) -> None:
         for key in keys:

@@ -231,6 +231,7 @@ class VersionedStore:
         (optimistic concurrency for read-modify-write updates).
         """
         check_product_name(product)
+        self.sweep_temp(product)  # what a writer killed mid-object left behind
         found = self._head(product)
         head, etag = (found[0], found[1]) if found else ({"version": 0, "history": []}, None)
         if expect_head is not None and int(head["version"]) != expect_head:
@@ -316,8 +317,69 @@ class VersionedStore:
     def _refs(manifest: dict[str, Any]) -> list[dict[str, Any]]:
         return [*manifest["chunks"], *([manifest["selection"]] if manifest.get("selection") else [])]
 
+    def sweep_temp(self, product: str) -> list[str]:
+        """Remove temporary files that killed writers left under ``product`` (local stores; S3 has none)."""
+        sweep = getattr(self.backend, "sweep_temp", None)
+        return sweep(f"{check_product_name(product)}/") if sweep is not None else []
+
+    def repair(self, product: str) -> dict[str, Any]:
+        """Rebuild a garbage or missing HEAD from the newest version that loads and verifies.
+
+        A HEAD that is readable and whose version loads is left alone. Otherwise the new
+        HEAD's history is every version whose manifest verifies, and its version the newest
+        of them whose objects load with matching checksums. Stale temporary files are swept
+        either way. Returns ``{"version", "history", "rebuilt", "swept"}``.
+        """
+        check_product_name(product)
+        swept = self.sweep_temp(product)
+        try:
+            found = self._head(product)
+        except StoreCorrupt:
+            found = None
+        if found is not None:
+            head = found[0]
+            try:
+                self.get(product, int(head["version"]))
+                return {"version": int(head["version"]), "history": head["history"], "rebuilt": False, "swept": swept}
+            except StoreError:
+                pass  # the head points at a version that does not load: rebuild
+        listed = sorted(
+            int(name)
+            for k in self.backend.list(f"{product}/versions/")
+            if k.endswith(".json") and (name := k.rsplit("/", 1)[1].removesuffix(".json")).isdigit()
+        )
+        history = []
+        for v in listed:
+            try:
+                self.manifest(product, v)
+                history.append(v)
+            except StoreError:
+                continue
+        version = None
+        for v in reversed(history):
+            try:
+                self.get(product, v)
+                version = v
+                break
+            except StoreError:
+                continue
+        if version is None:
+            raise ProductNotFound(
+                f"product {product!r}: no version in {self.backend.describe()} loads; nothing to repair from"
+            )
+        try:
+            _, etag = self.backend.read(f"{product}/HEAD")
+        except KeyError:
+            etag = None
+        new_head = {"version": version, "history": history}
+        self.backend.write(f"{product}/HEAD", json.dumps(new_head).encode(), if_none_match=etag is None, if_match=etag)
+        return {"version": version, "history": history, "rebuilt": True, "swept": swept}
+
     def delete_product(self, product: str) -> None:
         """Remove a product: its head first (it disappears at once), then every object."""
-        self._require_head(product)
+        try:
+            self._require_head(product)
+        except StoreCorrupt:
+            pass  # a garbage HEAD must not keep the operator from deleting the product
         self.backend.delete([f"{product}/HEAD"])
         self.backend.delete(list(self.backend.list(f"{product}/")))
