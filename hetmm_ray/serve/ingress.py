@@ -24,7 +24,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from ray import serve
-from ray.exceptions import RayActorError
+from ray.exceptions import RayActorError, TaskCancelledError
 from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
@@ -72,7 +72,9 @@ def classify(exc: BaseException) -> ApiError:
         return exc
     if isinstance(exc, Refused):
         return ApiError(exc.status, exc.code, exc.message)
-    if isinstance(exc, ClientDisconnect):  # the client went away mid-body: its mistake, not ours
+    # The client went away mid-request: starlette says ClientDisconnect; Serve's proxy cancels the
+    # replica's pull of the body (TaskCancelledError). Its doing, not a server error: 499, no log.
+    if isinstance(exc, ClientDisconnect | TaskCancelledError):
         return ApiError(499, "client_closed_request", "the client closed the connection before the body was sent")
     if isinstance(exc, RayActorError | BackPressureError | DeploymentUnavailableError):
         return ApiError(503, "unavailable", f"no replica could take the request now ({type(exc).__name__}); retry")
