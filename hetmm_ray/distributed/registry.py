@@ -109,7 +109,7 @@ class ProductRegistry:
                 if head == self.versions.get(product):
                     continue
                 if product in self.published:
-                    await self._load_shards(product)
+                    await self._reload_shards(product)
                 else:
                     self.versions[product] = head
                     async with self._condition(product):
@@ -179,6 +179,24 @@ class ProductRegistry:
         self.shards[product] = shards
         await self._publish(product, int(ts.meta["version"]), ts)
         return ts
+
+    async def _reload_shards(self, product: str) -> None:
+        """Load the store's head into the product's existing shards (no new actors) and publish it;
+        recreate the shards if that fails or they disagree on the version (the head moved again)."""
+        shards = self.shards.get(product)
+        if not shards:
+            await self._load_shards(product)
+            return
+        try:
+            versions = set(await asyncio.gather(*(s.reload.remote(self.store_uri) for s in shards.values())))
+        except Exception:  # noqa: BLE001 - a dead or failing shard: start over with fresh ones
+            versions = set()
+        if len(versions) != 1:
+            await self._load_shards(product)
+            return
+        version = versions.pop()
+        ts = await asyncio.to_thread(self.store.get, product, version)
+        await self._publish(product, version, ts)
 
     async def _publish(self, product: str, version: int, ts: TemplateSet) -> None:
         """Make ``version`` what replicas see: its tiny set (from the shards) and scoring metadata."""

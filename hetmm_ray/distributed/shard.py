@@ -78,6 +78,18 @@ class TemplateShard:
         else:
             self.bank = torch.from_numpy(np.array(source))  # own, writable copy
 
+    def reload(self, source: str) -> int:
+        """Replace this shard's state by its layer of the store's head (another writer moved it);
+        returns the version loaded."""
+        from ..store import open_store
+
+        ts = open_store(source).get(self.product)
+        self.bank = ts.bank[self.layer]
+        self.indices = None if ts.indices is None else ts.indices[self.layer]
+        self.centres = None if ts.centres is None else ts.centres[self.layer]
+        self.version = int(ts.meta["version"])
+        return self.version
+
     def info(self) -> dict[str, Any]:
         return {
             "product": self.product,
