@@ -82,6 +82,20 @@ def _png(array: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
+def _finished_job(client: Any, response: Any) -> dict[str, Any]:
+    """The job of a ``?wait=true`` admin call, polled to its end if the wait ran out (202, still running)."""
+    response.raise_for_status()
+    job = response.json()["job"]
+    while job["state"] == "running":  # a slow machine: the service answered before the job finished
+        time.sleep(1.0)
+        r = client.get(f"/v1/jobs/{job['id']}")
+        r.raise_for_status()
+        job = r.json()["job"]
+    if job["state"] != "succeeded":
+        raise RuntimeError(f"{job['kind']} job failed: {job['error']}")
+    return job
+
+
 def _percentile(values: list[float], q: float) -> float:
     return float(np.percentile(np.array(values), q)) if values else float("nan")
 
@@ -133,8 +147,7 @@ def _exercise(
     if config.backbone == BackboneConfig():
         del settings["backbone"]  # the service's default backbone, as a client that does not choose gets
     r = client.post(f"/v1/products/{PRODUCT}?wait=true", files=files, data={"config": json.dumps(settings)})
-    r.raise_for_status()
-    created = r.json()["job"]
+    created = _finished_job(client, r)
     served = next(p for p in client.get("/v1/products").json()["products"] if p["product"] == PRODUCT)
     print(
         f"[3/6] created {PRODUCT} v{created['version']} over HTTP in {time.perf_counter() - t0:.1f}s "
@@ -171,9 +184,8 @@ def _exercise(
             f"/v1/products/{PRODUCT}/normals?wait=true",
             files=[("images", (f"extra{i}.png", _png(a), "image/png")) for i, a in enumerate(extra)],
         )
-        upd.raise_for_status()
+        new_version = _finished_job(client, upd)["version"]
         seen_during = during.result()
-    new_version = upd.json()["job"]["version"]
     after, _ = predict(samples[0].path)
     print(
         f"[5/6] hot update with {len(extra)} good images -> v{new_version} in {time.perf_counter() - t0:.1f}s; "
