@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ __all__ = [
     "MIN_IMAGE_SIDE",
     "TASK_CPUS",
     "TEMPLATE_KINDS",
+    "THRESHOLD_RULES",
     "BackboneConfig",
     "ConfigError",
     "DetectorConfig",
@@ -67,6 +69,7 @@ DEFAULT_LAYERS: dict[str, tuple[str, ...]] = {
 BACKBONES = tuple(DEFAULT_LAYERS)
 
 TEMPLATE_KINDS = ("all", "ir", "pr", "pc_k", "pts_k", "pts_o")
+THRESHOLD_RULES = ("far", "sigmas", "validation")  # see ThresholdConfig
 DTYPES = ("float32", "float16", "bfloat16")
 
 
@@ -176,26 +179,58 @@ class TemplateConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class ThresholdConfig:
-    """Verdict threshold calibrated from good images only.
+    """Verdict threshold calibrated from good images only (core/calibration.py).
 
-    ``max_images`` training images are split into ``folds``; each fold is scored
-    against the templates of all other training images. The threshold is
-    ``mean + sigmas * std`` of those out-of-fold scores: raise ``sigmas`` for
-    fewer false alarms, lower it for more sensitivity. It can be changed at
-    predict time without refitting, since the scores are stored.
+    Out-of-fold scores: ``min(N, max_images)`` training images are dealt into
+    ``folds`` folds; each fold is scored as a new part would be, against
+    templates selected (``templates.kind``/``sheets``) from all the other
+    training images. Cost: ``folds`` selections on ``N (1 - 1/folds)`` images
+    (none for ``all``) + ``min(N, max_images)`` ATMM scorings against about
+    ``K (1 - 1/folds)`` sheets (``all``) or K sheets (compressed); the bank's
+    features are reused, so no backbone pass. The default cap covers a
+    1,000-image product.
+
+    Rules (``rule``):
+
+    * ``far`` (default): the threshold at which the estimated share of good
+      parts flagged is ``false_alarm_rate`` (empirical rank where the scores
+      reach that far, a robust log-normal tail below; see core/calibration.py).
+    * ``sigmas``: ``mean + sigmas * std`` of the out-of-fold scores.
+    * ``validation``: the threshold ``hetmm calibrate --val`` chose on labelled images.
+
+    The scores are stored with every version, so the rule and its parameter can
+    change at predict time (``--false-alarm-rate``, ``--sigmas``, replica
+    settings) without refitting.
     """
 
-    folds: int = 5
-    max_images: int = 50
+    rule: str = "far"
+    false_alarm_rate: float = 0.01
     sigmas: float = 3.0
+    folds: int = 5
+    max_images: int = 1000
     seed: int = 0
 
     def __post_init__(self) -> None:
+        _require(
+            self.rule in THRESHOLD_RULES,
+            f"threshold.rule: unknown rule {self.rule!r}; choose one of {', '.join(THRESHOLD_RULES)}",
+        )
+        _require(
+            _finite_number(self.false_alarm_rate) and 0 < self.false_alarm_rate <= 0.5,
+            f"threshold.false_alarm_rate: must be a number in (0, 0.5], got {self.false_alarm_rate!r}",
+        )
         _require(isinstance(self.folds, int) and self.folds >= 2, "threshold.folds: must be an integer >= 2")
         _require(
             isinstance(self.max_images, int) and self.max_images >= 2, "threshold.max_images: must be an integer >= 2"
         )
-        _require(self.sigmas >= 0, "threshold.sigmas: must be >= 0")
+        _require(
+            _finite_number(self.sigmas) and self.sigmas >= 0,
+            f"threshold.sigmas: must be a finite number >= 0, got {self.sigmas!r}",
+        )
+
+
+def _finite_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -296,6 +331,8 @@ class ReplicaSettings:
     batch_wait_timeout_s: float = 0.05
     threads: int = 0  # torch intra-op threads per replica; 0 = the CPUs the replica was given
     sigmas: float | None = None  # override every product's threshold rule (None: each product's own)
+    # Or: every product's threshold at this estimated false-alarm rate (None: each product's own rule).
+    false_alarm_rate: float | None = None
 
     def __post_init__(self) -> None:
         _require(
@@ -307,7 +344,19 @@ class ReplicaSettings:
             f"batch_wait_timeout_s: must be a number of seconds in [0, 10], got {self.batch_wait_timeout_s!r}",
         )
         _require(isinstance(self.threads, int) and self.threads >= 0, "threads: must be an integer >= 0")
-        _require(self.sigmas is None or self.sigmas >= 0, "sigmas: must be >= 0 or null")
+        _require(
+            self.sigmas is None or (_finite_number(self.sigmas) and self.sigmas >= 0),
+            f"sigmas: must be a finite number >= 0 or null, got {self.sigmas!r}",
+        )
+        _require(
+            self.false_alarm_rate is None
+            or (_finite_number(self.false_alarm_rate) and 0 < self.false_alarm_rate <= 0.5),
+            f"false_alarm_rate: must be a number in (0, 0.5] or null, got {self.false_alarm_rate!r}",
+        )
+        _require(
+            self.sigmas is None or self.false_alarm_rate is None,
+            "sigmas and false_alarm_rate: set at most one (each overrides every product's threshold rule)",
+        )
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ReplicaSettings:
