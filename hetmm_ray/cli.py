@@ -114,7 +114,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
     version = det.save(_open(args), args.product)
     print(
         f"product {args.product}: version {version} from {len(paths)} good images "
-        f"({det.backbone.weights_id}); threshold {det.threshold:.4f}; store {args.store}"
+        f"({det.backbone.weights_id}); threshold {_describe_operating_point(det.operating_point())}; store {args.store}"
     )
     return 0
 
@@ -137,7 +137,16 @@ def cmd_predict(args: argparse.Namespace) -> int:
             failed += 1
     if not good:
         raise CLIError("no readable images to score")
-    pred = det.predict([resize_rgb(img, size) for _, _, img in good], sigmas=args.sigmas)
+    if args.sigmas is not None and args.false_alarm_rate is not None:
+        raise CLIError("give --sigmas or --false-alarm-rate, not both")
+    try:
+        op = det.operating_point(sigmas=args.sigmas, false_alarm_rate=args.false_alarm_rate)
+    except ValueError as exc:
+        raise CLIError(str(exc)) from None
+    pred = det.predict(
+        [resize_rgb(img, size) for _, _, img in good], sigmas=args.sigmas, false_alarm_rate=args.false_alarm_rate
+    )
+    rule = {} if op is None else {k: v for k, v in op.to_json().items() if k != "threshold"}
     out = Path(args.out) if args.out else None
     records = []
     for i, (path, name, image) in enumerate(good):
@@ -146,6 +155,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
             "score": round(float(pred.scores[i]), 6),
             "threshold": round(pred.threshold, 6),
             "is_anomaly": bool(pred.is_anomaly[i]),
+            **rule,  # threshold_rule, rule_target, estimated_false_alarm_rate
             "version": pred.version,
         }
         if out is not None:
@@ -155,6 +165,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
         flag = "ANOMALY" if rec["is_anomaly"] else "ok"
         print(f"{rec['score']:.4f}  {flag:<7}  {path}")
     print(f"{len(good)} images, {len(good) / pred.seconds:.2f} images/s, product {args.product} v{pred.version}")
+    print(f"threshold {_describe_operating_point(op)}")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(records, indent=1))
@@ -190,7 +201,7 @@ def cmd_update(args: argparse.Namespace) -> int:
     version = store.put(args.product, det.templates, expect_head=head)
     print(
         f"product {args.product}: version {version} (from v{head}) with {len(paths)} more good images, "
-        f"{det.templates.n_images} in all; threshold {det.threshold:.4f}"
+        f"{det.templates.n_images} in all; threshold {_describe_operating_point(det.operating_point())}"
     )
     return 0
 
@@ -209,9 +220,17 @@ def cmd_compress(args: argparse.Namespace) -> int:
     assert ts is not None
     print(
         f"product {args.product}: version {version} = {ts.config.templates.kind} with {ts.sheets} sheets "
-        f"of {ts.n_images} images ({seconds:.1f}s); threshold {det.threshold:.4f}"
+        f"of {ts.n_images} images ({seconds:.1f}s); threshold {_describe_operating_point(det.operating_point())}"
     )
     return 0
+
+
+def _describe_operating_point(op: Any) -> str:
+    """``0.4321 (rule far 1%, estimated false alarms 1.00%)``; ``none`` before calibration."""
+    if op is None:
+        return "none (not calibrated)"
+    target = {"far": f" {100 * (op.target or 0):g}%", "sigmas": f" {op.target:g}"}.get(op.rule, "")
+    return f"{op.threshold:.4f} (rule {op.rule}{target}, estimated false alarms {100 * op.false_alarm_rate:.2f}%)"
 
 
 def _cluster(args: argparse.Namespace) -> bool:
@@ -342,6 +361,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="folder for heat-map overlay PNGs")
     p.add_argument("--json", help="write results as JSON here")
     p.add_argument("--sigmas", type=float, help="threshold = mean + SIGMAS * std of good scores (default from config)")
+    p.add_argument(
+        "--false-alarm-rate",
+        type=float,
+        metavar="RATE",
+        help="threshold at this estimated share of good parts flagged, e.g. 0.01 (default: the product's rule)",
+    )
     p.add_argument("--device")
     p.add_argument("--dtype", choices=("float32", "float16", "bfloat16"))
     p.set_defaults(func=cmd_predict)

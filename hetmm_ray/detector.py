@@ -19,7 +19,7 @@ from .core.atmm import anomaly_maps, pixel_major
 from .core.backbone import Backbone
 from .core.calibration import OutOfFold, fold_plan
 from .core.pts import select_layers
-from .core.scoring import Calibration, OperatingPoint, gaussian_blur, image_scores
+from .core.scoring import Calibration, OperatingPoint, gaussian_blur, image_scores, operating_point
 from .core.templates import TemplateError, TemplateSet
 from .data.decode import decode_image, images_to_tensor
 
@@ -394,30 +394,6 @@ class HETMM:
         )
         det._install(ts, version=version)
         return det
-
-
-def operating_point(
-    calibration: Calibration | None,
-    config: DetectorConfig,
-    *,
-    sigmas: float | None = None,
-    false_alarm_rate: float | None = None,
-) -> OperatingPoint | None:
-    """The threshold of ``config.threshold.rule`` on ``calibration`` (None without one).
-
-    ``sigmas`` switches to the sigmas rule, ``false_alarm_rate`` to the far rule, for this
-    call only; giving both, or a non-finite / out-of-range value, is a ValueError.
-    """
-    if sigmas is not None and false_alarm_rate is not None:
-        raise ValueError("give sigmas or false_alarm_rate, not both")
-    if calibration is None:
-        return None
-    tc = config.threshold
-    if sigmas is not None:
-        return calibration.operating_point("sigmas", sigmas=sigmas)
-    if false_alarm_rate is not None:
-        return calibration.operating_point("far", false_alarm_rate=false_alarm_rate)
-    return calibration.operating_point(tc.rule, sigmas=tc.sigmas, false_alarm_rate=tc.false_alarm_rate)
 
 
 def _as_rgb(x: ImageInput) -> np.ndarray:

@@ -158,3 +158,83 @@ def _median(values: Sequence[float]) -> float:
     v = sorted(values)
     n = len(v)
     return v[n // 2] if n % 2 else 0.5 * (v[n // 2 - 1] + v[n // 2])
+
+
+# --- labelled validation (``hetmm calibrate --val``, ``hetmm evaluate``'s operating point) ---------
+OBJECTIVES = ("f1", "recall")
+"""``f1``: the threshold of best F1; ``recall``: best recall with at most a given share of good images flagged."""
+
+
+@dataclass(frozen=True)
+class LabelledCut:
+    """One verdict threshold on labelled scores (``is_anomaly = score > threshold``) and its counts."""
+
+    threshold: float
+    true_positives: int
+    false_positives: int
+    false_negatives: int
+    true_negatives: int
+
+    @property
+    def recall(self) -> float:
+        pos = self.true_positives + self.false_negatives
+        return self.true_positives / pos if pos else 0.0
+
+    @property
+    def false_alarm_rate(self) -> float:
+        neg = self.false_positives + self.true_negatives
+        return self.false_positives / neg if neg else 0.0
+
+    @property
+    def f1(self) -> float:
+        denom = 2 * self.true_positives + self.false_positives + self.false_negatives
+        return 2 * self.true_positives / denom if denom else 0.0
+
+    def to_json(self) -> dict[str, float | int]:
+        return {
+            "threshold": self.threshold,
+            "recall": self.recall,
+            "false_alarm_rate": self.false_alarm_rate,
+            "f1": self.f1,
+            "true_positives": self.true_positives,
+            "false_positives": self.false_positives,
+            "false_negatives": self.false_negatives,
+            "true_negatives": self.true_negatives,
+        }
+
+
+def labelled_cuts(scores: Sequence[float], labels: Sequence[int]) -> list[LabelledCut]:
+    """Every distinct verdict on labelled scores (1 = defective), from flagging none to flagging all.
+
+    Thresholds sit halfway between consecutive distinct scores (the flag-none cut at the
+    highest score, the flag-all cut just below the lowest), so a cut keeps its verdicts
+    under small score noise.
+    """
+    if len(scores) != len(labels) or not scores:
+        raise ValueError("labelled validation needs as many labels as scores, and at least one")
+    pairs = sorted(zip((float(s) for s in scores), (int(v) for v in labels), strict=True), reverse=True)
+    pos = sum(v for _, v in pairs)
+    neg = len(pairs) - pos
+    distinct = sorted({s for s, _ in pairs}, reverse=True)
+    cuts = [LabelledCut(distinct[0], 0, 0, pos, neg)]
+    tp = fp = i = 0
+    for j, u in enumerate(distinct):
+        while i < len(pairs) and pairs[i][0] >= u:
+            tp += pairs[i][1]
+            fp += 1 - pairs[i][1]
+            i += 1
+        below = distinct[j + 1] if j + 1 < len(distinct) else u - max(abs(u), 1.0) * 1e-6
+        cuts.append(LabelledCut(0.5 * (u + below), tp, fp, pos - tp, neg - fp))
+    return cuts
+
+
+def best_f1_cut(cuts: Sequence[LabelledCut]) -> LabelledCut:
+    """The cut of highest F1 (ties: the higher threshold, i.e. fewer false alarms)."""
+    return max(cuts, key=lambda c: (c.f1, c.threshold))
+
+
+def recall_cut(cuts: Sequence[LabelledCut], max_false_alarm_rate: float) -> LabelledCut:
+    """The cut of highest recall flagging at most ``max_false_alarm_rate`` of the good images
+    (ties: the higher threshold). The flag-none cut always qualifies."""
+    ok = [c for c in cuts if c.false_alarm_rate <= max_false_alarm_rate + 1e-12]
+    return max(ok, key=lambda c: (c.recall, c.threshold))

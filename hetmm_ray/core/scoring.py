@@ -11,12 +11,20 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..config import THRESHOLD_RULES
+from ..config import THRESHOLD_RULES, DetectorConfig
 
 FoldScorer = Callable[[list[int], list[int]], Sequence[float]]
 """``score_fold(held_out, kept)``: scores of the held-out images against templates of the kept ones."""
 
-__all__ = ["Calibration", "OperatingPoint", "calibrate", "gaussian_blur", "gaussian_kernel", "image_scores"]
+__all__ = [
+    "Calibration",
+    "OperatingPoint",
+    "operating_point",
+    "calibrate",
+    "gaussian_blur",
+    "gaussian_kernel",
+    "image_scores",
+]
 
 
 def gaussian_kernel(sigma: float, *, device: torch.device | None = None) -> Tensor:
@@ -158,3 +166,27 @@ def calibrate(
         kept = [i for i in range(n_images) if i not in held_set]
         scores.extend(float(s) for s in score_fold(held, kept))
     return Calibration(scores=tuple(scores))
+
+
+def operating_point(
+    calibration: Calibration | None,
+    config: DetectorConfig,
+    *,
+    sigmas: float | None = None,
+    false_alarm_rate: float | None = None,
+) -> OperatingPoint | None:
+    """The threshold of ``config.threshold.rule`` on ``calibration`` (None without one).
+
+    ``sigmas`` switches to the sigmas rule, ``false_alarm_rate`` to the far rule, for this
+    call only; giving both, or a non-finite / out-of-range value, is a ValueError.
+    """
+    if sigmas is not None and false_alarm_rate is not None:
+        raise ValueError("give sigmas or false_alarm_rate, not both")
+    if calibration is None:
+        return None
+    tc = config.threshold
+    if sigmas is not None:
+        return calibration.operating_point("sigmas", sigmas=sigmas)
+    if false_alarm_rate is not None:
+        return calibration.operating_point("far", false_alarm_rate=false_alarm_rate)
+    return calibration.operating_point(tc.rule, sigmas=tc.sigmas, false_alarm_rate=tc.false_alarm_rate)

@@ -59,6 +59,13 @@ def _weights_identity(config: Any) -> str:
     return weights_identity(config)
 
 
+def _operating_point(calibration: Any, config: DetectorConfig) -> Any:
+    """A stored calibration's operating point under the product's rule (None if uncalibrated)."""
+    from ..core.scoring import Calibration, operating_point
+
+    return operating_point(Calibration.from_json(calibration), config)
+
+
 def _features_to_bank(features: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
     return {k: torch.from_numpy(np.array(v)) for k, v in features.items()}
 
@@ -98,12 +105,7 @@ class ProductRegistry:
             m = await asyncio.to_thread(self.store.manifest, product, version)
             config = DetectorConfig.from_dict(m["config"])
             sheets = next(iter(m["layers"].values())).get("sheets") if m.get("selection") else None
-            cal = m.get("calibration")
-            threshold = None
-            if cal:
-                from ..core.scoring import Calibration
-
-                threshold = Calibration(tuple(cal)).threshold(config.threshold.sigmas)
+            op = _operating_point(m.get("calibration"), config)
             out.append(
                 {
                     "product": product,
@@ -113,7 +115,11 @@ class ProductRegistry:
                     "sheets": sheets or (m["images"] if config.templates.kind == "all" else config.templates.sheets),
                     "backbone": config.backbone.name,
                     "image_size": config.backbone.image_size,
-                    "threshold": threshold,
+                    "threshold": None if op is None else op.threshold,
+                    # the rule that set it and the estimated share of good parts flagged (fraction)
+                    "threshold_rule": None if op is None else op.rule,
+                    "rule_target": None if op is None else op.target,
+                    "estimated_false_alarm_rate": None if op is None else op.false_alarm_rate,
                     "created": m.get("created"),
                 }
             )
@@ -146,7 +152,7 @@ class ProductRegistry:
             "version": version,
             "config": ts.config.to_dict(),
             "weights_id": ts.weights_id,
-            "calibration": None if ts.calibration is None else list(ts.calibration.scores),
+            "calibration": None if ts.calibration is None else ts.calibration.to_json(),
             "tiny": tiny,  # ObjectRefs owned by this actor: replicas read them from shared memory
         }
         self.versions[product] = version
