@@ -233,6 +233,45 @@ def _describe_operating_point(op: Any) -> str:
     return f"{op.threshold:.4f} (rule {op.rule}{target}, estimated false alarms {100 * op.false_alarm_rate:.2f}%)"
 
 
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from .data.labelled import labelled_images
+    from .detector import HETMM
+    from .evaluation import load_images
+    from .validation import calibrate_with_labels
+
+    store = _open(args)
+    head = store.head(args.product)
+    version = head if args.version is None else args.version
+    det = HETMM.load(store, args.product, version, progress=True)
+    labelled = labelled_images(args.val)
+    images = load_images([p for p, _ in labelled], det.config.backbone.image_size, progress=True, desc="decode")
+    try:
+        ts, record = calibrate_with_labels(
+            det,
+            images,
+            [v for _, v in labelled],
+            objective=args.objective,
+            max_false_alarm_rate=args.max_false_alarm_rate,
+        )
+    except ValueError as exc:
+        raise CLIError(str(exc)) from None
+    new = store.put(args.product, ts, expect_head=head)
+    print(
+        f"product {args.product}: version {new} (from v{version}) threshold {record['threshold']:.4f} "
+        f"for {record['objective']} on {record['good']} good + {record['defective']} defective images: "
+        f"recall {100 * record['recall']:.1f}%, false alarms {100 * record['false_alarm_rate']:.1f}%, "
+        f"F1 {100 * record['f1']:.1f}; estimated false alarms on good parts "
+        f"{100 * record['estimated_false_alarm_rate']:.2f}% (out-of-fold)"
+    )
+    return 0
+
+
+def HETMM_load(store: Any, product: str, version: int | None) -> Any:
+    from .detector import HETMM
+
+    return HETMM.load(store, product, version, progress=True)
+
+
 def _cluster(args: argparse.Namespace) -> bool:
     """Join the Ray cluster at ``--address`` (features and PTS then run there); False without one."""
     if not getattr(args, "address", None):
@@ -378,6 +417,25 @@ def build_parser() -> argparse.ArgumentParser:
     _add_store_flags(p, default=None)
     _add_config_flags(p)
     p.set_defaults(func=cmd_evaluate)
+
+    p = sub.add_parser(
+        "calibrate", help="set a stored product's threshold on labelled images (new version; never the default)"
+    )
+    p.add_argument("--product", required=True)
+    p.add_argument(
+        "--val", required=True, metavar="DIR", help="labelled folder: MVTec test layout, or good/ + defect sub-folders"
+    )
+    p.add_argument("--objective", choices=("f1", "recall"), default="f1", help="best F1 (default) or best recall")
+    p.add_argument(
+        "--max-false-alarm-rate",
+        type=float,
+        default=0.01,
+        metavar="RATE",
+        help="--objective recall: at most this share of the good images flagged (default 0.01)",
+    )
+    p.add_argument("--version", type=int, help="version to calibrate (default: head)")
+    _add_store_flags(p)
+    p.set_defaults(func=cmd_calibrate)
 
     p = sub.add_parser("update", help="hot update: add good images to a stored product (new version)")
     p.add_argument("images", nargs="+", help="good images or folders of them")
