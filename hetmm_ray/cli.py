@@ -229,7 +229,9 @@ def _describe_operating_point(op: Any) -> str:
     """``0.4321 (rule far 1%, estimated false alarms 1.00%)``; ``none`` before calibration."""
     if op is None:
         return "none (not calibrated)"
-    target = {"far": f" {100 * (op.target or 0):g}%", "sigmas": f" {op.target:g}"}.get(op.rule, "")
+    target = ""
+    if op.target is not None:
+        target = f" {100 * op.target:g}%" if op.rule == "far" else f" {op.target:g}"
     return f"{op.threshold:.4f} (rule {op.rule}{target}, estimated false alarms {100 * op.false_alarm_rate:.2f}%)"
 
 

@@ -206,7 +206,9 @@ class ThresholdConfig:
     rule: str = "far"
     false_alarm_rate: float = 0.01
     sigmas: float = 3.0
-    folds: int = 5
+    # 10 folds: held-out images see 90 % of the templates a new part sees. Measured on a synthetic
+    # product (300 images, 500 fresh): 5 folds made the 5 % rule flag 1.6-2.8 %, 10 folds 2.4-4.6 %.
+    folds: int = 10
     max_images: int = 1000
     seed: int = 0
 

@@ -252,7 +252,7 @@ class HETMM:
         n = ts.n_images
         images: list[int] = []
         scores: list[float] = []
-        plan = fold_plan(n, folds=tc.folds, max_images=tc.max_images, seed=tc.seed)
+        plan = fold_plan(n, folds=tc.folds, max_images=tc.max_images, seed=tc.seed, keys=ts.image_digests)
         for held in plan:
             held_set = set(held)
             kept = [i for i in range(n) if i not in held_set]

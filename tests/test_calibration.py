@@ -192,7 +192,7 @@ def test_out_of_fold_reselects_pts_without_the_held_out_fold(gear):
     oof = det.out_of_fold(ts)
     sc = config.scoring
     expected = {}
-    for held in fold_plan(9, folds=3, max_images=config.threshold.max_images, seed=0):
+    for held in fold_plan(9, folds=3, max_images=config.threshold.max_images, seed=0, keys=ts.image_digests):
         kept = [i for i in range(9) if i not in held]
         bank = {k: v[kept] for k, v in ts.bank.items()}
         indices, _ = select_layers(bank, "pts_o", 3, 0)
@@ -213,6 +213,16 @@ def test_out_of_fold_reselects_pts_without_the_held_out_fold(gear):
     for i in range(9):
         assert got[i] == pytest.approx(expected[i], abs=1e-5)
     np.testing.assert_allclose(ts.calibration.scores, oof.scores)
+
+
+def test_folds_follow_the_images_not_their_order():
+    keys = [f"digest-{i}" for i in range(20)]
+    plan = fold_plan(20, folds=4, max_images=12, seed=5, keys=keys)
+    shuffled = keys[::-1]  # the same images uploaded in the opposite order
+    again = fold_plan(20, folds=4, max_images=12, seed=5, keys=shuffled)
+    assert [sorted(keys[i] for i in f) for f in plan] == [sorted(shuffled[i] for i in f) for f in again]
+    assert sum(len(f) for f in plan) == 12 and len({i for f in plan for i in f}) == 12
+    assert fold_plan(20, folds=4, max_images=12, seed=6, keys=keys) != plan
 
 
 def test_out_of_fold_covers_every_image_up_to_the_cap(gear):

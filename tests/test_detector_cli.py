@@ -187,7 +187,14 @@ def test_calibration_is_out_of_fold(fitted):
         maps = anomaly_maps(q, t_pm, sc.forward_windows, sc.backward_windows, sc.alphas, sc.layer_weights, SIZE)
         return scipy_blur(maps.numpy(), sc.score_sigma).reshape(len(held), -1).max(axis=1).tolist()
 
-    ref = calibrate(ts.n_images, folds=tc.folds, max_images=tc.max_images, seed=tc.seed, score_fold=score_fold)
+    ref = calibrate(
+        ts.n_images,
+        folds=tc.folds,
+        max_images=tc.max_images,
+        seed=tc.seed,
+        score_fold=score_fold,
+        keys=ts.image_digests,
+    )
     np.testing.assert_allclose(ts.calibration.scores, ref.scores, atol=1e-5)
     assert len(ts.calibration.scores) == 6
     # Held-out images are not in their own templates, so their scores are clearly > 0.

@@ -44,6 +44,7 @@ The ``far`` rule (default): estimated false-alarm rate -> threshold
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -70,12 +71,26 @@ _SEMI_MAD_TO_SIGMA = 0.6744897501960817  # median of |Z| for a standard normal Z
 _LOG_FLOOR = 1e-6  # scores of 0 (a training image identical to another) have no logarithm
 
 
-def fold_plan(n_images: int, *, folds: int, max_images: int, seed: int) -> list[list[int]]:
-    """Held-out training-image indices per fold (each sorted); see the module docstring."""
+def fold_plan(
+    n_images: int, *, folds: int, max_images: int, seed: int, keys: Sequence[str] | None = None
+) -> list[list[int]]:
+    """Held-out training-image indices per fold (each sorted); see the module docstring.
+
+    ``keys`` (the images' content digests): the draw then depends on the images, not on the
+    order they arrived in, so the same good images give the same folds and threshold whether
+    they came through the CLI (sorted file names) or an HTTP upload (the client's order).
+    Without keys, a seeded permutation of the positions.
+    """
     if n_images < 2:
         raise ValueError("threshold calibration needs at least 2 good images")
-    g = torch.Generator().manual_seed(seed)
-    chosen = torch.randperm(n_images, generator=g)[: min(max_images, n_images)].tolist()
+    if keys is not None:
+        if len(keys) != n_images:
+            raise ValueError("fold_plan: one key per image")
+        order = sorted(range(n_images), key=lambda i: (hashlib.sha256(f"{seed}:{keys[i]}".encode()).digest(), i))
+        chosen = order[: min(max_images, n_images)]
+    else:
+        g = torch.Generator().manual_seed(seed)
+        chosen = torch.randperm(n_images, generator=g)[: min(max_images, n_images)].tolist()
     folds = min(folds, len(chosen))
     return [sorted(chosen[f::folds]) for f in range(folds)]
 

@@ -151,6 +151,7 @@ def calibrate(
     max_images: int,
     seed: int,
     score_fold: FoldScorer,
+    keys: Sequence[str] | None = None,
 ) -> Calibration:
     """Leave-some-out scores of good images.
 
@@ -161,7 +162,7 @@ def calibrate(
     from .calibration import fold_plan
 
     scores: list[float] = []
-    for held in fold_plan(n_images, folds=folds, max_images=max_images, seed=seed):
+    for held in fold_plan(n_images, folds=folds, max_images=max_images, seed=seed, keys=keys):
         held_set = set(held)
         kept = [i for i in range(n_images) if i not in held_set]
         scores.extend(float(s) for s in score_fold(held, kept))

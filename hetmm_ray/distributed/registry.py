@@ -53,6 +53,21 @@ def _calibrated(ts: TemplateSet) -> TemplateSet:
     return HETMM(ts.config).calibrated(ts)
 
 
+@ray.remote(num_cpus=TASK_CPUS)
+def _labelled_calibration(
+    store_uri: str, product: str, version: int, images: list[bytes], labels: list[int], objective: str, cap: float
+) -> tuple[TemplateSet, dict[str, Any]]:
+    """Score labelled images with ``version`` and choose its validation threshold (hetmm_ray.validation)."""
+    from ..data.decode import decode_image
+    from ..detector import HETMM
+    from ..validation import calibrate_with_labels
+
+    torch.set_num_threads(max(1, round(ray.get_runtime_context().get_assigned_resources().get("CPU", 1))))
+    det = HETMM.load(open_store(store_uri), product, version)
+    decoded = [decode_image(data) for data in images]
+    return calibrate_with_labels(det, decoded, labels, objective=objective, max_false_alarm_rate=cap)
+
+
 def _weights_identity(config: Any) -> str:
     from ..core.backbone import weights_identity  # torchvision only where a backbone is involved
 
@@ -301,6 +316,26 @@ class ProductRegistry:
             return await self.update(product, features, digests)
 
         return self.jobs.start("normals", product, work)
+
+    async def start_calibrate(
+        self, product: str, images: list[bytes], labels: list[int], objective: str, max_false_alarm_rate: float
+    ) -> dict[str, Any]:
+        """Labelled validation of ``product``'s head (``hetmm calibrate``), as a job: scores the
+        images, stores the chosen threshold as a new version and publishes it."""
+        version = await self.head(product)  # ProductNotFound before any work starts
+
+        async def work(progress: JobProgress) -> int:
+            progress.stage("score labelled images", len(images))
+            ts, _record = await _labelled_calibration.remote(
+                self.store_uri, product, version, images, labels, objective, max_false_alarm_rate
+            )
+            progress.stage("publish")
+            async with self._lock(product):
+                new = await asyncio.to_thread(self.store.put, product, ts, expect_head=version)
+                await self._load_shards(product)
+            return new
+
+        return self.jobs.start("calibrate", product, work)
 
     async def job(self, job_id: str, wait: float = 0.0) -> dict[str, Any] | None:
         """A job's record; ``wait`` seconds to let it finish first."""
