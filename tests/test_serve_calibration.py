@@ -10,6 +10,7 @@ import os
 import socket
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -17,6 +18,7 @@ import pytest
 from PIL import Image
 
 from hetmm_ray.cli import main
+from hetmm_ray.core.calibration import TailModel
 from hetmm_ray.data.synthetic import SyntheticProduct
 from hetmm_ray.store import open_store
 
@@ -50,29 +52,36 @@ def product() -> SyntheticProduct:
     return SyntheticProduct(seed=7, size=SIZE)
 
 
+def deploy(store: str, port: int, user_config: dict) -> Any:
+    from hetmm_ray.serve.run import start_service
+
+    return start_service(
+        store=store,
+        port=port,
+        args={"admin_token_env": TOKEN_ENV},
+        deployments={"Detector": {"num_replicas": 1, "user_config": {"threads": 1, **user_config}}},
+    )
+
+
 @pytest.fixture(scope="module")
-def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def service_info(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     from ray import serve
 
-    from hetmm_ray.serve.run import start_service, stop_service
+    from hetmm_ray.serve.run import stop_service
 
     store = str(tmp_path_factory.mktemp("servecal") / "store")
     os.environ[TOKEN_ENV] = TOKEN
-    running = start_service(
-        store=store,
-        port=free_port(),
-        args={"admin_token_env": TOKEN_ENV},
-        deployments={"Detector": {"num_replicas": 1, "user_config": {"threads": 1}}},
-    )
-    yield running.url
-    stop_service(running)
+    info = {"store": store, "port": free_port()}
+    info["running"] = deploy(store, info["port"], {})
+    yield info
+    stop_service(info["running"])
     serve.shutdown()
     os.environ.pop(TOKEN_ENV, None)
 
 
 @pytest.fixture(scope="module")
-def client(service: str) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=service, timeout=180) as c:
+def client(service_info: dict[str, Any]) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=service_info["running"].url, timeout=180) as c:
         yield c
 
 
@@ -137,3 +146,20 @@ def test_http_calibrate_with_labelled_uploads(client, product):
     r = client.post("/v1/products/weld/predict", content=good[0], headers={"content-type": "image/png"})
     assert r.json()["threshold_rule"] == "validation" and r.json()["version"] == version
     assert r.json()["threshold"] == pytest.approx(after["threshold"])
+
+
+def test_live_false_alarm_rate_setting_overrides_every_product(client, service_info, product):
+    """The replicas' user_config ``false_alarm_rate`` applies live (reconfigure, no refit)."""
+    scores = open_store(service_info["store"]).get("weld").calibration.scores
+    service_info["running"] = deploy(service_info["store"], service_info["port"], {"false_alarm_rate": 0.2})
+    try:
+        r = client.post(
+            "/v1/products/weld/predict", content=png(product.good(501)), headers={"content-type": "image/png"}
+        )
+        body = r.json()
+        assert body["threshold_rule"] == "far" and body["rule_target"] == 0.2
+        assert body["threshold"] == pytest.approx(TailModel(scores).threshold(0.2), rel=1e-6)
+    finally:
+        service_info["running"] = deploy(service_info["store"], service_info["port"], {})
+    r = client.post("/v1/products/weld/predict", content=png(product.good(501)), headers={"content-type": "image/png"})
+    assert r.json()["threshold_rule"] == "validation"  # the product's own rule again
