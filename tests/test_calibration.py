@@ -334,3 +334,24 @@ def test_cli_calibrate_stores_a_validation_version(tmp_path, capsys):
     # a folder without defects is refused in one line
     assert main(["calibrate", "--product", "gear", "--store", store, "--val", str(tmp_path / "train")]) == 2
     assert "good/" in capsys.readouterr().err
+
+
+def test_evaluate_reports_the_operating_point(tmp_path, capsys):
+    from hetmm_ray.data.synthetic import write_mvtec_layout
+
+    data = write_mvtec_layout(tmp_path / "data", n_train=8, n_test_good=3, n_test_per_defect=2, size=SIZE)
+    out = tmp_path / "eval.json"
+    assert main(["evaluate", "--data", str(data), "--json", str(out), *CLI_FLAGS]) == 0
+    table = capsys.readouterr().out
+    result = json.loads(out.read_text())
+    tp, fn = result["true_positives"], result["false_negatives"]
+    fp, tn = result["false_positives"], result["true_negatives"]
+    assert result["recall"] == pytest.approx(100 * tp / (tp + fn))
+    assert result["false_alarm_rate"] == pytest.approx(100 * fp / (fp + tn))
+    assert result["threshold_rule"] == "far" and result["rule_target"] == 0.01
+    assert 0 < result["estimated_false_alarm_rate"] <= 50
+    assert 0 <= result["recall_at_1pct_false_alarms"] <= result["recall_at_5pct_false_alarms"] <= 100
+    assert 0 < result["best_f1"] <= 100
+    assert result["score_summary"]["out-of-fold train"]["n"] == 8
+    for line in ("recall", "false alarms", "best F1", "recall @1% FA", "recall @5% FA", "rule far 1%"):
+        assert line in table
