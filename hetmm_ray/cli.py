@@ -149,7 +149,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
     version = det.save(_open(args), args.product)
     print(
         f"product {args.product}: version {version} from {len(paths)} good images "
-        f"({det.backbone.weights_id}); threshold {det.threshold:.4f}; store {args.store}"
+        f"({det.backbone.weights_id}); threshold {_describe_operating_point(det.operating_point())}; store {args.store}"
     )
     return 0
 
@@ -174,7 +174,16 @@ def cmd_predict(args: argparse.Namespace) -> int:
             failed += 1
     if not good:
         raise CLIError("no readable images to score")
-    pred = det.predict([resize_rgb(img, size) for _, _, img in good], sigmas=args.sigmas)
+    if args.sigmas is not None and args.false_alarm_rate is not None:
+        raise CLIError("give --sigmas or --false-alarm-rate, not both")
+    try:
+        op = det.operating_point(sigmas=args.sigmas, false_alarm_rate=args.false_alarm_rate)
+    except ValueError as exc:
+        raise CLIError(str(exc)) from None
+    pred = det.predict(
+        [resize_rgb(img, size) for _, _, img in good], sigmas=args.sigmas, false_alarm_rate=args.false_alarm_rate
+    )
+    rule = {} if op is None else {k: v for k, v in op.to_json().items() if k != "threshold"}
     out = Path(args.out) if args.out else None
     records = []
     for i, (path, name, image) in enumerate(good):
@@ -183,6 +192,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
             "score": round(float(pred.scores[i]), 6),
             "threshold": round(pred.threshold, 6),
             "is_anomaly": bool(pred.is_anomaly[i]),
+            **rule,  # threshold_rule, rule_target, estimated_false_alarm_rate
             "version": pred.version,
         }
         if out is not None:
@@ -192,6 +202,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
         flag = "ANOMALY" if rec["is_anomaly"] else "ok"
         print(f"{rec['score']:.4f}  {flag:<7}  {path}")
     print(f"{len(good)} images, {len(good) / pred.seconds:.2f} images/s, product {args.product} v{pred.version}")
+    print(f"threshold {_describe_operating_point(op)}")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(records, indent=1))
@@ -233,7 +244,7 @@ def cmd_update(args: argparse.Namespace) -> int:
     print(
         f"product {args.product}: version {version} (from v{head}) with "
         f"{len(paths) - det.skipped_duplicates} more good images, "
-        f"{det.templates.n_images} in all; threshold {det.threshold:.4f}"
+        f"{det.templates.n_images} in all; threshold {_describe_operating_point(det.operating_point())}"
     )
     return 0
 
@@ -252,9 +263,58 @@ def cmd_compress(args: argparse.Namespace) -> int:
     assert ts is not None
     print(
         f"product {args.product}: version {version} = {ts.config.templates.kind} with {ts.sheets} sheets "
-        f"of {ts.n_images} images ({seconds:.1f}s); threshold {det.threshold:.4f}"
+        f"of {ts.n_images} images ({seconds:.1f}s); threshold {_describe_operating_point(det.operating_point())}"
     )
     return 0
+
+
+def _describe_operating_point(op: Any) -> str:
+    """``0.4321 (rule far 1%, estimated false alarms 1.00%)``; ``none`` before calibration."""
+    if op is None:
+        return "none (not calibrated)"
+    target = ""
+    if op.target is not None:
+        target = f" {100 * op.target:g}%" if op.rule == "far" else f" {op.target:g}"
+    return f"{op.threshold:.4f} (rule {op.rule}{target}, estimated false alarms {100 * op.false_alarm_rate:.2f}%)"
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from .data.labelled import labelled_images
+    from .detector import HETMM
+    from .evaluation import load_images
+    from .validation import calibrate_with_labels
+
+    store = _open(args)
+    head = store.head(args.product)
+    version = head if args.version is None else args.version
+    det = HETMM.load(store, args.product, version, progress=True)
+    labelled = labelled_images(args.val)
+    images = load_images([p for p, _ in labelled], det.config.backbone.image_size, progress=True, desc="decode")
+    try:
+        ts, record = calibrate_with_labels(
+            det,
+            images,
+            [v for _, v in labelled],
+            objective=args.objective,
+            max_false_alarm_rate=args.max_false_alarm_rate,
+        )
+    except ValueError as exc:
+        raise CLIError(str(exc)) from None
+    new = store.put(args.product, ts, expect_head=head)
+    print(
+        f"product {args.product}: version {new} (from v{version}) threshold {record['threshold']:.4f} "
+        f"for {record['objective']} on {record['good']} good + {record['defective']} defective images: "
+        f"recall {100 * record['recall']:.1f}%, false alarms {100 * record['false_alarm_rate']:.1f}%, "
+        f"F1 {100 * record['f1']:.1f}; estimated false alarms on good parts "
+        f"{100 * record['estimated_false_alarm_rate']:.2f}% (out-of-fold)"
+    )
+    return 0
+
+
+def HETMM_load(store: Any, product: str, version: int | None) -> Any:
+    from .detector import HETMM
+
+    return HETMM.load(store, product, version, progress=True)
 
 
 def _cluster(args: argparse.Namespace) -> bool:
@@ -395,6 +455,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="folder for heat-map overlay PNGs")
     p.add_argument("--json", help="write results as JSON here")
     p.add_argument("--sigmas", type=float, help="threshold = mean + SIGMAS * std of good scores (default from config)")
+    p.add_argument(
+        "--false-alarm-rate",
+        type=float,
+        metavar="RATE",
+        help="threshold at this estimated share of good parts flagged, e.g. 0.01 (default: the product's rule)",
+    )
     p.add_argument("--device")
     p.add_argument("--dtype", choices=("float32", "float16", "bfloat16"))
     p.set_defaults(func=cmd_predict)
@@ -406,6 +472,25 @@ def build_parser() -> argparse.ArgumentParser:
     _add_store_flags(p, default=None)
     _add_config_flags(p)
     p.set_defaults(func=cmd_evaluate)
+
+    p = sub.add_parser(
+        "calibrate", help="set a stored product's threshold on labelled images (new version; never the default)"
+    )
+    p.add_argument("--product", required=True)
+    p.add_argument(
+        "--val", required=True, metavar="DIR", help="labelled folder: MVTec test layout, or good/ + defect sub-folders"
+    )
+    p.add_argument("--objective", choices=("f1", "recall"), default="f1", help="best F1 (default) or best recall")
+    p.add_argument(
+        "--max-false-alarm-rate",
+        type=float,
+        default=0.01,
+        metavar="RATE",
+        help="--objective recall: at most this share of the good images flagged (default 0.01)",
+    )
+    p.add_argument("--version", type=int, help="version to calibrate (default: head)")
+    _add_store_flags(p)
+    p.set_defaults(func=cmd_calibrate)
 
     p = sub.add_parser("update", help="hot update: add good images to a stored product (new version)")
     p.add_argument("images", nargs="+", help="good images or folders of them")

@@ -14,15 +14,16 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from .config import DetectorConfig, check_number
+from .config import DetectorConfig, TemplateConfig, check_number
 from .core.atmm import anomaly_maps, pixel_major
 from .core.backbone import Backbone
+from .core.calibration import OutOfFold, fold_plan
 from .core.pts import select_layers
-from .core.scoring import calibrate, gaussian_blur, image_scores
+from .core.scoring import Calibration, OperatingPoint, gaussian_blur, image_scores, operating_point
 from .core.templates import TemplateError, TemplateSet, unseen_positions
 from .data.decode import decode_image, images_to_tensor
 
-__all__ = ["HETMM", "ImageInput", "Prediction"]
+__all__ = ["HETMM", "ImageInput", "Prediction", "operating_point"]
 
 ImageInput = str | Path | bytes | np.ndarray
 """A path, encoded bytes, or a decoded RGB uint8 array (H, W, 3)."""
@@ -40,6 +41,8 @@ class Prediction:
     is_anomaly: np.ndarray  # (N,) bool
     version: int | None
     seconds: float
+    # The rule that set ``threshold`` and its estimated false-alarm rate (None before calibration).
+    operating_point: OperatingPoint | None = None
 
     def __len__(self) -> int:
         return len(self.scores)
@@ -87,8 +90,16 @@ class HETMM:
     @property
     def threshold(self) -> float:
         """Current verdict threshold (``inf`` before calibration)."""
+        op = self.operating_point()
+        return op.threshold if op else float("inf")
+
+    def operating_point(
+        self, *, sigmas: float | None = None, false_alarm_rate: float | None = None
+    ) -> OperatingPoint | None:
+        """The verdict threshold under the product's rule (``threshold.rule``), or under the
+        ``sigmas`` / ``false_alarm_rate`` rule when one is given; None before calibration."""
         cal = self.templates.calibration if self.templates else None
-        return cal.threshold(self.config.threshold.sigmas) if cal else float("inf")
+        return operating_point(cal, self.config, sigmas=sigmas, false_alarm_rate=false_alarm_rate)
 
     def _batches(self, images: Sequence[ImageInput], desc: str) -> Iterator[tuple[list[np.ndarray], Tensor]]:
         size = self.config.backbone.image_size
@@ -224,11 +235,7 @@ class HETMM:
         if tc.kind == "all":
             return replace(ts, indices=None, centres=None)
         total = sum(v.shape[2] * v.shape[3] for v in ts.bank.values())
-        pts = {}
-        if self.cluster:
-            from .distributed.pts_fanout import pts_indices_ray
-
-            pts = {"pts": pts_indices_ray}
+        pts = self._pts_fanout()
         with tqdm(total=total, desc=f"{tc.kind}: {tc.sheets} sheets", unit="px", disable=not self.progress) as bar:
             indices, centres = select_layers(
                 ts.bank,
@@ -241,18 +248,57 @@ class HETMM:
             )
         return replace(ts, config=self.config, indices=indices, centres=centres)
 
-    def calibrated(self, ts: TemplateSet) -> TemplateSet:
-        """``ts`` with its threshold calibration recomputed from its own bank (no backbone needed)."""
+    def out_of_fold(self, ts: TemplateSet, *, templates: TemplateConfig | None = None) -> OutOfFold:
+        """Out-of-fold scores of ``ts``'s training images, each scored as a new part would be.
+
+        The folds come from ``threshold`` (:func:`~hetmm_ray.core.calibration.fold_plan`: up to
+        ``max_images`` images in ``folds`` folds). For each fold the templates are selected
+        afresh from the *other* training images only, with ``templates`` (default: this
+        detector's ``config.templates``): ALL is the kept images' bank; a compressed selection
+        (PTS, IR, PR, PC_K) re-runs on the kept images, so a held-out image never contributes a
+        sheet. The held-out features come from the bank (no backbone pass).
+        Cost: one selection per fold (none for ALL) + one ATMM scoring per held-out image.
+        """
         tc = self.config.threshold
-        bank_dev = {k: v.to(self.device) for k, v in ts.bank.items()}
+        sel = templates or self.config.templates
+        n = ts.n_images
+        images: list[int] = []
+        scores: list[float] = []
+        plan = fold_plan(n, folds=tc.folds, max_images=tc.max_images, seed=tc.seed, keys=ts.image_digests)
+        for held in plan:
+            held_set = set(held)
+            kept = [i for i in range(n) if i not in held_set]
+            kept_bank = {k: v[kept] for k, v in ts.bank.items()}
+            fold_ts = TemplateSet(
+                bank=kept_bank,
+                config=self.config,
+                weights_id=ts.weights_id,
+                image_digests=tuple(ts.image_digests[i] for i in kept),
+            )
+            if sel.kind != "all":
+                indices, centres = select_layers(
+                    kept_bank, sel.kind, sel.sheets, sel.seed, device=self.device, **self._pts_fanout()
+                )
+                fold_ts = replace(fold_ts, indices=indices, centres=centres)
+            held_feats = {k: v[held].to(self.device) for k, v in ts.bank.items()}
+            maps = self._score_features(held_feats, self._prepare(fold_ts))
+            images.extend(held)
+            scores.extend(float(x) for x in image_scores(maps, self.config.scoring.score_sigma).tolist())
+        return OutOfFold(images=tuple(images), scores=tuple(scores), folds=len(plan))
 
-        def score_fold(held: list[int], kept: list[int]) -> list[float]:
-            pm = self._prepare(ts, held_out=held)
-            maps = self._score_features({k: v[held] for k, v in bank_dev.items()}, pm)
-            return image_scores(maps, self.config.scoring.score_sigma).tolist()
+    def _pts_fanout(self) -> dict[str, Any]:
+        """``select_layers`` keyword: PTS pixel chunks as Ray tasks when on a cluster."""
+        if not self.cluster:
+            return {}
+        from .distributed.pts_fanout import pts_indices_ray
 
-        cal = calibrate(ts.n_images, folds=tc.folds, max_images=tc.max_images, seed=tc.seed, score_fold=score_fold)
-        return replace(ts, calibration=cal)
+        return {"pts": pts_indices_ray}
+
+    def calibrated(self, ts: TemplateSet) -> TemplateSet:
+        """``ts`` with its threshold calibration recomputed from its own bank (no backbone needed):
+        the out-of-fold scores of :meth:`out_of_fold` under ``ts``'s own template selection."""
+        oof = self.out_of_fold(ts, templates=ts.config.templates)
+        return replace(ts, calibration=Calibration(scores=oof.scores))
 
     def _install(self, ts: TemplateSet, version: int | None) -> None:
         self.templates = ts
@@ -265,11 +311,20 @@ class HETMM:
         return self.templates
 
     # --- predict -------------------------------------------------------------------
-    def predict(self, images: Sequence[ImageInput], *, sigmas: float | None = None) -> Prediction:
-        """Scores, maps and verdicts for ``images``; ``sigmas`` overrides the threshold rule."""
+    def predict(
+        self, images: Sequence[ImageInput], *, sigmas: float | None = None, false_alarm_rate: float | None = None
+    ) -> Prediction:
+        """Scores, maps and verdicts for ``images``.
+
+        ``sigmas`` (mean + k std) or ``false_alarm_rate`` (estimated share of good parts
+        flagged) overrides the product's threshold rule for this call; both are refused.
+        """
         if sigmas is not None:
             check_number("threshold.sigmas", sigmas)  # NaN would judge every image "ok"
+        if false_alarm_rate is not None:
+            check_number("threshold.false_alarm_rate", false_alarm_rate)
         ts = self._require_templates()
+        op = operating_point(ts.calibration, self.config, sigmas=sigmas, false_alarm_rate=false_alarm_rate)
         assert self._prepared is not None
         start = time.perf_counter()
         scores, maps = [], []
@@ -279,8 +334,7 @@ class HETMM:
             m = self._score_features(feats, self._prepared)
             scores.append(image_scores(m, sc.score_sigma).cpu())
             maps.append(gaussian_blur(m, sc.map_sigma).cpu())
-        cal = ts.calibration
-        thr = cal.threshold(self.config.threshold.sigmas if sigmas is None else sigmas) if cal else float("inf")
+        thr = op.threshold if op else float("inf")
         s = torch.cat(scores).numpy()
         return Prediction(
             scores=s,
@@ -289,6 +343,7 @@ class HETMM:
             is_anomaly=s > thr,
             version=self.version,
             seconds=time.perf_counter() - start,
+            operating_point=op,
         )
 
     # --- persistence -----------------------------------------------------------------

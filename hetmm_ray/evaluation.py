@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +12,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from .config import DetectorConfig
+from .core.calibration import best_f1_cut, labelled_cuts, recall_cut
 from .core.metrics import image_auroc, pixel_auroc, pro_score
 from .data.decode import decode_image, resize_rgb
 from .data.mvtec import MVTecCategory, Sample
@@ -45,6 +46,17 @@ class EvaluationResult:
     false_positives: int
     true_negatives: int
     false_negatives: int
+    # The operating point at the calibrated threshold (percent of the test images):
+    recall: float = 0.0  # defective test images flagged
+    false_alarm_rate: float = 0.0  # good test images flagged
+    threshold_rule: str = ""  # far / sigmas / validation
+    rule_target: float | None = None  # the far rule's rate (fraction) or the sigmas rule's k
+    estimated_false_alarm_rate: float | None = None  # percent, from the out-of-fold training scores
+    best_f1: float = 0.0  # percent, at the test set's best threshold (an upper bound, not a setting)
+    recall_at_1pct_false_alarms: float = 0.0  # percent, best threshold flagging <= 1% of good test images
+    recall_at_5pct_false_alarms: float = 0.0
+    # Score distributions side by side: out-of-fold training scores and the test scores.
+    score_summary: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -59,15 +71,49 @@ class EvaluationResult:
             ("pixel AUROC", f"{self.pixel_auroc:.1f}"),
             ("PRO", f"{self.pro:.1f}"),
             ("images/s", f"{self.images_per_s:.2f}"),
-            ("threshold", f"{self.threshold:.4f} (from good images only)"),
+            ("threshold", f"{self.threshold:.4f} ({self._rule()}, from good images only)"),
             (
                 "verdicts",
                 f"TP {self.true_positives}  FP {self.false_positives}  "
                 f"TN {self.true_negatives}  FN {self.false_negatives}",
             ),
+            ("recall", f"{self.recall:.1f}% of defective test images flagged"),
+            ("false alarms", f"{self.false_alarm_rate:.1f}% of good test images flagged"),
+            ("best F1", f"{self.best_f1:.1f} (at the test set's own best threshold)"),
+            ("recall @1% FA", f"{self.recall_at_1pct_false_alarms:.1f}"),
+            ("recall @5% FA", f"{self.recall_at_5pct_false_alarms:.1f}"),
+            *((f"scores {k}", _summary_line(v)) for k, v in self.score_summary.items()),
         ]
         width = max(len(k) for k, _ in rows)
         return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+    def _rule(self) -> str:
+        est = self.estimated_false_alarm_rate
+        tail = "" if est is None else f", estimated false alarms {est:.2f}%"
+        target = ""
+        if self.threshold_rule == "far" and self.rule_target is not None:
+            target = f" {100 * self.rule_target:g}%"
+        elif self.threshold_rule == "sigmas" and self.rule_target is not None:
+            target = f" {self.rule_target:g}"
+        return f"rule {self.threshold_rule}{target}{tail}"
+
+
+def _summary_line(s: dict[str, float]) -> str:
+    return f"n {int(s['n'])}  min {s['min']:.4f}  median {s['median']:.4f}  p90 {s['p90']:.4f}  max {s['max']:.4f}"
+
+
+def score_summary(scores: Sequence[float]) -> dict[str, float]:
+    """n, min, median, 90th percentile and max of ``scores`` (numpy's linear quantiles)."""
+    a = np.asarray(scores, dtype=np.float64)
+    if a.size == 0:
+        return {"n": 0, "min": float("nan"), "median": float("nan"), "p90": float("nan"), "max": float("nan")}
+    return {
+        "n": int(a.size),
+        "min": float(a.min()),
+        "median": float(np.median(a)),
+        "p90": float(np.quantile(a, 0.9)),
+        "max": float(a.max()),
+    }
 
 
 def evaluate(
@@ -90,6 +136,11 @@ def evaluate(
     labels = np.array([s.label for s in samples])
     masks = np.stack([category.load_mask(s, out) for s in samples])
     verdict = pred.is_anomaly
+    op = pred.operating_point
+    cuts = labelled_cuts(pred.scores.tolist(), labels.tolist())
+    good_n = max(int((labels == 0).sum()), 1)
+    bad_n = max(int((labels == 1).sum()), 1)
+    cal = det.templates.calibration if det.templates else None
     result = EvaluationResult(
         category=category.name,
         backbone=config.backbone.name,
@@ -108,5 +159,18 @@ def evaluate(
         false_positives=int((verdict & (labels == 0)).sum()),
         true_negatives=int((~verdict & (labels == 0)).sum()),
         false_negatives=int((~verdict & (labels == 1)).sum()),
+        recall=100 * int((verdict & (labels == 1)).sum()) / bad_n,
+        false_alarm_rate=100 * int((verdict & (labels == 0)).sum()) / good_n,
+        threshold_rule=op.rule if op else "none",
+        rule_target=op.target if op else None,
+        estimated_false_alarm_rate=None if op is None or op.false_alarm_rate is None else 100 * op.false_alarm_rate,
+        best_f1=100 * best_f1_cut(cuts).f1,
+        recall_at_1pct_false_alarms=100 * recall_cut(cuts, 0.01).recall,
+        recall_at_5pct_false_alarms=100 * recall_cut(cuts, 0.05).recall,
+        score_summary={
+            "out-of-fold train": score_summary(cal.scores if cal else []),
+            "test good": score_summary(pred.scores[labels == 0]),
+            "test defective": score_summary(pred.scores[labels == 1]),
+        },
     )
     return result, det, samples

@@ -26,6 +26,7 @@ from hetmm_ray.cli import main
 from hetmm_ray.config import BackboneConfig, DetectorConfig, ThresholdConfig
 from hetmm_ray.core.atmm import anomaly_maps, pixel_major
 from hetmm_ray.core.backbone import IMAGENET_MEAN, IMAGENET_STD, Backbone, WeightsError
+from hetmm_ray.core.calibration import TailModel
 from hetmm_ray.core.scoring import calibrate
 from hetmm_ray.core.templates import TemplateError
 from hetmm_ray.data.decode import images_to_tensor
@@ -186,13 +187,24 @@ def test_calibration_is_out_of_fold(fitted):
         maps = anomaly_maps(q, t_pm, sc.forward_windows, sc.backward_windows, sc.alphas, sc.layer_weights, SIZE)
         return scipy_blur(maps.numpy(), sc.score_sigma).reshape(len(held), -1).max(axis=1).tolist()
 
-    ref = calibrate(ts.n_images, folds=tc.folds, max_images=tc.max_images, seed=tc.seed, score_fold=score_fold)
+    ref = calibrate(
+        ts.n_images,
+        folds=tc.folds,
+        max_images=tc.max_images,
+        seed=tc.seed,
+        score_fold=score_fold,
+        keys=ts.image_digests,
+    )
     np.testing.assert_allclose(ts.calibration.scores, ref.scores, atol=1e-5)
     assert len(ts.calibration.scores) == 6
     # Held-out images are not in their own templates, so their scores are clearly > 0.
     assert min(ts.calibration.scores) > 1e-3
     arr = np.array(ts.calibration.scores)
-    assert fitted.threshold == pytest.approx(arr.mean() + tc.sigmas * arr.std(ddof=1), rel=1e-9)
+    # Default rule: far at threshold.false_alarm_rate; the sigmas rule stays available.
+    assert tc.rule == "far"
+    assert fitted.threshold == pytest.approx(TailModel(arr.tolist()).threshold(tc.false_alarm_rate), rel=1e-12)
+    sig = fitted.operating_point(sigmas=tc.sigmas)
+    assert sig.rule == "sigmas" and sig.threshold == pytest.approx(arr.mean() + tc.sigmas * arr.std(ddof=1), rel=1e-9)
 
 
 def test_sigmas_override_changes_only_the_threshold(fitted, images, prediction):

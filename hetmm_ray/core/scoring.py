@@ -5,15 +5,26 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..config import THRESHOLD_RULES, DetectorConfig
+
 FoldScorer = Callable[[list[int], list[int]], Sequence[float]]
 """``score_fold(held_out, kept)``: scores of the held-out images against templates of the kept ones."""
 
-__all__ = ["Calibration", "calibrate", "gaussian_blur", "gaussian_kernel", "image_scores"]
+__all__ = [
+    "Calibration",
+    "OperatingPoint",
+    "operating_point",
+    "calibrate",
+    "gaussian_blur",
+    "gaussian_kernel",
+    "image_scores",
+]
 
 
 def gaussian_kernel(sigma: float, *, device: torch.device | None = None) -> Tensor:
@@ -45,10 +56,78 @@ def image_scores(maps: Tensor, sigma: float) -> Tensor:
 
 
 @dataclass(frozen=True)
+class OperatingPoint:
+    """A verdict threshold, the rule that set it, and the estimated share of good parts above it.
+
+    ``false_alarm_rate`` is a fraction (0.01 = 1 %) estimated from the out-of-fold scores with
+    :class:`~hetmm_ray.core.calibration.TailModel`; ``target`` is the rule's own parameter
+    (the asked rate for ``far``, k for ``sigmas``, None for ``validation``).
+    """
+
+    threshold: float
+    rule: str
+    false_alarm_rate: float | None
+    target: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "threshold": self.threshold,
+            "threshold_rule": self.rule,
+            "rule_target": self.target,
+            "estimated_false_alarm_rate": self.false_alarm_rate,
+        }
+
+
+@dataclass(frozen=True)
 class Calibration:
-    """Out-of-fold image scores of good training images, and the threshold rule on them."""
+    """Out-of-fold image scores of good training images, and the threshold rules on them.
+
+    ``validation``: what a labelled validation set chose (``hetmm calibrate``): at least
+    ``{"threshold": t, "objective": ...}``; the ``validation`` rule uses it.
+    """
 
     scores: tuple[float, ...]
+    validation: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "scores", tuple(float(s) for s in self.scores))
+
+    # --- storage: a plain list of scores (the original format) unless a validation result rides along
+    def to_json(self) -> list[float] | dict[str, Any]:
+        if self.validation is None:
+            return list(self.scores)
+        return {"scores": list(self.scores), "validation": self.validation}
+
+    @classmethod
+    def from_json(cls, data: Any) -> Calibration | None:
+        if data is None:
+            return None
+        if isinstance(data, dict):
+            return cls(tuple(data["scores"]), validation=data.get("validation"))
+        return cls(tuple(data))
+
+    def operating_point(self, rule: str, *, sigmas: float = 3.0, false_alarm_rate: float = 0.01) -> OperatingPoint:
+        """The threshold of ``rule`` and its estimated false-alarm rate."""
+        from .calibration import TailModel, check_rate
+
+        tail = TailModel(self.scores)
+        if rule == "far":
+            rate = check_rate(false_alarm_rate)
+            t = tail.threshold(rate)
+            return OperatingPoint(t, "far", tail.false_alarm_rate(t), rate)
+        if rule == "sigmas":
+            if not (math.isfinite(sigmas) and sigmas >= 0):
+                raise ValueError(f"sigmas must be a finite number >= 0, got {sigmas!r}")
+            t = self.threshold(sigmas)
+            return OperatingPoint(t, "sigmas", tail.false_alarm_rate(t), float(sigmas))
+        if rule == "validation":
+            if not self.validation:
+                raise ValueError(
+                    "threshold rule 'validation' needs a labelled validation result: run hetmm calibrate --val DIR"
+                )
+            t = float(self.validation["threshold"])
+            return OperatingPoint(t, "validation", tail.false_alarm_rate(t), None)
+        raise ValueError(f"unknown threshold rule {rule!r}; choose one of {', '.join(THRESHOLD_RULES)}")
 
     @property
     def mean(self) -> float:
@@ -72,6 +151,7 @@ def calibrate(
     max_images: int,
     seed: int,
     score_fold: FoldScorer,
+    keys: Sequence[str] | None = None,
 ) -> Calibration:
     """Leave-some-out scores of good images.
 
@@ -79,15 +159,35 @@ def calibrate(
     ``folds``; ``score_fold(held_out, kept)`` scores the held-out indices against
     templates built from the kept indices (every training image not held out).
     """
-    if n_images < 2:
-        raise ValueError("threshold calibration needs at least 2 good images")
-    g = torch.Generator().manual_seed(seed)
-    chosen = torch.randperm(n_images, generator=g)[: min(max_images, n_images)].tolist()
-    folds = min(folds, len(chosen))
+    from .calibration import fold_plan
+
     scores: list[float] = []
-    for f in range(folds):
-        held = sorted(chosen[f::folds])
+    for held in fold_plan(n_images, folds=folds, max_images=max_images, seed=seed, keys=keys):
         held_set = set(held)
         kept = [i for i in range(n_images) if i not in held_set]
         scores.extend(float(s) for s in score_fold(held, kept))
     return Calibration(scores=tuple(scores))
+
+
+def operating_point(
+    calibration: Calibration | None,
+    config: DetectorConfig,
+    *,
+    sigmas: float | None = None,
+    false_alarm_rate: float | None = None,
+) -> OperatingPoint | None:
+    """The threshold of ``config.threshold.rule`` on ``calibration`` (None without one).
+
+    ``sigmas`` switches to the sigmas rule, ``false_alarm_rate`` to the far rule, for this
+    call only; giving both, or a non-finite / out-of-range value, is a ValueError.
+    """
+    if sigmas is not None and false_alarm_rate is not None:
+        raise ValueError("give sigmas or false_alarm_rate, not both")
+    if calibration is None:
+        return None
+    tc = config.threshold
+    if sigmas is not None:
+        return calibration.operating_point("sigmas", sigmas=sigmas)
+    if false_alarm_rate is not None:
+        return calibration.operating_point("far", false_alarm_rate=false_alarm_rate)
+    return calibration.operating_point(tc.rule, sigmas=tc.sigmas, false_alarm_rate=tc.false_alarm_rate)

@@ -125,7 +125,7 @@ class TemplateSet:
             "config": self.config.to_dict(),
             "weights_id": self.weights_id,
             "image_digests": list(self.image_digests),
-            "calibration": None if self.calibration is None else list(self.calibration.scores),
+            "calibration": None if self.calibration is None else self.calibration.to_json(),
             "meta": self.meta,
         }
         return st_save(tensors, metadata={"hetmm": json.dumps(header)})
@@ -148,7 +148,7 @@ class TemplateSet:
                 config=config,
                 weights_id=header["weights_id"],
                 image_digests=tuple(header["image_digests"]),
-                calibration=None if cal is None else Calibration(tuple(cal)),
+                calibration=Calibration.from_json(cal),
                 meta=header.get("meta", {}),
                 **cls.parse_selection(tensors, layers),
             )

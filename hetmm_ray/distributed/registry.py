@@ -54,10 +54,32 @@ def _calibrated(ts: TemplateSet) -> TemplateSet:
     return HETMM(ts.config).calibrated(ts)
 
 
+@ray.remote(num_cpus=TASK_CPUS)
+def _labelled_calibration(
+    store_uri: str, product: str, version: int, images: list[bytes], labels: list[int], objective: str, cap: float
+) -> tuple[TemplateSet, dict[str, Any]]:
+    """Score labelled images with ``version`` and choose its validation threshold (hetmm_ray.validation)."""
+    from ..data.decode import decode_image
+    from ..detector import HETMM
+    from ..validation import calibrate_with_labels
+
+    torch.set_num_threads(max(1, round(ray.get_runtime_context().get_assigned_resources().get("CPU", 1))))
+    det = HETMM.load(open_store(store_uri), product, version)
+    decoded = [decode_image(data) for data in images]
+    return calibrate_with_labels(det, decoded, labels, objective=objective, max_false_alarm_rate=cap)
+
+
 def _weights_identity(config: Any) -> str:
     from ..core.backbone import weights_identity  # torchvision only where a backbone is involved
 
     return weights_identity(config)
+
+
+def _operating_point(calibration: Any, config: DetectorConfig) -> Any:
+    """A stored calibration's operating point under the product's rule (None if uncalibrated)."""
+    from ..core.scoring import Calibration, operating_point
+
+    return operating_point(Calibration.from_json(calibration), config)
 
 
 def _features_to_bank(features: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
@@ -145,12 +167,7 @@ class ProductRegistry:
         m = await asyncio.to_thread(self.store.manifest, product, version)
         config = DetectorConfig.from_dict(m["config"])
         sheets = next(iter(m["layers"].values())).get("sheets") if m.get("selection") else None
-        cal = m.get("calibration")
-        threshold = None
-        if cal:
-            from ..core.scoring import Calibration
-
-            threshold = Calibration(tuple(cal)).threshold(config.threshold.sigmas)
+        op = _operating_point(m.get("calibration"), config)
         return {
             "product": product,
             "version": version,
@@ -160,7 +177,11 @@ class ProductRegistry:
             "backbone": config.backbone.name,
             "weights_id": m["weights_id"],
             "image_size": config.backbone.image_size,
-            "threshold": threshold,
+            "threshold": None if op is None else op.threshold,
+            # the rule that set it and the estimated share of good parts flagged (fraction)
+            "threshold_rule": None if op is None else op.rule,
+            "rule_target": None if op is None else op.target,
+            "estimated_false_alarm_rate": None if op is None else op.false_alarm_rate,
             "created": m.get("created"),
         }
 
@@ -209,7 +230,7 @@ class ProductRegistry:
             "version": version,
             "config": ts.config.to_dict(),
             "weights_id": ts.weights_id,
-            "calibration": None if ts.calibration is None else list(ts.calibration.scores),
+            "calibration": None if ts.calibration is None else ts.calibration.to_json(),
             "tiny": tiny,  # ObjectRefs owned by this actor: replicas read them from shared memory
         }
         self.versions[product] = version
@@ -401,6 +422,26 @@ class ProductRegistry:
             return await self.update(product, features, digests, progress)
 
         return self.jobs.start("normals", product, work)
+
+    async def start_calibrate(
+        self, product: str, images: list[bytes], labels: list[int], objective: str, max_false_alarm_rate: float
+    ) -> dict[str, Any]:
+        """Labelled validation of ``product``'s head (``hetmm calibrate``), as a job: scores the
+        images, stores the chosen threshold as a new version and publishes it."""
+        version = await self.head(product)  # ProductNotFound before any work starts
+
+        async def work(progress: JobProgress) -> int:
+            progress.stage("score labelled images", len(images))
+            ts, _record = await _labelled_calibration.remote(
+                self.store_uri, product, version, images, labels, objective, max_false_alarm_rate
+            )
+            progress.stage("publish")
+            async with self._lock(product):
+                new = await asyncio.to_thread(self.store.put, product, ts, expect_head=version)
+                await self._load_shards(product)
+            return new
+
+        return self.jobs.start("calibrate", product, work)
 
     async def job(self, job_id: str, wait: float = 0.0) -> dict[str, Any] | None:
         """A job's record; ``wait`` seconds to let it finish first."""

@@ -30,6 +30,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from ..config import MAX_IMAGE_BYTES, ConfigError, DetectorConfig, ServiceConfig
+from ..core.calibration import check_rate
 from ..core.templates import TemplateError
 from ..data.decode import ImageError, decode_image
 from ..data.sources import SourceError, read_image_source
@@ -165,6 +166,18 @@ def _merged(defaults: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
         else:
             out[key] = value
     return DetectorConfig.from_dict(out).to_dict()
+
+
+def _labelled_folder(source: str) -> list[tuple[str, bytes, int]]:
+    """A server-side labelled folder (see data/labelled.py) as (name, bytes, label)."""
+    from ..data.labelled import labelled_images
+    from ..data.mvtec import DatasetError
+
+    try:
+        found = labelled_images(source)
+    except DatasetError as exc:
+        raise ApiError(400, "bad_source", str(exc)) from None
+    return [(str(p), p.read_bytes(), label) for p, label in found]
 
 
 # Serve captures this module's globals when the class below is decorated: every helper
@@ -388,6 +401,74 @@ class Ingress:
             return await self._job_response(record, wait)
 
         return await self._timed(request, "normals", handler)
+
+    @app.post("/v1/products/{product}/calibrate")
+    async def calibrate(self, product: str, request: Request, wait: bool = False) -> Response:
+        """Labelled validation (``hetmm calibrate``): multipart files under the field names ``good``
+        and ``defective`` (text fields ``objective`` f1|recall, ``max_false_alarm_rate``), or JSON
+        ``{"source": server-side folder, "objective", "max_false_alarm_rate"}``. A job (202)."""
+
+        async def handler() -> Response:
+            self._admin(request)
+            await self._require_product(product)
+            if _content_type(request) == "application/json":
+                spec = await self._json(request)
+                unknown = set(spec) - {"source", "objective", "max_false_alarm_rate"}
+                if unknown or "source" not in spec:
+                    raise ApiError(
+                        400,
+                        "bad_request",
+                        "JSON body: give 'source' (a labelled folder) and optional 'objective', 'max_false_alarm_rate'",
+                    )
+                labelled = await asyncio.to_thread(_labelled_folder, str(spec["source"]))
+                if len(labelled) > self.service.max_images_per_job:
+                    raise ApiError(
+                        413,
+                        "too_many_images",
+                        f"{len(labelled)} images; the limit is {self.service.max_images_per_job}",
+                    )
+                uploads = [(name, data) for name, data, _ in labelled]
+                labels = [label for _, _, label in labelled]
+                fields = {k: spec[k] for k in ("objective", "max_false_alarm_rate") if k in spec}
+            else:
+                uploads, labels, fields = await self._labelled_uploads(request)
+            objective = fields.get("objective", "f1")
+            if objective not in ("f1", "recall"):
+                raise ApiError(400, "bad_request", f"objective: choose f1 or recall, got {objective!r}")
+            try:
+                cap = float(fields.get("max_false_alarm_rate", 0.01))
+                check_rate(cap)
+            except (TypeError, ValueError) as exc:
+                raise ApiError(400, "bad_request", f"max_false_alarm_rate: {exc}") from None
+            if not 0 < sum(labels) < len(labels):
+                raise ApiError(400, "bad_request", "labelled validation needs good and defective images")
+            await self._decode(uploads)
+            record = await self.registry.start_calibrate.remote(
+                product, [d for _, d in uploads], labels, objective, cap
+            )
+            return await self._job_response(record, wait)
+
+        return await self._timed(request, "calibrate", handler)
+
+    async def _labelled_uploads(self, request: Request) -> tuple[list[tuple[str, bytes]], list[int], dict[str, str]]:
+        if _content_type(request) != "multipart/form-data":
+            raise ApiError(415, "unsupported_media_type", "send multipart/form-data (files named good / defective)")
+        await self._body(request)  # bounded read; request.form() parses what it read
+        limit = self.service.max_images_per_job
+        try:
+            form = await request.form(max_files=limit, max_fields=16, max_part_size=MAX_IMAGE_BYTES)
+        except Exception as exc:  # noqa: BLE001 - the multipart parser's errors vary
+            raise ApiError(400, "bad_multipart", f"malformed multipart body ({_one_line(exc)})") from None
+        uploads, labels, fields = [], [], {}
+        for key, value in form.multi_items():
+            if isinstance(value, str):
+                fields[key] = value
+            elif key in ("good", "defective"):
+                uploads.append((value.filename or key, await value.read()))
+                labels.append(int(key == "defective"))
+            else:
+                raise ApiError(400, "bad_request", f"file field {key!r}: name each file 'good' or 'defective'")
+        return uploads, labels, fields
 
     @app.post("/v1/products/{product}/rollback")
     async def rollback(self, product: str, request: Request) -> Response:

@@ -114,7 +114,7 @@ class Detector:
             config,
             tiny,
             weights_id=snapshot["weights_id"],
-            calibration=None if cal is None else Calibration(tuple(cal)),
+            calibration=Calibration.from_json(cal),
             version=snapshot["version"],
             backbone=self._backbone(config.backbone),
         )
@@ -144,7 +144,12 @@ class Detector:
         images = [im for r in requests for im in r.images]
         started = time.perf_counter()
         try:
-            pred = await asyncio.to_thread(detector.predict, images, sigmas=self.settings.sigmas)
+            pred = await asyncio.to_thread(
+                detector.predict,
+                images,
+                sigmas=self.settings.sigmas,
+                false_alarm_rate=self.settings.false_alarm_rate,
+            )
         except (RuntimeError, torch.cuda.OutOfMemoryError) as exc:
             if "CUDA" in str(exc):
                 self._fatal = exc
@@ -152,6 +157,8 @@ class Detector:
         score_ms = 1000 * (time.perf_counter() - started)
         size = detector.config.backbone.image_size
         vmax = max(pred.threshold, float(pred.maps.max())) if np.isfinite(pred.threshold) else None
+        op = pred.operating_point
+        rule = {} if op is None else {k: v for k, v in op.to_json().items() if k != "threshold"}
         out, i = [], 0
         for r in requests:
             results = []
@@ -160,6 +167,7 @@ class Detector:
                     "score": float(pred.scores[i]),
                     "threshold": float(pred.threshold),
                     "is_anomaly": bool(pred.is_anomaly[i]),
+                    **rule,  # threshold_rule, rule_target, estimated_false_alarm_rate
                     "version": model.version,
                     "timing": {
                         "queue_ms": round(1000 * (started - r.enqueued), 3),

@@ -189,7 +189,7 @@ class VersionedStore:
             config=config,
             weights_id=m["weights_id"],
             image_digests=tuple(m["image_digests"]),
-            calibration=None if cal is None else Calibration(tuple(cal)),
+            calibration=Calibration.from_json(cal),
             meta={**m.get("meta", {}), "version": version, "parent": m.get("parent")},
             **selection,
         )
@@ -261,7 +261,7 @@ class VersionedStore:
             "layers": _layout(ts),
             "images": ts.n_images,
             "image_digests": list(ts.image_digests),
-            "calibration": None if ts.calibration is None else list(ts.calibration.scores),
+            "calibration": None if ts.calibration is None else ts.calibration.to_json(),
             "meta": {k: v for k, v in ts.meta.items() if k not in ("version", "parent")},
             "chunks": self._chunks(product, ts, parent),
             "selection": self._put_object(product, sel) if (sel := ts.selection_tensors()) else None,
