@@ -31,7 +31,7 @@ import numpy as np
 import ray
 import torch
 
-from ..config import TASK_CPUS, DetectorConfig
+from ..config import TASK_CPUS, DetectorConfig, stored_config
 from ..core.pts import select_layers
 from ..core.templates import TemplateSet
 from ..store import StoreConflict, check_product_name, open_store
@@ -96,7 +96,7 @@ class ProductRegistry:
         out = []
         for product, version in (await self.products()).items():
             m = await asyncio.to_thread(self.store.manifest, product, version)
-            config = DetectorConfig.from_dict(m["config"])
+            config = stored_config(m["config"])
             sheets = next(iter(m["layers"].values())).get("sheets") if m.get("selection") else None
             cal = m.get("calibration")
             threshold = None
@@ -287,7 +287,7 @@ class ProductRegistry:
         """Hot-update ``product`` with encoded good images, as a job; returns the job record."""
         version = await self.head(product)  # ProductNotFound before any work starts
         m = await asyncio.to_thread(self.store.manifest, product, version)
-        cfg = DetectorConfig.from_dict(m["config"])
+        cfg = stored_config(m["config"])
 
         async def work(progress: JobProgress) -> int:
             features, digests = await self._extract(cfg, images, progress)
