@@ -53,6 +53,16 @@ def _calibrated(ts: TemplateSet) -> TemplateSet:
     return HETMM(ts.config).calibrated(ts)
 
 
+@ray.remote(num_cpus=TASK_CPUS)
+def _auto_selected(ts: TemplateSet) -> TemplateSet:
+    """``templates.sheets: auto`` (core/auto_sheets.py) in one task: the ladder's selections and
+    out-of-fold scorings; the result's config holds the chosen K (hot updates keep it)."""
+    from ..detector import HETMM
+
+    torch.set_num_threads(max(1, round(ray.get_runtime_context().get_assigned_resources().get("CPU", 1))))
+    return HETMM(ts.config)._selected(ts)
+
+
 def _weights_identity(config: Any) -> str:
     from ..core.backbone import weights_identity  # torchvision only where a backbone is involved
 
@@ -113,6 +123,9 @@ class ProductRegistry:
                     "sheets": sheets or (m["images"] if config.templates.kind == "all" else config.templates.sheets),
                     "backbone": config.backbone.name,
                     "image_size": config.backbone.image_size,
+                    "geometry": config.backbone.geometry,
+                    # How K was set: the sheets: auto record (chosen K, why, ladder) or None for a fixed K.
+                    "sheets_auto": m.get("meta", {}).get("sheets_auto") if m.get("selection") else None,
                     "threshold": threshold,
                     "created": m.get("created"),
                 }
@@ -202,6 +215,10 @@ class ProductRegistry:
         tc = ts.config.templates
         if tc.kind == "all":
             return ts
+        if tc.sheets == "auto":
+            if progress is not None:
+                progress.stage(f"select {tc.kind}: sheets auto")
+            return await _auto_selected.remote(ts)
         if progress is not None:
             progress.stage(f"select {tc.kind}", sum(v.shape[2] * v.shape[3] for v in ts.bank.values()))
         fanned = partial(pts_indices_ray, num_cpus=TASK_CPUS)
