@@ -314,3 +314,19 @@ def test_pixel_metrics_take_maps_of_per_image_shapes():
     # [a, b] has the PRO of the stacked (2, 4, 5) pair [a, b.T].
     stacked = pro_score(np.stack([a, b.T]), np.stack([ma, mb.T]))
     assert pro_score([a, b], [ma, mb]) == pytest.approx(stacked, abs=1e-12)
+
+
+def test_pts_takes_padding_only_after_every_real_vector():
+    from hetmm_ray.core.pts import pts_indices
+
+    g = torch.Generator().manual_seed(5)
+    bank = F.normalize(torch.randn(12, 8, 2, 2, generator=g), dim=1)
+    padded = bank.clone()
+    padded[:5, :, 0, 0] = 0  # images 0-4 are letterbox padding at pixel (0, 0)
+    for k in (4, 9):
+        got, plain = pts_indices(padded, k), pts_indices(bank, k)
+        real = got[:, 0, 0].tolist()[: min(k, 7)]
+        assert all(i >= 5 for i in real), real
+        if k == 9:
+            assert sorted(got[7:, 0, 0].tolist()) == [0, 1]  # then padding, lowest index first
+        assert torch.equal(got.flatten(1)[:, 1:], plain.flatten(1)[:, 1:])  # other pixels unaffected
