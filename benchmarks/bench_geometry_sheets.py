@@ -34,26 +34,34 @@ from hetmm_ray.evaluation import load_images
 BATTERY = SHARED / "data" / "battery_weld"
 
 
-def synthetic(n_train: int, n_good: int, per_defect: int) -> Path:
-    root = Path(tempfile.gettempdir()) / f"hetmm-synthetic-varied-{n_train}-{n_good}-{per_defect}"
+def synthetic(n_train: int, n_good: int, per_defect: int, size: int) -> Path:
+    root = Path(tempfile.gettempdir()) / f"hetmm-synthetic-varied-{n_train}-{n_good}-{per_defect}-{size}"
     if not (root / "ground_truth").exists():
         write_mvtec_layout(
-            root, n_train=n_train, n_test_good=n_good, n_test_per_defect=per_defect, seed=11, size=256, aspect="varied"
+            root, n_train=n_train, n_test_good=n_good, n_test_per_defect=per_defect, seed=11, size=size, aspect="varied"
         )
     return root
 
 
 def dataset(name: str, args: argparse.Namespace) -> Path:
     return {"bottle": BOTTLE, "battery_weld": BATTERY}.get(name) or synthetic(
-        args.synthetic_train, args.synthetic_good, args.synthetic_per_defect
+        args.synthetic_train, args.synthetic_good, args.synthetic_per_defect, args.synthetic_size
     )
 
 
-def config(geometry: str, **changes: object) -> DetectorConfig:
-    base = DetectorConfig.from_dict(
-        {"backbone": {"name": "mobilenet_v2", "weights": str(MOBILENET_WEIGHTS), "geometry": geometry}}
+def config(geometry: str, name: str, args: argparse.Namespace) -> DetectorConfig:
+    """Defaults with real mobilenet_v2 weights; the synthetic product at its own (smaller) size."""
+    size = args.synthetic_size if name == "synthetic" else 256
+    return DetectorConfig.from_dict(
+        {
+            "backbone": {
+                "name": "mobilenet_v2",
+                "weights": str(MOBILENET_WEIGHTS),
+                "geometry": geometry,
+                "image_size": size,
+            }
+        }
     )
-    return base.replace(**changes) if changes else base
 
 
 def scored(det: HETMM, category: MVTecCategory, images: list[np.ndarray]) -> dict[str, float]:
@@ -85,7 +93,7 @@ def run_geometry(args: argparse.Namespace) -> list[dict[str, object]]:
     rows = []
     for name in args.datasets:
         for geometry in ("squash", "letterbox"):
-            det, category, test = fitted(dataset(name, args), config(geometry))
+            det, category, test = fitted(dataset(name, args), config(geometry, name, args))
             m = scored(det, category, test)
             rows.append({"dataset": name, "geometry": geometry, "train": det.templates.n_images, **m})
             print(json.dumps(rows[-1]), flush=True)
@@ -112,7 +120,7 @@ def run_geometry(args: argparse.Namespace) -> list[dict[str, object]]:
 def run_sheets(args: argparse.Namespace) -> list[dict[str, object]]:
     out = []
     for name in args.datasets:
-        det, category, test = fitted(dataset(name, args), config(args.geometry))
+        det, category, test = fitted(dataset(name, args), config(args.geometry, name, args))
         reference = scored(det, category, test)
         t0 = time.perf_counter()
         det.progress = True  # prints each rung as it is measured
@@ -173,6 +181,7 @@ def main() -> None:
     p.add_argument("--geometry", default="letterbox", help="sheets: the geometry to run with")
     p.add_argument("--synthetic-train", type=int, default=None, help="good training images (geometry 150, sheets 600)")
     p.add_argument("--synthetic-good", type=int, default=40)
+    p.add_argument("--synthetic-size", type=int, default=128, help="synthetic side and backbone image_size")
     p.add_argument("--synthetic-per-defect", type=int, default=20)
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--json", help="write the records here")
