@@ -37,7 +37,7 @@ def _add_config_flags(p: argparse.ArgumentParser, *, templates: bool = True) -> 
         g.add_argument(
             "--templates", choices=(*TEMPLATE_KINDS, "pts"), help="template selection (default all; pts = pts_o)"
         )
-        g.add_argument("--sheets", type=int, help="template sheets K for compressed selections")
+        g.add_argument("--sheets", type=_sheets, help="template sheets K for compressed selections, or auto (default)")
     g.add_argument("--device", help="auto (default), cpu, cuda, cuda:N")
     g.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), help="ATMM compute dtype")
     g.add_argument(
@@ -145,7 +145,8 @@ def cmd_fit(args: argparse.Namespace) -> int:
     if len(paths) < 2:
         raise CLIError(f"fit needs at least 2 good images, got {len(paths)}")
     det = HETMM(config, progress=True, cluster=_cluster(args))
-    det.fit(load_images(paths, config.backbone.image_size, progress=True, desc="decode"))
+    bb = config.backbone
+    det.fit(load_images(paths, bb.image_size, progress=True, desc="decode", geometry=bb.geometry))
     version = det.save(_open(args), args.product)
     print(
         f"product {args.product}: version {version} from {len(paths)} good images "
@@ -155,7 +156,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
-    from .data.decode import ImageError, decode_image, resize_rgb
+    from .data.decode import ImageError, decode_image, resize_to_geometry
     from .detector import HETMM
     from .visualize import heatmap_overlay, save_png
 
@@ -180,8 +181,11 @@ def cmd_predict(args: argparse.Namespace) -> int:
         op = det.operating_point(sigmas=args.sigmas, false_alarm_rate=args.false_alarm_rate)
     except ValueError as exc:
         raise CLIError(str(exc)) from None
+    geometry = det.config.backbone.geometry
     pred = det.predict(
-        [resize_rgb(img, size) for _, _, img in good], sigmas=args.sigmas, false_alarm_rate=args.false_alarm_rate
+        [resize_to_geometry(img, size, geometry) for _, _, img in good],
+        sigmas=args.sigmas,
+        false_alarm_rate=args.false_alarm_rate,
     )
     rule = {} if op is None else {k: v for k, v in op.to_json().items() if k != "threshold"}
     out = Path(args.out) if args.out else None
@@ -233,7 +237,8 @@ def cmd_update(args: argparse.Namespace) -> int:
     head = store.head(args.product)
     det = HETMM.load(store, args.product, head, progress=True, cluster=_cluster(args))
     paths = [p for p, _ in _image_paths(args.images)]
-    det.update(load_images(paths, det.config.backbone.image_size, progress=True, desc="decode"))
+    bb = det.config.backbone
+    det.update(load_images(paths, bb.image_size, progress=True, desc="decode", geometry=bb.geometry))
     if det.skipped_duplicates:
         print(f"hetmm: skipped: {det.skipped_duplicates} image(s) already in v{head} (same content)", file=sys.stderr)
     if det.skipped_duplicates == len(paths):
@@ -261,6 +266,9 @@ def cmd_compress(args: argparse.Namespace) -> int:
     version = det.save(store, args.product)
     ts = det.templates
     assert ts is not None
+    auto = ts.meta.get("sheets_auto")  # present only when this selection measured its K
+    if auto:
+        print(_ladder_table(auto))
     print(
         f"product {args.product}: version {version} = {ts.config.templates.kind} with {ts.sheets} sheets "
         f"of {ts.n_images} images ({seconds:.1f}s); threshold {_describe_operating_point(det.operating_point())}"
@@ -289,7 +297,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     version = head if args.version is None else args.version
     det = HETMM.load(store, args.product, version, progress=True)
     labelled = labelled_images(args.val)
-    images = load_images([p for p, _ in labelled], det.config.backbone.image_size, progress=True, desc="decode")
+    bb = det.config.backbone
+    images = load_images([p for p, _ in labelled], bb.image_size, progress=True, desc="decode", geometry=bb.geometry)
     try:
         ts, record = calibrate_with_labels(
             det,
@@ -315,6 +324,24 @@ def HETMM_load(store: Any, product: str, version: int | None) -> Any:
     from .detector import HETMM
 
     return HETMM.load(store, product, version, progress=True)
+
+
+def _ladder_table(auto: dict[str, Any]) -> str:
+    """The ``sheets: auto`` ladder as printed by ``hetmm compress``."""
+    tol = auto["tolerance"]
+    lines = [
+        f"sheets: auto (agreement with ALL on out-of-fold scores: rank corr >= {tol['min_rank_corr']}, "
+        f"max rel diff <= {tol['max_rel_diff']}, verdicts >= {100 * tol['min_verdict_agreement']:.0f}%)",
+        f"{'K':>6}  {'rank corr':>9}  {'max rel diff':>12}  {'verdicts':>8}  {'ms/img':>7}  agrees",
+    ]
+    for r in auto["ladder"]:
+        lines.append(
+            f"{r['sheets']:>6}  {r['rank_corr']:>9.4f}  {r['max_rel_diff']:>12.4f}  "
+            f"{100 * r['verdict_agreement']:>7.1f}%  {r['ms_per_image']:>7.1f}  {'yes' if r['agrees'] else 'no'}"
+        )
+    lines.append(f"{'ALL':>6}  {'':>9}  {'':>12}  {'':>8}  {auto['all_ms_per_image']:>7.1f}")
+    lines.append(f"chosen K = {auto['chosen']} ({auto['why']})")
+    return "\n".join(lines)
 
 
 def _cluster(args: argparse.Namespace) -> bool:
@@ -351,6 +378,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _sheets(value: str) -> int | str:
+    """``--sheets``: a positive integer or ``auto``."""
+    if value == "auto":
+        return value
+    try:
+        k = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer or auto, got {value!r}") from None
+    if k < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer or auto, got {value!r}")
+    return k
+
+
 def _template_kind(kind: str | None) -> str | None:
     return "pts_o" if kind == "pts" else kind
 
@@ -368,13 +408,21 @@ def cmd_versions(args: argparse.Namespace) -> int:
         dropped = store.retain(args.product, args.keep)
         print(f"retention: deleted versions {dropped or 'none'} (kept the newest {args.keep} and the head)")
     head = store.head(args.product)
-    print(f"{'version':>7}  {'parent':>6}  {'images':>6}  {'sheets':>6}  created              weights")
+    rows, auto_seen = [], False
     for v in store.versions(args.product):
         m = store.manifest(args.product, v)
         created = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(m["created"]))
         sheets = m["images"] if not m.get("selection") else m["config"]["templates"]["sheets"]
+        if m.get("selection") and m.get("meta", {}).get("sheets_auto"):
+            sheets, auto_seen = f"{sheets}a", True  # chosen by sheets: auto
         mark = "*" if v == head else " "
-        print(f"{mark}{v:>6}  {m['parent'] or '-':>6}  {m['images']:>6}  {sheets:>6}  {created}  {m['weights_id']}")
+        rows.append(
+            f"{mark}{v:>6}  {m['parent'] or '-':>6}  {m['images']:>6}  {sheets:>6}  {created}  {m['weights_id']}"
+        )
+    if auto_seen:
+        print("(sheets 'Ka': K chosen by sheets: auto, the smallest K whose verdicts match ALL's)")
+    print(f"{'version':>7}  {'parent':>6}  {'images':>6}  {'sheets':>6}  created              weights")
+    print("\n".join(rows))
     return 0
 
 
@@ -503,7 +551,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--product", required=True)
     p.add_argument("--version", type=int, help="version to compress (default: head)")
     p.add_argument("--templates", default="pts_o", choices=(*TEMPLATE_KINDS, "pts"), help="selection (default pts_o)")
-    p.add_argument("--sheets", type=int, default=None, help="sheets K (default: the product's configuration, 60)")
+    p.add_argument(
+        "--sheets",
+        type=_sheets,
+        default=None,
+        help="sheets K, or auto: the smallest K whose verdicts match ALL's (default: the product's configuration)",
+    )
     p.add_argument("--seed", type=int, help="seed of the random and k-means selections")
     p.add_argument("--device")
     _add_store_flags(p)

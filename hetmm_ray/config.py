@@ -40,6 +40,7 @@ __all__ = [
     "check_number",
     "is_finite_number",
     "load_config",
+    "stored_config",
 ]
 
 # --- input limits (checked before any pixel is decoded) -------------------
@@ -115,6 +116,7 @@ PACKAGED_WEIGHTS: dict[str, PackagedWeights] = {
 
 TEMPLATE_KINDS = ("all", "ir", "pr", "pc_k", "pts_k", "pts_o")
 THRESHOLD_RULES = ("far", "sigmas", "validation")  # see ThresholdConfig
+GEOMETRIES = ("squash", "letterbox")  # = core.geometry.GEOMETRIES (config stays import-free)
 DTYPES = ("float32", "float16", "bfloat16")
 
 
@@ -147,6 +149,10 @@ NUMERIC_RANGES: dict[str, tuple[float, float, type]] = {
     "scoring.output_size": (8, 4096, int),
     "templates.sheets": (1, 100_000, int),
     "templates.seed": (0, 2**32 - 1, int),
+    "templates.auto_min_rank_corr": (-1.0, 1.0, float),
+    "templates.auto_max_rel_diff": (0.0, 100.0, float),
+    "templates.auto_min_verdict_agreement": (0.0, 1.0, float),
+    "templates.auto_max_ms_per_image": (0.001, 1_000_000.0, float),
     "threshold.folds": (2, 100, int),
     "threshold.max_images": (2, 100_000, int),
     "threshold.sigmas": (0.0, 100.0, float),
@@ -182,16 +188,22 @@ def check_number(key: str, value: Any) -> None:
     _require(ok, f"{key}: must be {what} in [{lo:g}, {hi:g}], got {value!r}")
 
 
-def _check_numbers(obj: Any, section: str) -> None:
+def _check_numbers(obj: Any, section: str, *, skip: tuple[str, ...] = ()) -> None:
+    """Check every field of ``obj`` that NUMERIC_RANGES names; ``skip``: fields holding a non-numeric choice."""
     for f in dataclasses.fields(obj):
         key = section + f.name
-        if key not in NUMERIC_RANGES:
+        if key not in NUMERIC_RANGES or f.name in skip:
             continue
         value = getattr(obj, f.name)
         if value is None and f.default is None:
             continue
         for v in value if isinstance(value, tuple | list) else (value,):
             check_number(key, v)
+
+
+def _did_you_mean(value: Any, choices: tuple[str, ...]) -> str:
+    hint = difflib.get_close_matches(str(value), choices, n=1)
+    return f" (did you mean {hint[0]!r}?)" if hint else ""
 
 
 def _odd_windows(name: str, values: tuple[int, ...]) -> None:
@@ -221,8 +233,19 @@ class BackboneConfig:
     pre_relu: bool = True
     image_size: int = 256
     seed: int = 0
+    # How an image reaches the square backbone input (core/geometry.py): "squash" resizes to
+    # image_size x image_size; "letterbox" keeps the aspect (long side image_size, centred,
+    # padded) and padded pixels never count. Chosen by measurement (BENCHMARKS.md, image
+    # geometry): equal on square products, far better on products of varied aspect.
+    # Products stored before this setting existed keep squash (stored_config).
+    geometry: str = "letterbox"
 
     def __post_init__(self) -> None:
+        _require(
+            self.geometry in GEOMETRIES,
+            f"backbone.geometry: unknown geometry {self.geometry!r}; choose one of {', '.join(GEOMETRIES)}"
+            + _did_you_mean(self.geometry, GEOMETRIES),
+        )
         _require(
             self.name in DEFAULT_LAYERS,
             f"backbone.name: unknown backbone {self.name!r}; choose one of {', '.join(BACKBONES)}",
@@ -286,16 +309,28 @@ class TemplateConfig:
     """Which templates ATMM matches against (ALGORITHM.md §2, §4)."""
 
     kind: str = "all"
-    sheets: int = 60
+    # Sheets K of a compressed selection: an integer, or "auto" = the smallest K on the ladder
+    # (core/auto_sheets.py) whose out-of-fold scores and verdicts match ALL's within the
+    # tolerance below. The chosen K replaces "auto" in the product's stored configuration
+    # (hot updates keep it); the ladder is kept in the template set's meta["sheets_auto"].
+    sheets: int | str = "auto"
     seed: int = 0
+    # "auto" tolerance against ALL on the out-of-fold scores of the good images:
+    auto_min_rank_corr: float = 0.98  # Spearman rank correlation of the scores, at least
+    auto_max_rel_diff: float = 0.05  # largest |s_K - s_ALL| / s_ALL over the images, at most
+    auto_min_verdict_agreement: float = 0.98  # share of images with the same verdict, at least
+    auto_max_ms_per_image: float | None = None  # optional ATMM budget: no K slower than this is chosen
 
     def __post_init__(self) -> None:
         _require(
             self.kind in TEMPLATE_KINDS,
             f"templates.kind: unknown selection {self.kind!r}; choose one of {', '.join(TEMPLATE_KINDS)}",
         )
-        _require(isinstance(self.sheets, int) and self.sheets >= 1, "templates.sheets: must be an integer >= 1")
-        _check_numbers(self, "templates.")
+        _require(
+            self.sheets == "auto" or (isinstance(self.sheets, int) and not isinstance(self.sheets, bool)),
+            f"templates.sheets: must be an integer >= 1 or 'auto', got {self.sheets!r}",
+        )
+        _check_numbers(self, "templates.", skip=("sheets",) if self.sheets == "auto" else ())
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -517,6 +552,17 @@ def _build(cls: type, data: Any, prefix: str) -> Any:
         return cls(**kwargs)
     except TypeError as exc:  # wrong type deep inside a comparison
         raise ConfigError(f"{where}: {exc}") from None
+
+
+def stored_config(data: dict[str, Any]) -> DetectorConfig:
+    """A product's configuration as stored with its templates.
+
+    Settings added after a product was stored take the value that reproduces how it was
+    built, not today's default: ``backbone.geometry`` missing means ``squash``.
+    """
+    if isinstance(data, dict) and isinstance(data.get("backbone"), dict) and "geometry" not in data["backbone"]:
+        data = {**data, "backbone": {**data["backbone"], "geometry": "squash"}}
+    return DetectorConfig.from_dict(data)
 
 
 def load_config(path: str | Path) -> DetectorConfig:

@@ -16,10 +16,12 @@ from tqdm.auto import tqdm
 
 from .config import DetectorConfig, TemplateConfig, check_number
 from .core.atmm import anomaly_maps, pixel_major
+from .core.auto_sheets import Rung, agreement, choose_sheets
 from .core.backbone import Backbone
 from .core.calibration import OutOfFold, fold_plan
+from .core.geometry import Box, boxes_from_features, canvas_box, scale_box, zero_padding
 from .core.pts import select_layers
-from .core.scoring import Calibration, OperatingPoint, gaussian_blur, image_scores, operating_point
+from .core.scoring import Calibration, OperatingPoint, content_maps, image_scores, operating_point
 from .core.templates import TemplateError, TemplateSet, unseen_positions
 from .data.decode import decode_image, images_to_tensor
 
@@ -36,7 +38,10 @@ class Prediction:
     """Scores and maps of a batch of images, and the template version that made them."""
 
     scores: np.ndarray  # (N,) image scores
-    maps: np.ndarray  # (N, S, S) float32 localisation maps (blurred with map_sigma)
+    # Localisation maps (blurred with map_sigma), float32, at each image's own aspect: the
+    # (N, S, S) array for squash; for letterbox one (h_i, w_i) map per image (long side S),
+    # stacked into an (N, h, w) array when all images have the same shape, else a list.
+    maps: np.ndarray | list[np.ndarray]
     threshold: float
     is_anomaly: np.ndarray  # (N,) bool
     version: int | None
@@ -101,15 +106,27 @@ class HETMM:
         cal = self.templates.calibration if self.templates else None
         return operating_point(cal, self.config, sigmas=sigmas, false_alarm_rate=false_alarm_rate)
 
-    def _batches(self, images: Sequence[ImageInput], desc: str) -> Iterator[tuple[list[np.ndarray], Tensor]]:
+    def _batches(
+        self, images: Sequence[ImageInput], desc: str
+    ) -> Iterator[tuple[list[np.ndarray], Tensor, list[Box] | None]]:
+        """Decoded images, the backbone's input and, for letterbox, each image's canvas box."""
         size = self.config.backbone.image_size
+        geometry = self.config.backbone.geometry
         bs = self.config.batch_size
         bar = tqdm(total=len(images), desc=desc, unit="img", disable=not self.progress, leave=False)
         with bar:
             for i in range(0, len(images), bs):
                 decoded = [_as_rgb(x) for x in images[i : i + bs]]
-                yield decoded, images_to_tensor(decoded, size).to(self.device)
+                boxes = None
+                if geometry != "squash":
+                    boxes = [canvas_box(x.shape[0], x.shape[1], size, geometry) for x in decoded]
+                yield decoded, images_to_tensor(decoded, size, geometry).to(self.device), boxes
                 bar.update(len(decoded))
+
+    def features(self, batch: Tensor, boxes: Sequence[Box] | None) -> dict[str, Tensor]:
+        """Backbone features of a canvas batch, pad cells zeroed (``core.geometry``)."""
+        feats = self.backbone(batch)
+        return feats if boxes is None else zero_padding(feats, boxes, self.config.backbone.image_size)
 
     def extract(
         self, images: Sequence[ImageInput], *, desc: str = "features", bank: bool = False
@@ -119,6 +136,13 @@ class HETMM:
         ``bank=True`` moves each batch to the CPU in ``bank_dtype`` as it comes, so a large
         bank never exists twice (device float32 and CPU storage) at once.
         """
+        feats, digests, _ = self._extract(images, desc=desc, bank=bank)
+        return feats, digests
+
+    def _extract(
+        self, images: Sequence[ImageInput], *, desc: str = "features", bank: bool = False
+    ) -> tuple[dict[str, Tensor], list[str], list[Box] | None]:
+        """:meth:`extract` plus the images' canvas boxes (None: squash, or not known)."""
         if len(images) == 0:
             raise ValueError("no images given")
         if bank and self.cluster:
@@ -128,16 +152,34 @@ class HETMM:
                 feats, digests = extract_features_ray(
                     self.config, images, progress=lambda done, _total: bar.update(done - bar.n)
                 )
-            return {k: torch.from_numpy(v).to(_DTYPES[self.config.bank_dtype]) for k, v in feats.items()}, digests
+            bank_feats = {k: torch.from_numpy(v).to(_DTYPES[self.config.bank_dtype]) for k, v in feats.items()}
+            return bank_feats, digests, None
         parts: dict[str, list[Tensor]] = {}
         digests: list[str] = []
-        for decoded, batch in self._batches(images, desc):
+        all_boxes: list[Box] | None = None if self.config.backbone.geometry == "squash" else []
+        for decoded, batch, boxes in self._batches(images, desc):
             digests.extend(_digest(x) for x in decoded)
-            for k, v in self.backbone(batch).items():
+            if all_boxes is not None and boxes is not None:
+                all_boxes.extend(boxes)
+            for k, v in self.features(batch, boxes).items():
                 parts.setdefault(k, []).append(v.to("cpu", _DTYPES[self.config.bank_dtype]) if bank else v)
-        return {k: torch.cat(v) for k, v in parts.items()}, digests
+        return {k: torch.cat(v) for k, v in parts.items()}, digests, all_boxes
 
-    def _score_features(self, feats: dict[str, Tensor], templates_pm: dict[str, Tensor]) -> Tensor:
+    def _bank_boxes(self, ts: TemplateSet, images: Sequence[int]) -> list[Box] | None:
+        """Canvas boxes of bank images: kept in ``meta["image_boxes"]`` by fit/update, else
+        recovered from the bank's zeroed pad cells (sets built by the service's feature tasks)."""
+        if self.config.backbone.geometry == "squash":
+            return None
+        kept = ts.meta.get("image_boxes")
+        if kept is not None and len(kept) == ts.n_images:
+            return [Box(*kept[i]) for i in images]
+        idx = list(images)
+        return boxes_from_features({k: v[idx] for k, v in ts.bank.items()}, self.config.backbone.image_size)
+
+    def _score_features(
+        self, feats: dict[str, Tensor], templates_pm: dict[str, Tensor], boxes: Sequence[Box] | None = None
+    ) -> Tensor:
+        """Fused anomaly maps (N, S, S) on the canvas; ``boxes``: the images' canvas boxes (letterbox)."""
         sc = self.config.scoring
         dtype = _DTYPES[self.config.dtype]
         out = sc.output_size or self.config.backbone.image_size
@@ -156,6 +198,8 @@ class HETMM:
                     sc.layer_weights,
                     out,
                     chunk_bytes=chunk,
+                    boxes=None if boxes is None else boxes[i : i + self.config.batch_size],
+                    canvas=self.config.backbone.image_size,
                 )
             )
         return torch.cat(maps)
@@ -190,13 +234,16 @@ class HETMM:
         """Build the template set from good images, select the tiny set, calibrate the threshold."""
         if len(images) < 2:
             raise ValueError(f"fit needs at least 2 good images, got {len(images)}")
-        feats, digests = self.extract(images, desc="fit: features", bank=True)
+        feats, digests, boxes = self._extract(images, desc="fit: features", bank=True)
+        meta: dict[str, Any] = {"created": time.time()}
+        if boxes is not None:
+            meta["image_boxes"] = [list(b) for b in boxes]
         ts = TemplateSet(
             bank=feats,
             config=self.config,
             weights_id=self.backbone.weights_id,
             image_digests=tuple(digests),
-            meta={"created": time.time()},
+            meta=meta,
         )
         self._install(self.calibrated(self._selected(ts)), version=None)
         return self
@@ -208,7 +255,7 @@ class HETMM:
         changes nothing; ``self.skipped_duplicates`` says how many were skipped.
         """
         ts = self._require_templates()
-        feats, digests = self.extract(images, desc="update: features", bank=True)
+        feats, digests, boxes = self._extract(images, desc="update: features", bank=True)
         keep = unseen_positions(ts.image_digests, digests)
         self.skipped_duplicates = len(digests) - len(keep)
         if not keep:
@@ -216,7 +263,12 @@ class HETMM:
         if len(keep) < len(digests):
             feats = {k: v[keep] for k, v in feats.items()}
             digests = [digests[i] for i in keep]
-        grown = ts.appended(feats, tuple(digests))
+            boxes = None if boxes is None else [boxes[i] for i in keep]
+        old_boxes = ts.meta.get("image_boxes")
+        meta = {k: v for k, v in ts.meta.items() if k != "image_boxes"}
+        if boxes is not None and old_boxes is not None and len(old_boxes) == ts.n_images:
+            meta["image_boxes"] = [*old_boxes, *(list(b) for b in boxes)]
+        grown = ts.appended(feats, tuple(digests), meta=meta)
         self._install(self.calibrated(self._selected(grown)), version=None)
         return self
 
@@ -230,10 +282,19 @@ class HETMM:
         return self
 
     def _selected(self, ts: TemplateSet) -> TemplateSet:
-        """``ts`` with the selection of ``config.templates`` (ALGORITHM.md §4) computed per layer."""
+        """``ts`` with the selection of ``config.templates`` (ALGORITHM.md §4) computed per layer;
+        ``sheets: auto`` measures K first (:meth:`_auto_selected`) and fixes it in ``self.config``."""
         tc = self.config.templates
         if tc.kind == "all":
             return replace(ts, indices=None, centres=None)
+        if tc.sheets == "auto":
+            return self._auto_selected(ts)
+        indices, centres = self._select(ts, tc)
+        meta = {k: v for k, v in ts.meta.items() if k != "sheets_auto"}  # a fixed K: no ladder to report
+        return replace(ts, config=self.config, indices=indices, centres=centres, meta=meta)
+
+    def _select(self, ts: TemplateSet, tc: TemplateConfig) -> tuple[dict[str, Tensor] | None, dict[str, Tensor] | None]:
+        """Per-layer (indices, centres) of selection ``tc`` (a fixed K) on ``ts``'s bank."""
         total = sum(v.shape[2] * v.shape[3] for v in ts.bank.values())
         pts = self._pts_fanout()
         with tqdm(total=total, desc=f"{tc.kind}: {tc.sheets} sheets", unit="px", disable=not self.progress) as bar:
@@ -246,7 +307,79 @@ class HETMM:
                 progress=lambda done, _total: bar.update(done - bar.n),
                 **pts,
             )
-        return replace(ts, config=self.config, indices=indices, centres=centres)
+        return indices, centres
+
+    # --- sheets: auto (core/auto_sheets.py) ---------------------------------------------
+    def _oof_scores(self, ts: TemplateSet, templates: TemplateConfig) -> tuple[list[float], float]:
+        """Out-of-fold scores of ``ts``'s good images under selection ``templates`` (the same
+        :meth:`out_of_fold` the threshold uses) and the ATMM scoring ms per image they took."""
+        oof = self.out_of_fold(ts, templates=templates)
+        return list(oof.scores), 1000 * oof.scoring_seconds / max(len(oof.scores), 1)
+
+    def _verdict_threshold(self, scores: Sequence[float]) -> float:
+        """The verdict threshold the product's rule sets on out-of-fold ``scores`` (a labelled
+        ``validation`` threshold does not exist yet while templates are being chosen: ``far``)."""
+        th = self.config.threshold
+        rule = "far" if th.rule == "validation" else th.rule
+        op = Calibration(scores=tuple(scores)).operating_point(
+            rule, sigmas=th.sigmas, false_alarm_rate=th.false_alarm_rate
+        )
+        return op.threshold
+
+    def _auto_selected(self, ts: TemplateSet) -> TemplateSet:
+        """The selection at the smallest ladder K that agrees with ALL (``core.auto_sheets``)."""
+        tc = self.config.templates
+        reference, all_ms = self._oof_scores(replace(ts, indices=None, centres=None), replace(tc, kind="all"))
+        reference_threshold = self._verdict_threshold(reference)
+        made: dict[int, TemplateSet] = {}
+
+        def evaluate(k: int) -> Rung:
+            fixed = replace(tc, sheets=k)
+            indices, centres = self._select(ts, fixed)
+            made[k] = replace(ts, config=replace(self.config, templates=fixed), indices=indices, centres=centres)
+            scores, ms = self._oof_scores(made[k], fixed)
+            return agreement(
+                k,
+                scores,
+                self._verdict_threshold(scores),
+                reference,
+                reference_threshold,
+                ms,
+                min_rank_corr=tc.auto_min_rank_corr,
+                max_rel_diff=tc.auto_max_rel_diff,
+                min_verdict_agreement=tc.auto_min_verdict_agreement,
+            )
+
+        def report(rung: Rung) -> None:
+            if self.progress:
+                tqdm.write(
+                    f"sheets {rung.sheets:>5}: rank corr {rung.rank_corr:.4f}  max rel diff {rung.max_rel_diff:.4f}  "
+                    f"verdicts {100 * rung.verdict_agreement:.1f}%  {rung.ms_per_image:.1f} ms/img  "
+                    f"{'agrees' if rung.agrees else '-'}"
+                )
+
+        k, rungs, why = choose_sheets(ts.n_images, evaluate, max_ms_per_image=tc.auto_max_ms_per_image, report=report)
+        self.config = replace(self.config, templates=replace(tc, sheets=k))
+        if k not in made:
+            indices, centres = self._select(ts, self.config.templates)
+            made[k] = replace(ts, indices=indices, centres=centres)
+        meta = {
+            **ts.meta,
+            "sheets_auto": {
+                "chosen": k,
+                "images": ts.n_images,
+                "why": why,
+                "all_ms_per_image": round(all_ms, 3),
+                "ladder": [r.to_dict() for r in rungs],
+                "tolerance": {
+                    "min_rank_corr": tc.auto_min_rank_corr,
+                    "max_rel_diff": tc.auto_max_rel_diff,
+                    "min_verdict_agreement": tc.auto_min_verdict_agreement,
+                    "max_ms_per_image": tc.auto_max_ms_per_image,
+                },
+            },
+        }
+        return replace(made[k], config=self.config, meta=meta)
 
     def out_of_fold(self, ts: TemplateSet, *, templates: TemplateConfig | None = None) -> OutOfFold:
         """Out-of-fold scores of ``ts``'s training images, each scored as a new part would be.
@@ -264,6 +397,7 @@ class HETMM:
         n = ts.n_images
         images: list[int] = []
         scores: list[float] = []
+        scoring_seconds = 0.0
         plan = fold_plan(n, folds=tc.folds, max_images=tc.max_images, seed=tc.seed, keys=ts.image_digests)
         for held in plan:
             held_set = set(held)
@@ -281,10 +415,14 @@ class HETMM:
                 )
                 fold_ts = replace(fold_ts, indices=indices, centres=centres)
             held_feats = {k: v[held].to(self.device) for k, v in ts.bank.items()}
-            maps = self._score_features(held_feats, self._prepare(fold_ts))
+            held_boxes = self._bank_boxes(ts, held)  # letterbox: the pad never counts in a score
+            start = time.perf_counter()
+            maps = self._score_features(held_feats, self._prepare(fold_ts), held_boxes)
+            fold_scores = image_scores(maps, self.config.scoring.score_sigma, self._map_boxes(held_boxes))
+            scoring_seconds += time.perf_counter() - start
             images.extend(held)
-            scores.extend(float(x) for x in image_scores(maps, self.config.scoring.score_sigma).tolist())
-        return OutOfFold(images=tuple(images), scores=tuple(scores), folds=len(plan))
+            scores.extend(float(x) for x in fold_scores.tolist())
+        return OutOfFold(images=tuple(images), scores=tuple(scores), folds=len(plan), scoring_seconds=scoring_seconds)
 
     def _pts_fanout(self) -> dict[str, Any]:
         """``select_layers`` keyword: PTS pixel chunks as Ray tasks when on a cluster."""
@@ -299,6 +437,14 @@ class HETMM:
         the out-of-fold scores of :meth:`out_of_fold` under ``ts``'s own template selection."""
         oof = self.out_of_fold(ts, templates=ts.config.templates)
         return replace(ts, calibration=Calibration(scores=oof.scores))
+
+    def _map_boxes(self, boxes: Sequence[Box] | None) -> list[Box] | None:
+        """Canvas boxes in the fused maps' pixels (``scoring.output_size``)."""
+        if boxes is None:
+            return None
+        size = self.config.backbone.image_size
+        out = self.config.scoring.output_size or size
+        return [scale_box(b, size, out) for b in boxes]
 
     def _install(self, ts: TemplateSet, version: int | None) -> None:
         self.templates = ts
@@ -329,16 +475,17 @@ class HETMM:
         start = time.perf_counter()
         scores, maps = [], []
         sc = self.config.scoring
-        for _, batch in self._batches(images, "predict"):
-            feats = self.backbone(batch)
-            m = self._score_features(feats, self._prepared)
-            scores.append(image_scores(m, sc.score_sigma).cpu())
-            maps.append(gaussian_blur(m, sc.map_sigma).cpu())
+        for _, batch, boxes in self._batches(images, "predict"):
+            m = self._score_features(self.features(batch, boxes), self._prepared, boxes)
+            in_map = self._map_boxes(boxes)
+            scores.append(image_scores(m, sc.score_sigma, in_map).cpu())
+            maps.extend(x.cpu().numpy() for x in content_maps(m, sc.map_sigma, in_map))
         thr = op.threshold if op else float("inf")
         s = torch.cat(scores).numpy()
+        same_shape = len({x.shape for x in maps}) == 1
         return Prediction(
             scores=s,
-            maps=torch.cat(maps).numpy(),
+            maps=np.stack(maps) if same_shape else maps,
             threshold=thr,
             is_anomaly=s > thr,
             version=self.version,

@@ -14,17 +14,20 @@ from tqdm.auto import tqdm
 from .config import DetectorConfig
 from .core.calibration import best_f1_cut, labelled_cuts, recall_cut
 from .core.metrics import image_auroc, pixel_auroc, pro_score
-from .data.decode import decode_image, resize_rgb
+from .data.decode import decode_image, resize_to_geometry
 from .data.mvtec import MVTecCategory, Sample
 from .detector import HETMM
 
 __all__ = ["EvaluationResult", "evaluate", "load_images"]
 
 
-def load_images(paths: Sequence[Path], size: int, *, progress: bool = False, desc: str = "decode") -> list[np.ndarray]:
-    """Decode and resize images; a bad file raises ImageError naming it."""
+def load_images(
+    paths: Sequence[Path], size: int, *, progress: bool = False, desc: str = "decode", geometry: str = "squash"
+) -> list[np.ndarray]:
+    """Decode and resize images as ``geometry`` brings them to the backbone (the detector then
+    resizes nothing); a bad file raises ImageError naming it."""
     with tqdm(paths, desc=desc, disable=not progress, leave=False) as bar:  # closed before any error prints
-        return [resize_rgb(decode_image(p), size) for p in bar]
+        return [resize_to_geometry(decode_image(p), size, geometry) for p in bar]
 
 
 @dataclass(frozen=True)
@@ -121,20 +124,23 @@ def evaluate(
 ) -> tuple[EvaluationResult, HETMM, list[Sample]]:
     """Fit on ``train/good``, score ``test/``, and measure AUROCs, PRO and speed."""
     category = MVTecCategory(data)
-    size = config.backbone.image_size
+    size, geometry = config.backbone.image_size, config.backbone.geometry
     det = HETMM(config, progress=progress)
     t0 = time.perf_counter()
-    det.fit(load_images(category.train_paths(), size, progress=progress, desc="decode train"))
+    det.fit(load_images(category.train_paths(), size, progress=progress, desc="decode train", geometry=geometry))
     fit_s = time.perf_counter() - t0
 
     samples = category.test_samples()
     t0 = time.perf_counter()
-    pred = det.predict(load_images([s.path for s in samples], size, progress=progress, desc="decode test"))
+    test_images = load_images([s.path for s in samples], size, progress=progress, desc="decode test", geometry=geometry)
+    pred = det.predict(test_images)
     elapsed = time.perf_counter() - t0
 
-    out = pred.maps.shape[-1]
+    # Masks at each map's shape (the image's own aspect for letterbox), resized like the image.
     labels = np.array([s.label for s in samples])
-    masks = np.stack([category.load_mask(s, out) for s in samples])
+    masks = [category.load_mask(s, m.shape) for s, m in zip(samples, pred.maps, strict=True)]
+    if isinstance(pred.maps, np.ndarray):
+        masks = np.stack(masks)
     verdict = pred.is_anomaly
     op = pred.operating_point
     cuts = labelled_cuts(pred.scores.tolist(), labels.tolist())

@@ -437,3 +437,31 @@ def test_a_non_loopback_bind_without_an_admin_token_is_refused(monkeypatch: pyte
     monkeypatch.delenv("HETMM_ADMIN_TOKEN", raising=False)
     with pytest.raises(RuntimeError, match=r"refusing to serve on non-loopback address '0\.0\.0\.0' without an admin"):
         start_service(host="0.0.0.0", port=free_port())
+
+
+def test_letterbox_product_with_auto_sheets_over_http(client: httpx.Client, store: str) -> None:
+    """A product of varied aspect created over HTTP with letterbox and sheets: auto: the listing
+    reports the geometry and the chosen K, scores equal the single-process detector's, and the
+    heat-map comes back at the image's own aspect."""
+    from hetmm_ray.data.decode import resize_to_geometry
+    from hetmm_ray.data.synthetic import band_crop
+
+    def tile(i: int) -> np.ndarray:
+        return band_crop(gear(9).good(i), i, seed=9)[0]
+
+    cfg = config().replace(**{"backbone.geometry": "letterbox", "templates.sheets": "auto"}).to_dict()
+    files = [("images", (f"t{i}.png", png(tile(i)), "image/png")) for i in range(12)]
+    r = client.post("/v1/products/tiles?wait=true", files=files, data={"config": json.dumps(cfg)}, headers=ADMIN)
+    assert finished(client, r)["state"] == "succeeded"
+    listed = {p["product"]: p for p in client.get("/v1/products").json()["products"]}["tiles"]
+    auto = listed["sheets_auto"]
+    assert listed["geometry"] == "letterbox" and auto["chosen"] == listed["sheets"]
+    assert [rung["sheets"] for rung in auto["ladder"]] == [10]
+    local = HETMM.load(open_store(store), "tiles")
+    assert local.config.templates.sheets == auto["chosen"]
+    probe = tile(40)
+    body = predict(client, "tiles", probe, map="png")
+    assert body["score"] == pytest.approx(float(local.predict([probe]).scores[0]), rel=1e-5)
+    heat = Image.open(io.BytesIO(base64.b64decode(body["heatmap_png"])))
+    h, w = resize_to_geometry(probe, SIZE, "letterbox").shape[:2]
+    assert (heat.height, heat.width) == (h, w) and h < w

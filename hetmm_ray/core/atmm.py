@@ -27,6 +27,8 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import Tensor
 
+from .geometry import Box, cell_boxes, replicate_into_padding
+
 __all__ = [
     "anomaly_maps",
     "atm_pair",
@@ -316,12 +318,24 @@ def anomaly_maps(
     size: int | tuple[int, int],
     *,
     chunk_bytes: int | None = None,
+    boxes: Sequence[Box] | None = None,
+    canvas: int | None = None,
 ) -> Tensor:
-    """Per-layer ``alpha*F + (1-alpha)*Bw``, upsampled and summed: (B, size, size) float32."""
+    """Per-layer ``alpha*F + (1-alpha)*Bw``, upsampled and summed: (B, size, size) float32.
+
+    ``boxes`` (letterboxed inputs, ``core.geometry``): each image's content on the ``canvas``
+    (the backbone's input size); every layer map's pad cells take their nearest content cell's
+    value before the upsample, so no pad value is interpolated into the content.
+    """
     layers = []
     for j, name in enumerate(query):
         fwd, bwd = atm_pair(
             query[name], templates_pm[name], forward_windows[j], backward_windows[j], chunk_bytes=chunk_bytes
         )
-        layers.append(alphas[j] * fwd + (1 - alphas[j]) * bwd)
+        layer = alphas[j] * fwd + (1 - alphas[j]) * bwd
+        if boxes is not None:
+            if canvas is None:
+                raise ValueError("anomaly_maps: boxes need the canvas size")
+            layer = replicate_into_padding(layer, cell_boxes(boxes, canvas, tuple(layer.shape[1:])))  # type: ignore[arg-type]
+        layers.append(layer)
     return fuse_layer_maps(layers, weights, size)

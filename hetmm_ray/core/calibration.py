@@ -102,6 +102,7 @@ class OutOfFold:
     images: tuple[int, ...]
     scores: tuple[float, ...]
     folds: int
+    scoring_seconds: float = 0.0  # ATMM scoring time of all folds (selection excluded): the ladder's ms/img
 
     def by_image(self) -> dict[int, float]:
         return dict(zip(self.images, self.scores, strict=True))

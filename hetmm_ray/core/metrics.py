@@ -70,8 +70,26 @@ def image_auroc(scores: Any, labels: Any) -> float:
     return roc_auc(s, labels)
 
 
+def _ragged(maps: Any, masks: Any) -> tuple[list[np.ndarray], list[np.ndarray]] | None:
+    """Per-image lists when maps come as a list of 2-D arrays of different shapes (letterboxed
+    images at their own aspect); None for an (N, H, W) stack."""
+    if not isinstance(maps, (list, tuple)) or len({np.shape(x) for x in maps}) <= 1:
+        return None
+    m = [_to_numpy(x) for x in maps]
+    g = [_to_numpy(x) for x in masks]
+    if len(m) != len(g) or any(a.shape != b.shape or a.ndim != 2 for a, b in zip(m, g, strict=True)):
+        raise ValueError("maps and masks must pair up as 2-D arrays of the same shape")
+    return m, g
+
+
 def pixel_auroc(maps: Any, masks: Any) -> float:
-    """Pixel-level AUROC over all pixels of ``maps`` (N, H, W) against ``masks`` (N, H, W)."""
+    """Pixel-level AUROC over all pixels of ``maps`` (N, H, W) against ``masks`` (N, H, W).
+
+    Also takes lists of 2-D maps and masks of per-image shapes (every pixel counts once).
+    """
+    ragged = _ragged(maps, masks)
+    if ragged is not None:
+        return roc_auc(np.concatenate([x.ravel() for x in ragged[0]]), np.concatenate([x.ravel() for x in ragged[1]]))
     m = _to_numpy(maps)
     if m.ndim != 3:
         raise ValueError(f"anomaly maps must be (N, H, W), got shape {m.shape}")
@@ -92,27 +110,37 @@ def pro_score(maps: Any, masks: Any, fpr_limit: float = 0.3) -> float:
 
     ``maps`` (N, H, W) anomaly scores, ``masks`` (N, H, W) ground truth. Every 8-connected region of every
     image has equal weight; the curve is integrated with the trapezoid rule and divided by ``fpr_limit``.
+    Also takes lists of 2-D maps and masks of per-image shapes (regions never span two images).
     """
-    m = _to_numpy(maps)
-    g = _to_numpy(masks)
-    if m.shape != g.shape:
-        raise ValueError(f"maps and masks must have the same shape, got {m.shape} and {g.shape}")
-    if m.ndim != 3:
-        raise ValueError(f"maps and masks must be (N, H, W), got shape {m.shape}")
+    ragged = _ragged(maps, masks)
+    if ragged is not None:
+        m_list, g_list = ragged
+    else:
+        m = _to_numpy(maps)
+        g = _to_numpy(masks)
+        if m.shape != g.shape:
+            raise ValueError(f"maps and masks must have the same shape, got {m.shape} and {g.shape}")
+        if m.ndim != 3:
+            raise ValueError(f"maps and masks must be (N, H, W), got shape {m.shape}")
+        m_list, g_list = list(m), list(g)
     if not 0.0 < fpr_limit <= 1.0:
         raise ValueError(f"fpr_limit must be in (0, 1], got {fpr_limit}")
-    _check_scores(m, "maps")
-    g = _as_binary(g, "masks")
+    for x in m_list:
+        _check_scores(x, "maps")
+    g_list = [_as_binary(x, "masks") for x in g_list]
 
     # Per-pixel weight 1 / (region_size * n_regions): the cumulative sum over pixels above a threshold is
     # then exactly the mean per-region overlap, without looping over regions or thresholds.
-    region_ids = np.zeros(m.shape, dtype=np.int64)
+    ids_list = []
     offset = 0
-    for i in range(m.shape[0]):
-        lab, n = region_labels(g[i])
-        region_ids[i] = np.where(lab > 0, lab + offset, 0)
+    for gi in g_list:
+        lab, n = region_labels(gi)
+        ids_list.append(np.where(lab > 0, lab + offset, 0).ravel())
         offset += n
     n_regions = offset
+    region_ids = np.concatenate(ids_list)
+    m = np.concatenate([x.ravel() for x in m_list])
+    g = np.concatenate([x.ravel() for x in g_list])
     if n_regions == 0:
         raise ValueError("PRO is undefined without ground-truth regions: masks contain no positive pixel")
     background = ~g.ravel()

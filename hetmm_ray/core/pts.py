@@ -35,6 +35,10 @@ Exact semantics, so that results are reproducible and checkable:
   nearest to several centres is kept once, at its first place. The hard-normal
   step then completes the set to K.
 - ``K >= N``: the whole bank, ``arange(N)`` at every pixel.
+- Zero vectors (the padded cells of letterboxed images, ``core.geometry``) have similarity
+  0 to everything, so the hard-normal rule would take them first; they are taken only after
+  every non-zero vector of their pixel (they match nothing, a sheet spent on them is lost).
+  Banks without zero vectors (every squash bank) are unaffected.
 """
 
 from __future__ import annotations
@@ -198,8 +202,12 @@ def _kmeans_init(unit: Tensor, k: int, seed: int) -> tuple[Tensor, Tensor]:
 
 
 # --- hard normals -----------------------------------------------------------------------
-def _complete(sim: Tensor, init: Tensor, count: Tensor, k: int) -> Tensor:
-    """Selection order (P, k): ``init[:, :count]`` first, then hard normals."""
+def _complete(sim: Tensor, init: Tensor, count: Tensor, k: int, empty: Tensor | None = None) -> Tensor:
+    """Selection order (P, k): ``init[:, :count]`` first, then hard normals.
+
+    ``empty`` (P, N) marks zero vectors (letterbox padding, ``core.geometry``): they are
+    taken as hard normals only after every real vector of their pixel.
+    """
     p, n, _ = sim.shape
     dev = sim.device
     rows = torch.arange(p, device=dev)
@@ -208,6 +216,10 @@ def _complete(sim: Tensor, init: Tensor, count: Tensor, k: int) -> Tensor:
     sums = torch.zeros((p, n), dtype=torch.float64, device=dev)
     row = torch.empty((p, n), dtype=torch.float64, device=dev)
     taken = torch.zeros((p, n), dtype=torch.float64, device=dev)  # +inf once chosen
+    if empty is not None:
+        # |running sums| <= k, so a 1e300 offset orders every empty vector after every real one
+        # and keeps the hard-normal order among empty ones (all sums 0: lowest index first).
+        taken.masked_fill_(empty, 1e300)
     keyed = torch.empty((p, n), dtype=torch.float64, device=dev)
     chosen = torch.empty((p, k), dtype=torch.int64, device=dev)
     n_init = int(count.max()) if p else 0
@@ -261,7 +273,9 @@ def pts_indices(
             first, count = _optics_init(sim, k, ws.work[: p1 - p0])
         else:
             first, count = _kmeans_init(ws.vectors[: p1 - p0], k, seed)
-        out[:, p0:p1] = _complete(sim, first, count, k).T
+        vectors = _pixel_vectors(bank, p0, p1)
+        empty = vectors.abs().amax(dim=2) == 0  # (P, N) padding (letterbox), never a real feature
+        out[:, p0:p1] = _complete(sim, first, count, k, empty if bool(empty.any()) else None).T
         if progress is not None:
             progress(p1, total)
     return out.view(k, h, w)

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..config import THRESHOLD_RULES, DetectorConfig
+from .geometry import Box, crop
 
 FoldScorer = Callable[[list[int], list[int]], Sequence[float]]
 """``score_fold(held_out, kept)``: scores of the held-out images against templates of the kept ones."""
@@ -50,9 +51,23 @@ def gaussian_blur(maps: Tensor, sigma: float) -> Tensor:
     return x[:, 0]
 
 
-def image_scores(maps: Tensor, sigma: float) -> Tensor:
-    """``max(G_sigma(S))`` per image: (B,)."""
-    return gaussian_blur(maps, sigma).flatten(1).amax(dim=1)
+def image_scores(maps: Tensor, sigma: float, boxes: Sequence[Box] | None = None) -> Tensor:
+    """``max(G_sigma(S))`` per image: (B,).
+
+    ``boxes`` (letterboxed images, ``core.geometry``, in the maps' pixels): the blur and the
+    max run on each image's content only (reflect padding at the content's edge), so padded
+    pixels never count.
+    """
+    if boxes is None or all(b.is_full(maps.shape[-1]) for b in boxes):
+        return gaussian_blur(maps, sigma).flatten(1).amax(dim=1)
+    return torch.stack([gaussian_blur(m[None], sigma).amax() for m in crop(maps, boxes)])
+
+
+def content_maps(maps: Tensor, sigma: float, boxes: Sequence[Box] | None = None) -> list[Tensor]:
+    """Localisation maps ``G_sigma(S)`` of each image's content (blurred on the crop, as the score)."""
+    if boxes is None:
+        return list(gaussian_blur(maps, sigma))
+    return [gaussian_blur(m[None], sigma)[0] for m in crop(maps, boxes)]
 
 
 @dataclass(frozen=True)

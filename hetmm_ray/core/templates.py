@@ -19,7 +19,7 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 from torch import Tensor
 
-from ..config import ConfigError, DetectorConfig
+from ..config import ConfigError, DetectorConfig, stored_config
 from .scoring import Calibration
 
 __all__ = ["FORMAT_VERSION", "TemplateError", "TemplateSet"]
@@ -140,7 +140,7 @@ class TemplateSet:
         if header.get("format") != FORMAT_VERSION:
             raise TemplateError(f"{source}: unsupported template format {header.get('format')!r}")
         try:
-            config = DetectorConfig.from_dict(header["config"])
+            config = stored_config(header["config"])
             layers = header["layers"]
             cal = header.get("calibration")
             return cls(

@@ -47,6 +47,7 @@ import torch
 from PIL import Image, JpegImagePlugin
 
 from hetmm_ray.config import MAX_IMAGE_BYTES, MAX_IMAGE_PIXELS, MIN_IMAGE_SIDE
+from hetmm_ray.core.geometry import PAD_VALUE, canvas_box, resized_shape
 
 __all__ = [
     "ACCEPTED_FORMATS",
@@ -55,6 +56,7 @@ __all__ = [
     "images_to_tensor",
     "load_image",
     "resize_rgb",
+    "resize_to_geometry",
 ]
 
 ACCEPTED_FORMATS = ("PNG", "JPEG", "BMP", "TIFF")
@@ -271,15 +273,39 @@ def resize_rgb(image: np.ndarray, size: int) -> np.ndarray:
     return np.asarray(pil.resize((size, size), Image.Resampling.BILINEAR), dtype=np.uint8).copy()
 
 
-def images_to_tensor(images: list[np.ndarray], size: int) -> torch.Tensor:
+def resize_to_geometry(image: np.ndarray, size: int, geometry: str = "squash") -> np.ndarray:
+    """The image as it goes onto the backbone's ``size x size`` canvas (``core.geometry``):
+    ``size x size`` for squash, long side ``size`` with the aspect kept for letterbox (not padded).
+
+    Resizing an image already at that shape returns it unchanged, so decoding code may resize
+    early (smaller arrays to hold) without changing what the backbone sees.
+    """
+    _check_rgb(image)
+    h, w = resized_shape(image.shape[0], image.shape[1], size, geometry)
+    if image.shape[:2] == (h, w):
+        return image
+    pil = Image.fromarray(np.ascontiguousarray(image))
+    return np.asarray(pil.resize((w, h), Image.Resampling.BILINEAR), dtype=np.uint8).copy()
+
+
+def images_to_tensor(images: list[np.ndarray], size: int, geometry: str = "squash") -> torch.Tensor:
     """Stack RGB ``uint8`` arrays into a float32 tensor ``(B, 3, size, size)`` in ``[0, 1]``.
 
-    Images that are not already ``size x size`` are resized with :func:`resize_rgb`.
+    Images are brought to the canvas with :func:`resize_to_geometry`; for letterbox the rest
+    of the canvas holds the ImageNet mean (``core.geometry.PAD_VALUE``), and
+    :func:`hetmm_ray.core.geometry.canvas_box` says where each image's content is.
     """
     if len(images) == 0:
         raise ValueError("images_to_tensor: no images given")
-    batch = np.empty((len(images), size, size, 3), dtype=np.uint8)
+    if geometry == "squash":
+        batch = np.empty((len(images), size, size, 3), dtype=np.uint8)
+        for i, image in enumerate(images):
+            _check_rgb(image)
+            batch[i] = image if image.shape[:2] == (size, size) else resize_rgb(image, size)
+        return torch.from_numpy(batch).permute(0, 3, 1, 2).float().div_(255.0).contiguous()
+    out = torch.tensor(PAD_VALUE, dtype=torch.float32).view(1, 3, 1, 1).repeat(len(images), 1, size, size)
     for i, image in enumerate(images):
-        _check_rgb(image)
-        batch[i] = image if image.shape[:2] == (size, size) else resize_rgb(image, size)
-    return torch.from_numpy(batch).permute(0, 3, 1, 2).float().div_(255.0).contiguous()
+        fitted = resize_to_geometry(image, size, geometry)
+        t, left, h, w = canvas_box(image.shape[0], image.shape[1], size, geometry)
+        out[i, :, t : t + h, left : left + w] = torch.from_numpy(fitted).permute(2, 0, 1).float().div_(255.0)
+    return out

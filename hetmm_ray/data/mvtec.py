@@ -102,18 +102,19 @@ class MVTecCategory:
                     return candidate
         raise DatasetError(f"{expected} not found: the defective test image {path} has no ground-truth mask")
 
-    def load_mask(self, sample: Sample, size: int) -> np.ndarray:
-        """Boolean ``(size, size)`` mask: all False for good samples.
+    def load_mask(self, sample: Sample, size: int | tuple[int, int]) -> np.ndarray:
+        """Boolean ``(size, size)`` (or ``size = (height, width)``) mask: all False for good samples.
 
         The mask file (any mode, read as grayscale) is resized bilinearly as a
         float in ``[0, 1]`` and thresholded at 0.5.
         """
+        h, w = (size, size) if isinstance(size, int) else size
         if sample.mask_path is None:
-            return np.zeros((size, size), dtype=bool)
+            return np.zeros((h, w), dtype=bool)
         try:
             with Image.open(sample.mask_path) as im:
                 gray = np.asarray(im.convert("L"), dtype=np.float32) / 255.0
         except (OSError, SyntaxError, ValueError) as exc:
             raise DatasetError(f"{sample.mask_path}: cannot read mask ({exc})") from None
-        resized = Image.fromarray(gray).resize((size, size), Image.Resampling.BILINEAR)
+        resized = Image.fromarray(gray).resize((w, h), Image.Resampling.BILINEAR)
         return np.asarray(resized) >= 0.5

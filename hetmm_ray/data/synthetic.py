@@ -24,7 +24,9 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-__all__ = ["DEFECT_KINDS", "MASK_THRESHOLD", "SyntheticProduct", "write_mvtec_layout"]
+__all__ = ["ASPECTS", "DEFECT_KINDS", "MASK_THRESHOLD", "SyntheticProduct", "band_crop", "write_mvtec_layout"]
+
+ASPECTS = ("square", "varied")
 
 DEFECT_KINDS = ("scratch", "hole", "missing")
 MASK_THRESHOLD = 24.0
@@ -293,6 +295,25 @@ class SyntheticProduct:
         return _cover(np.maximum((delta - half) * scene.r, r_cut - scene.r))
 
 
+def band_crop(
+    image: np.ndarray, index: int, seed: int, mask: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """A horizontal band through the image centre, of height ``40..100 %`` of the side
+    (uniform, deterministic in ``(seed, index)``; widened where needed so that a defect
+    mask stays whole): tiles of varied aspect, like crops of a weld seam.
+    """
+    size = image.shape[0]
+    fraction = float(np.random.default_rng([seed, int(index), 4243]).uniform(0.4, 1.0))
+    height = round(size * fraction)
+    if mask is not None and mask.any():
+        rows = np.flatnonzero(mask.any(axis=1))
+        half = max(abs(rows[0] - (size - 1) / 2), abs(rows[-1] - (size - 1) / 2))
+        height = max(height, min(size, 2 * math.ceil(half) + 2))
+    top = (size - height) // 2
+    band = slice(top, top + height)
+    return np.ascontiguousarray(image[band]), None if mask is None else np.ascontiguousarray(mask[band])
+
+
 def write_mvtec_layout(
     root: str | os.PathLike,
     *,
@@ -301,14 +322,22 @@ def write_mvtec_layout(
     n_test_per_defect: int = 4,
     seed: int = 0,
     size: int = 256,
+    aspect: str = "square",
 ) -> Path:
     """Write a synthetic category in the MVTec AD layout and return ``root``.
 
     ``train/good/000.png...``, ``test/good``, ``test/<kind>`` and
     ``ground_truth/<kind>/<stem>_mask.png`` (0/255). Every image uses its own
-    index, so train and test never share an image.
+    index, so train and test never share an image. ``aspect="varied"``: every image
+    (and its mask) is cut to a centred band of varied height (:func:`band_crop`).
     """
+    if aspect not in ASPECTS:
+        raise ValueError(f"aspect must be one of {', '.join(ASPECTS)}, got {aspect!r}")
     root = Path(root)
+
+    def shaped(i: int, image: np.ndarray, mask: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+        return band_crop(image, i, seed, mask) if aspect == "varied" else (image, mask)
+
     product = SyntheticProduct(seed=seed, size=size)
     index = 0
 
@@ -317,15 +346,16 @@ def write_mvtec_layout(
         Image.fromarray(array).save(path, compress_level=1)
 
     for i in range(n_train):
-        save(product.good(index), root / "train" / "good" / f"{i:03d}.png")
+        save(shaped(index, product.good(index))[0], root / "train" / "good" / f"{i:03d}.png")
         index += 1
     (root / "test" / "good").mkdir(parents=True, exist_ok=True)
     for i in range(n_test_good):
-        save(product.good(index), root / "test" / "good" / f"{i:03d}.png")
+        save(shaped(index, product.good(index))[0], root / "test" / "good" / f"{i:03d}.png")
         index += 1
     for kind in DEFECT_KINDS:
         for i in range(n_test_per_defect):
-            image, mask = product.defective(index, kind)
+            image, mask = shaped(index, *product.defective(index, kind))
+            assert mask is not None
             save(image, root / "test" / kind / f"{i:03d}.png")
             save(mask.astype(np.uint8) * 255, root / "ground_truth" / kind / f"{i:03d}_mask.png")
             index += 1

@@ -65,8 +65,13 @@ def _extract_batch(
     decoded = [_decode(x, start + i) for i, x in enumerate(items)]
     # A CPU-only task must not grab a GPU it was not given, whatever config.device says.
     device = resolve_device(config.device) if use_gpu else torch.device("cpu")
-    batch = images_to_tensor(decoded, config.backbone.image_size).to(device)
+    size, geometry = config.backbone.image_size, config.backbone.geometry
+    batch = images_to_tensor(decoded, size, geometry).to(device)
     feats = _backbone(config.backbone, str(device))(batch)
+    if geometry != "squash":  # pad cells zeroed as in HETMM.features (core/geometry.py)
+        from ..core.geometry import canvas_box, zero_padding
+
+        feats = zero_padding(feats, [canvas_box(x.shape[0], x.shape[1], size, geometry) for x in decoded], size)
     dtype = _DTYPES[config.bank_dtype]
     out = {}
     for layer, v in feats.items():

@@ -31,7 +31,7 @@ import numpy as np
 import ray
 import torch
 
-from ..config import TASK_CPUS, DetectorConfig, ServiceConfig
+from ..config import TASK_CPUS, DetectorConfig, ServiceConfig, stored_config
 from ..core.pts import select_layers
 from ..core.templates import TemplateSet, unseen_positions
 from ..store import ProductNotFound, StoreConflict, StoreError, check_product_name, open_store
@@ -67,6 +67,15 @@ def _labelled_calibration(
     det = HETMM.load(open_store(store_uri), product, version)
     decoded = [decode_image(data) for data in images]
     return calibrate_with_labels(det, decoded, labels, objective=objective, max_false_alarm_rate=cap)
+
+
+def _auto_selected(ts: TemplateSet) -> TemplateSet:
+    """``templates.sheets: auto`` (core/auto_sheets.py) in one task: the ladder's selections and
+    out-of-fold scorings; the result's config holds the chosen K (hot updates keep it)."""
+    from ..detector import HETMM
+
+    torch.set_num_threads(max(1, round(ray.get_runtime_context().get_assigned_resources().get("CPU", 1))))
+    return HETMM(ts.config)._selected(ts)
 
 
 def _weights_identity(config: Any) -> str:
@@ -165,7 +174,7 @@ class ProductRegistry:
 
     async def _describe_one(self, product: str, version: int) -> dict[str, Any]:
         m = await asyncio.to_thread(self.store.manifest, product, version)
-        config = DetectorConfig.from_dict(m["config"])
+        config = stored_config(m["config"])
         sheets = next(iter(m["layers"].values())).get("sheets") if m.get("selection") else None
         op = _operating_point(m.get("calibration"), config)
         return {
@@ -177,6 +186,9 @@ class ProductRegistry:
             "backbone": config.backbone.name,
             "weights_id": m["weights_id"],
             "image_size": config.backbone.image_size,
+            "geometry": config.backbone.geometry,
+            # How K was set: the sheets: auto record (chosen K, why, ladder) or None for a fixed K.
+            "sheets_auto": m.get("meta", {}).get("sheets_auto") if m.get("selection") else None,
             "threshold": None if op is None else op.threshold,
             # the rule that set it and the estimated share of good parts flagged (fraction)
             "threshold_rule": None if op is None else op.rule,
@@ -287,6 +299,10 @@ class ProductRegistry:
         tc = ts.config.templates
         if tc.kind == "all":
             return ts
+        if tc.sheets == "auto":
+            if progress is not None:
+                progress.stage(f"select {tc.kind}: sheets auto")
+            return await _auto_selected.remote(ts)
         if progress is not None:
             progress.stage(f"select {tc.kind}", sum(v.shape[2] * v.shape[3] for v in ts.bank.values()))
         fanned = partial(pts_indices_ray, num_cpus=TASK_CPUS)
@@ -414,7 +430,7 @@ class ProductRegistry:
         """Hot-update ``product`` with encoded good images, as a job; returns the job record."""
         version = await self.head(product)  # ProductNotFound before any work starts
         m = await asyncio.to_thread(self.store.manifest, product, version)
-        cfg = DetectorConfig.from_dict(m["config"])
+        cfg = stored_config(m["config"])
 
         async def work(progress: JobProgress) -> int:
             features, digests = await self._extract(cfg, images, progress)

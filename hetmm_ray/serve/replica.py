@@ -25,10 +25,10 @@ import torch
 from PIL import Image
 from ray import serve
 
-from ..config import BackboneConfig, DetectorConfig, ReplicaSettings
+from ..config import BackboneConfig, ReplicaSettings, stored_config
 from ..core.backbone import Backbone
 from ..core.scoring import Calibration
-from ..data.decode import resize_rgb
+from ..data.decode import resize_to_geometry
 from ..detector import HETMM
 from ..distributed.registry import get_registry
 from ..visualize import heatmap_overlay
@@ -104,7 +104,7 @@ class Detector:
 
     def _build(self, snapshot: dict[str, Any]) -> HETMM:
         """A detector scoring against a published tiny set (never the full bank)."""
-        config = DetectorConfig.from_dict(snapshot["config"]).replace(device=self._device)
+        config = stored_config(snapshot["config"]).replace(device=self._device)
         tiny = {
             k: torch.from_numpy(np.array(v))
             for k, v in zip(snapshot["tiny"], ray.get(list(snapshot["tiny"].values())), strict=True)
@@ -155,8 +155,9 @@ class Detector:
                 self._fatal = exc
             raise
         score_ms = 1000 * (time.perf_counter() - started)
-        size = detector.config.backbone.image_size
-        vmax = max(pred.threshold, float(pred.maps.max())) if np.isfinite(pred.threshold) else None
+        bb = detector.config.backbone
+        peak = max(float(m.max()) for m in pred.maps)
+        vmax = max(pred.threshold, peak) if np.isfinite(pred.threshold) else None
         op = pred.operating_point
         rule = {} if op is None else {k: v for k, v in op.to_json().items() if k != "threshold"}
         out, i = [], 0
@@ -177,7 +178,9 @@ class Detector:
                     },
                 }
                 if r.want_maps:
-                    overlay = heatmap_overlay(resize_rgb(image, size), pred.maps[i], vmin=0.0, vmax=vmax)
+                    # At the backbone's view of the image: squashed square, or the aspect kept.
+                    shown = resize_to_geometry(image, bb.image_size, bb.geometry)
+                    overlay = heatmap_overlay(shown, pred.maps[i], vmin=0.0, vmax=vmax)
                     result["heatmap_png"] = _encode_png(overlay)
                 results.append(result)
                 i += 1

@@ -30,7 +30,7 @@ import torch
 from safetensors.torch import save as st_save
 from torch import Tensor
 
-from ..config import ConfigError, DetectorConfig
+from ..config import ConfigError, stored_config
 from ..core.scoring import Calibration
 from ..core.templates import TemplateSet
 from .base import Backend, ProductNotFound, StoreConflict, StoreCorrupt, StoreError, check_product_name
@@ -180,7 +180,7 @@ class VersionedStore:
             sel = _tensors_from(self._read_object(product, m["selection"]), m["selection"]["key"])
             selection = TemplateSet.parse_selection({k: v.clone() for k, v in sel.items()}, list(bank))
         try:
-            config = DetectorConfig.from_dict(m["config"])
+            config = stored_config(m["config"])
         except ConfigError as exc:
             raise StoreCorrupt(f"{product} v{version}: stored configuration is invalid: {exc}") from None
         cal = m.get("calibration")
