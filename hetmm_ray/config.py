@@ -150,7 +150,7 @@ NUMERIC_RANGES: dict[str, tuple[float, float, type]] = {
     "templates.sheets": (1, 100_000, int),
     "templates.seed": (0, 2**32 - 1, int),
     "templates.auto_min_rank_corr": (-1.0, 1.0, float),
-    "templates.auto_max_rel_diff": (0.0, 100.0, float),
+    "templates.auto_max_rel_diff": (0.0, 1e9, float),
     "templates.auto_min_verdict_agreement": (0.0, 1.0, float),
     "templates.auto_max_ms_per_image": (0.001, 1_000_000.0, float),
     "threshold.folds": (2, 100, int),
