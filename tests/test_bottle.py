@@ -68,7 +68,12 @@ def test_service_over_http_scores_bottle_like_the_cli(evaluated: tuple[dict, str
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    running = start_service(store=store, port=port, deployments={"Detector": {"num_replicas": 1}})
+    running = start_service(
+        store=store,
+        port=port,
+        args={"source_roots": [str(BOTTLE)]},  # server-side sources only under the operator's roots
+        deployments={"Detector": {"num_replicas": 1}},
+    )
     try:
         with httpx.Client(base_url=running.url, timeout=600) as client:
             config = {"backbone": {"name": "mobilenet_v2", "weights": str(WEIGHTS)}, "templates": {"kind": "all"}}

@@ -69,6 +69,7 @@ def _labelled_calibration(
     return calibrate_with_labels(det, decoded, labels, objective=objective, max_false_alarm_rate=cap)
 
 
+@ray.remote(num_cpus=TASK_CPUS)
 def _auto_selected(ts: TemplateSet) -> TemplateSet:
     """``templates.sheets: auto`` (core/auto_sheets.py) in one task: the ladder's selections and
     out-of-fold scorings; the result's config holds the chosen K (hot updates keep it)."""
