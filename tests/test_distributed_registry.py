@@ -193,3 +193,25 @@ def test_a_restarted_registry_recovers_its_state_from_the_store(product) -> None
             assert np.array_equal(ray.get(after["tiny"][layer]), tiny)
     finally:
         ray.kill(get_registry(uri, detached=True), no_restart=True)
+
+
+def test_hot_update_of_an_all_templates_product_with_default_sheets(tmp_path: Path) -> None:
+    """``kind: all`` keeps the default ``sheets: auto`` in its config; an update must not hand it to PTS."""
+    config = DetectorConfig(
+        backbone=BackboneConfig(name="resnet18", weights="random", image_size=SIZE),
+        templates=TemplateConfig(kind="all"),
+        threshold=ThresholdConfig(max_images=4, folds=2),
+        batch_size=4,
+    )
+    assert config.templates.sheets == "auto"
+    gear = SyntheticProduct(seed=0, size=SIZE)
+    det = HETMM(config).fit([gear.good(i) for i in range(4)])
+    uri = str(tmp_path / "store")
+    det.save(open_store(uri), "gear")
+    registry = ProductRegistry.remote(uri)
+    feats, digests = features(det, [gear.good(60), gear.good(61)])
+    assert ray.get(registry.update.remote("gear", feats, digests)) == 2
+    published = open_store(uri).get("gear")
+    det.update([gear.good(60), gear.good(61)])
+    assert published.n_images == 6 and published.indices is None
+    assert published.calibration == det.templates.calibration

@@ -344,7 +344,8 @@ class ProductRegistry:
                     raise ValueError(f"{product}: features have layers {sorted(features)}, shards {sorted(shards)}")
                 await asyncio.gather(*(shards[k].append.remote(v) for k, v in features.items()))
                 tc = base.config.templates
-                await asyncio.gather(*(s.select.remote(tc.kind, tc.sheets, tc.seed) for s in shards.values()))
+                if tc.kind != "all":  # ALL has no selection (and its sheets may be the unused "auto")
+                    await asyncio.gather(*(s.select.remote(tc.kind, tc.sheets, tc.seed) for s in shards.values()))
                 grown = base.appended(_features_to_bank(features), tuple(digests))
                 selections = await asyncio.gather(*(shards[k].selection.remote() for k in grown.layers))
                 chosen = dict(zip(grown.layers, selections, strict=True))
