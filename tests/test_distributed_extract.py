@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import io
 from dataclasses import replace
 
 import numpy as np
 import pytest
 import torch
-from PIL import Image
+from helpers import png
 
 from hetmm_ray.config import BackboneConfig, DetectorConfig
 from hetmm_ray.data.decode import ImageError
@@ -23,12 +22,6 @@ CONFIG = DetectorConfig(
     batch_size=3,
     device="cpu",
 )
-
-
-def png(array: np.ndarray) -> bytes:
-    buf = io.BytesIO()
-    Image.fromarray(array).save(buf, format="PNG")
-    return buf.getvalue()
 
 
 @pytest.fixture(scope="module")

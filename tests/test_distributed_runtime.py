@@ -2,19 +2,13 @@
 
 from __future__ import annotations
 
-import socket
 import time
 
 import pytest
 import ray
+from helpers import free_port
 
 from hetmm_ray.distributed.runtime import ClusterUnavailable, connect
-
-
-def free_port() -> int:
-    with socket.socket() as s:  # bound then closed: nothing listens there afterwards
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture

@@ -11,7 +11,6 @@ S3 server (tests/test_store.py's fixtures) for S3 sources.
 from __future__ import annotations
 
 import asyncio
-import io
 import json
 import math
 import os
@@ -24,7 +23,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from PIL import Image
+from helpers import free_port, png
 from test_store import _admin as s3_admin
 from test_store import aws_env, new_bucket, s3_endpoint  # noqa: F401 - fixtures
 
@@ -48,20 +47,8 @@ def config() -> DetectorConfig:
     )
 
 
-def png(array: np.ndarray) -> bytes:
-    buf = io.BytesIO()
-    Image.fromarray(array).save(buf, format="PNG")
-    return buf.getvalue()
-
-
 def gear(i: int) -> SyntheticProduct:
     return SyntheticProduct(seed=300 + i, size=SIZE)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def strict_json(text: str) -> object:

@@ -11,7 +11,6 @@ import base64
 import io
 import json
 import os
-import socket
 import struct
 import threading
 import time
@@ -24,6 +23,7 @@ import httpx
 import numpy as np
 import pytest
 import ray
+from helpers import free_port, png
 from PIL import Image
 
 from hetmm_ray.config import BackboneConfig, DetectorConfig, TemplateConfig, ThresholdConfig
@@ -48,12 +48,6 @@ def config() -> DetectorConfig:
     )
 
 
-def png(array: np.ndarray) -> bytes:
-    buf = io.BytesIO()
-    Image.fromarray(array).save(buf, format="PNG")
-    return buf.getvalue()
-
-
 def png_declaring(width: int, height: int) -> bytes:
     """A tiny PNG whose header claims ``width x height`` pixels (a decompression bomb)."""
 
@@ -64,12 +58,6 @@ def png_declaring(width: int, height: int) -> bytes:
     return (
         b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\x00" * 16)) + chunk(b"IEND", b"")
     )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def gear(i: int) -> SyntheticProduct:

@@ -4,17 +4,15 @@ carry the rule, and labelled validation runs as an admin job."""
 
 from __future__ import annotations
 
-import io
 import json
 import os
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
-import numpy as np
 import pytest
+from helpers import free_port, png
 from PIL import Image
 
 from hetmm_ray.cli import main
@@ -33,18 +31,6 @@ SMALL = {
     "backbone": {"name": "resnet18", "weights": "random", "image_size": SIZE, "layers": ["layer2", "layer3"]},
     "scoring": {"forward_windows": [3, 3], "backward_windows": [3, 3], "alphas": [0.5, 0.5], "layer_weights": [1, 1]},
 }
-
-
-def png(array: np.ndarray) -> bytes:
-    buf = io.BytesIO()
-    Image.fromarray(array).save(buf, format="PNG")
-    return buf.getvalue()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

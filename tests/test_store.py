@@ -30,6 +30,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import free_port
 from safetensors.torch import load as st_load
 
 from hetmm_ray.config import BackboneConfig, DetectorConfig, ScoringConfig, ThresholdConfig
@@ -207,12 +208,6 @@ def new_bucket(endpoint: str) -> str:
     name = f"hetmm-{uuid.uuid4().hex[:12]}"
     _admin(endpoint).create_bucket(Bucket=name)
     return name
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def port_is_free(port: int) -> bool:

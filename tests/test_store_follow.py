@@ -11,17 +11,14 @@ the service answers within the stated bound (ServiceConfig.store_poll_s: about
 
 from __future__ import annotations
 
-import io
 import os
-import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
-import numpy as np
 import pytest
-from PIL import Image
+from helpers import free_port, png
 from test_store import aws_env, new_bucket, s3_endpoint  # noqa: F401 - fixtures
 
 from hetmm_ray.cli import main
@@ -37,18 +34,6 @@ BOUND_S = 2 * POLL_S + 5.0
 COLD_BOUND_S = 30.0
 FLAGS = ["--backbone", "resnet18", "--weights", "random", "--set", f"backbone.image_size={SIZE}"]
 FLAGS += ["--set", "threshold.max_images=4", "--set", "threshold.folds=2", "--templates", "pts", "--sheets", "3"]
-
-
-def png(array: np.ndarray) -> bytes:
-    buf = io.BytesIO()
-    Image.fromarray(array).save(buf, format="PNG")
-    return buf.getvalue()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 GEAR = SyntheticProduct(seed=500, size=SIZE)
