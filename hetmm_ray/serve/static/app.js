@@ -243,11 +243,12 @@ $("recent-more").addEventListener("click", () => { state.recentShown += RECENT_P
 // --- Calibration ----------------------------------------------------------------------------
 const farRate = (v) => 10 ** (-3 + (2.5 * v) / 100); // slider 0..100 -> 0.1% .. ~31.6%, log scale
 
-function histogram(data, previewThreshold) {
+// previews: [{threshold, label, colour, testid}] drawn as dashed lines.
+function histogram(data, previews) {
   const W = 640, H = 220, pad = 30;
   const scores = data.oof_scores;
   const marks = data.labels.map((l) => l.score);
-  const top = Math.max(...scores, ...marks, data.threshold || 0, previewThreshold || 0, 1e-9) * 1.08;
+  const top = Math.max(...scores, ...marks, data.threshold || 0, ...previews.map((p) => p.threshold), 1e-9) * 1.08;
   const bins = 24;
   const counts = new Array(bins).fill(0);
   for (const s of scores) counts[Math.min(bins - 1, Math.floor((s / top) * bins))] += 1;
@@ -282,9 +283,10 @@ function histogram(data, previewThreshold) {
     add("line", { x1: x(data.threshold), y1: pad - 10, x2: x(data.threshold), y2: H - pad, stroke: "#000", "stroke-width": 2, "data-testid": "threshold-line" });
     add("text", { x: x(data.threshold) + 4, y: pad - 2 }, `threshold ${fmt(data.threshold)} (${data.threshold_rule})`);
   }
-  if (previewThreshold !== null && previewThreshold !== undefined) {
-    add("line", { x1: x(previewThreshold), y1: pad + 8, x2: x(previewThreshold), y2: H - pad, stroke: "#a05000", "stroke-width": 2, "stroke-dasharray": "5,4", "data-testid": "preview-line" });
-  }
+  previews.forEach((p, i) => {
+    add("line", { x1: x(p.threshold), y1: pad + 8 + 14 * i, x2: x(p.threshold), y2: H - pad, stroke: p.colour, "stroke-width": 2, "stroke-dasharray": "5,4", "data-testid": p.testid });
+    add("text", { x: x(p.threshold) + 4, y: pad + 18 + 14 * i, fill: p.colour }, p.label);
+  });
   add("text", { x: pad, y: 12 }, `${scores.length} out-of-fold good scores, ${data.labels.length} labelled`);
   return svg;
 }
@@ -296,7 +298,10 @@ async function renderCalibration() {
   const data = await api("GET", `/v1/products/${enc(product)}/calibration?false_alarm_rate=${rate}`);
   const pv = data.preview || {};
   const lab = pv.labelled;
-  $("histogram").replaceChildren(histogram(data, lab ? lab.threshold : pv.far && pv.far.threshold));
+  const previews = [];
+  if (pv.far) previews.push({ threshold: pv.far.threshold, label: `far ${pct(rate, 2)}`, colour: "#a05000", testid: "preview-line" });
+  if (lab) previews.push({ threshold: lab.threshold, label: "labelled recall rule", colour: "#7030a0", testid: "preview-labelled-line" });
+  $("histogram").replaceChildren(histogram(data, previews));
   const lines = [`In force at v${data.version}: threshold ${fmt(data.threshold)} (${data.threshold_rule}), estimated false alarms ${pct(data.estimated_false_alarm_rate, 2)}.`];
   if (pv.far) lines.push(`far rule at ${pct(rate, 2)}: threshold ${fmt(pv.far.threshold)}; recall on ${pv.far.defective} labelled defects ${pct(pv.far.recall)}, labelled good parts flagged ${pct(pv.far.good_flagged)}.`);
   if (lab) lines.push(`labelled recall rule at ${pct(rate, 2)} (what Apply stores): threshold ${fmt(lab.threshold)}; recall ${pct(lab.recall)}, labelled good parts flagged ${pct(lab.good_flagged)}, estimated false alarms on good parts ${pct(lab.estimated, 2)}.`);
