@@ -52,6 +52,7 @@ CONFIRMED = GEAR.defective(2, "hole")[0]
 
 # Every request the page sent that needs the admin token (writes, job progress), replayed without it.
 _requests: list[dict[str, Any]] = []
+_console: list[str] = []  # the page's console errors (a Content-Security-Policy violation would be one)
 
 
 def _need_browser() -> Any:
@@ -102,7 +103,7 @@ def service(store: str) -> Iterator[str]:
     running = start_service(
         store=store,
         port=free_port(),
-        args={"admin_token_env": TOKEN_ENV, "recent_per_product": RECENT},
+        args={"admin_token_env": TOKEN_ENV, "recent_per_product": RECENT, "max_images_per_request": 50},
         deployments={
             "Detector": {
                 "num_replicas": 1,
@@ -150,6 +151,7 @@ def page(browser: Any, service: str) -> Iterator[Any]:
             )
 
     pg.on("request", keep)
+    pg.on("console", lambda m: _console.append(m.text) if m.type == "error" else None)
     pg.goto(f"{service}/ui/#products")
     pg.wait_for_selector("body[data-ready=products]")
     yield pg
@@ -325,6 +327,7 @@ def test_recent_view_filters_flagged_with_heatmaps(page: Any) -> None:
     until(page, "(img) => img.complete && img.naturalWidth > 0", arg=heat.element_handle())
     shot(page, "recent")
     page.uncheck("[data-testid=flagged-only]")
+    assert not [m for m in _console if "Content Security Policy" in m], _console  # the page obeys its own CSP
 
 
 def test_the_pages_own_requests_without_the_token_get_401(api: httpx.Client) -> None:
@@ -344,10 +347,10 @@ def test_the_pages_own_requests_without_the_token_get_401(api: httpx.Client) -> 
 def test_first_render_with_20_products_and_500_recent_predictions(
     browser: Any, service: str, api: httpx.Client
 ) -> None:
-    images = [png(GEAR.good(100 + i % 10)) for i in range(16)]
+    images = [png(GEAR.good(100 + i % 10)) for i in range(50)]
     sent = 0
     while sent < RECENT:
-        n = min(16, RECENT - sent)
+        n = min(50, RECENT - sent)
         files = [("images", (f"line{sent + i}.png", images[i], "image/png")) for i in range(n)]
         assert api.post(f"/v1/products/{PRODUCT}/predict", files=files).status_code == 200
         sent += n

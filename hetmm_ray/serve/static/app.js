@@ -160,7 +160,8 @@ function resultCard(product, r, imageSrc, heatSrc, imageBytes) {
     el("div", { class: "pics" },
       el("img", { src: imageSrc, alt: "inspected image", loading: "lazy" }),
       el("img", { src: heatSrc, alt: "heat-map", loading: "lazy", "data-testid": "heatmap" })),
-    legend(r.threshold, r.heatmap_scale),
+    // A recent prediction sent without ?map=png has its heat-map drawn later by the head: same rule.
+    legend(r.threshold, r.heatmap_scale || (r.threshold ? { vmax: 2 * r.threshold } : null)),
     el("div", {},
       el("span", { class: `verdict ${r.is_anomaly ? "bad" : "good"}`, "data-testid": "verdict", text: verdict }),
       ` score ${fmt(r.score)} vs threshold ${fmt(r.threshold)}`),
