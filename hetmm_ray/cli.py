@@ -380,7 +380,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         port=args.port,
         address=args.address,
     )
-    print(f"hetmm: serving {running.url} (store {running.store}); Ctrl-C stops", flush=True)
+    print(f"hetmm: serving {running.url} (store {running.store}), console {running.url}/ui/; Ctrl-C stops", flush=True)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())

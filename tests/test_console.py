@@ -295,16 +295,31 @@ def test_confirmed_defect_is_stored_and_shown_on_the_calibration_histogram(
     assert page.locator("[data-testid=preview-line]").count() == 1
     assert head(api) == 2
     shot(page, "calibration")
+    # Apply stores what the preview showed: the labelled recall rule at that rate, as a new version.
+    previewed = float(page.locator("[data-testid=preview-text]").get_attribute("data-labelled-threshold"))
+    page.click("[data-testid=apply-calibration]")
+    stage = page.locator("[data-testid=calibration-job] [data-testid=job-stage]")
+    stage.wait_for()
+    until(
+        page,
+        "document.querySelector('[data-testid=calibration-job]').innerText.includes('new version v3')",
+        timeout=120,
+    )
+    listed = next(p for p in api.get("/v1/products").json()["products"] if p["product"] == PRODUCT)
+    assert listed["version"] == 3 and listed["threshold_rule"] == "validation"
+    assert listed["threshold"] == pytest.approx(previewed, rel=1e-5)
 
 
 def test_rollback_serves_the_old_version_again(page: Any, api: httpx.Client) -> None:
     goto(page, "versions")
     rows = page.locator("[data-testid=version-row]")
-    assert rows.count() == 2
-    assert "normals" in rows.nth(0).inner_text() and "create" in rows.nth(1).inner_text()
+    assert rows.count() == 3
+    changes = [rows.nth(i).inner_text() for i in range(3)]
+    assert "calibration" in changes[0] and "normals" in changes[1] and "create" in changes[2], changes
     shot(page, "versions")
     page.click("[data-testid=rollback-1]")
-    page.locator("[data-testid=notice]").wait_for(state="visible")
+    until(page, "!document.getElementById('notice').hidden || !document.getElementById('error').hidden")
+    assert page.locator("[data-testid=error]").is_hidden(), page.locator("[data-testid=error]").inner_text()
     assert "v1 is head again" in page.locator("[data-testid=notice]").inner_text()
     assert head(api) == 1
     deadline = time.monotonic() + 30
@@ -334,7 +349,7 @@ def test_the_pages_own_requests_without_the_token_get_401(api: httpx.Client) -> 
     """Every write the page sent, replayed without its Authorization header, is refused."""
     admin = [r for r in _requests if "/predict" not in r["url"]]
     kinds = {r["url"].split("?")[0].rsplit("/", 1)[1] for r in admin}
-    assert {"normals", "labels", "rollback"} <= kinds, kinds
+    assert {"normals", "labels", "calibrate", "rollback"} <= kinds, kinds
     version, labels = head(api), api.get(f"/v1/products/{PRODUCT}/labels").json()["labels"]
     for r in admin:
         headers = {k: v for k, v in r["headers"].items() if k.lower() != "authorization"}

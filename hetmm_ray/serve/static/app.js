@@ -309,6 +309,7 @@ async function renderCalibration() {
   else lines.push("Apply needs labelled good parts and confirmed defects (teach from Inspect or Recent).");
   $("preview-text").replaceChildren(...lines.map((t) => el("div", { text: t })));
   $("apply").disabled = !lab;
+  $("preview-text").dataset.labelledThreshold = lab ? String(lab.threshold) : "";
   const rows = data.labels.slice().reverse().map((l) => el("tr", { "data-testid": "label-row", "data-label": l.label },
     el("td", {}, el("img", { src: `/v1/products/${enc(product)}/labels/${enc(l.id)}/image`, alt: l.name, loading: "lazy", width: 48, height: 48 })),
     el("td", { text: l.label }), el("td", { text: fmt(l.score) }), el("td", { text: `${when(l.created)} (v${l.version})` })));
