@@ -55,20 +55,26 @@ _requests: list[dict[str, Any]] = []
 _console: list[str] = []  # the page's console errors (a Content-Security-Policy violation would be one)
 
 
-def _need_browser() -> Any:
-    """Playwright's sync API, or a skip (a failure under CI=true) saying what is missing."""
-    why = None
+def _missing_browser() -> str | None:
+    """What is missing to drive a browser, or None."""
     try:
-        from playwright.sync_api import sync_playwright
+        import playwright.sync_api  # noqa: F401
     except ImportError:
-        why = "playwright is not installed (pip install -c constraints.txt playwright)"
-    if why is None and not Path(CHROMIUM).exists():
-        why = f"no chromium at {CHROMIUM} (apt-get install chromium)"
-    if why is not None:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"console browser tests under CI=true: {why}")
-        pytest.skip(why)
-    return sync_playwright
+        return "playwright is not installed (pip install -c constraints.txt playwright)"
+    if not Path(CHROMIUM).exists():
+        return f"no chromium at {CHROMIUM} (apt-get install chromium)"
+    return None
+
+
+MISSING = _missing_browser()
+if MISSING is not None and os.environ.get("CI") != "true":
+    pytest.skip(MISSING, allow_module_level=True)  # at import: Ray and the service never start
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _browser_required_under_ci() -> None:
+    if MISSING is not None:  # only reached under CI=true: fail every test here, run the other modules
+        pytest.fail(f"console browser tests under CI=true: {MISSING}", pytrace=False)
 
 
 def config() -> DetectorConfig:
@@ -93,8 +99,6 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 @pytest.fixture(scope="module")
 def service(store: str) -> Iterator[str]:
-    sync_playwright = _need_browser()  # before the service starts: a skip costs nothing
-    del sync_playwright
     from ray import serve
 
     from hetmm_ray.serve.run import start_service, stop_service
@@ -126,7 +130,8 @@ def api(service: str) -> Iterator[httpx.Client]:
 
 @pytest.fixture(scope="module")
 def browser(service: str) -> Iterator[Any]:
-    sync_playwright = _need_browser()
+    from playwright.sync_api import sync_playwright
+
     with sync_playwright() as p:
         b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox", "--disable-gpu"])
         yield b
