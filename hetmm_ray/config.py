@@ -51,6 +51,12 @@ MAX_IMAGE_PIXELS = 50_000_000
 MIN_IMAGE_SIDE = 8
 """Smallest width or height accepted."""
 
+# --- heat-maps -----------------------------------------------------------------
+HEATMAP_VMAX_OVER_THRESHOLD = 2.0
+"""Served heat-maps colour anomaly values from 0 to this multiple of the product's threshold, the
+same fixed scale for every image of a product version (the threshold sits mid-scale: cyan to
+green; above it yellow to red). Values beyond the top are drawn as the top colour."""
+
 # --- Ray placement -------------------------------------------------------------
 TASK_CPUS = 0.5
 """CPUs a service-side Ray task reserves (PTS chunk, feature batch, calibration). Fractional so
@@ -466,6 +472,11 @@ class ServiceConfig:
     # Origins (scheme://host[:port]) besides the service's own that may send non-GET requests
     # from a browser; every other cross-origin write is refused (403).
     allowed_origins: tuple[str, ...] = ()
+    # The console's recent predictions (serve/recent.py): the last this many per product, kept in
+    # the ingress process's memory (lost on restart), the uploaded images and heat-maps within
+    # recent_max_mib in all (the oldest go first).
+    recent_per_product: int = 200
+    recent_max_mib: int = 128
 
     def __post_init__(self) -> None:
         _require(bool(self.store), "store: give a local directory or s3://bucket/prefix")
@@ -476,7 +487,14 @@ class ServiceConfig:
                 f"{name}: must be a list of non-empty strings, got {value!r}",
             )
             object.__setattr__(self, name, tuple(value))
-        for name in ("max_products_per_replica", "max_body_mib", "max_images_per_request", "max_images_per_job"):
+        for name in (
+            "max_products_per_replica",
+            "max_body_mib",
+            "max_images_per_request",
+            "max_images_per_job",
+            "recent_per_product",
+            "recent_max_mib",
+        ):
             value = getattr(self, name)
             _require(isinstance(value, int) and value >= 1, f"{name}: must be an integer >= 1, got {value!r}")
         _require(self.job_wait_s > 0, "job_wait_s: must be > 0")
