@@ -173,6 +173,8 @@ NUMERIC_RANGES: dict[str, tuple[float, float, type]] = {
     "service.job_wait_s": (0.1, 3600.0, float),
     "service.store_poll_s": (0.1, 60.0, float),
     "service.body_timeout_s": (0.5, 600.0, float),
+    "service.recent_per_product": (1, 100_000, int),
+    "service.recent_max_mib": (1, 65_536, int),
     "user_config.max_batch_size": (1, 256, int),
     "user_config.batch_wait_timeout_s": (0.0, 10.0, float),
     "user_config.threads": (0, 1024, int),
