@@ -167,6 +167,8 @@ NUMERIC_RANGES: dict[str, tuple[float, float, type]] = {
     "service.job_wait_s": (0.1, 3600.0, float),
     "service.store_poll_s": (0.1, 60.0, float),
     "service.body_timeout_s": (0.5, 600.0, float),
+    "service.template_hosts": (1, 1024, int),
+    "service.hot_product_inflight": (1, 100_000, int),
     "user_config.max_batch_size": (1, 256, int),
     "user_config.batch_wait_timeout_s": (0.0, 10.0, float),
     "user_config.threads": (0, 1024, int),
@@ -466,6 +468,13 @@ class ServiceConfig:
     # Origins (scheme://host[:port]) besides the service's own that may send non-GET requests
     # from a browser; every other cross-origin write is refused (403).
     allowed_origins: tuple[str, ...] = ()
+    # Template host processes holding the (product, layer) shards (distributed/hosts.py), e.g.
+    # one per GPU or node: processes grow with this, not with the number of products.
+    template_hosts: int = 2
+    # Warm set (serve/warm_set.py): once this many predicts of one product are in flight at an
+    # ingress, its further requests go without the multiplexed model id, so Serve spreads them
+    # over every replica (each loads the product once) instead of pinning it to one.
+    hot_product_inflight: int = 8
 
     def __post_init__(self) -> None:
         _require(bool(self.store), "store: give a local directory or s3://bucket/prefix")
