@@ -169,6 +169,7 @@ NUMERIC_RANGES: dict[str, tuple[float, float, type]] = {
     "service.body_timeout_s": (0.5, 600.0, float),
     "service.template_hosts": (1, 1024, int),
     "service.hot_product_inflight": (1, 100_000, int),
+    "service.hot_product_spread": (1, 1024, int),
     "user_config.max_batch_size": (1, 256, int),
     "user_config.batch_wait_timeout_s": (0.0, 10.0, float),
     "user_config.threads": (0, 1024, int),
@@ -475,6 +476,9 @@ class ServiceConfig:
     # ingress, its further requests go without the multiplexed model id, so Serve spreads them
     # over every replica (each loads the product once) instead of pinning it to one.
     hot_product_inflight: int = 8
+    # Model ids (the product's own and aliases) a hot product cycles over: replicas it can spread
+    # over (set it to the Detector's autoscaling max_replicas); 1 pins every product to one replica.
+    hot_product_spread: int = 4
 
     def __post_init__(self) -> None:
         _require(bool(self.store), "store: give a local directory or s3://bucket/prefix")

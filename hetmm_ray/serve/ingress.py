@@ -39,6 +39,7 @@ from ..store import ProductNotFound, StoreConflict, StoreError, StoreUnavailable
 from . import security
 from .metrics import CONTENT_TYPE_LATEST, ServiceMetrics
 from .security import CrossOriginGuard, JSONResponse, Refused, parse_json_object, resolve_source
+from .warm_set import WarmSet
 
 __all__ = ["ApiError", "Ingress", "app"]
 
@@ -196,6 +197,9 @@ class Ingress:
         self.detector = detector
         self.registry = get_registry(self.service.store, detached=True)
         self.registry.set_poll.remote(self.service.store_poll_s)  # follow other writers of the store
+        self.registry.set_hosts.remote(self.service.template_hosts)  # template host processes (issue 14)
+        # A hot product spreads over several replicas (serve/warm_set.py).
+        self.warm = WarmSet(hot_inflight=self.service.hot_product_inflight, spread=self.service.hot_product_spread)
         self.metrics = ServiceMetrics()
         self.limit = self.service.max_body_mib * 2**20
         self._known: dict[str, float] = {}  # product -> until when its existence is cached
@@ -342,11 +346,12 @@ class Ingress:
             uploads, _ = await self._uploads(request, max_images=self.service.max_images_per_request)
             images = await self._decode(uploads)
             started = time.perf_counter()
-            handle = self.detector.options(multiplexed_model_id=product)
-            try:
-                results = await handle.predict.remote(images, map == "png")
-            except RayActorError:  # the replica died under the request: scoring is idempotent, retry once
-                results = await handle.predict.remote(images, map == "png")
+            with self.warm.request(product) as model_id:  # the product's id, or an alias while it is hot
+                handle = self.detector.options(multiplexed_model_id=model_id)
+                try:
+                    results = await handle.predict.remote(images, map == "png")
+                except RayActorError:  # the replica died under the request: scoring is idempotent, retry once
+                    results = await handle.predict.remote(images, map == "png")
             self.metrics.observe_results(product, results)
             total_ms = round(1000 * (time.perf_counter() - started), 3)
             for (name, _), r in zip(uploads, results, strict=True):
