@@ -295,10 +295,22 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     store = _open(args)
     head = store.head(args.product)
     version = head if args.version is None else args.version
+    if (args.val is None) == (not args.val_store):
+        raise CLIError("give one of --val DIR or --val-store")
     det = HETMM.load(store, args.product, version, progress=True)
-    labelled = labelled_images(args.val)
-    bb = det.config.backbone
-    images = load_images([p for p, _ in labelled], bb.image_size, progress=True, desc="decode", geometry=bb.geometry)
+    if args.val_store:  # the labels taught in the console (store/labels.py), beside the product's versions
+        from .data.decode import decode_image
+        from .store.labels import LabelSet
+
+        stored = LabelSet(store.backend).labelled(args.product)
+        labelled = [(name, label) for name, _, label in stored]
+        images = [decode_image(data, source=name) for name, data, _ in stored]
+    else:
+        labelled = labelled_images(args.val)
+        bb = det.config.backbone
+        images = load_images(
+            [p for p, _ in labelled], bb.image_size, progress=True, desc="decode", geometry=bb.geometry
+        )
     try:
         ts, record = calibrate_with_labels(
             det,
@@ -368,7 +380,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         port=args.port,
         address=args.address,
     )
-    print(f"hetmm: serving {running.url} (store {running.store}); Ctrl-C stops", flush=True)
+    print(f"hetmm: serving {running.url} (store {running.store}), console {running.url}/ui/; Ctrl-C stops", flush=True)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -537,8 +549,11 @@ def build_parser() -> argparse.ArgumentParser:
         "calibrate", help="set a stored product's threshold on labelled images (new version; never the default)"
     )
     p.add_argument("--product", required=True)
+    p.add_argument("--val", metavar="DIR", help="labelled folder: MVTec test layout, or good/ + defect sub-folders")
     p.add_argument(
-        "--val", required=True, metavar="DIR", help="labelled folder: MVTec test layout, or good/ + defect sub-folders"
+        "--val-store",
+        action="store_true",
+        help="instead of --val: the product's labelled set in the store (taught in the console, GET /ui/)",
     )
     p.add_argument("--objective", choices=("f1", "recall"), default="f1", help="best F1 (default) or best recall")
     p.add_argument(

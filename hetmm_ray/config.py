@@ -51,6 +51,12 @@ MAX_IMAGE_PIXELS = 50_000_000
 MIN_IMAGE_SIDE = 8
 """Smallest width or height accepted."""
 
+# --- heat-maps -----------------------------------------------------------------
+HEATMAP_VMAX_OVER_THRESHOLD = 2.0
+"""Served heat-maps colour anomaly values from 0 to this multiple of the product's threshold, the
+same fixed scale for every image of a product version (the threshold sits mid-scale: cyan to
+green; above it yellow to red). Values beyond the top are drawn as the top colour."""
+
 # --- Ray placement -------------------------------------------------------------
 TASK_CPUS = 0.5
 """CPUs a service-side Ray task reserves (PTS chunk, feature batch, calibration). Fractional so
@@ -473,12 +479,17 @@ class ServiceConfig:
     # one per GPU or node: processes grow with this, not with the number of products.
     template_hosts: int = 2
     # Warm set (serve/warm_set.py): once this many predicts of one product are in flight at an
-    # ingress, its further requests go without the multiplexed model id, so Serve spreads them
-    # over every replica (each loads the product once) instead of pinning it to one.
+    # ingress, its further requests cycle over model-id aliases, so Serve spreads them over
+    # several replicas (each loads the product once) instead of pinning it to one.
     hot_product_inflight: int = 8
     # Model ids (the product's own and aliases) a hot product cycles over: replicas it can spread
     # over (set it to the Detector's autoscaling max_replicas); 1 pins every product to one replica.
     hot_product_spread: int = 4
+    # The console's recent predictions (serve/recent.py): the last this many per product, kept in
+    # the ingress process's memory (lost on restart), the uploaded images and heat-maps within
+    # recent_max_mib in all (the oldest go first).
+    recent_per_product: int = 200
+    recent_max_mib: int = 128
 
     def __post_init__(self) -> None:
         _require(bool(self.store), "store: give a local directory or s3://bucket/prefix")
@@ -489,7 +500,14 @@ class ServiceConfig:
                 f"{name}: must be a list of non-empty strings, got {value!r}",
             )
             object.__setattr__(self, name, tuple(value))
-        for name in ("max_products_per_replica", "max_body_mib", "max_images_per_request", "max_images_per_job"):
+        for name in (
+            "max_products_per_replica",
+            "max_body_mib",
+            "max_images_per_request",
+            "max_images_per_job",
+            "recent_per_product",
+            "recent_max_mib",
+        ):
             value = getattr(self, name)
             _require(isinstance(value, int) and value >= 1, f"{name}: must be an integer >= 1, got {value!r}")
         _require(self.job_wait_s > 0, "job_wait_s: must be > 0")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -49,7 +50,7 @@ def _rung(k: int, ok: bool, ms: float) -> Rung:
     return Rung(k, 1.0, 0.0, 1.0, ms, ok)
 
 
-def test_choose_takes_the_smallest_agreeing_k_and_stops_there():
+def test_choose_takes_the_smallest_agreeing_k_by_doubling_then_bisection():
     tried = []
 
     def evaluate(k):
@@ -57,12 +58,37 @@ def test_choose_takes_the_smallest_agreeing_k_and_stops_there():
         return _rung(k, k >= 40, k / 10)
 
     k, rungs, why = choose_sheets(209, evaluate)
-    assert k == 40 and tried == [10, 20, 40] and [r.sheets for r in rungs] == tried and "smallest" in why
+    # rungs 10 20 40 60 100 150 200: doubling tries indices 0, 1, 3 (60 agrees), bisection 2 (40)
+    assert k == 40 and tried == [10, 20, 60, 40] and [r.sheets for r in rungs] == [10, 20, 40, 60]
+    assert "smallest" in why
+
+
+@pytest.mark.parametrize("n", [11, 61, 209, 700, 2500])
+def test_search_equals_the_linear_walk_when_agreement_grows_with_k(n):
+    """A slow obvious reference: walk every rung; the search finds the same K with fewer tries."""
+    for first in [*ladder(n), n]:
+        tried = []
+
+        def evaluate(k, first=first, tried=tried):
+            tried.append(k)
+            return _rung(k, k >= first, 1.0)
+
+        walk = next((k for k in ladder(n) if k >= first), n)
+        k, _, _ = choose_sheets(n, evaluate)
+        assert k == walk
+        assert len(tried) <= max(1, 2 * math.ceil(math.log2(len(ladder(n)) + 1)))
+
+
+def test_search_never_returns_a_rung_that_disagrees():
+    """Agreement that does not grow with K: the choice is still a rung measured to agree."""
+    agreeing = {20, 200}
+    k, rungs, _ = choose_sheets(209, lambda k: _rung(k, k in agreeing, 1.0))
+    assert k in agreeing and next(r for r in rungs if r.sheets == k).agrees
 
 
 def test_choose_falls_back_to_all_and_respects_a_budget():
     k, rungs, _ = choose_sheets(70, lambda k: _rung(k, False, k))
-    assert k == 70 and [r.sheets for r in rungs] == [10, 20, 40, 60]
+    assert k == 70 and [r.sheets for r in rungs] == [10, 20, 60]
     k, rungs, why = choose_sheets(209, lambda k: _rung(k, k >= 100, k / 10), max_ms_per_image=5.0)
     assert k == 40 and rungs[-1].sheets == 60 and "budget" in why
 

@@ -222,13 +222,16 @@ def _reference_scores(
             cols = [min(max(x, qc.left), qc.left + qc.width - 1) for x in range(w)]
             layer = layer[rows][:, cols]
             fused += F.interpolate(layer[None, None], size=(canvas, canvas), mode="bilinear", align_corners=True)[0, 0]
-        content = fused[box.top : box.top + box.height, box.left : box.left + box.width]
-        # Gaussian blur with reflect padding at the content's edge, then the max.
+        # The pad counts as no anomaly (0); Gaussian blur of the canvas (reflect at the canvas
+        # edge), then the max over the content only.
+        outside = torch.ones_like(fused, dtype=torch.bool)
+        outside[box.top : box.top + box.height, box.left : box.left + box.width] = False
+        fused[outside] = 0.0
         k = gaussian_kernel(sigma).double()
         r = k.numel() // 2
-        x = F.pad(content[None, None], (r, r, r, r), mode="reflect" if r < min(content.shape) else "replicate")
-        blurred = F.conv2d(F.conv2d(x, k.view(1, 1, -1, 1)), k.view(1, 1, 1, -1))
-        scores.append(float(blurred.max()))
+        x = F.pad(fused[None, None], (r, r, r, r), mode="reflect" if r < canvas else "replicate")
+        blurred = F.conv2d(F.conv2d(x, k.view(1, 1, -1, 1)), k.view(1, 1, 1, -1))[0, 0]
+        scores.append(float(blurred[box.top : box.top + box.height, box.left : box.left + box.width].max()))
     return scores
 
 

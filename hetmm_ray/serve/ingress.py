@@ -36,9 +36,12 @@ from ..data.decode import ImageError, decode_image
 from ..data.sources import SourceError, read_image_source
 from ..distributed.registry import get_registry
 from ..store import ProductNotFound, StoreConflict, StoreError, StoreUnavailable, check_product_name
+from ..store.labels import STORED_LABELS
 from . import security
 from .metrics import CONTENT_TYPE_LATEST, ServiceMetrics
 from .security import CrossOriginGuard, JSONResponse, Refused, parse_json_object, resolve_source
+from .ui import ConsoleRoutes
+from .ui import router as console_router
 from .warm_set import WarmSet
 
 __all__ = ["ApiError", "Ingress", "app"]
@@ -99,6 +102,7 @@ def _error(err: ApiError) -> JSONResponse:
 
 app = FastAPI(title="hetmm-ray", summary="Training-free visual anomaly detection (HETMM) over HTTP")
 app.add_middleware(CrossOriginGuard)
+app.include_router(console_router)  # the inspection console, GET /ui/ (serve/ui.py)
 
 
 @app.exception_handler(ApiError)
@@ -187,7 +191,7 @@ def _labelled_folder(source: str) -> list[tuple[str, bytes, int]]:
 # be able to take every slot (bodies time out after ServiceConfig.body_timeout_s).
 @serve.deployment(name="Ingress", ray_actor_options={"num_cpus": 0.25}, max_ongoing_requests=1024)
 @serve.ingress(app)
-class Ingress:
+class Ingress(ConsoleRoutes):
     def __init__(self, detector: Any, service: dict[str, Any]) -> None:
         self.service = ServiceConfig.from_dict(service)
         self.token = os.environ.get(self.service.admin_token_env) or None
@@ -204,6 +208,7 @@ class Ingress:
         self.limit = self.service.max_body_mib * 2**20
         self._known: dict[str, float] = {}  # product -> until when its existence is cached
         security.ALLOWED_ORIGINS = self.service.allowed_origins
+        self._setup_console()  # the recent-predictions ring and the labelled set (serve/ui.py)
 
     # --- plumbing -------------------------------------------------------------------------------
     async def _timed(self, request: Request, route: str, handler: Callable[[], Awaitable[Response]]) -> Response:
@@ -353,6 +358,7 @@ class Ingress:
                 except RayActorError:  # the replica died under the request: scoring is idempotent, retry once
                     results = await handle.predict.remote(images, map == "png")
             self.metrics.observe_results(product, results)
+            self._remember(product, uploads, results)  # the console's recent ring; adds recent_id
             total_ms = round(1000 * (time.perf_counter() - started), 3)
             for (name, _), r in zip(uploads, results, strict=True):
                 r["timing"]["total_ms"] = total_ms
@@ -425,7 +431,10 @@ class Ingress:
                         "bad_request",
                         "JSON body: give 'source' (a labelled folder) and optional 'objective', 'max_false_alarm_rate'",
                     )
-                labelled = await asyncio.to_thread(_labelled_folder, str(spec["source"]))
+                if spec["source"] == STORED_LABELS:  # the console's labelled set (store/labels.py)
+                    labelled = await asyncio.to_thread(self._labels.labelled, product)
+                else:
+                    labelled = await asyncio.to_thread(_labelled_folder, str(spec["source"]))
                 if len(labelled) > self.service.max_images_per_job:
                     raise ApiError(
                         413,

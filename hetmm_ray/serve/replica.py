@@ -30,7 +30,7 @@ import torch
 from PIL import Image
 from ray import serve
 
-from ..config import BackboneConfig, ReplicaSettings, stored_config
+from ..config import HEATMAP_VMAX_OVER_THRESHOLD, BackboneConfig, ReplicaSettings, stored_config
 from ..core.backbone import Backbone
 from ..core.scoring import Calibration
 from ..data.decode import resize_to_geometry
@@ -176,8 +176,8 @@ class Detector:
             raise
         score_ms = 1000 * (time.perf_counter() - started)
         bb = detector.config.backbone
-        peak = max(float(m.max()) for m in pred.maps)
-        vmax = max(pred.threshold, peak) if np.isfinite(pred.threshold) else None
+        # One fixed scale per product version (config.HEATMAP_VMAX_OVER_THRESHOLD): maps compare.
+        vmax = HEATMAP_VMAX_OVER_THRESHOLD * pred.threshold if np.isfinite(pred.threshold) else None
         op = pred.operating_point
         rule = {} if op is None else {k: v for k, v in op.to_json().items() if k != "threshold"}
         out, i = [], 0
@@ -203,6 +203,7 @@ class Detector:
                     shown = resize_to_geometry(image, bb.image_size, bb.geometry)
                     overlay = heatmap_overlay(shown, pred.maps[i], vmin=0.0, vmax=vmax)
                     result["heatmap_png"] = _encode_png(overlay)
+                    result["heatmap_scale"] = {"vmin": 0.0, "vmax": vmax}  # None: the image's own maximum
                 results.append(result)
                 i += 1
             out.append(results)

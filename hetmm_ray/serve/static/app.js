@@ -1,0 +1,379 @@
+// The hetmm inspection console. Plain browser JavaScript, no build step, no third-party code:
+// everything goes through the service's HTTP API (same origin), with the admin token (kept in
+// this tab's sessionStorage) on the routes that change something. API errors are shown as the
+// API wrote them ({"error": {"code", "message"}}).
+"use strict";
+
+const TOKEN_KEY = "hetmm.adminToken";
+const RECENT_PAGE = 60;
+const state = { products: [], counts: {}, product: null, view: "products", recentShown: RECENT_PAGE, farSlider: 50 };
+
+const $ = (id) => document.getElementById(id);
+function el(tag, attrs = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) {
+    if (v === null || v === undefined || v === false) continue;
+    if (k === "text") node.textContent = v;
+    else if (k.startsWith("on")) node.addEventListener(k.slice(2), v);
+    else node.setAttribute(k, v === true ? "" : v);
+  }
+  for (const c of children) if (c !== null && c !== undefined) node.append(c);
+  return node;
+}
+const fmt = (x, digits = 4) => (x === null || x === undefined ? "–" : Number(x).toFixed(digits));
+const pct = (x, digits = 1) => (x === null || x === undefined ? "–" : `${(100 * x).toFixed(digits)}%`);
+const when = (t) => (t ? new Date(t * 1000).toLocaleString() : "–");
+const enc = encodeURIComponent;
+
+// --- API ------------------------------------------------------------------------------------
+class ApiError extends Error {
+  constructor(status, code, message) {
+    super(`${message} (HTTP ${status} ${code})`);
+    this.status = status;
+    this.code = code;
+  }
+}
+
+function token() { return sessionStorage.getItem(TOKEN_KEY) || ""; }
+
+async function api(method, path, { body = null, type = null, admin = false, raw = false } = {}) {
+  const headers = {};
+  if (type) headers["Content-Type"] = type;
+  if (admin && token()) headers["Authorization"] = `Bearer ${token()}`;
+  let response;
+  try {
+    response = await fetch(path, { method, headers, body, credentials: "same-origin" });
+  } catch (exc) {
+    throw new ApiError(0, "network", `the service did not answer (${exc.message})`);
+  }
+  if (raw && response.ok) return response;
+  const text = await response.text();
+  let data = null;
+  try { data = text ? JSON.parse(text) : null; } catch (_) { data = null; }
+  if (!response.ok) {
+    const err = (data && data.error) || {};
+    throw new ApiError(response.status, err.code || "http_error", err.message || text.slice(0, 200) || response.statusText);
+  }
+  return data;
+}
+
+function showError(exc, where = null) {
+  const message = exc instanceof ApiError ? exc.message : `unexpected: ${exc && exc.message ? exc.message : exc}`;
+  const box = $("error");
+  box.textContent = message;
+  box.hidden = false;
+  if (where) where.replaceChildren(el("span", { class: "err", "data-testid": "action-error", text: message }));
+}
+function clearError() { $("error").hidden = true; }
+function notice(text) { const n = $("notice"); n.textContent = text; n.hidden = !text; }
+
+// --- admin token ----------------------------------------------------------------------------
+function renderToken() {
+  $("token-state").textContent = token() ? "admin token set for this tab" : "no admin token (reading only)";
+}
+$("token-form").addEventListener("submit", (ev) => {
+  ev.preventDefault();
+  const given = $("token").value.trim();
+  if (given) sessionStorage.setItem(TOKEN_KEY, given);
+  $("token").value = "";
+  renderToken();
+});
+$("token-forget").addEventListener("click", () => { sessionStorage.removeItem(TOKEN_KEY); renderToken(); });
+
+// --- jobs -----------------------------------------------------------------------------------
+// Polls GET /v1/jobs/{id} into `box` until the job ends; resolves with the final record.
+async function followJob(job, box) {
+  const bar = el("progress", { max: 1, value: 0, "data-testid": "job-progress" });
+  const line = el("div", { "data-testid": "job-stage" });
+  box.replaceChildren(line, bar);
+  for (;;) {
+    const p = job.progress || {};
+    line.textContent = `job ${job.kind} ${job.state}: ${p.stage || "queued"}${p.total ? ` ${p.done}/${p.total}` : ""}`;
+    if (p.total) { bar.max = p.total; bar.value = p.done; }
+    if (job.state !== "running") break;
+    await new Promise((r) => setTimeout(r, 400));
+    job = (await api("GET", `/v1/jobs/${enc(job.id)}`, { admin: true })).job;
+  }
+  if (job.state === "failed") throw new ApiError(422, "job_failed", (job.error && job.error.message) || "the job failed");
+  bar.max = 1; bar.value = 1;
+  line.textContent = `job ${job.kind} succeeded: new version v${job.version}`;
+  return job;
+}
+
+// --- products -------------------------------------------------------------------------------
+async function loadProducts() {
+  const [products, recent] = await Promise.all([api("GET", "/v1/products"), api("GET", "/v1/recent")]);
+  state.products = products.products;
+  state.counts = recent.products;
+  state.recentPerProduct = recent.per_product;
+  const select = $("product");
+  const names = state.products.map((p) => p.product);
+  if (!state.product || !names.includes(state.product)) state.product = names[0] || null;
+  select.replaceChildren(...names.map((n) => el("option", { value: n, selected: n === state.product, text: n })));
+}
+
+function renderProducts() {
+  const rows = state.products.map((p) => {
+    const c = state.counts[p.product] || { scored: 0, flagged: 0, flagged_share: null };
+    const rule = p.threshold_rule ? `${p.threshold_rule}${p.threshold_rule === "far" ? ` ${pct(p.rule_target, 2)}` : ""}` : "–";
+    return el("tr", { class: p.product === state.product ? "selected" : null, "data-product": p.product,
+      onclick: () => selectProduct(p.product) },
+      el("td", { text: p.product }), el("td", { text: p.error ? `v${p.version} (${p.error})` : `v${p.version}` }),
+      el("td", { text: p.backbone || "–" }), el("td", { text: p.sheets ?? "–" }), el("td", { text: p.images ?? "–" }),
+      el("td", { text: fmt(p.threshold) }), el("td", { text: rule }), el("td", { text: pct(p.estimated_false_alarm_rate, 2) }),
+      el("td", { text: String(c.scored) }), el("td", { text: c.scored ? `${c.flagged} (${pct(c.flagged_share)})` : "–" }));
+  });
+  $("products-body").replaceChildren(...rows);
+}
+
+function selectProduct(name) {
+  state.product = name;
+  $("product").value = name;
+  state.recentShown = RECENT_PAGE;
+  render();
+}
+$("product").addEventListener("change", (ev) => selectProduct(ev.target.value));
+
+// --- result cards (Inspect and Recent) ------------------------------------------------------
+function legend(threshold, scale) {
+  const vmax = scale && scale.vmax;
+  const bar = el("span", { class: "bar" });
+  if (vmax && threshold !== null && threshold !== undefined) {
+    const tick = el("span", { class: "tick", title: `threshold ${fmt(threshold)}` });
+    tick.style.left = `${Math.min(100, (100 * threshold) / vmax)}%`;
+    bar.append(tick);
+  }
+  return el("div", { class: "legend", "data-testid": "legend",
+    title: "heat-map colour scale: the same for every image of this product version" },
+    el("span", { text: "0" }), bar, el("span", { text: vmax ? fmt(vmax, 3) : "own max" }));
+}
+
+// r: a prediction result; imageSrc: URL of the inspected image; heatSrc: URL of its heat-map;
+// imageBytes(): resolves to a Blob of the image (to teach with).
+function resultCard(product, r, imageSrc, heatSrc, imageBytes) {
+  const verdict = r.is_anomaly ? "FLAGGED" : "pass";
+  const timing = r.timing ? `${fmt(r.timing.total_ms ?? r.timing.score_ms, 1)} ms` : "";
+  const teach = el("div", { class: "teach", "data-testid": "teach" });
+  const card = el("div", { class: `card${r.is_anomaly ? " flagged" : ""}`, "data-testid": "result-card",
+    "data-flagged": String(r.is_anomaly), "data-score": String(r.score), "data-version": String(r.version) },
+    el("div", { class: "name", text: r.name && r.name !== "<body>" ? r.name : (r.id || "") }),
+    el("div", { class: "pics" },
+      el("img", { src: imageSrc, alt: "inspected image", loading: "lazy" }),
+      el("img", { src: heatSrc, alt: "heat-map", loading: "lazy", "data-testid": "heatmap" })),
+    // A recent prediction sent without ?map=png has its heat-map drawn later by the head: same rule.
+    legend(r.threshold, r.heatmap_scale || (r.threshold ? { vmax: 2 * r.threshold } : null)),
+    el("div", {},
+      el("span", { class: `verdict ${r.is_anomaly ? "bad" : "good"}`, "data-testid": "verdict", text: verdict }),
+      ` score ${fmt(r.score)} vs threshold ${fmt(r.threshold)}`),
+    el("div", { class: "meta", text: `v${r.version}${r.threshold_rule ? `, rule ${r.threshold_rule}` : ""}${timing ? `, ${timing}` : ""}${r.at ? `, ${when(r.at)}` : ""}` }),
+    el("div", { class: "actions" },
+      el("button", { type: "button", "data-testid": "good-part", onclick: () => teachGood(product, imageBytes, r, teach) }, "Good part (false alarm)"),
+      el("button", { type: "button", "data-testid": "confirm-defect", onclick: () => teachDefect(product, imageBytes, r, teach) }, "Confirmed defect")),
+    teach);
+  return card;
+}
+
+async function teachGood(product, imageBytes, r, box) {
+  clearError();
+  try {
+    const blob = await imageBytes();
+    const started = await api("POST", `/v1/products/${enc(product)}/normals`, { body: blob, type: blob.type || "application/octet-stream", admin: true });
+    const job = await followJob(started.job, box);
+    await api("POST", `/v1/products/${enc(product)}/labels?label=good&name=${enc(r.name || "")}`, { body: blob, type: blob.type || "application/octet-stream", admin: true });
+    const again = await api("POST", `/v1/products/${enc(product)}/predict?map=png`, { body: blob, type: blob.type || "application/octet-stream" });
+    box.append(el("div", { "data-testid": "rescored", "data-score": String(again.score), "data-threshold": String(again.threshold),
+      "data-version": String(again.version), "data-flagged": String(again.is_anomaly),
+      text: `added as a normal in v${job.version}; now scores ${fmt(again.score)} vs threshold ${fmt(again.threshold)} at v${again.version}: ${again.is_anomaly ? "still FLAGGED" : "pass"}` }));
+    await loadProducts();
+  } catch (exc) { showError(exc, box); }
+}
+
+async function teachDefect(product, imageBytes, r, box) {
+  clearError();
+  try {
+    const blob = await imageBytes();
+    const done = await api("POST", `/v1/products/${enc(product)}/labels?label=defective&name=${enc(r.name || "")}`, { body: blob, type: blob.type || "application/octet-stream", admin: true });
+    box.replaceChildren(el("div", { "data-testid": "label-stored", text: `labelled a confirmed defect (${done.label.id}); see Calibration` }));
+  } catch (exc) { showError(exc, box); }
+}
+
+// --- Inspect --------------------------------------------------------------------------------
+async function inspect(files) {
+  clearError();
+  const product = state.product;
+  if (!product) return showError(new ApiError(0, "no_product", "no product to inspect: create one first"));
+  const out = $("inspect-results");
+  const chunk = 16; // the service's default max_images_per_request
+  for (let i = 0; i < files.length; i += chunk) {
+    const part = files.slice(i, i + chunk);
+    const form = new FormData();
+    for (const f of part) form.append("images", f, f.name);
+    try {
+      const data = await api("POST", `/v1/products/${enc(product)}/predict?map=png`, { body: form });
+      data.results.forEach((r, j) => {
+        const file = part[j];
+        out.prepend(resultCard(product, r, URL.createObjectURL(file), `data:image/png;base64,${r.heatmap_png}`, async () => file));
+      });
+    } catch (exc) { showError(exc); }
+  }
+  loadProducts().then(renderProducts).catch(showError);
+}
+$("files").addEventListener("change", (ev) => { inspect([...ev.target.files]); ev.target.value = ""; });
+const drop = $("drop");
+drop.addEventListener("dragover", (ev) => { ev.preventDefault(); drop.classList.add("over"); });
+drop.addEventListener("dragleave", () => drop.classList.remove("over"));
+drop.addEventListener("drop", (ev) => { ev.preventDefault(); drop.classList.remove("over"); inspect([...ev.dataTransfer.files]); });
+
+// --- Recent ---------------------------------------------------------------------------------
+async function renderRecent() {
+  const product = state.product;
+  const flagged = $("flagged-only").checked;
+  const data = await api("GET", `/v1/products/${enc(product)}/recent?flagged=${flagged}`);
+  const c = state.counts[product] || { scored: 0, flagged: 0 };
+  $("recent-hint").textContent = `The last ${data.per_product} predictions of each product, kept in the service's memory `
+    + `(lost when it restarts): ${data.items.length} shown of ${c.scored} scored since start.`;
+  const base = `/v1/products/${enc(product)}/recent/`;
+  const shown = data.items.slice(0, state.recentShown);
+  $("recent-results").replaceChildren(...shown.map((r) => resultCard(product, r, `${base}${enc(r.id)}/image`,
+    `${base}${enc(r.id)}/heatmap.png`, async () => (await api("GET", `${base}${enc(r.id)}/image`, { raw: true })).blob())));
+  $("recent-more").hidden = data.items.length <= shown.length;
+}
+$("flagged-only").addEventListener("change", () => renderRecent().catch(showError));
+$("recent-more").addEventListener("click", () => { state.recentShown += RECENT_PAGE; renderRecent().catch(showError); });
+
+// --- Calibration ----------------------------------------------------------------------------
+const farRate = (v) => 10 ** (-3 + (2.5 * v) / 100); // slider 0..100 -> 0.1% .. ~31.6%, log scale
+
+// previews: [{threshold, label, colour, testid}] drawn as dashed lines.
+function histogram(data, previews) {
+  const W = 640, H = 220, pad = 30;
+  const scores = data.oof_scores;
+  const marks = data.labels.map((l) => l.score);
+  const top = Math.max(...scores, ...marks, data.threshold || 0, ...previews.map((p) => p.threshold), 1e-9) * 1.08;
+  const bins = 24;
+  const counts = new Array(bins).fill(0);
+  for (const s of scores) counts[Math.min(bins - 1, Math.floor((s / top) * bins))] += 1;
+  const most = Math.max(1, ...counts);
+  const x = (v) => pad + ((W - 2 * pad) * v) / top;
+  const NS = "http://www.w3.org/2000/svg";
+  const svg = document.createElementNS(NS, "svg");
+  const add = (tag, attrs, text) => {
+    const n = document.createElementNS(NS, tag);
+    for (const [k, v] of Object.entries(attrs)) n.setAttribute(k, v);
+    if (text !== undefined) n.textContent = text;
+    svg.append(n);
+    return n;
+  };
+  svg.setAttribute("viewBox", `0 0 ${W} ${H}`);
+  svg.setAttribute("width", W);
+  svg.setAttribute("height", H);
+  add("rect", { x: 0, y: 0, width: W, height: H, fill: "#fff" });
+  counts.forEach((n, i) => {
+    const h = ((H - 2 * pad) * n) / most;
+    add("rect", { x: x((i * top) / bins), y: H - pad - h, width: Math.max(1, x(top / bins) - pad - 1), height: h, fill: "#8fa6bf" });
+  });
+  add("line", { x1: pad, y1: H - pad, x2: W - pad, y2: H - pad, stroke: "#333" });
+  for (let k = 0; k <= 4; k++) add("text", { x: x((k * top) / 4) - 10, y: H - pad + 14 }, fmt((k * top) / 4, 3));
+  data.labels.forEach((l, i) => {
+    const cx = x(l.score), cy = H - pad - 8 - (i % 4) * 9;
+    add("circle", { cx, cy, r: 5, fill: l.label === "defective" ? "#d03020" : "#2a9a45", stroke: "#000",
+      "data-testid": `mark-${l.label}`, "data-score": l.score }).append(
+      Object.assign(document.createElementNS(NS, "title"), { textContent: `${l.label} ${fmt(l.score)}` }));
+  });
+  if (data.threshold !== null) {
+    add("line", { x1: x(data.threshold), y1: pad - 10, x2: x(data.threshold), y2: H - pad, stroke: "#000", "stroke-width": 2, "data-testid": "threshold-line" });
+    add("text", { x: x(data.threshold) + 4, y: pad - 2 }, `threshold ${fmt(data.threshold)} (${data.threshold_rule})`);
+  }
+  previews.forEach((p, i) => {
+    add("line", { x1: x(p.threshold), y1: pad + 8 + 14 * i, x2: x(p.threshold), y2: H - pad, stroke: p.colour, "stroke-width": 2, "stroke-dasharray": "5,4", "data-testid": p.testid });
+    add("text", { x: x(p.threshold) + 4, y: pad + 18 + 14 * i, fill: p.colour }, p.label);
+  });
+  add("text", { x: pad, y: 12 }, `${scores.length} out-of-fold good scores, ${data.labels.length} labelled`);
+  return svg;
+}
+
+async function renderCalibration() {
+  const product = state.product;
+  const rate = farRate(Number($("far").value));
+  $("far-value").textContent = pct(rate, 2);
+  const data = await api("GET", `/v1/products/${enc(product)}/calibration?false_alarm_rate=${rate}`);
+  const pv = data.preview || {};
+  const lab = pv.labelled;
+  const previews = [];
+  if (pv.far) previews.push({ threshold: pv.far.threshold, label: `far ${pct(rate, 2)}`, colour: "#a05000", testid: "preview-line" });
+  if (lab) previews.push({ threshold: lab.threshold, label: "labelled recall rule", colour: "#7030a0", testid: "preview-labelled-line" });
+  $("histogram").replaceChildren(histogram(data, previews));
+  const lines = [`In force at v${data.version}: threshold ${fmt(data.threshold)} (${data.threshold_rule}), estimated false alarms ${pct(data.estimated_false_alarm_rate, 2)}.`];
+  if (pv.far) lines.push(`far rule at ${pct(rate, 2)}: threshold ${fmt(pv.far.threshold)}; recall on ${pv.far.defective} labelled defects ${pct(pv.far.recall)}, labelled good parts flagged ${pct(pv.far.good_flagged)}.`);
+  if (lab) lines.push(`labelled recall rule at ${pct(rate, 2)} (what Apply stores): threshold ${fmt(lab.threshold)}; recall ${pct(lab.recall)}, labelled good parts flagged ${pct(lab.good_flagged)}, estimated false alarms on good parts ${pct(lab.estimated, 2)}.`);
+  else lines.push("Apply needs labelled good parts and confirmed defects (teach from Inspect or Recent).");
+  $("preview-text").replaceChildren(...lines.map((t) => el("div", { text: t })));
+  $("apply").disabled = !lab;
+  $("preview-text").dataset.labelledThreshold = lab ? String(lab.threshold) : "";
+  const rows = data.labels.slice().reverse().map((l) => el("tr", { "data-testid": "label-row", "data-label": l.label },
+    el("td", {}, el("img", { src: `/v1/products/${enc(product)}/labels/${enc(l.id)}/image`, alt: l.name, loading: "lazy", width: 48, height: 48 })),
+    el("td", { text: l.label }), el("td", { text: fmt(l.score) }), el("td", { text: `${when(l.created)} (v${l.version})` })));
+  $("labels-body").replaceChildren(...rows);
+}
+let farTimer = null;
+$("far").addEventListener("input", () => {
+  $("far-value").textContent = pct(farRate(Number($("far").value)), 2);
+  clearTimeout(farTimer);
+  farTimer = setTimeout(() => renderCalibration().catch(showError), 150);
+});
+$("apply").addEventListener("click", async () => {
+  clearError();
+  const box = $("calibration-job");
+  try {
+    const rate = farRate(Number($("far").value));
+    const started = await api("POST", `/v1/products/${enc(state.product)}/calibrate`, { admin: true, type: "application/json",
+      body: JSON.stringify({ source: "store:labels", objective: "recall", max_false_alarm_rate: rate }) });
+    await followJob(started.job, box);
+    await loadProducts();
+    await renderCalibration();
+  } catch (exc) { showError(exc, box); }
+});
+
+// --- Versions -------------------------------------------------------------------------------
+async function renderVersions() {
+  const product = state.product;
+  const data = await api("GET", `/v1/products/${enc(product)}/versions`);
+  $("versions-hint").textContent = data.rolled_back
+    ? `Head is v${data.head}: rolled back from a newer version.` : `Head is v${data.head}.`;
+  $("versions-body").replaceChildren(...data.versions.map((v) => el("tr", { class: v.head ? "selected" : null, "data-testid": "version-row", "data-version": v.version },
+    el("td", { text: `v${v.version}${v.head ? " (head)" : ""}` }), el("td", { text: v.parent ? `v${v.parent}` : "–" }),
+    el("td", { text: v.images }), el("td", { text: v.change }), el("td", { text: `${fmt(v.threshold)} (${v.threshold_rule || "–"})` }),
+    el("td", { text: when(v.created) }),
+    el("td", {}, v.head ? null : el("button", { type: "button", "data-testid": `rollback-${v.version}`, onclick: () => rollback(product, v.version) }, "Roll back to this")))));
+}
+
+async function rollback(product, version) {
+  clearError();
+  try {
+    const done = await api("POST", `/v1/products/${enc(product)}/rollback`, { admin: true, type: "application/json", body: JSON.stringify({ version }) });
+    notice(`${product}: v${done.version} is head again`);
+    await loadProducts();
+    await renderVersions();
+  } catch (exc) { showError(exc); }
+}
+
+// --- views ----------------------------------------------------------------------------------
+const VIEWS = { products: renderProducts, inspect: async () => {}, recent: renderRecent, calibration: renderCalibration, versions: renderVersions };
+
+async function render() {
+  const view = VIEWS[location.hash.slice(1)] ? location.hash.slice(1) : "products";
+  state.view = view;
+  for (const name of Object.keys(VIEWS)) $(`view-${name}`).hidden = name !== view;
+  for (const a of document.querySelectorAll("nav a")) a.classList.toggle("active", a.dataset.view === view);
+  for (const s of document.querySelectorAll(".product-name")) s.textContent = state.product || "";
+  if (view !== "products" && !state.product) return showError(new ApiError(0, "no_product", "the store holds no product yet"));
+  try { await VIEWS[view](); } catch (exc) { showError(exc); }
+  document.body.dataset.ready = view;
+}
+window.addEventListener("hashchange", () => { notice(""); render(); });
+
+(async () => {
+  renderToken();
+  try { await loadProducts(); } catch (exc) { showError(exc); }
+  await render();
+})();

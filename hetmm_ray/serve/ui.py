@@ -1,0 +1,353 @@
+"""The inspection console (``GET /ui/``) and the few read/label routes it needs.
+
+The page (``static/``: one HTML file, one script, one style sheet; no build step, nothing
+fetched from elsewhere) is served by the ingress itself and does everything through the
+HTTP API with the API's own checks: predictions through ``/predict``, "good part" through
+the ``/normals`` hot-update job and ``/v1/jobs/{id}``, calibration through ``/calibrate``
+(``{"source": "store:labels"}``: the labelled set below), rollback through ``/rollback``.
+Routes that change something need the admin token (the page asks once and keeps it in the
+tab's ``sessionStorage``); reads need nothing, like ``GET /v1/products``.
+
+Routes added here (methods of :class:`ConsoleRoutes`, a base class of ``Ingress``):
+
+====== ================================================ ======================================
+GET    ``/ui/``, ``/ui/app.js``, ``/ui/app.css``         the console
+GET    ``/v1/recent``                                    per product: scored / flagged since start
+GET    ``/v1/products/{p}/recent[?flagged=true]``        the recent ring (serve/recent.py), newest first
+GET    ``/v1/products/{p}/recent/{id}/image``            the uploaded image
+GET    ``/v1/products/{p}/recent/{id}/heatmap.png``      its heat-map (drawn on demand if not kept)
+GET    ``/v1/products/{p}/versions``                     history: parent, images, what changed
+GET    ``/v1/products/{p}/labels``                       the labelled set (store/labels.py)
+POST   ``/v1/products/{p}/labels?label=good|defective``  admin: label an image (raw image body)
+GET    ``/v1/products/{p}/labels/{id}/image``            a labelled image
+DELETE ``/v1/products/{p}/labels/{id}``                  admin: forget a label
+GET    ``/v1/products/{p}/calibration[?false_alarm_rate]`` out-of-fold good scores, labelled scores
+                                                         at the head, and a preview for a rate
+====== ================================================ ======================================
+"""
+
+# No `from __future__ import annotations`: FastAPI must see real types on these routes (see ingress.py).
+import asyncio
+import base64
+import time
+from pathlib import Path
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import FileResponse, RedirectResponse, Response
+
+from ..config import HEATMAP_VMAX_OVER_THRESHOLD, stored_config
+from ..core.calibration import check_rate
+from ..core.scoring import Calibration, operating_point
+from ..data.decode import decode_image
+from ..store import StoreError, open_store
+from ..store.labels import LABELS, LabelSet
+from .recent import RecentPredictions, image_media_type
+from .security import JSONResponse, Refused
+
+__all__ = ["STATIC", "ConsoleRoutes", "router"]
+
+STATIC = Path(__file__).resolve().parent / "static"
+_FILES = {"app.js": "text/javascript", "app.css": "text/css"}
+# The page runs only its own script and talks only to its own origin.
+_PAGE_HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; img-src 'self' data: blob:; style-src 'self'; "
+    "script-src 'self'; connect-src 'self'; frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Cache-Control": "no-cache",
+}
+MAX_VERSIONS_SHOWN = 50
+
+router = APIRouter()
+
+
+def _change(manifest: dict[str, Any], parent: dict[str, Any] | None) -> str:
+    """What a version changed relative to its parent: create, normals, calibration or update."""
+    if parent is None:
+        return "create"
+    if manifest["images"] > parent["images"]:
+        return "normals"
+    cal, old = manifest.get("calibration"), parent.get("calibration")
+    if isinstance(cal, dict) and cal.get("validation") and cal != old:
+        return "calibration"
+    return "update"
+
+
+class ConsoleRoutes:
+    """Console routes, mixed into ``Ingress`` (Serve binds them to the ingress instance).
+
+    Uses the ingress's ``service``, ``detector``, ``_timed``, ``_admin``, ``_require_product``
+    and ``_body``; keeps ``recent`` (set up by :meth:`_setup_console`).
+    """
+
+    recent: RecentPredictions
+
+    def _setup_console(self) -> None:
+        service = self.service  # type: ignore[attr-defined]
+        self.recent = RecentPredictions(service.recent_per_product, service.recent_max_mib * 2**20)
+        self._store = open_store(service.store)
+        self._labels = LabelSet(self._store.backend)
+        self._label_scores: dict[tuple[str, int, str], float] = {}  # (product, version, label id) -> score
+
+    def _remember(self, product: str, uploads: list[tuple[str, bytes]], results: list[dict[str, Any]]) -> None:
+        """Record a predict request's results in the recent ring (called by the predict route)."""
+        for (name, data), r in zip(uploads, results, strict=True):
+            heat = r.get("heatmap_png")
+            r["recent_id"] = self.recent.record(product, name, data, r, base64.b64decode(heat) if heat else None)
+
+    async def _score(self, product: str, images: list[bytes], want_maps: bool = False) -> list[dict[str, Any]]:
+        """Score encoded images with ``product``'s head through the detector replicas (not recorded)."""
+        decoded = await asyncio.to_thread(lambda: [decode_image(d) for d in images])
+        handle = self.detector.options(multiplexed_model_id=product)  # type: ignore[attr-defined]
+        step = self.service.max_images_per_request  # type: ignore[attr-defined]
+        out: list[dict[str, Any]] = []
+        for i in range(0, len(decoded), step):
+            out.extend(await handle.predict.remote(decoded[i : i + step], want_maps))
+        return out
+
+    async def _run(self, request: Request, route: str, handler: Any) -> Response:
+        return await self._timed(request, route, handler)  # type: ignore[attr-defined]
+
+    # --- the page -------------------------------------------------------------------------------
+    @router.get("/ui")
+    async def ui_redirect(self) -> Response:
+        return RedirectResponse("/ui/", status_code=308)
+
+    @router.get("/ui/")
+    async def ui_index(self) -> Response:
+        return FileResponse(STATIC / "index.html", media_type="text/html", headers=_PAGE_HEADERS)
+
+    @router.get("/ui/{name}")
+    async def ui_file(self, name: str) -> Response:
+        if name not in _FILES:
+            raise Refused(404, "not_found", f"/ui/{name}: no such file (the console is /ui/)")
+        return FileResponse(STATIC / name, media_type=_FILES[name], headers=_PAGE_HEADERS)
+
+    # --- recent predictions ---------------------------------------------------------------------
+    @router.get("/v1/recent")
+    async def recent_counts(self, request: Request) -> Response:
+        async def handler() -> Response:
+            return JSONResponse(
+                {
+                    "since": self.recent.started,
+                    "per_product": self.recent.per_product,
+                    "products": self.recent.counts(),
+                }
+            )
+
+        return await self._run(request, "recent", handler)
+
+    @router.get("/v1/products/{product}/recent")
+    async def recent_items(self, product: str, request: Request, flagged: bool = False, limit: int = 0) -> Response:
+        async def handler() -> Response:
+            self._check_product(product)  # type: ignore[attr-defined]
+            if limit < 0:
+                raise Refused(400, "bad_request", "limit: must be >= 0 (0: all held)")
+            items = self.recent.items(product, flagged_only=flagged, limit=limit or None)
+            return JSONResponse({"product": product, "items": items, "per_product": self.recent.per_product})
+
+        return await self._run(request, "recent", handler)
+
+    def _recent_item(self, product: str, item_id: str) -> Any:
+        item = self.recent.get(product, item_id)
+        if item is None:
+            raise Refused(
+                404, "unknown_prediction", f"no recent prediction {item_id!r} of {product!r} (dropped or restarted)"
+            )
+        return item
+
+    @router.get("/v1/products/{product}/recent/{item_id}/image")
+    async def recent_image(self, product: str, item_id: str, request: Request) -> Response:
+        async def handler() -> Response:
+            item = self._recent_item(product, item_id)
+            return Response(item.image, media_type=image_media_type(item.image), headers={"Cache-Control": "no-cache"})
+
+        return await self._run(request, "recent", handler)
+
+    @router.get("/v1/products/{product}/recent/{item_id}/heatmap.png")
+    async def recent_heatmap(self, product: str, item_id: str, request: Request) -> Response:
+        async def handler() -> Response:
+            item = self._recent_item(product, item_id)
+            if item.heatmap_png is None:  # the request did not ask for one: draw it with the head now
+                result = (await self._score(product, [item.image], want_maps=True))[0]
+                png = base64.b64decode(result["heatmap_png"])
+                self.recent.set_heatmap(item, png, result["version"], result.get("heatmap_scale"))
+            assert item.heatmap_png is not None
+            headers = {"Cache-Control": "no-cache", "X-Heatmap-Version": str(item.heatmap_version)}
+            return Response(item.heatmap_png, media_type="image/png", headers=headers)
+
+        return await self._run(request, "recent", handler)
+
+    # --- versions -------------------------------------------------------------------------------
+    @router.get("/v1/products/{product}/versions")
+    async def versions(self, product: str, request: Request) -> Response:
+        async def handler() -> Response:
+            await self._require_product(product)  # type: ignore[attr-defined]
+            return JSONResponse(await asyncio.to_thread(self._history, product))
+
+        return await self._run(request, "versions", handler)
+
+    def _history(self, product: str) -> dict[str, Any]:
+        head = self._store.head(product)
+        kept = self._store.versions(product)[-MAX_VERSIONS_SHOWN:]
+        manifests = {v: self._store.manifest(product, v) for v in kept}
+        rows = []
+        for v in kept:
+            m = manifests[v]
+            parent_no = m.get("parent")
+            parent = manifests.get(parent_no) if parent_no else None
+            if parent_no and parent is None:
+                try:
+                    parent = self._store.manifest(product, parent_no)
+                except StoreError:
+                    parent = None
+            config = stored_config(m["config"])
+            op = operating_point(Calibration.from_json(m.get("calibration")), config)
+            rows.append(
+                {
+                    "version": v,
+                    "parent": parent_no,
+                    "created": m.get("created"),
+                    "images": m["images"],
+                    "change": _change(m, parent) if parent is not None or not parent_no else "update",
+                    "threshold": None if op is None else op.threshold,
+                    "threshold_rule": None if op is None else op.rule,
+                    "head": v == head,
+                }
+            )
+        newest = max(kept) if kept else head
+        return {
+            "product": product,
+            "head": head,
+            # HEAD below the newest version: someone rolled back (the store records the move, not who/when)
+            "rolled_back": head < newest,
+            "versions": rows[::-1],
+        }
+
+    # --- labels ---------------------------------------------------------------------------------
+    @router.get("/v1/products/{product}/labels")
+    async def labels(self, product: str, request: Request) -> Response:
+        async def handler() -> Response:
+            self._check_product(product)  # type: ignore[attr-defined]
+            return JSONResponse({"product": product, "labels": await asyncio.to_thread(self._labels.records, product)})
+
+        return await self._run(request, "labels", handler)
+
+    @router.post("/v1/products/{product}/labels")
+    async def add_label(self, product: str, request: Request, label: str = "", name: str = "") -> Response:
+        async def handler() -> Response:
+            self._admin(request)  # type: ignore[attr-defined]
+            await self._require_product(product)  # type: ignore[attr-defined]
+            if label not in LABELS:
+                raise Refused(400, "bad_request", f"label={label!r}: choose one of {', '.join(LABELS)}")
+            uploads, _ = await self._uploads(request, max_images=1)  # type: ignore[attr-defined]
+            data = uploads[0][1]
+            await asyncio.to_thread(decode_image, data)  # a bad image is a 400 now, not a broken set later
+            version = await self.registry.head.remote(product)  # type: ignore[attr-defined]
+            record = await asyncio.to_thread(
+                self._labels.add, product, data, label, name=name or uploads[0][0], version=version
+            )
+            return JSONResponse({"product": product, "label": record}, status_code=201)
+
+        return await self._run(request, "labels", handler)
+
+    @router.get("/v1/products/{product}/labels/{label_id}/image")
+    async def label_image(self, product: str, label_id: str, request: Request) -> Response:
+        async def handler() -> Response:
+            self._check_product(product)  # type: ignore[attr-defined]
+            try:
+                data = await asyncio.to_thread(self._labels.image, product, label_id)
+            except (KeyError, StoreError):
+                raise Refused(404, "unknown_label", f"no label {label_id!r} of {product!r}") from None
+            return Response(data, media_type=image_media_type(data))
+
+        return await self._run(request, "labels", handler)
+
+    @router.delete("/v1/products/{product}/labels/{label_id}")
+    async def delete_label(self, product: str, label_id: str, request: Request) -> Response:
+        async def handler() -> Response:
+            self._admin(request)  # type: ignore[attr-defined]
+            self._check_product(product)  # type: ignore[attr-defined]
+            try:
+                await asyncio.to_thread(self._labels.delete, product, label_id)
+            except StoreError as exc:
+                raise Refused(400, "bad_request", str(exc)) from None
+            return JSONResponse({"product": product, "deleted": label_id})
+
+        return await self._run(request, "labels", handler)
+
+    # --- calibration view -----------------------------------------------------------------------
+    @router.get("/v1/products/{product}/calibration")
+    async def calibration(self, product: str, request: Request, false_alarm_rate: float | None = None) -> Response:
+        """Out-of-fold good scores, the labelled set scored by the head, the threshold in force, and
+        (``false_alarm_rate``) what the far rule and the labelled recall rule would choose at that rate."""
+
+        async def handler() -> Response:
+            await self._require_product(product)  # type: ignore[attr-defined]
+            if false_alarm_rate is not None:
+                try:
+                    check_rate(false_alarm_rate)
+                except ValueError as exc:
+                    raise Refused(400, "bad_request", f"false_alarm_rate: {exc}") from None
+            version = await self.registry.head.remote(product)  # type: ignore[attr-defined]
+            manifest = await asyncio.to_thread(self._store.manifest, product, version)
+            config = stored_config(manifest["config"])
+            cal = Calibration.from_json(manifest.get("calibration"))
+            op = operating_point(cal, config)
+            labelled = await self._scored_labels(product, version)
+            body: dict[str, Any] = {
+                "product": product,
+                "version": version,
+                "oof_scores": [] if cal is None else list(cal.scores),
+                "threshold": None if op is None else op.threshold,
+                "threshold_rule": None if op is None else op.rule,
+                "estimated_false_alarm_rate": None if op is None else op.false_alarm_rate,
+                "heatmap_vmax": None if op is None else HEATMAP_VMAX_OVER_THRESHOLD * op.threshold,
+                "labels": labelled,
+            }
+            if false_alarm_rate is not None and cal is not None:
+                body["preview"] = _preview(cal, labelled, false_alarm_rate)
+            return JSONResponse(body)
+
+        return await self._run(request, "calibration", handler)
+
+    async def _scored_labels(self, product: str, version: int) -> list[dict[str, Any]]:
+        """Every label of ``product`` with its score at ``version`` (cached per version and label)."""
+        records = await asyncio.to_thread(self._labels.records, product)
+        missing = [r for r in records if (product, version, r["id"]) not in self._label_scores]
+        if missing:
+            images = await asyncio.to_thread(lambda: [self._labels.image(product, r["id"]) for r in missing])
+            for r, result in zip(missing, await self._score(product, images), strict=True):
+                self._label_scores[(product, version, r["id"])] = float(result["score"])
+        return [{**r, "score": self._label_scores[(product, version, r["id"])]} for r in records]
+
+
+def _preview(cal: Calibration, labelled: list[dict[str, Any]], rate: float) -> dict[str, Any]:
+    """At false-alarm rate ``rate``: the far rule's threshold on the out-of-fold good scores, and the
+    labelled recall rule's (what ``/calibrate`` with ``store:labels``, objective recall, would store)."""
+    from ..core.calibration import TailModel
+    from ..validation import choose_threshold
+
+    def on_labels(threshold: float) -> dict[str, Any]:
+        bad = [x["score"] for x in labelled if x["label"] == "defective"]
+        good = [x["score"] for x in labelled if x["label"] == "good"]
+        return {
+            "threshold": threshold,
+            "recall": sum(s > threshold for s in bad) / len(bad) if bad else None,
+            "good_flagged": sum(s > threshold for s in good) / len(good) if good else None,
+            "defective": len(bad),
+            "good": len(good),
+        }
+
+    far = cal.operating_point("far", false_alarm_rate=rate)
+    out: dict[str, Any] = {
+        "false_alarm_rate": rate,
+        "far": {**on_labels(far.threshold), "estimated": far.false_alarm_rate},
+    }
+    labels = [int(x["label"] == "defective") for x in labelled]
+    if 0 < sum(labels) < len(labels):
+        chosen = choose_threshold([x["score"] for x in labelled], labels, objective="recall", max_false_alarm_rate=rate)
+        t = float(chosen["threshold"])
+        out["labelled"] = {**on_labels(t), "estimated": TailModel(cal.scores).false_alarm_rate(t)}
+    out["computed_at"] = time.time()
+    return out
