@@ -15,8 +15,9 @@ Semantics:
 - :class:`HostPool` lives in the registry. ``place`` loads a product's layers (one version,
   each read from the store on its own, store/layout.py) on the slots that are up; a slot
   that fails while loading is marked down and the placement is redone without it.
-- ``check`` pings every slot. A slot that does not answer, or answers with a new
-  incarnation, has lost its shards: their products are returned so the registry loads them
+- ``check`` pings every slot. A slot whose actor is dead or unavailable, or that answers
+  with a new incarnation, has lost its shards (a ping that merely times out, e.g. a host
+  still starting on a busy machine, changes nothing): their products are returned so the registry loads them
   again, on the slots that are up (by the same rule, so each lost shard goes to its
   next-best slot: the others, from the store, bit for bit). A slot whose actor is gone for
   good (killed without restart) is started afresh for later placements.
@@ -176,6 +177,8 @@ class HostPool:
         answers = await asyncio.gather(*(self._ping(slot) for slot in range(self.count)))
         displaced: set[str] = set()
         for slot, answer in enumerate(answers):
+            if isinstance(answer, BaseException) and not isinstance(answer, ray.exceptions.RayActorError):
+                continue  # no answer in time: a busy or still starting host, judged by a later ping
             if isinstance(answer, BaseException):
                 self.up.discard(slot)
                 displaced |= self._lose(slot)
@@ -195,8 +198,12 @@ class HostPool:
 
     async def place(self, product: str, layers: list[str], version: int) -> dict[str, ShardHandle]:
         """Load ``product``'s ``layers`` at ``version`` on their slots (see the module docstring)."""
+        failed_here: set[int] = set()
         while True:
-            slots = {layer: place(product, layer, sorted(self.up)) for layer in layers}
+            # No slot known to be up (hosts still starting, or every ping timed out): try them all;
+            # a load on a dead host fails with RayActorError and the loop places again without it.
+            candidates = sorted(self.up - failed_here) or sorted(set(range(self.count)) - failed_here)
+            slots = {layer: place(product, layer, candidates) for layer in layers}
             refs = {layer: self.handles[slot].load.remote(product, layer, version) for layer, slot in slots.items()}
             futures = [asyncio.wrap_future(r.future()) for r in refs.values()]
             results = await asyncio.gather(*futures, return_exceptions=True)
@@ -211,6 +218,7 @@ class HostPool:
                     raise errors[0]  # e.g. the version cannot be read: the store's error
                 break
             for slot in failed:  # a host died under the load: place again without it
+                failed_here.add(slot)
                 self.up.discard(slot)
                 self._lose(slot)
         old = self.where(product)
