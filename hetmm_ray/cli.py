@@ -456,6 +456,18 @@ def cmd_repair(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_migrate(args: argparse.Namespace) -> int:
+    """Republish format-1 heads in the per-layer layout (store/layout.py) as new versions."""
+    store = _open(args)
+    for product in [args.product] if args.product else store.products():
+        done = store.migrate(product)
+        if done["migrated"]:
+            print(f"product {product}: v{done['from_version']} republished as v{done['version']} (per-layer layout)")
+        else:
+            print(f"product {product}: v{done['version']} already has the per-layer layout, left alone")
+    return 0
+
+
 def cmd_rollback(args: argparse.Namespace) -> int:
     store = _open(args)
     store.rollback(args.product, args.version)
@@ -602,6 +614,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--product", required=True)
     _add_store_flags(p)
     p.set_defaults(func=cmd_repair)
+
+    p = sub.add_parser("migrate", help="republish old-layout heads so one layer reads without the others")
+    p.add_argument("--product", help="one product (default: every product in the store)")
+    _add_store_flags(p)
+    p.set_defaults(func=cmd_migrate)
 
     p = sub.add_parser("serve", help="run the HTTP service (deploy.yaml's application) until Ctrl-C")
     p.add_argument("--serve-config", metavar="FILE", help="Serve config file (default: the repository's deploy.yaml)")

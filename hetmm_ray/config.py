@@ -175,6 +175,9 @@ NUMERIC_RANGES: dict[str, tuple[float, float, type]] = {
     "service.body_timeout_s": (0.5, 600.0, float),
     "service.recent_per_product": (1, 100_000, int),
     "service.recent_max_mib": (1, 65_536, int),
+    "service.template_hosts": (1, 1024, int),
+    "service.hot_product_inflight": (1, 100_000, int),
+    "service.hot_product_spread": (1, 1024, int),
     "user_config.max_batch_size": (1, 256, int),
     "user_config.batch_wait_timeout_s": (0.0, 10.0, float),
     "user_config.threads": (0, 1024, int),
@@ -474,6 +477,16 @@ class ServiceConfig:
     # Origins (scheme://host[:port]) besides the service's own that may send non-GET requests
     # from a browser; every other cross-origin write is refused (403).
     allowed_origins: tuple[str, ...] = ()
+    # Template host processes holding the (product, layer) shards (distributed/hosts.py), e.g.
+    # one per GPU or node: processes grow with this, not with the number of products.
+    template_hosts: int = 2
+    # Warm set (serve/warm_set.py): once this many predicts of one product are in flight at an
+    # ingress, its further requests cycle over model-id aliases, so Serve spreads them over
+    # several replicas (each loads the product once) instead of pinning it to one.
+    hot_product_inflight: int = 8
+    # Model ids (the product's own and aliases) a hot product cycles over: replicas it can spread
+    # over (set it to the Detector's autoscaling max_replicas); 1 pins every product to one replica.
+    hot_product_spread: int = 4
     # The console's recent predictions (serve/recent.py): the last this many per product, kept in
     # the ingress process's memory (lost on restart), the uploaded images and heat-maps within
     # recent_max_mib in all (the oldest go first).

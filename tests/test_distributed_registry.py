@@ -102,17 +102,17 @@ def test_a_failed_update_leaves_the_old_version_everywhere(product) -> None:
     assert ray.get(registry.head.remote("gear")) == 3
 
 
-def _info_of_new_incarnation(shard, old_pid: int, timeout: float = 60.0) -> dict:
-    import time
-
+def _back_from_the_store(registry, layer: str, old_pid: int, timeout: float = 60.0) -> tuple[dict, object]:
+    """The shard's info and handle once the registry holds it again in a live host process."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
+            shard = ray.get(registry.shard_handles.remote("gear"))[layer]
             info = ray.get(shard.info.remote())
             if info["pid"] != old_pid:
-                return info
-        except ray.exceptions.RayActorError:
-            pass  # dead or restarting
+                return info, shard
+        except ray.exceptions.RayError:
+            pass  # the host is dead or restarting, or restarted and not yet given its shards back
         time.sleep(0.2)
     raise AssertionError("the shard did not come back")
 
@@ -128,8 +128,10 @@ def test_a_killed_shard_comes_back_from_the_store_bit_for_bit(product) -> None:
     before = ray.get(shard.tiny.remote())
     old = ray.get(shard.info.remote())
     assert old["version"] == 2
-    ray.kill(shard, no_restart=False)  # a crash: Ray restarts the actor, which reloads from the store
-    info = _info_of_new_incarnation(shard, old["pid"])
+    # A crash of the template host holding it: Ray restarts the host (empty); the registry's next
+    # store poll sees it lost its shards and loads them again from the store, on the hosts up then.
+    ray.kill(shard.host, no_restart=False)
+    info, shard = _back_from_the_store(registry, layer, old["pid"])
     assert info["version"] == 2 and info["images"] == 8
     after = ray.get(shard.tiny.remote())
     assert np.array_equal(after, before)

@@ -46,6 +46,7 @@ from hetmm_ray.store import (
     check_product_name,
     open_store,
 )
+from hetmm_ray.store.layout import selection_refs
 
 REPO = Path(__file__).resolve().parents[1]
 LAYERS = {"layer1": (8, 6, 5), "layer2": (16, 3, 3)}  # (C, H, W)
@@ -134,7 +135,7 @@ def assert_identical(got: TemplateSet, expected: TemplateSet, *, version: int | 
 
 def refs(manifest: dict) -> list[dict]:
     """Every object a manifest points at: bank chunks and the selection."""
-    return [*manifest["chunks"], *([manifest["selection"]] if manifest.get("selection") else [])]
+    return [*manifest["chunks"], *selection_refs(manifest).values()]
 
 
 def version_files(store: VersionedStore, product: str) -> list[int]:
@@ -379,16 +380,26 @@ def test_appended_images_go_to_new_chunks_only(store):
 
 def test_small_chunks_split_the_bank_and_load_bit_identically(store, location):
     base = make_set(7, seed=1)
-    small = VersionedStore(store.backend, chunk_bytes=2 * per_image_bytes(base))  # two images per chunk
+    # Format 2 cuts each layer's rows on its own: two images of the largest layer per chunk.
+    row = max(v[0].numel() * v.element_size() for v in base.bank.values())
+    small = VersionedStore(store.backend, chunk_bytes=2 * row)
     assert small.put("p", base) == 1
     m1 = small.manifest("p", 1)
-    assert [r["images"] for r in m1["chunks"]] == [[0, 2], [2, 4], [4, 6], [6, 7]]
-    assert len({r["key"] for r in m1["chunks"]}) == 4
+    widest = max(base.bank, key=lambda k: base.bank[k][0].numel())
+
+    def ranges(m: dict, layer: str) -> list[list[int]]:
+        return [r["images"] for r in m["chunks"] if r["layer"] == layer]
+
+    assert ranges(m1, widest) == [[0, 2], [2, 4], [4, 6], [6, 7]]
+    assert len({r["key"] for r in m1["chunks"] if r["layer"] == widest}) == 4
     grown = grow(base, 3, seed=2)
     assert small.put("p", grown) == 2
     m2 = small.manifest("p", 2)
-    assert m2["chunks"][:4] == m1["chunks"]
-    assert [r["images"] for r in m2["chunks"][4:]] == [[7, 9], [9, 10]]
+    for layer in base.layers:  # each layer keeps its parent's chunks and appends its own
+        assert [r for r in m2["chunks"] if r["layer"] == layer][: len(ranges(m1, layer))] == [
+            r for r in m1["chunks"] if r["layer"] == layer
+        ]
+    assert ranges(m2, widest)[4:] == [[7, 9], [9, 10]]
     # Chunking is a writer's choice: any store object reads it back.
     for reader in (small, open_store(location)):
         assert_identical(reader.get("p", 1), base, version=1)

@@ -243,12 +243,14 @@ def test_local_layout_on_disk(tmp_path):
         assert name == f"objects/{hashlib.sha256((root / name).read_bytes()).hexdigest()}.safetensors"
     assert json.loads((root / "HEAD").read_text()) == {"version": 2, "history": [1, 2]}
     manifest = json.loads((root / "versions" / "000001.json").read_text())
-    assert manifest["format"] == 1 and manifest["product"] == "p" and manifest["version"] == 1
+    assert manifest["format"] == 2 and manifest["product"] == "p" and manifest["version"] == 1
     assert manifest["images"] == 5 and manifest["parent"] is None and manifest["weights_id"] == first.weights_id
-    for ref in [*manifest["chunks"], manifest["selection"]]:
+    assert {r["layer"] for r in manifest["chunks"]} == set(first.layers)  # one object per layer (format 2)
+    for ref in [*manifest["chunks"], *manifest["selection"].values()]:
         data = (root / ref["key"]).read_bytes()
         assert hashlib.sha256(data).hexdigest() == ref["sha256"] and len(data) == ref["size"]
-    assert len(objects) == 3  # first's bank and selection, second's bank
+    # per layer: first's bank and selection, second's bank
+    assert len(objects) == 3 * len(first.layers)
     got = store.get("p", 1)
     assert got.meta == {**first.meta, "version": 1, "parent": None}
     assert_same(replace(got, meta=first.meta), first)

@@ -12,13 +12,17 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .extract import extract_features_ray
+    from .hosts import HostPool, TemplateHost
     from .pts_fanout import pts_indices_ray
     from .registry import ProductRegistry, get_registry
     from .runtime import ClusterUnavailable, connect
-    from .shard import ShardPlacement, TemplateShard, shard_options
+    from .shard import LayerShard, ShardPlacement, TemplateShard, shard_options
 
 _WHERE = {
     "ClusterUnavailable": "runtime",
+    "HostPool": "hosts",
+    "LayerShard": "shard",
+    "TemplateHost": "hosts",
     "ProductRegistry": "registry",
     "ShardPlacement": "shard",
     "TemplateShard": "shard",
@@ -31,8 +35,11 @@ _WHERE = {
 
 __all__ = [
     "ClusterUnavailable",
+    "HostPool",
+    "LayerShard",
     "ProductRegistry",
     "ShardPlacement",
+    "TemplateHost",
     "TemplateShard",
     "connect",
     "extract_features_ray",

@@ -1,5 +1,10 @@
 """ProductRegistry: product -> head version and shards, one writer per product.
 
+Shards are data on a bounded number of template hosts (hosts.py; issue 14): the
+registry places each (product, layer) on a host by a stable rule (placement.py),
+pings the hosts as it follows the store, and loads a lost host's shards again on
+the others from the store.
+
 A named actor (detached where it should outlive its creator) in front of the
 template store. The store stays the truth: the registry keeps no state that it
 cannot rebuild from it, so a restarted registry recovers by reading heads.
@@ -35,9 +40,10 @@ from ..config import TASK_CPUS, DetectorConfig, ServiceConfig, stored_config
 from ..core.pts import select_layers
 from ..core.templates import TemplateSet, unseen_positions
 from ..store import ProductNotFound, StoreConflict, StoreError, check_product_name, open_store
+from .hosts import HostPool
 from .jobs import JobBoard, JobProgress
 from .pts_fanout import pts_indices_ray
-from .shard import ShardPlacement, TemplateShard, shard_options
+from .shard import ShardPlacement
 from .store_watch import follow_store
 
 __all__ = ["REGISTRY_NAME", "ProductRegistry", "get_registry", "registry_name"]
@@ -96,6 +102,19 @@ def _features_to_bank(features: dict[str, np.ndarray]) -> dict[str, torch.Tensor
     return {k: torch.from_numpy(np.array(v)) for k, v in features.items()}
 
 
+def _scoring_meta(source: TemplateSet | dict[str, Any]) -> dict[str, Any]:
+    """What replicas need besides the tiny sets, from a template set or a stored manifest
+    (so publishing a stored version reads its manifest, not every layer's bank)."""
+    if isinstance(source, TemplateSet):
+        return {
+            "layers": list(source.layers),
+            "config": source.config.to_dict(),
+            "weights_id": source.weights_id,
+            "calibration": None if source.calibration is None else source.calibration.to_json(),
+        }
+    return {k: source[k] for k in ("config", "weights_id", "calibration")} | {"layers": list(source["layers"])}
+
+
 @ray.remote
 class ProductRegistry:
     def __init__(self, store_uri: str, placement: dict[str, Any] | None = None) -> None:
@@ -110,6 +129,44 @@ class ProductRegistry:
         self.jobs = JobBoard()
         self.poll_s = ServiceConfig().store_poll_s  # the service sets its own with set_poll()
         self._watch: asyncio.Task[None] | None = None
+        self._hosts: HostPool | None = None  # started on first use (set_hosts may size it first)
+        self.host_count = self.placement.hosts or ServiceConfig().template_hosts
+
+    # --- template hosts ---------------------------------------------------------------------
+    @property
+    def hosts(self) -> HostPool:
+        if self._hosts is None:
+            self._hosts = HostPool(self.store_uri, self.host_count, self.placement)
+            self._ensure_watch()  # the store poll also pings the hosts (heal_hosts)
+        return self._hosts
+
+    async def set_hosts(self, count: int) -> None:
+        """How many template hosts (ServiceConfig.template_hosts). Before first use it sizes the
+        pool; later it can only add hosts (placed shards stay where they are)."""
+        self.host_count = max(self.host_count if self._hosts is not None else 1, int(count))
+        if self._hosts is not None:
+            self._hosts.grow(self.host_count)
+
+    async def heal_hosts(self) -> list[str]:
+        """Ping the hosts; load the shards a lost or restarted host held again, on the hosts that
+        are up (from the store). Returns the products reloaded. Runs with every store poll."""
+        if self._hosts is None:
+            return []
+        reloaded = []
+        for product in sorted(await self._hosts.check()):
+            async with self._lock(product):
+                if product in self.shards:
+                    await self._load_shards(product)
+                    reloaded.append(product)
+        return reloaded
+
+    async def hosts_info(self) -> list[dict[str, Any]]:
+        """Each template host: slot, pid, node, shards and tensor bytes it holds, whether it is up."""
+        return await self.hosts.describe()
+
+    async def placement_of(self, product: str) -> dict[str, int]:
+        """layer -> host slot of a loaded product (empty if not loaded)."""
+        return self.hosts.where(product)
 
     # --- following the store (other writers) ----------------------------------------------
     def _ensure_watch(self) -> None:
@@ -122,7 +179,9 @@ class ProductRegistry:
         self._ensure_watch()
 
     async def sync_heads(self) -> None:
-        """Make what is served here follow each held product's HEAD in the store (store_watch.py)."""
+        """Make what is served here follow each held product's HEAD in the store (store_watch.py);
+        first bring back the shards of a lost template host."""
+        await self.heal_hosts()
         for product in list(self.versions):
             try:
                 head = await asyncio.to_thread(self.store.head, product)
@@ -198,52 +257,39 @@ class ProductRegistry:
             "created": m.get("created"),
         }
 
-    async def _load_shards(self, product: str) -> TemplateSet:
-        """(Re)create the product's shards; each loads its layer of the store head itself."""
-        ts = await asyncio.to_thread(self.store.get, product)
-        for old in self.shards.pop(product, {}).values():
-            ray.kill(old, no_restart=True)
-        shards = {}
-        for layer in ts.layers:
-            opts = shard_options(self.placement, product=product, layer=layer)
-            opts.pop("name")  # replaced shards must not collide with the old names while they die
-            shards[layer] = TemplateShard.options(**opts).remote(product, layer, self.store_uri)
-        infos = await asyncio.gather(*(s.info.remote() for s in shards.values()))
-        if any(i["version"] != ts.meta["version"] for i in infos):  # the head moved meanwhile: retry
-            return await self._load_shards(product)
-        self.shards[product] = shards
-        await self._publish(product, int(ts.meta["version"]), ts)
-        return ts
+    async def _load_shards(self, product: str) -> int:
+        """Load the store head's layers on the product's template hosts and publish it; returns
+        the version. Each host reads its layer only (store/layout.py); the registry reads the
+        manifest. All layers load the same version (the head read here), so a head moving
+        meanwhile is caught by the next store poll."""
+        version = await asyncio.to_thread(self.store.head, product)
+        manifest = await asyncio.to_thread(self.store.manifest, product, version)
+        self.shards.pop(product, None)
+        self.shards[product] = await self.hosts.place(product, list(manifest["layers"]), version)
+        await self._publish(product, version, manifest)
+        return version
 
     async def _reload_shards(self, product: str) -> None:
-        """Load the store's head into the product's existing shards (no new actors) and publish it;
-        recreate the shards if that fails or they disagree on the version (the head moved again)."""
-        shards = self.shards.get(product)
-        if not shards:
-            await self._load_shards(product)
-            return
-        try:
-            versions = set(await asyncio.gather(*(s.reload.remote(self.store_uri) for s in shards.values())))
-        except Exception:  # noqa: BLE001 - a dead or failing shard: start over with fresh ones
-            versions = set()
-        if len(versions) != 1:
-            await self._load_shards(product)
-            return
-        version = versions.pop()
-        ts = await asyncio.to_thread(self.store.get, product, version)
-        await self._publish(product, version, ts)
+        """Load the store's head into the product's shards (on the hosts it is placed on) and publish it."""
+        await self._load_shards(product)
 
-    async def _publish(self, product: str, version: int, ts: TemplateSet) -> None:
-        """Make ``version`` what replicas see: its tiny set (from the shards) and scoring metadata."""
+    async def _publish(self, product: str, version: int, source: TemplateSet | dict[str, Any]) -> None:
+        """Make ``version`` what replicas see: its tiny set (from the shards) and scoring metadata
+        (``source``: the template set or the version's manifest)."""
         shards = self.shards[product]
-        tiny = {layer: shards[layer].tiny.remote() for layer in ts.layers}
-        await asyncio.wait([asyncio.wrap_future(r.future()) for r in tiny.values()])
+        meta = _scoring_meta(source)
+        tiny = {layer: shards[layer].tiny.remote() for layer in meta["layers"]}
+        futures = [asyncio.wrap_future(r.future()) for r in tiny.values()]
+        await asyncio.wait(futures)
+        for f in futures:
+            if f.exception() is not None:  # a host lost under the publish: the old version keeps serving
+                raise f.exception()  # type: ignore[misc]
         self.published[product] = {
             "product": product,
             "version": version,
-            "config": ts.config.to_dict(),
-            "weights_id": ts.weights_id,
-            "calibration": None if ts.calibration is None else ts.calibration.to_json(),
+            "config": meta["config"],
+            "weights_id": meta["weights_id"],
+            "calibration": meta["calibration"],
             "tiny": tiny,  # ObjectRefs owned by this actor: replicas read them from shared memory
         }
         self.versions[product] = version
@@ -327,9 +373,8 @@ class ProductRegistry:
         async with self._lock(product):
             stored_head = await asyncio.to_thread(self.store.head, product)  # another writer may have moved it
             if product not in self.shards or stored_head != self.versions.get(product):
-                base = await self._load_shards(product)
-            else:
-                base = await asyncio.to_thread(self.store.get, product, self.versions[product])
+                await self._load_shards(product)
+            base = await asyncio.to_thread(self.store.get, product, self.versions[product])
             keep = unseen_positions(base.image_digests, digests)
             if progress is not None:
                 progress.note(skipped_duplicates=len(digests) - len(keep), added_images=len(keep))
@@ -385,8 +430,8 @@ class ProductRegistry:
 
     def _forget(self, product: str) -> None:
         """Drop everything held for a product that is gone from the store; wake its subscribers."""
-        for shard in self.shards.pop(product, {}).values():
-            ray.kill(shard, no_restart=True)
+        if self.shards.pop(product, None) is not None:
+            self.hosts.drop(product)
         self.published.pop(product, None)
         self.versions.pop(product, None)
         cond = self.changed.get(product)

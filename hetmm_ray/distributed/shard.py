@@ -1,4 +1,10 @@
-"""TemplateShard: one actor per (product, layer) holding that layer's feature bank.
+"""A (product, layer) shard: that layer's feature bank and selection, as data.
+
+:class:`LayerShard` is the shard itself, a plain object. Template hosts
+(distributed/hosts.py) hold many of them in one long-lived process each, so
+processes grow with hosts, not with products (issue 14). :class:`TemplateShard`
+is the same object as an actor of its own (one process per shard), kept for
+ad-hoc use and the tests that pin its behaviour.
 
 A product's template set is split by layer so that big banks and many
 products spread over the cluster's GPUs and nodes (DESIGN.md, "Sharding").
@@ -7,9 +13,11 @@ chunks out as Ray tasks, and hands out its tiny set through the object store,
 so replicas never pull the full bank.
 
 A shard starts from the store (the truth): its layer's bank and stored
-selection at the product's head. Ray restarts a dead shard (``max_restarts``),
-on any node, by running the constructor again, so it comes back with the
-published tiny set bit for bit, without re-running PTS.
+selection at the product's head (or a given version), read with
+``VersionedStore.get_layer``, which fetches that layer's objects only. A shard
+rebuilt from the store (a restarted actor, or a lost host's shard loaded on
+another host) therefore comes back with the published tiny set bit for bit,
+without re-running PTS.
 """
 
 from __future__ import annotations
@@ -28,18 +36,22 @@ from ..config import TASK_CPUS
 from ..core.pts import select, select_templates
 from .pts_fanout import pts_indices_ray
 
-__all__ = ["ShardPlacement", "TemplateShard", "shard_options"]
+__all__ = ["LayerShard", "ShardPlacement", "TemplateShard", "shard_options"]
 
 
 @dataclass(frozen=True, kw_only=True)
 class ShardPlacement:
-    """Where shards go: fractional GPUs when the cluster has them, else CPUs, spread over nodes."""
+    """Where shards go: fractional GPUs when the cluster has them, else CPUs, spread over nodes.
 
-    num_gpus: float = 0.25  # per shard when the cluster has GPUs
+    With template hosts (the registry's way) the resources are per host, not per shard.
+    """
+
+    num_gpus: float = 0.25  # per shard (per host) when the cluster has GPUs
     # Shards hold memory; their PTS work runs in tasks that reserve CPUs. A nonzero share here
     # would add up over products x layers and starve those tasks on a small node.
     num_cpus: float = 0.0
     resources: dict[str, float] | None = None  # e.g. {"template_memory": 1} on dedicated nodes
+    hosts: int | None = None  # template host processes (None: ServiceConfig().template_hosts)
 
 
 def shard_options(placement: ShardPlacement, *, product: str, layer: str) -> dict[str, Any]:
@@ -55,40 +67,35 @@ def shard_options(placement: ShardPlacement, *, product: str, layer: str) -> dic
     }
 
 
-@ray.remote
-class TemplateShard:
+class LayerShard:
     """One layer of one product: the bank (N, C, H, W) and its current selection."""
 
-    def __init__(self, product: str, layer: str, source: str | np.ndarray) -> None:
-        """``source``: a store URI (load the head's layer) or a bank array (tests, ad-hoc use)."""
+    def __init__(self, product: str, layer: str, source: str | np.ndarray, version: int | None = None) -> None:
+        """``source``: a store URI (load ``version``'s layer, None = head) or a bank array (tests, ad-hoc use)."""
         self.product = product
         self.layer = layer
         self.indices: Tensor | None = None
         self.centres: Tensor | None = None
         self.version: int | None = None
         if isinstance(source, str):
-            from ..store import open_store
-
-            # The store's chunks hold every layer: a shard reads its product's whole head once.
-            ts = open_store(source).get(product)
-            self.bank = ts.bank[layer]
-            self.indices = None if ts.indices is None else ts.indices[layer]
-            self.centres = None if ts.centres is None else ts.centres[layer]
-            self.version = int(ts.meta["version"])
+            self.reload(source, version)
         else:
             self.bank = torch.from_numpy(np.array(source))  # own, writable copy
 
-    def reload(self, source: str) -> int:
-        """Replace this shard's state by its layer of the store's head (another writer moved it);
-        returns the version loaded."""
+    def reload(self, source: str, version: int | None = None) -> int:
+        """Replace this shard's state by its layer of ``version`` in the store (None = head, e.g.
+        another writer moved it); returns the version loaded. Reads this layer's objects only."""
         from ..store import open_store
 
-        ts = open_store(source).get(self.product)
-        self.bank = ts.bank[self.layer]
-        self.indices = None if ts.indices is None else ts.indices[self.layer]
-        self.centres = None if ts.centres is None else ts.centres[self.layer]
-        self.version = int(ts.meta["version"])
+        got = open_store(source).get_layer(self.product, self.layer, version)
+        self.bank, self.indices, self.centres = got.bank, got.indices, got.centres
+        self.version = got.version
         return self.version
+
+    def nbytes(self) -> int:
+        """Bytes of tensors this shard holds (bank and selection)."""
+        parts = (self.bank, self.indices, self.centres)
+        return sum(t.numel() * t.element_size() for t in parts if t is not None)
 
     def info(self) -> dict[str, Any]:
         return {
@@ -141,3 +148,7 @@ class TemplateShard:
     def tiny(self) -> np.ndarray:
         """The (K, C, H, W) templates ATMM matches against, for replicas (via the object store)."""
         return self._tiny().numpy()
+
+
+# The same shard as an actor of its own: one process per (product, layer).
+TemplateShard = ray.remote(LayerShard)

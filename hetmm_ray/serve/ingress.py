@@ -42,6 +42,7 @@ from .metrics import CONTENT_TYPE_LATEST, ServiceMetrics
 from .security import CrossOriginGuard, JSONResponse, Refused, parse_json_object, resolve_source
 from .ui import ConsoleRoutes
 from .ui import router as console_router
+from .warm_set import WarmSet
 
 __all__ = ["ApiError", "Ingress", "app"]
 
@@ -200,6 +201,9 @@ class Ingress(ConsoleRoutes):
         self.detector = detector
         self.registry = get_registry(self.service.store, detached=True)
         self.registry.set_poll.remote(self.service.store_poll_s)  # follow other writers of the store
+        self.registry.set_hosts.remote(self.service.template_hosts)  # template host processes (issue 14)
+        # A hot product spreads over several replicas (serve/warm_set.py).
+        self.warm = WarmSet(hot_inflight=self.service.hot_product_inflight, spread=self.service.hot_product_spread)
         self.metrics = ServiceMetrics()
         self.limit = self.service.max_body_mib * 2**20
         self._known: dict[str, float] = {}  # product -> until when its existence is cached
@@ -347,11 +351,12 @@ class Ingress(ConsoleRoutes):
             uploads, _ = await self._uploads(request, max_images=self.service.max_images_per_request)
             images = await self._decode(uploads)
             started = time.perf_counter()
-            handle = self.detector.options(multiplexed_model_id=product)
-            try:
-                results = await handle.predict.remote(images, map == "png")
-            except RayActorError:  # the replica died under the request: scoring is idempotent, retry once
-                results = await handle.predict.remote(images, map == "png")
+            with self.warm.request(product) as model_id:  # the product's id, or an alias while it is hot
+                handle = self.detector.options(multiplexed_model_id=model_id)
+                try:
+                    results = await handle.predict.remote(images, map == "png")
+                except RayActorError:  # the replica died under the request: scoring is idempotent, retry once
+                    results = await handle.predict.remote(images, map == "png")
             self.metrics.observe_results(product, results)
             self._remember(product, uploads, results)  # the console's recent ring; adds recent_id
             total_ms = round(1000 * (time.perf_counter() - started), 3)

@@ -8,6 +8,10 @@ each batch the replica asks the registry for the product's head version and
 swaps to it if it moved, so template versions change only between batches, a
 response is scored by exactly one version, and no client sees a version older
 than one it has already seen.
+
+A hot product arrives under several model ids (its own and aliases, serve/warm_set.py)
+so that Serve spreads it over replicas; a replica keeps one detector per product
+whichever of its ids it was loaded under.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import asyncio
 import base64
 import io
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +37,7 @@ from ..data.decode import resize_to_geometry
 from ..detector import HETMM
 from ..distributed.registry import get_registry
 from ..visualize import heatmap_overlay
+from .warm_set import product_of
 
 __all__ = ["Detector", "ScoreRequest"]
 
@@ -55,6 +61,13 @@ class ProductModel:
         self.swap_lock = asyncio.Lock()
 
 
+def _replica_id() -> str:
+    try:
+        return serve.get_replica_context().replica_id.unique_id
+    except Exception:  # noqa: BLE001 - outside a replica (direct construction in a test)
+        return "local"
+
+
 def _encode_png(image: np.ndarray) -> str:
     buf = io.BytesIO()
     Image.fromarray(image).save(buf, format="PNG")
@@ -70,9 +83,15 @@ class Detector:
         self._device = "cuda" if torch.cuda.is_available() else "cpu"
         self._fatal: BaseException | None = None
         self._set_threads(0)
+        # One detector per product, shared by its model ids (aliases) that Serve's LRU holds here.
+        self._by_product: weakref.WeakValueDictionary[str, ProductModel] = weakref.WeakValueDictionary()
+        self._replica = _replica_id()
 
-        async def load(product: str) -> ProductModel:
-            model = ProductModel(product)
+        async def load(model_id: str) -> ProductModel:
+            product = product_of(model_id)
+            model = self._by_product.get(product)
+            if model is None:
+                model = self._by_product[product] = ProductModel(product)
             await self._swap(model, await self.registry.head.remote(product))
             return model
 
@@ -134,8 +153,9 @@ class Detector:
 
     @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.05)
     async def score(self, requests: list[ScoreRequest]) -> list[list[dict[str, Any]]]:
-        product = serve.get_multiplexed_model_id()
-        model = await self.product_model(product)
+        model_id = serve.get_multiplexed_model_id()
+        product = product_of(model_id)
+        model = await self.product_model(model_id)
         head = await self.registry.head.remote(product)
         if head != model.version:
             await self._swap(model, head)
@@ -175,6 +195,7 @@ class Detector:
                         "score_ms": round(score_ms, 3),
                         "batch_images": len(images),
                         "batch_requests": len(requests),
+                        "replica": self._replica,  # which replica scored it (the warm set's spread)
                     },
                 }
                 if r.want_maps:

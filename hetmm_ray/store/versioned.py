@@ -16,6 +16,18 @@ version, never a mix.
 
 Banks grow by appended chunks: a version whose first images are its parent's
 reuses the parent's chunk objects and uploads only the new images.
+
+Manifest formats (``"format"``):
+
+- 1 (before issue 14): each chunk object holds every layer's rows of an image range, and one
+  selection object holds every layer's indices/centres. Reading one layer reads them all.
+- 2 (written now): one chunk object per (layer, image range), each ref carrying ``"layer"``,
+  and ``"selection"`` is ``{layer: ref}``. :meth:`VersionedStore.get_layer` reads one layer of
+  one version and touches no other layer's object (store/layout.py; tests count the bytes).
+
+Both formats are read. :meth:`VersionedStore.migrate` (``hetmm migrate``) republishes a
+format-1 head in format 2 as a new version with the same content (a CAS on HEAD, like any
+publish); older versions stay as they are and stay readable.
 """
 
 from __future__ import annotations
@@ -24,6 +36,7 @@ import hashlib
 import io
 import json
 import time
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -34,10 +47,12 @@ from ..config import ConfigError, stored_config
 from ..core.scoring import Calibration
 from ..core.templates import TemplateSet
 from .base import Backend, ProductNotFound, StoreConflict, StoreCorrupt, StoreError, check_product_name
+from .layout import LayerData, layer_chunks, read_layer, selection_refs
 
 __all__ = ["VersionedStore"]
 
-FORMAT = 1
+FORMAT = 2  # what put() writes
+READABLE_FORMATS = (1, 2)
 CHUNK_BYTES = 256 * 2**20  # bank bytes per chunk object: bounds memory on save and load
 CLEANUP_STALE_S = 600.0  # a retention clean-up mark older than this was left by a crash
 
@@ -88,9 +103,13 @@ def _layout(ts: TemplateSet) -> dict[str, dict[str, Any]]:
 class VersionedStore:
     """The template store of DESIGN.md: ``put``/``get``/``versions``/``products`` and more."""
 
-    def __init__(self, backend: Backend, *, chunk_bytes: int = CHUNK_BYTES) -> None:
+    def __init__(self, backend: Backend, *, chunk_bytes: int = CHUNK_BYTES, write_format: int = FORMAT) -> None:
+        """``write_format``: the manifest format ``put`` writes (1 only to make old-layout stores in tests)."""
+        if write_format not in READABLE_FORMATS:
+            raise StoreError(f"write_format must be one of {READABLE_FORMATS}, got {write_format!r}")
         self.backend = backend
         self.chunk_bytes = chunk_bytes
+        self.write_format = write_format
 
     def __repr__(self) -> str:
         return f"VersionedStore({self.backend.describe()})"
@@ -141,7 +160,7 @@ class VersionedStore:
             raise StoreCorrupt(f"{self.backend.describe()}/{key}: unreadable manifest") from None
         if claimed != _sha256(_canonical(manifest)):
             raise StoreCorrupt(f"{self.backend.describe()}/{key}: manifest checksum mismatch, it is corrupt")
-        if manifest.get("format") != FORMAT:
+        if manifest.get("format") not in READABLE_FORMATS:
             raise StoreError(f"{key}: unsupported manifest format {manifest.get('format')!r}")
         return manifest
 
@@ -173,12 +192,15 @@ class VersionedStore:
         for ref in m["chunks"]:
             start, stop = ref["images"]
             tensors = _tensors_from(self._read_object(product, ref), ref["key"])
-            for name in bank:
+            for name in [ref["layer"]] if "layer" in ref else bank:  # format 2: one layer per object
                 bank[name][start:stop].copy_(tensors[name])
         selection: dict[str, Any] = {}
         if m.get("selection"):
-            sel = _tensors_from(self._read_object(product, m["selection"]), m["selection"]["key"])
-            selection = TemplateSet.parse_selection({k: v.clone() for k, v in sel.items()}, list(bank))
+            sel: dict[str, Tensor] = {}
+            for ref in selection_refs(m).values():
+                tensors = _tensors_from(self._read_object(product, ref), ref["key"])
+                sel.update({k: v.clone() for k, v in tensors.items()})
+            selection = TemplateSet.parse_selection(sel, list(bank))
         try:
             config = stored_config(m["config"])
         except ConfigError as exc:
@@ -204,13 +226,18 @@ class VersionedStore:
         return {"key": key, "sha256": digest, "size": len(data)}
 
     def _chunks(self, product: str, ts: TemplateSet, parent: dict[str, Any] | None) -> list[dict[str, Any]]:
-        """Chunk refs for the bank. An append keeps the parent's chunk boundaries, so the
-        unchanged images hash to the parent's objects and are not uploaded again; changed
-        features (same images, new settings) hash differently and are stored."""
+        if self.write_format == 2:
+            return layer_chunks(self, product, ts, parent)
+        return self._chunks_v1(product, ts, parent)
+
+    def _chunks_v1(self, product: str, ts: TemplateSet, parent: dict[str, Any] | None) -> list[dict[str, Any]]:
+        """Format-1 chunk refs for the bank (every layer in one object). An append keeps the
+        parent's chunk boundaries, so the unchanged images hash to the parent's objects and are
+        not uploaded again; changed features (same images, new settings) hash differently and are stored."""
         per_image = sum(v[0].numel() * v.element_size() for v in ts.bank.values())
         step = max(1, self.chunk_bytes // max(per_image, 1))
         ranges: list[tuple[int, int]] = []
-        if parent is not None and self._extends(parent, ts):
+        if parent is not None and parent["format"] == 1 and self._extends(parent, ts):
             ranges = [tuple(ref["images"]) for ref in parent["chunks"]]  # type: ignore[misc]
         start = ranges[-1][1] if ranges else 0
         ranges += [(lo, min(ts.n_images, lo + step)) for lo in range(start, ts.n_images, step)]
@@ -250,7 +277,7 @@ class VersionedStore:
 
         ts = template_set
         manifest = {
-            "format": FORMAT,
+            "format": self.write_format,
             "product": product,
             "version": version,
             "parent": int(head["version"]) or None,
@@ -264,13 +291,50 @@ class VersionedStore:
             "calibration": None if ts.calibration is None else ts.calibration.to_json(),
             "meta": {k: v for k, v in ts.meta.items() if k not in ("version", "parent")},
             "chunks": self._chunks(product, ts, parent),
-            "selection": self._put_object(product, sel) if (sel := ts.selection_tensors()) else None,
+            "selection": self._selection_refs(product, ts),
         }
         sealed = {**manifest, "sha256": _sha256(_canonical(manifest))}
         self.backend.write(f"{product}/versions/{version:06d}.json", json.dumps(sealed).encode(), if_none_match=True)
         new_head = {"version": version, "history": [*head["history"], version]}
         self.backend.write(f"{product}/HEAD", json.dumps(new_head).encode(), if_none_match=etag is None, if_match=etag)
         return version
+
+    def _selection_refs(self, product: str, ts: TemplateSet) -> Any:
+        sel = ts.selection_tensors()
+        if not sel:
+            return None
+        if self.write_format == 1:
+            return self._put_object(product, sel)
+        return {
+            layer: self._put_object(product, {k: v for k, v in sel.items() if k.split("/", 1)[1] == layer})
+            for layer in ts.layers
+        }
+
+    def get_layer(self, product: str, layer: str, version: int | None = None) -> LayerData:
+        """One layer of one version (``None`` = head): its bank and selection, verified.
+
+        Format 2 reads only that layer's objects; a format-1 version has no per-layer
+        objects, so its whole chunks are read and the other layers dropped (``hetmm migrate``).
+        """
+        return read_layer(self, product, layer, version)
+
+    def migrate(self, product: str) -> dict[str, Any]:
+        """Republish a format-1 head in this writer's format, as a new version with the same content.
+
+        Returns ``{"product", "from_version", "version", "format", "migrated"}``; a head already in
+        the current format is left alone (``migrated`` False). Another writer moving HEAD meanwhile
+        makes this raise :class:`StoreConflict` (nothing changed; run it again).
+        """
+        head = self.head(product)
+        m = self.manifest(product, head)
+        if m["format"] == self.write_format:
+            return {"product": product, "from_version": head, "version": head, "format": m["format"], "migrated": False}
+        ts = self.get(product, head)
+        meta = {k: v for k, v in ts.meta.items() if k not in ("version", "parent")}
+        ts = replace(ts, meta={**meta, "migrated_from": {"version": head, "format": m["format"]}})
+        version = self.put(product, ts, expect_head=head)
+        out = {"product": product, "from_version": head, "version": version, "format": self.write_format}
+        return {**out, "migrated": True}
 
     def rollback(self, product: str, version: int) -> int:
         """Make a kept older version head again."""
@@ -315,7 +379,7 @@ class VersionedStore:
 
     @staticmethod
     def _refs(manifest: dict[str, Any]) -> list[dict[str, Any]]:
-        return [*manifest["chunks"], *([manifest["selection"]] if manifest.get("selection") else [])]
+        return [*manifest["chunks"], *selection_refs(manifest).values()]
 
     def sweep_temp(self, product: str) -> list[str]:
         """Remove temporary files that killed writers left under ``product`` (local stores; S3 has none)."""

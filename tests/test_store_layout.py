@@ -1,0 +1,126 @@
+"""Per-layer store layout (issue 14): one layer of one version is read without the others.
+
+Locally and on a real HTTP S3 endpoint (moto server), as tests/test_store.py. The bytes and
+objects a read fetches are counted by a thin wrapper over the real backend (it forwards
+every call; nothing is faked). Old (format-1) stores stay readable and migrate with
+``hetmm migrate``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import pytest
+import test_store
+import torch
+from test_store import assert_identical, grow, make_set
+
+from hetmm_ray.cli import main
+from hetmm_ray.store import VersionedStore, open_store
+from hetmm_ray.store.layout import selection_refs
+
+# test_store.py's fixtures: a local folder or a fresh bucket on a moto S3 server.
+aws_env, s3_endpoint, location = test_store.aws_env, test_store.s3_endpoint, test_store.location
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+class CountingBackend:
+    """The real backend, with the objects and bytes read through it counted."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.bytes_read: Counter[str] = Counter()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def read(self, key: str) -> tuple[bytes, str]:
+        data, etag = self.inner.read(key)
+        self.bytes_read[key] += len(data)
+        return data, etag
+
+    def read_into(self, key: str, buffer: memoryview) -> None:
+        self.inner.read_into(key, buffer)
+        self.bytes_read[key] += len(buffer)
+
+    def object_bytes(self) -> int:
+        return sum(n for k, n in self.bytes_read.items() if "/objects/" in k)
+
+
+def _object_keys(manifest: dict[str, Any], layer: str | None = None) -> set[str]:
+    chunks = [r for r in manifest["chunks"] if layer is None or r.get("layer", layer) == layer]
+    sels = [r for k, r in selection_refs(manifest).items() if layer is None or k in ("", layer)]
+    return {f"p/{r['key']}" for r in [*chunks, *sels]}
+
+
+def test_one_layer_is_read_without_the_others(location) -> None:
+    base = make_set(6, seed=1, k=2)
+    grown = grow(base, 3, seed=4)
+    writer = open_store(location)
+    assert writer.put("p", base) == 1 and writer.put("p", grown) == 2
+    m2 = writer.manifest("p", 2)
+    assert m2["format"] == 2
+
+    for layer in grown.layers:
+        counting = CountingBackend(writer.backend)
+        got = VersionedStore(counting).get_layer("p", layer)
+        assert got.version == 2 and torch.equal(got.bank, grown.bank[layer])
+        assert got.indices is None  # appending reset the selection
+        objects = {k for k in counting.bytes_read if "/objects/" in k}
+        assert objects == _object_keys(m2, layer)  # this layer's chunks only
+        assert objects.isdisjoint(_object_keys(m2) - _object_keys(m2, layer))
+        assert counting.object_bytes() == sum(r["size"] for r in m2["chunks"] if r["layer"] == layer)
+
+    m1 = writer.manifest("p", 1)
+    counting = CountingBackend(writer.backend)
+    got = VersionedStore(counting).get_layer("p", "layer2", 1)  # an older version, with a selection
+    assert torch.equal(got.bank, base.bank["layer2"]) and torch.equal(got.indices, base.indices["layer2"])
+    assert {k for k in counting.bytes_read if "/objects/" in k} == _object_keys(m1, "layer2")
+    full = CountingBackend(writer.backend)
+    assert_identical(VersionedStore(full).get("p", 1), base, version=1)
+    assert counting.object_bytes() < full.object_bytes()  # the whole version reads every layer
+
+
+def test_old_layout_stays_readable_and_migrates(location, capsys: pytest.CaptureFixture[str]) -> None:
+    base = make_set(6, seed=2, k=2)
+    grown = grow(base, 2, seed=5)
+    old = VersionedStore(open_store(location).backend, write_format=1)  # a store written before issue 14
+    assert old.put("p", base) == 1 and old.put("p", grown) == 2
+    store = open_store(location)
+    m2 = store.manifest("p", 2)
+    assert m2["format"] == 1 and "layer" not in m2["chunks"][0]
+
+    # Readable as it is: whole versions, and one layer (whose read fetches every layer's chunks).
+    assert_identical(store.get("p", 1), base, version=1)
+    assert_identical(store.get("p", 2), grown, version=2)
+    counting = CountingBackend(store.backend)
+    got = VersionedStore(counting).get_layer("p", "layer1")
+    assert got.version == 2 and torch.equal(got.bank, grown.bank["layer1"])
+    assert {k for k in counting.bytes_read if "/objects/" in k} == _object_keys(m2)
+
+    # Migrate with the command: the head is republished per layer, as a new version.
+    assert main(["migrate", "--store", location]) == 0
+    assert "product p: v2 republished as v3 (per-layer layout)" in capsys.readouterr().out
+    m3 = store.manifest("p", 3)
+    assert m3["format"] == 2 and m3["parent"] == 2 and m3["meta"]["migrated_from"] == {"version": 2, "format": 1}
+    v3 = store.get("p", 3)
+    assert v3.image_digests == grown.image_digests and v3.calibration == grown.calibration
+    for layer in grown.layers:
+        assert torch.equal(v3.bank[layer], grown.bank[layer])
+        counting = CountingBackend(store.backend)
+        one = VersionedStore(counting).get_layer("p", layer)
+        assert torch.equal(one.bank, grown.bank[layer])
+        assert {k for k in counting.bytes_read if "/objects/" in k} == _object_keys(m3, layer)
+    assert_identical(store.get("p", 1), base, version=1)  # older versions keep their layout and load
+    assert main(["migrate", "--store", location, "--product", "p"]) == 0
+    assert "v3 already has the per-layer layout, left alone" in capsys.readouterr().out
+    assert store.head("p") == 3
+
+    # Appending to the migrated head reuses its per-layer chunks.
+    more = grow(v3, 2, seed=9)
+    assert store.put("p", more) == 4
+    m4 = store.manifest("p", 4)
+    assert m4["chunks"][: len(m3["chunks"])] == m3["chunks"]
+    assert_identical(store.get("p", 4), more, version=4)
