@@ -16,6 +16,7 @@ from typing import Any
 
 from . import __version__
 from .config import BACKBONES, TEMPLATE_KINDS, ConfigError, DetectorConfig, check_number, load_config
+from .errors import HetmmError, describe
 
 __all__ = ["main"]
 
@@ -23,7 +24,7 @@ DEFAULT_STORE = "hetmm-store"
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff"}
 
 
-class CLIError(Exception):
+class CLIError(HetmmError):
     """A user-facing failure with a one-line message."""
 
 
@@ -606,25 +607,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _expected_errors() -> tuple[type[BaseException], ...]:
-    from .core.backbone import WeightsError
-    from .core.templates import TemplateError
-    from .data.decode import ImageError
-    from .data.mvtec import DatasetError
-    from .distributed.runtime import ClusterUnavailable
-    from .store import StoreError
-
-    return (
-        CLIError,
-        ConfigError,
-        ImageError,
-        DatasetError,
-        WeightsError,
-        StoreError,
-        TemplateError,
-        OSError,
-        ClusterUnavailable,
-    )
+def error_line(exc: BaseException) -> str:
+    """The one line ``hetmm: error: ...`` says for ``exc``: a project error (``hetmm_ray/errors.py``,
+    the table HTTP maps too) or an OS error says its own message; anything else is unexpected."""
+    known = describe(exc)
+    if known is not None:
+        return known[2]
+    if isinstance(exc, OSError):  # a local file the user named: their message is the useful one
+        msg = str(exc)
+        return msg.splitlines()[0] if msg else type(exc).__name__
+    return f"unexpected {type(exc).__name__}: {exc} (run with --debug for a traceback)".splitlines()[0]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -639,9 +631,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         if args.debug:
             raise
-        known = isinstance(exc, _expected_errors())
-        msg = str(exc) if known else f"unexpected {type(exc).__name__}: {exc} (run with --debug for a traceback)"
-        print(f"hetmm: error: {msg.splitlines()[0] if msg else type(exc).__name__}", file=sys.stderr)
+        print(f"hetmm: error: {error_line(exc)}", file=sys.stderr)
         return 2
     if args.debug:
         print(f"hetmm: {args.command} took {time.perf_counter() - start:.1f}s", file=sys.stderr)

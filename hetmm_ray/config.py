@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .errors import HetmmError
+
 __all__ = [
     "BACKBONES",
     "DEFAULT_LAYERS",
@@ -120,7 +122,7 @@ GEOMETRIES = ("squash", "letterbox")  # = core.geometry.GEOMETRIES (config stays
 DTYPES = ("float32", "float16", "bfloat16")
 
 
-class ConfigError(ValueError):
+class ConfigError(HetmmError, ValueError):
     """A configuration value is missing, unknown or out of range."""
 
 

@@ -25,6 +25,7 @@ from torch import Tensor, nn
 
 from ..compat.torchvision import feature_extraction, models
 from ..config import PACKAGED_WEIGHTS, BackboneConfig
+from ..errors import HetmmError
 from .efficientnet_lite import (
     LITE_MEAN,
     LITE_STD,
@@ -43,7 +44,7 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
-class WeightsError(RuntimeError):
+class WeightsError(HetmmError, RuntimeError):
     """Pretrained weights could not be had or do not fit the backbone."""
 
 

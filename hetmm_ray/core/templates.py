@@ -20,6 +20,7 @@ from safetensors.torch import save as st_save
 from torch import Tensor
 
 from ..config import ConfigError, DetectorConfig, stored_config
+from ..errors import HetmmError
 from .scoring import Calibration
 
 __all__ = ["FORMAT_VERSION", "TemplateError", "TemplateSet"]
@@ -42,7 +43,7 @@ def unseen_positions(known: tuple[str, ...] | list[str], digests: list[str] | tu
     return keep
 
 
-class TemplateError(ValueError):
+class TemplateError(HetmmError, ValueError):
     """Stored templates are unreadable or do not fit the detector."""
 
 

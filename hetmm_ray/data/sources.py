@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..config import MAX_IMAGE_BYTES
+from ..errors import HetmmError
 from ..store import StoreError, open_backend
 
 __all__ = ["IMAGE_SUFFIXES", "SourceError", "read_image_source"]
@@ -18,7 +19,7 @@ __all__ = ["IMAGE_SUFFIXES", "SourceError", "read_image_source"]
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff")
 
 
-class SourceError(ValueError):
+class SourceError(HetmmError, ValueError):
     """An image source is missing, empty or too big."""
 
 

@@ -31,14 +31,14 @@ from starlette.requests import ClientDisconnect
 
 from ..config import MAX_IMAGE_BYTES, ConfigError, DetectorConfig, ServiceConfig
 from ..core.calibration import check_rate
-from ..core.templates import TemplateError
-from ..data.decode import ImageError, decode_image
-from ..data.sources import SourceError, read_image_source
+from ..data.decode import decode_image
+from ..data.sources import read_image_source
 from ..distributed.registry import get_registry
-from ..store import ProductNotFound, StoreConflict, StoreError, StoreUnavailable, check_product_name
+from ..errors import HetmmError, describe, one_line
+from ..store import StoreError, check_product_name
 from . import security
 from .metrics import CONTENT_TYPE_LATEST, ServiceMetrics
-from .security import CrossOriginGuard, JSONResponse, Refused, parse_json_object, resolve_source
+from .security import CrossOriginGuard, JSONResponse, parse_json_object, resolve_source
 
 __all__ = ["ApiError", "Ingress", "app"]
 
@@ -47,7 +47,7 @@ logger = logging.getLogger("ray.serve")
 RAW_IMAGE_TYPES = ("image/png", "image/jpeg", "image/bmp", "image/tiff", "image/x-ms-bmp", "application/octet-stream")
 
 
-class ApiError(Exception):
+class ApiError(HetmmError):
     """A client-visible error: HTTP status, a stable code and a one-line message."""
 
     def __init__(self, status: int, code: str, message: str) -> None:
@@ -55,41 +55,25 @@ class ApiError(Exception):
         self.status, self.code, self.message = status, code, message
 
 
-# Known error types -> (status, code). Ray re-raises a remote error as a subclass of its cause.
-_CLASSIFIED: tuple[tuple[type[BaseException], int, str], ...] = (
-    (ImageError, 400, "bad_image"),
-    (ConfigError, 400, "bad_config"),
-    (SourceError, 400, "bad_source"),
-    (ProductNotFound, 404, "unknown_product"),
-    (StoreConflict, 409, "conflict"),
-    (TemplateError, 409, "incompatible_templates"),
-    (StoreUnavailable, 503, "store_unavailable"),
-    (StoreError, 502, "store_error"),
-)
-
-
 def classify(exc: BaseException) -> ApiError:
+    """The HTTP answer to ``exc``: project errors through the one table (``hetmm_ray/errors.py``),
+    transport errors (a client gone, no replica) here, anything else a logged 500."""
     if isinstance(exc, ApiError):
         return exc
-    if isinstance(exc, Refused):
-        return ApiError(exc.status, exc.code, exc.message)
     # The client went away mid-request: starlette says ClientDisconnect; Serve's proxy cancels the
     # replica's pull of the body (TaskCancelledError). Its doing, not a server error: 499, no log.
     if isinstance(exc, ClientDisconnect | TaskCancelledError):
         return ApiError(499, "client_closed_request", "the client closed the connection before the body was sent")
     if isinstance(exc, RayActorError | BackPressureError | DeploymentUnavailableError):
         return ApiError(503, "unavailable", f"no replica could take the request now ({type(exc).__name__}); retry")
+    known = describe(exc)  # Ray re-raises a remote error as a subclass of its cause: describe reads the cause
+    if known is not None:
+        return ApiError(*known)
     cause = getattr(exc, "cause", None) or exc
-    for kind, status, code in _CLASSIFIED:
-        if isinstance(exc, kind) or isinstance(cause, kind):
-            return ApiError(status, code, _one_line(cause))
     return ApiError(500, "internal", f"internal error ({type(cause).__name__}); see the server log")
 
 
-def _one_line(exc: BaseException) -> str:
-    lines = [s for s in str(exc).strip().splitlines() if s.strip()]
-    text = lines[-1] if lines else type(exc).__name__
-    return text.split(": ", 1)[1] if text.startswith(type(exc).__name__ + ": ") else text
+_one_line = one_line  # the name the routes below use
 
 
 def _error(err: ApiError) -> JSONResponse:

@@ -31,6 +31,8 @@ from urllib.parse import urlsplit
 
 from starlette.responses import JSONResponse as _StarletteJSONResponse
 
+from ..errors import HetmmError
+
 __all__ = [
     "MAX_JSON_DEPTH",
     "CrossOriginGuard",
@@ -48,7 +50,7 @@ MAX_JSON_DEPTH = 32
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
-class Refused(Exception):
+class Refused(HetmmError):
     """A request refused by a rule here: HTTP status, stable code, one-line message."""
 
     def __init__(self, status: int, code: str, message: str) -> None:
