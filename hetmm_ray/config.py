@@ -22,6 +22,11 @@ from .errors import HetmmError
 __all__ = [
     "BACKBONES",
     "DEFAULT_LAYERS",
+    "DEFAULT_STORE",
+    "DTYPES",
+    "IMAGE_SUFFIXES",
+    "PTS_CHUNK_PIXELS",
+    "RUN_TIME_SETTINGS",
     "MAX_IMAGE_BYTES",
     "MAX_IMAGE_PIXELS",
     "MIN_IMAGE_SIDE",
@@ -53,11 +58,21 @@ MAX_IMAGE_PIXELS = 50_000_000
 MIN_IMAGE_SIDE = 8
 """Smallest width or height accepted."""
 
+# --- files and stores ------------------------------------------------------------
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff")
+"""File suffixes (lower case) read as images from folders: the CLI, server-side sources, datasets."""
+DEFAULT_STORE = "hetmm-store"
+"""The template store when none is named: a folder in the working directory (CLI and service)."""
+
 # --- Ray placement -------------------------------------------------------------
 TASK_CPUS = 0.5
 """CPUs a service-side Ray task reserves (PTS chunk, feature batch, calibration). Fractional so
 that tasks still fit beside the resident actors (ingress, detector replicas, registry, shards)
 on a small node; each task runs max(1, round(cpus)) torch threads."""
+PTS_CHUNK_PIXELS = 512
+"""Pixels per PTS task when PTS fans out over Ray (``distributed/pts_fanout.py``): the CLI's
+``--address`` runs and the shards' hot-update selection alike. Each task is a few hundred ms of
+OPTICS at N=200 images, long enough to amortise Ray's scheduling."""
 
 # --- backbones ---------------------------------------------------------------
 # Feature taps per backbone: the module whose output is a layer's feature map.
@@ -120,6 +135,12 @@ TEMPLATE_KINDS = ("all", "ir", "pr", "pc_k", "pts_k", "pts_o")
 THRESHOLD_RULES = ("far", "sigmas", "validation")  # see ThresholdConfig
 GEOMETRIES = ("squash", "letterbox")  # = core.geometry.GEOMETRIES (config stays import-free)
 DTYPES = ("float32", "float16", "bfloat16")
+
+
+# Settings of *this run* (which device, which compute dtype, how many images at once, how much
+# working memory): they change how fast a product is computed, not what it is, so they are never
+# stored with a product (``DetectorConfig.stored_dict``) and a stored value is ignored on load.
+RUN_TIME_SETTINGS = ("device", "dtype", "batch_size", "chunk_mib")
 
 
 class ConfigError(HetmmError, ValueError):
@@ -334,6 +355,14 @@ class TemplateConfig:
         )
         _check_numbers(self, "templates.", skip=("sheets",) if self.sheets == "auto" else ())
 
+    def sheets_of(self, n_images: int) -> int:
+        """The sheets a selection of this kind really holds over a bank of ``n_images`` images:
+        every image for ``all`` (and for an ``auto`` K not chosen yet), else ``min(sheets, n_images)``
+        (every selection keeps at most the bank, ``core.pts.select``)."""
+        if self.kind == "all" or not isinstance(self.sheets, int):
+            return n_images
+        return min(self.sheets, n_images)
+
 
 @dataclass(frozen=True, kw_only=True)
 class ThresholdConfig:
@@ -421,6 +450,10 @@ class DetectorConfig:
     def to_dict(self) -> dict[str, Any]:
         return json.loads(json.dumps(dataclasses.asdict(self)))
 
+    def stored_dict(self) -> dict[str, Any]:
+        """:meth:`to_dict` without the :data:`RUN_TIME_SETTINGS`: what a manifest keeps of a product."""
+        return {k: v for k, v in self.to_dict().items() if k not in RUN_TIME_SETTINGS}
+
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> DetectorConfig:
         return _build(cls, data, "")
@@ -443,7 +476,7 @@ class DetectorConfig:
 class ServiceConfig:
     """The HTTP service (``deploy.yaml`` application ``args``, ``hetmm serve`` flags)."""
 
-    store: str = "./hetmm-store"  # local directory or s3://bucket/prefix[?endpoint=...]
+    store: str = f"./{DEFAULT_STORE}"  # local directory or s3://bucket/prefix[?endpoint=...]
     admin_token_env: str = "HETMM_ADMIN_TOKEN"  # environment variable holding the admin bearer token
     max_products_per_replica: int = 4  # tiny sets a detector replica keeps (LRU beyond that)
     max_body_mib: int = 64  # largest request body; larger uploads get 413 before being read
@@ -560,8 +593,12 @@ def stored_config(data: dict[str, Any]) -> DetectorConfig:
     """A product's configuration as stored with its templates.
 
     Settings added after a product was stored take the value that reproduces how it was
-    built, not today's default: ``backbone.geometry`` missing means ``squash``.
+    built, not today's default: ``backbone.geometry`` missing means ``squash``. The
+    :data:`RUN_TIME_SETTINGS` an older manifest may hold are ignored (this host's defaults
+    apply: a product compressed on a GPU host loads on a CPU-only one).
     """
+    if isinstance(data, dict):
+        data = {k: v for k, v in data.items() if k not in RUN_TIME_SETTINGS}
     if isinstance(data, dict) and isinstance(data.get("backbone"), dict) and "geometry" not in data["backbone"]:
         data = {**data, "backbone": {**data["backbone"], "geometry": "squash"}}
     return DetectorConfig.from_dict(data)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
@@ -19,18 +18,21 @@ from .core.atmm import anomaly_maps, pixel_major
 from .core.auto_sheets import Rung, agreement, choose_sheets
 from .core.backbone import Backbone
 from .core.calibration import OutOfFold, fold_plan
+from .core.device import TORCH_DTYPES, image_digest, resolve_device
 from .core.geometry import Box, boxes_from_features, canvas_box, scale_box, zero_padding
 from .core.pts import select_layers
 from .core.scoring import Calibration, OperatingPoint, content_maps, image_scores, operating_point
 from .core.templates import TemplateError, TemplateSet, unseen_positions
 from .data.decode import decode_image, images_to_tensor
+from .steps import FitSteps
 
 __all__ = ["HETMM", "ImageInput", "Prediction", "operating_point"]
 
 ImageInput = str | Path | bytes | np.ndarray
 """A path, encoded bytes, or a decoded RGB uint8 array (H, W, 3)."""
 
-_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+_DTYPES = TORCH_DTYPES  # the names this module used before core/device.py
+_digest = image_digest
 
 
 @dataclass(frozen=True)
@@ -53,16 +55,6 @@ class Prediction:
         return len(self.scores)
 
 
-def _digest(image: np.ndarray) -> str:
-    return hashlib.sha256(np.ascontiguousarray(image).tobytes()).hexdigest()[:32]
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
-
-
 class HETMM:
     """A HETMM detector for one product.
 
@@ -72,12 +64,14 @@ class HETMM:
     through a template store.
     """
 
-    def __init__(self, config: DetectorConfig | None = None, *, progress: bool = False, cluster: bool = False) -> None:
-        """``cluster=True``: fit/update/compress extract features and run PTS as tasks on the
-        connected Ray cluster (see :func:`hetmm_ray.distributed.runtime.connect`)."""
+    def __init__(
+        self, config: DetectorConfig | None = None, *, progress: bool = False, steps: FitSteps | None = None
+    ) -> None:
+        """``steps``: where fit/update/compress extract features and run PTS (``hetmm_ray/steps.py``);
+        default in this process, ``hetmm_ray.distributed.steps.ray_steps()`` on a Ray cluster."""
         self.config = config or DetectorConfig()
         self.progress = progress
-        self.cluster = cluster
+        self.steps = steps or FitSteps()
         self.device = resolve_device(self.config.device)
         self.templates: TemplateSet | None = None
         self.version: int | None = None
@@ -145,12 +139,10 @@ class HETMM:
         """:meth:`extract` plus the images' canvas boxes (None: squash, or not known)."""
         if len(images) == 0:
             raise ValueError("no images given")
-        if bank and self.cluster:
-            from .distributed.extract import extract_features_ray
-
+        if bank and self.steps.extract is not None:
             with tqdm(total=len(images), desc=desc, unit="img", disable=not self.progress, leave=False) as bar:
-                feats, digests = extract_features_ray(
-                    self.config, images, progress=lambda done, _total: bar.update(done - bar.n)
+                feats, digests = self.steps.extract(
+                    self.config, _as_items(images), progress=lambda done, _total: bar.update(done - bar.n)
                 )
             bank_feats = {k: torch.from_numpy(v).to(_DTYPES[self.config.bank_dtype]) for k, v in feats.items()}
             return bank_feats, digests, None
@@ -425,12 +417,8 @@ class HETMM:
         return OutOfFold(images=tuple(images), scores=tuple(scores), folds=len(plan), scoring_seconds=scoring_seconds)
 
     def _pts_fanout(self) -> dict[str, Any]:
-        """``select_layers`` keyword: PTS pixel chunks as Ray tasks when on a cluster."""
-        if not self.cluster:
-            return {}
-        from .distributed.pts_fanout import pts_indices_ray
-
-        return {"pts": pts_indices_ray}
+        """``select_layers`` keyword: the injected PTS step, if any (``FitSteps.pts``)."""
+        return {} if self.steps.pts is None else {"pts": self.steps.pts}
 
     def calibrated(self, ts: TemplateSet) -> TemplateSet:
         """``ts`` with its threshold calibration recomputed from its own bank (no backbone needed):
@@ -507,7 +495,7 @@ class HETMM:
         version: int | None = None,
         *,
         progress: bool = False,
-        cluster: bool = False,
+        steps: FitSteps | None = None,
         **overrides: Any,
     ) -> HETMM:
         """A detector from a stored template set; ``overrides`` change run-time settings (device, dtype...)."""
@@ -515,7 +503,7 @@ class HETMM:
             version = store.head(product)
         ts = store.get(product, version)
         config = ts.config.replace(**overrides) if overrides else ts.config
-        det = cls(config, progress=progress, cluster=cluster)
+        det = cls(config, progress=progress, steps=steps)
         if det.backbone.weights_id != ts.weights_id:
             raise TemplateError(
                 f"product {product!r} v{version} was built with weights {ts.weights_id}, "
@@ -557,6 +545,18 @@ class HETMM:
         )
         det._install(ts, version=version)
         return det
+
+
+def _as_items(images: Sequence[ImageInput]) -> list[bytes | np.ndarray]:
+    """What an injected extract step takes: encoded bytes or RGB arrays (a path is read here,
+    in the caller's process, where the file is)."""
+    out: list[bytes | np.ndarray] = []
+    for x in images:
+        if isinstance(x, str | Path):
+            out.append(_as_rgb(x))  # decoded here: the same checks and errors as in process
+        else:
+            out.append(x)
+    return out
 
 
 def _as_rgb(x: ImageInput) -> np.ndarray:

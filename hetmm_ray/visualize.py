@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-__all__ = ["colorize", "heatmap_overlay", "save_png"]
+__all__ = ["colorize", "heatmap_overlay", "heatmap_range", "save_png"]
 
 # A perceptually ordered dark-blue -> cyan -> yellow -> red ramp ("jet"-like but
 # without the harsh green band), as (position, RGB) stops.
@@ -51,6 +51,17 @@ def heatmap_overlay(
     resized = np.asarray(Image.fromarray(norm.astype(np.float32), mode="F").resize((w, h), Image.BILINEAR))
     heat = colorize(resized).astype(np.float32)
     return (image.astype(np.float32) * (1 - alpha) + heat * alpha).round().clip(0, 255).astype(np.uint8)
+
+
+def heatmap_range(amap: np.ndarray, threshold: float) -> tuple[float, float]:
+    """One image's colour scale ``(vmin, vmax)``, the same in the CLI and over HTTP.
+
+    From 0 to the larger of the verdict threshold and the map's own peak, so a good part's
+    map never reaches red and the scale never depends on other images scored with it; before
+    calibration (threshold ``inf``) up to the map's own peak.
+    """
+    peak = float(np.max(amap))
+    return 0.0, max(float(threshold), peak) if np.isfinite(threshold) else peak
 
 
 def save_png(array: np.ndarray, path: str | Path) -> Path:

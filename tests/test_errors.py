@@ -54,7 +54,7 @@ def test_the_table_knows_every_class_and_nothing_else() -> None:
 
 
 def test_an_unlisted_subclass_fails_at_definition() -> None:
-    with pytest.raises(TypeError, match="add it to hetmm_ray.errors.ERRORS"):
+    with pytest.raises(TypeError, match=r"add it to hetmm_ray\.errors\.ERRORS"):
         type("NewError", (HetmmError,), {"__module__": "hetmm_ray.somewhere"})
 
 

@@ -48,7 +48,7 @@ class WeightsError(HetmmError, RuntimeError):
     """Pretrained weights could not be had or do not fit the backbone."""
 
 
-def _tap_node(model: nn.Module, name: str, tap: str, pre_relu: bool) -> str:
+def _tap_node(model: nn.Module, tap: str, pre_relu: bool) -> str:
     """The graph node whose output is layer ``tap``'s feature."""
     if pre_relu and tap.startswith("layer") and "." not in tap:
         stage = getattr(model, tap)
@@ -222,7 +222,7 @@ class Backbone(nn.Module):
             self._set_normalisation(LITE_MEAN, LITE_STD)
             self.weights_id = weights_identity(config)
             return
-        nodes = {_tap_node(model, config.name, tap, config.pre_relu): tap for tap in config.taps}
+        nodes = {_tap_node(model, tap, config.pre_relu): tap for tap in config.taps}
         try:
             self.extractor = feature_extraction.create_feature_extractor(model, return_nodes=nodes)
         except ValueError as exc:

@@ -50,6 +50,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..config import TEMPLATE_KINDS
 from .optics import cosine_distances, cosine_similarities, optics_graph, xi_labels
 
 __all__ = [
@@ -63,7 +64,7 @@ __all__ = [
     "select_templates",
 ]
 
-SELECTION_KINDS = ("all", "ir", "pr", "pc_k", "pts_k", "pts_o")
+SELECTION_KINDS = TEMPLATE_KINDS  # the one list lives in config.py
 DEFAULT_CHUNK_BYTES = 256 * 2**20  # float64 work per pixel chunk: two (P, N, N) matrices and the (P, N, C) vectors
 
 Progress = Callable[[int, int], object]

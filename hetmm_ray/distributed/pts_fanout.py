@@ -16,11 +16,12 @@ import ray
 import torch
 from torch import Tensor
 
+from ..config import PTS_CHUNK_PIXELS
 from ..core.pts import pts_indices
 
 __all__ = ["pts_indices_ray"]
 
-DEFAULT_CHUNK_PIXELS = 512
+DEFAULT_CHUNK_PIXELS = PTS_CHUNK_PIXELS  # the one default lives in config.py
 
 
 @ray.remote

@@ -176,14 +176,13 @@ class ProductRegistry:
     async def _describe_one(self, product: str, version: int) -> dict[str, Any]:
         m = await asyncio.to_thread(self.store.manifest, product, version)
         config = stored_config(m["config"])
-        sheets = next(iter(m["layers"].values())).get("sheets") if m.get("selection") else None
         op = _operating_point(m.get("calibration"), config)
         return {
             "product": product,
             "version": version,
             "images": m["images"],
             "templates": config.templates.kind,
-            "sheets": sheets or (m["images"] if config.templates.kind == "all" else config.templates.sheets),
+            "sheets": config.templates.sheets_of(m["images"]),  # what the selection holds, not the configured K
             "backbone": config.backbone.name,
             "weights_id": m["weights_id"],
             "image_size": config.backbone.image_size,

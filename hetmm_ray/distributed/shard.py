@@ -24,7 +24,7 @@ import ray
 import torch
 from torch import Tensor
 
-from ..config import TASK_CPUS
+from ..config import PTS_CHUNK_PIXELS, TASK_CPUS
 from ..core.pts import select, select_templates
 from .pts_fanout import pts_indices_ray
 
@@ -117,7 +117,7 @@ class TemplateShard:
         return int(self.bank.shape[0])
 
     def select(
-        self, kind: str, sheets: int, seed: int = 0, chunk_pixels: int = 256, task_cpus: float = TASK_CPUS
+        self, kind: str, sheets: int, seed: int = 0, chunk_pixels: int = PTS_CHUNK_PIXELS, task_cpus: float = TASK_CPUS
     ) -> int:
         """Re-select the tiny set; PTS runs as Ray tasks over pixel chunks."""
         pts = partial(pts_indices_ray, chunk_pixels=chunk_pixels, num_cpus=task_cpus)

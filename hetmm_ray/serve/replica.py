@@ -31,7 +31,7 @@ from ..core.scoring import Calibration
 from ..data.decode import resize_to_geometry
 from ..detector import HETMM
 from ..distributed.registry import get_registry
-from ..visualize import heatmap_overlay
+from ..visualize import heatmap_overlay, heatmap_range
 
 __all__ = ["Detector", "ScoreRequest"]
 
@@ -43,6 +43,17 @@ class ScoreRequest:
     images: list[np.ndarray]
     want_maps: bool = False
     enqueued: float = 0.0
+    # Images this request counts for in a batch: its images, at most a whole batch (a request
+    # with more images than ``max_batch_size`` is a batch of its own, never refused).
+    weight: int = 1
+
+
+def _batch_images(requests: list[ScoreRequest]) -> int:
+    """``@serve.batch``'s batch_size_fn: ``max_batch_size`` counts images, not requests."""
+    return sum(r.weight for r in requests)
+
+
+_DEFAULTS = ReplicaSettings()  # the decorator's values until reconfigure() applies user_config
 
 
 class ProductModel:
@@ -130,9 +141,14 @@ class Detector:
     # --- scoring ------------------------------------------------------------------------------
     async def predict(self, images: list[np.ndarray], want_maps: bool = False) -> list[dict[str, Any]]:
         """Score one request's images (all by the same template version)."""
-        return await self.score(ScoreRequest(images, want_maps, time.perf_counter()))
+        weight = max(1, min(len(images), self.settings.max_batch_size))
+        return await self.score(ScoreRequest(images, want_maps, time.perf_counter(), weight))
 
-    @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.05)
+    @serve.batch(
+        max_batch_size=_DEFAULTS.max_batch_size,
+        batch_wait_timeout_s=_DEFAULTS.batch_wait_timeout_s,
+        batch_size_fn=_batch_images,
+    )
     async def score(self, requests: list[ScoreRequest]) -> list[list[dict[str, Any]]]:
         product = serve.get_multiplexed_model_id()
         model = await self.product_model(product)
@@ -156,8 +172,6 @@ class Detector:
             raise
         score_ms = 1000 * (time.perf_counter() - started)
         bb = detector.config.backbone
-        peak = max(float(m.max()) for m in pred.maps)
-        vmax = max(pred.threshold, peak) if np.isfinite(pred.threshold) else None
         op = pred.operating_point
         rule = {} if op is None else {k: v for k, v in op.to_json().items() if k != "threshold"}
         out, i = [], 0
@@ -180,7 +194,8 @@ class Detector:
                 if r.want_maps:
                     # At the backbone's view of the image: squashed square, or the aspect kept.
                     shown = resize_to_geometry(image, bb.image_size, bb.geometry)
-                    overlay = heatmap_overlay(shown, pred.maps[i], vmin=0.0, vmax=vmax)
+                    vmin, vmax = heatmap_range(pred.maps[i], pred.threshold)  # this image's own scale
+                    overlay = heatmap_overlay(shown, pred.maps[i], vmin=vmin, vmax=vmax)
                     result["heatmap_png"] = _encode_png(overlay)
                 results.append(result)
                 i += 1

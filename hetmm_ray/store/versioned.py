@@ -255,7 +255,7 @@ class VersionedStore:
             "version": version,
             "parent": int(head["version"]) or None,
             "created": time.time(),
-            "config": ts.config.to_dict(),
+            "config": ts.config.stored_dict(),  # never this run's device, dtype or batch settings
             "backbone": ts.config.backbone.name,
             "weights_id": ts.weights_id,
             "layers": _layout(ts),
