@@ -77,7 +77,7 @@ OPTICS at N=200 images, long enough to amortise Ray's scheduling."""
 # --- backbones ---------------------------------------------------------------
 # Feature taps per backbone: the module whose output is a layer's feature map.
 # For ResNets the tap is moved to the residual sum of the last block when
-# ``pre_relu`` is on (ALGORITHM.md §1); see core/backbone.py.
+# ``pre_relu`` is on (docs/algorithm.md §1); see core/backbone.py.
 DEFAULT_LAYERS: dict[str, tuple[str, ...]] = {
     "wide_resnet101_2": ("layer1", "layer2", "layer3"),
     "wide_resnet50_2": ("layer1", "layer2", "layer3"),
@@ -294,7 +294,7 @@ class BackboneConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class ScoringConfig:
-    """ATMM and post-processing (ALGORITHM.md §3). One entry per layer."""
+    """ATMM and post-processing (docs/algorithm.md §3). One entry per layer."""
 
     forward_windows: tuple[int, ...] = (9, 7, 5)
     backward_windows: tuple[int, ...] = (9, 7, 5)
@@ -329,7 +329,7 @@ class ScoringConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class TemplateConfig:
-    """Which templates ATMM matches against (ALGORITHM.md §2, §4)."""
+    """Which templates ATMM matches against (docs/algorithm.md §2, §4)."""
 
     kind: str = "all"
     # Sheets K of a compressed selection: an integer, or "auto" = the smallest K on the ladder

@@ -274,7 +274,7 @@ class HETMM:
         return self
 
     def _selected(self, ts: TemplateSet) -> TemplateSet:
-        """``ts`` with the selection of ``config.templates`` (ALGORITHM.md §4) computed per layer;
+        """``ts`` with the selection of ``config.templates`` (docs/algorithm.md §4) computed per layer;
         ``sheets: auto`` measures K first (:meth:`_auto_selected`) and fixes it in ``self.config``."""
         tc = self.config.templates
         if tc.kind == "all":

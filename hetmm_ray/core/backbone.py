@@ -1,4 +1,4 @@
-"""Frozen CNN -> L2-normalised multi-layer features (ALGORITHM.md §1).
+"""Frozen CNN -> L2-normalised multi-layer features (docs/algorithm.md §1).
 
 Two families. torchvision CNNs (ResNets, wide ResNets, mobilenet_v2): ImageNet
 mean/std normalisation, weights from torchvision's enums or a file. EfficientNet-Lite0/1/2

@@ -1,4 +1,4 @@
-"""Pixel-level template selection: PTS and the ablation baselines (ALGORITHM.md §4).
+"""Pixel-level template selection: PTS and the ablation baselines (docs/algorithm.md §4).
 
 At every pixel, PTS picks K of the N bank vectors: first the medoid of each
 OPTICS cluster ("easy normals"), then, greedily, the vector least similar in
@@ -327,7 +327,7 @@ def select(
     progress: Progress | None = None,
     pts: Callable[..., Tensor] = pts_indices,
 ) -> Selection:
-    """Templates of one selection ``kind`` (ALGORITHM.md §4, the paper's Table RTMM).
+    """Templates of one selection ``kind`` (docs/algorithm.md §4, the paper's Table RTMM).
 
     - ``all``: the whole bank (``indices`` None).
     - ``ir``: the same ``min(k, N)`` random images at every pixel (seeded).

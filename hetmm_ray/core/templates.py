@@ -1,6 +1,6 @@
 """TemplateSet: a product's per-layer feature bank, its selection, and provenance.
 
-The bank holds every good image's features (the "ALL" set, ALGORITHM.md §2).
+The bank holds every good image's features (the "ALL" set, docs/algorithm.md §2).
 A compressed tiny set is stored as per-pixel bank indices ``(K, H, W)`` per
 layer, so it is derivable, checkable and cheap to keep next to the bank; only
 selections that are not bank vectors (``pc_k`` k-means centres) keep their

@@ -1,4 +1,4 @@
-"""Feature extraction of many images in parallel: image batches as Ray tasks (DESIGN.md, "Hot update").
+"""Feature extraction of many images in parallel: image batches as Ray tasks (docs/design.md, "Hot update").
 
 Creating a product or adding good images starts with the backbone over every
 image. Each batch runs as one Ray task that decodes its images (encoded bytes

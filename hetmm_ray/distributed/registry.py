@@ -10,7 +10,7 @@ published tiny set of a product by object reference (:meth:`snapshot`: shared
 memory, never the full bank), check :meth:`head` between batches and may
 long-poll :meth:`wait_for_version`.
 
-Hot update, in order (DESIGN.md): the shards append the new features and
+Hot update, in order (docs/design.md): the shards append the new features and
 re-select their tiny sets (PTS fanned out as tasks) -> the template set is
 rebuilt from the shards and recalibrated -> published to the store with
 ``expect_head`` (data, then head) -> the registry bumps the version and wakes

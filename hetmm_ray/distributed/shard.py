@@ -1,7 +1,7 @@
 """TemplateShard: one actor per (product, layer) holding that layer's feature bank.
 
 A product's template set is split by layer so that big banks and many
-products spread over the cluster's GPUs and nodes (DESIGN.md, "Sharding").
+products spread over the cluster's GPUs and nodes (docs/design.md, "Sharding").
 A shard appends new images' features, runs PTS for its layer by fanning pixel
 chunks out as Ray tasks, and hands out its tiny set through the object store,
 so replicas never pull the full bank.

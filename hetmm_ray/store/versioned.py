@@ -86,7 +86,7 @@ def _layout(ts: TemplateSet) -> dict[str, dict[str, Any]]:
 
 
 class VersionedStore:
-    """The template store of DESIGN.md: ``put``/``get``/``versions``/``products`` and more."""
+    """The template store of docs/design.md: ``put``/``get``/``versions``/``products`` and more."""
 
     def __init__(self, backend: Backend, *, chunk_bytes: int = CHUNK_BYTES) -> None:
         self.backend = backend
