@@ -25,12 +25,12 @@ import torch
 from PIL import Image
 from ray import serve
 
-from ..config import BackboneConfig, ReplicaSettings, stored_config
+from ..config import BackboneConfig, ReplicaSettings
 from ..core.backbone import Backbone
-from ..core.scoring import Calibration
 from ..data.decode import resize_to_geometry
 from ..detector import HETMM
 from ..distributed.registry import get_registry
+from ..records import ProductSnapshot
 from ..visualize import heatmap_overlay, heatmap_range
 
 __all__ = ["Detector", "ScoreRequest"]
@@ -113,20 +113,19 @@ class Detector:
             self._backbones[config] = Backbone(config).to(self._device)
         return self._backbones[config]
 
-    def _build(self, snapshot: dict[str, Any]) -> HETMM:
+    def _build(self, snapshot: ProductSnapshot) -> HETMM:
         """A detector scoring against a published tiny set (never the full bank)."""
-        config = stored_config(snapshot["config"]).replace(device=self._device)
+        config = snapshot.config.replace(device=self._device)
         tiny = {
             k: torch.from_numpy(np.array(v))
-            for k, v in zip(snapshot["tiny"], ray.get(list(snapshot["tiny"].values())), strict=True)
+            for k, v in zip(snapshot.tiny, ray.get(list(snapshot.tiny.values())), strict=True)
         }
-        cal = snapshot["calibration"]
         return HETMM.serving(
             config,
             tiny,
-            weights_id=snapshot["weights_id"],
-            calibration=Calibration.from_json(cal),
-            version=snapshot["version"],
+            weights_id=snapshot.weights_id,
+            calibration=snapshot.calibration,
+            version=snapshot.version,
             backbone=self._backbone(config.backbone),
         )
 
@@ -136,7 +135,7 @@ class Detector:
                 return
             snapshot = await self.registry.snapshot.remote(model.product)
             model.detector = await asyncio.to_thread(self._build, snapshot)
-            model.version = snapshot["version"]
+            model.version = snapshot.version
 
     # --- scoring ------------------------------------------------------------------------------
     async def predict(self, images: list[np.ndarray], want_maps: bool = False) -> list[dict[str, Any]]:
