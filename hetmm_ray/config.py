@@ -47,6 +47,7 @@ __all__ = [
     "check_number",
     "is_finite_number",
     "load_config",
+    "merge_product_config",
     "stored_config",
 ]
 
@@ -454,6 +455,12 @@ class DetectorConfig:
         """:meth:`to_dict` without the :data:`RUN_TIME_SETTINGS`: what a manifest keeps of a product."""
         return {k: v for k, v in self.to_dict().items() if k not in RUN_TIME_SETTINGS}
 
+    def product_only(self) -> DetectorConfig:
+        """This configuration with every run-time setting at its default: the product as stored."""
+        defaults = {f.name: f.default for f in dataclasses.fields(DetectorConfig) if f.name in RUN_TIME_SETTINGS}
+        same = all(getattr(self, k) == v for k, v in defaults.items())
+        return self if same else dataclasses.replace(self, **defaults)
+
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> DetectorConfig:
         return _build(cls, data, "")
@@ -624,3 +631,15 @@ def load_config(path: str | Path) -> DetectorConfig:
         return DetectorConfig.from_dict(data)
     except ConfigError as exc:
         raise ConfigError(f"{p}: {exc}") from None
+
+
+def merge_product_config(defaults: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
+    """A product's settings as a request gives them (``given``) over the service's
+    ``product_defaults``: one level deep per section, validated as a DetectorConfig; a dict."""
+    out: dict[str, Any] = {k: dict(v) if isinstance(v, dict) else v for k, v in defaults.items()}
+    for key, value in given.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = {**out[key], **value}
+        else:
+            out[key] = value
+    return DetectorConfig.from_dict(out).to_dict()
