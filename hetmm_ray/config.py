@@ -24,6 +24,7 @@ __all__ = [
     "DEFAULT_LAYERS",
     "DEFAULT_STORE",
     "DTYPES",
+    "HEATMAP_VMAX_OVER_THRESHOLD",
     "IMAGE_SUFFIXES",
     "PTS_CHUNK_PIXELS",
     "RUN_TIME_SETTINGS",
@@ -59,11 +60,11 @@ MAX_IMAGE_PIXELS = 50_000_000
 MIN_IMAGE_SIDE = 8
 """Smallest width or height accepted."""
 
-# --- files and stores ------------------------------------------------------------
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff")
-"""File suffixes (lower case) read as images from folders: the CLI, server-side sources, datasets."""
-DEFAULT_STORE = "hetmm-store"
-"""The template store when none is named: a folder in the working directory (CLI and service)."""
+# --- heat-maps -----------------------------------------------------------------
+HEATMAP_VMAX_OVER_THRESHOLD = 2.0
+"""Served heat-maps colour anomaly values from 0 to this multiple of the product's threshold, the
+same fixed scale for every image of a product version (the threshold sits mid-scale: cyan to
+green; above it yellow to red). Values beyond the top are drawn as the top colour."""
 
 # --- Ray placement -------------------------------------------------------------
 TASK_CPUS = 0.5
@@ -74,6 +75,12 @@ PTS_CHUNK_PIXELS = 512
 """Pixels per PTS task when PTS fans out over Ray (``distributed/pts_fanout.py``): the CLI's
 ``--address`` runs and the shards' hot-update selection alike. Each task is a few hundred ms of
 OPTICS at N=200 images, long enough to amortise Ray's scheduling."""
+
+# --- files and stores ------------------------------------------------------------
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff")
+"""File suffixes (lower case) read as images from folders: the CLI, server-side sources, datasets."""
+DEFAULT_STORE = "hetmm-store"
+"""The template store when none is named: a folder in the working directory (CLI and service)."""
 
 # --- backbones ---------------------------------------------------------------
 # Feature taps per backbone: the module whose output is a layer's feature map.

@@ -7,6 +7,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from .config import HEATMAP_VMAX_OVER_THRESHOLD
+
 __all__ = ["colorize", "heatmap_overlay", "heatmap_range", "save_png"]
 
 # A perceptually ordered dark-blue -> cyan -> yellow -> red ramp ("jet"-like but
@@ -56,12 +58,13 @@ def heatmap_overlay(
 def heatmap_range(amap: np.ndarray, threshold: float) -> tuple[float, float]:
     """One image's colour scale ``(vmin, vmax)``, the same in the CLI and over HTTP.
 
-    From 0 to the larger of the verdict threshold and the map's own peak, so a good part's
-    map never reaches red and the scale never depends on other images scored with it; before
-    calibration (threshold ``inf``) up to the map's own peak.
+    From 0 to ``config.HEATMAP_VMAX_OVER_THRESHOLD`` times the verdict threshold: one fixed
+    scale per product version, so maps compare with each other and never depend on the other
+    images scored with them. Before calibration (threshold ``inf``): 0 to the map's own peak.
     """
-    peak = float(np.max(amap))
-    return 0.0, max(float(threshold), peak) if np.isfinite(threshold) else peak
+    if np.isfinite(threshold):
+        return 0.0, HEATMAP_VMAX_OVER_THRESHOLD * float(threshold)
+    return 0.0, float(np.max(amap))
 
 
 def save_png(array: np.ndarray, path: str | Path) -> Path:

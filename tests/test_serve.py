@@ -462,7 +462,7 @@ def _heatmap(result: dict) -> np.ndarray:
 def test_a_heatmap_does_not_depend_on_its_batch(client: httpx.Client, store: str) -> None:
     """Issue 10: the colour scale was the batch's peak, so a good image sent beside a defective
     one came back cooler than the same image alone. Now each image has its own scale, the same
-    as the CLI's (``visualize.heatmap_range``)."""
+    as the CLI's (``visualize.heatmap_range``: 0 to 2x the threshold)."""
     from hetmm_ray.data.decode import resize_to_geometry
     from hetmm_ray.visualize import heatmap_overlay, heatmap_range
 
