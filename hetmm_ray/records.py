@@ -1,9 +1,9 @@
 """Typed records for what crosses processes: registry -> replicas, registry -> HTTP clients.
 
-- :class:`ProductSnapshot`: a product's published version as the registry hands it to the
-  detector replicas (a Ray actor call: the objects themselves travel, so the calibration is a
-  :class:`~hetmm_ray.core.scoring.Calibration` and the configuration a ``DetectorConfig``,
-  never lists and dicts to convert back).
+- :class:`ProductSnapshot`: a product's published version as the detector replicas use it
+  (parsed once, by :meth:`ProductSnapshot.from_published`, from what the registry hands out:
+  the calibration a :class:`~hetmm_ray.core.scoring.Calibration`, the configuration a
+  ``DetectorConfig`` with this host's run-time settings).
 - :class:`ProductDescription`: one entry of ``GET /v1/products`` (JSON as it is sent).
 - :class:`JobRecord`: a create / normals / calibrate job as ``GET /v1/jobs/{id}`` shows it.
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
-from .config import DetectorConfig
+from .config import DetectorConfig, stored_config
 from .core.scoring import Calibration
 
 __all__ = ["JobError", "JobProgressRecord", "JobRecord", "ProductDescription", "ProductSnapshot"]
@@ -33,6 +33,19 @@ class ProductSnapshot:
     calibration: Calibration | None
     # layer -> ObjectRef of the (K, C, H, W) tiny set, owned by the registry (shared memory)
     tiny: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_published(cls, published: dict[str, Any]) -> ProductSnapshot:
+        """The record of what ``ProductRegistry.snapshot`` returns (plain JSON-able fields and the
+        tiny-set refs): the one place its configuration and calibration are parsed."""
+        return cls(
+            product=published["product"],
+            version=int(published["version"]),
+            config=stored_config(published["config"]),
+            weights_id=published["weights_id"],
+            calibration=Calibration.from_json(published["calibration"]),
+            tiny=dict(published["tiny"]),
+        )
 
 
 class ProductDescription(TypedDict):

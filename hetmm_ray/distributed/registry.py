@@ -34,7 +34,7 @@ import torch
 from ..config import TASK_CPUS, DetectorConfig, ServiceConfig, stored_config
 from ..core.pts import select_layers
 from ..core.templates import TemplateSet, unseen_positions
-from ..records import ProductDescription, ProductSnapshot
+from ..records import ProductDescription
 from ..store import ProductNotFound, StoreConflict, StoreError, check_product_name, open_store
 from .jobs import JobBoard, JobProgress
 from .pts_fanout import pts_indices_ray
@@ -238,14 +238,14 @@ class ProductRegistry:
         shards = self.shards[product]
         tiny = {layer: shards[layer].tiny.remote() for layer in ts.layers}
         await asyncio.wait([asyncio.wrap_future(r.future()) for r in tiny.values()])
-        self.published[product] = ProductSnapshot(
-            product=product,
-            version=version,
-            config=stored_config(ts.config.stored_dict()),
-            weights_id=ts.weights_id,
-            calibration=ts.calibration,
-            tiny=tiny,  # ObjectRefs owned by this actor: replicas read them from shared memory
-        )
+        self.published[product] = {
+            "product": product,
+            "version": version,
+            "config": ts.config.to_dict(),
+            "weights_id": ts.weights_id,
+            "calibration": None if ts.calibration is None else ts.calibration.to_json(),
+            "tiny": tiny,  # ObjectRefs owned by this actor: replicas read them from shared memory
+        }
         self.versions[product] = version
         async with self._condition(product):
             self._condition(product).notify_all()
@@ -256,7 +256,7 @@ class ProductRegistry:
                 await self._load_shards(product)
             return dict(self.shards[product])
 
-    async def snapshot(self, product: str) -> ProductSnapshot:
+    async def snapshot(self, product: str) -> dict[str, Any]:
         """The published version of ``product`` for replicas: metadata plus per-layer tiny-set refs."""
         self._ensure_watch()
         if product not in self.published:
