@@ -71,7 +71,7 @@ def seeded_resnet18(seed: int) -> torch.nn.Module:
 
 @torch.no_grad()
 def literal_features(model: torch.nn.Module, images: torch.Tensor, pre_relu: bool) -> dict[str, torch.Tensor]:
-    """ALGORITHM.md §1 written out block by block (no feature-extraction graph)."""
+    """docs/algorithm.md §1 written out block by block (no feature-extraction graph)."""
     mean = torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1)
     std = torch.tensor(IMAGENET_STD).view(1, 3, 1, 1)
     x = (images - mean) / std

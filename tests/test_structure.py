@@ -1,4 +1,4 @@
-"""The layers of DESIGN.md point down only (docs/design.md): no import cycle, and the pure layers
+"""The layers of docs/design.md point down only: no import cycle, and the pure layers
 never reach Ray, boto3 or the web stack.
 
 The import graph is read from the source (every ``import``, also inside functions: a deferred
