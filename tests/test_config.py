@@ -411,3 +411,17 @@ def test_sheets_held_by_a_selection() -> None:
     assert TemplateConfig(kind="pts_o", sheets=60).sheets_of(6) == 6
     assert TemplateConfig(kind="pts_o", sheets=4).sheets_of(6) == 4
     assert TemplateConfig(kind="all", sheets=4).sheets_of(6) == 6
+
+
+def test_deployment_decorators_match_deploy_yaml() -> None:
+    """The decorators' placement (``hetmm serve`` without deploy.yaml's overrides, tests) and
+    deploy.yaml's say the same: one value, stated twice for two readers, kept equal here."""
+    from hetmm_ray.serve.ingress import Ingress
+    from hetmm_ray.serve.replica import Detector
+
+    app = yaml.safe_load((Path(__file__).resolve().parents[1] / "deploy.yaml").read_text())["applications"][0]
+    stated = {d["name"]: d for d in app["deployments"]}
+    for deployment in (Ingress, Detector):
+        d = stated[deployment.name]
+        assert deployment.max_ongoing_requests == d["max_ongoing_requests"]
+        assert deployment.ray_actor_options["num_cpus"] == d["ray_actor_options"]["num_cpus"]
