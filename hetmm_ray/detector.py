@@ -34,6 +34,7 @@ __all__ = ["HETMM", "ImageInput", "Prediction", "operating_point"]
 
 _DTYPES = TORCH_DTYPES  # the names this module used before core/device.py
 _digest = image_digest
+_as_rgb = as_rgb  # lives in fitting.py now; the old name keeps callers here working
 
 
 @dataclass(frozen=True)
