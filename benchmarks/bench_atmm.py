@@ -47,7 +47,7 @@ def bottle_features(device: torch.device, n_templates: int) -> tuple[dict, dict,
 
 
 def einsum_baseline(query: dict, templates: dict) -> torch.Tensor:
-    """Per-offset einsum over all templates: the obvious vectorisation of ALGORITHM.md §3."""
+    """Per-offset einsum over all templates: the obvious vectorisation of docs/algorithm.md §3."""
     maps = []
     for j, name in enumerate(query):
         q, t = query[name], templates[name]

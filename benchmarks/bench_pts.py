@@ -1,6 +1,6 @@
 """PTS speed: the 60-sheet tiny set of a 209-image product, against per-pixel scikit-learn.
 
-PTS (ALGORITHM.md §4) runs one OPTICS clustering per pixel: 5,376 of them for
+PTS (docs/algorithm.md §4) runs one OPTICS clustering per pixel: 5,376 of them for
 WRN-101-shaped features at 256x256. hetmm_ray runs them in lockstep over pixel
 chunks (:mod:`hetmm_ray.core.optics`); the baseline is what the reference
 implementation does, scikit-learn OPTICS per pixel (here with the faster

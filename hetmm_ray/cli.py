@@ -15,15 +15,24 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__
-from .config import BACKBONES, TEMPLATE_KINDS, ConfigError, DetectorConfig, check_number, load_config
+from .config import (
+    BACKBONES,
+    DEFAULT_STORE,
+    DTYPES,
+    IMAGE_SUFFIXES,
+    TEMPLATE_KINDS,
+    ConfigError,
+    DetectorConfig,
+    check_number,
+    load_config,
+    stored_config,
+)
+from .errors import HetmmError, describe
 
 __all__ = ["main"]
 
-DEFAULT_STORE = "hetmm-store"
-IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff"}
 
-
-class CLIError(Exception):
+class CLIError(HetmmError):
     """A user-facing failure with a one-line message."""
 
 
@@ -39,7 +48,7 @@ def _add_config_flags(p: argparse.ArgumentParser, *, templates: bool = True) -> 
         )
         g.add_argument("--sheets", type=_sheets, help="template sheets K for compressed selections, or auto (default)")
     g.add_argument("--device", help="auto (default), cpu, cuda, cuda:N")
-    g.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), help="ATMM compute dtype")
+    g.add_argument("--dtype", choices=DTYPES, help="ATMM compute dtype")
     g.add_argument(
         "--set",
         action="append",
@@ -144,7 +153,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
     paths = [p for p, _ in _image_paths(args.images)]
     if len(paths) < 2:
         raise CLIError(f"fit needs at least 2 good images, got {len(paths)}")
-    det = HETMM(config, progress=True, cluster=_cluster(args))
+    det = HETMM(config, progress=True, steps=_steps(args))
     bb = config.backbone
     det.fit(load_images(paths, bb.image_size, progress=True, desc="decode", geometry=bb.geometry))
     version = det.save(_open(args), args.product)
@@ -158,7 +167,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
 def cmd_predict(args: argparse.Namespace) -> int:
     from .data.decode import ImageError, decode_image, resize_to_geometry
     from .detector import HETMM
-    from .visualize import heatmap_overlay, save_png
+    from .visualize import heatmap_overlay, heatmap_range, save_png
 
     if args.sigmas is not None:
         check_number("threshold.sigmas", args.sigmas)  # before any work: NaN would pass every image
@@ -201,7 +210,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
         }
         if out is not None:
             target = out / name.parent / f"{name.name}_heatmap.png"
-            rec["heatmap"] = str(save_png(heatmap_overlay(image, pred.maps[i]), target))
+            vmin, vmax = heatmap_range(pred.maps[i], pred.threshold)
+            rec["heatmap"] = str(save_png(heatmap_overlay(image, pred.maps[i], vmin=vmin, vmax=vmax), target))
         records.append(rec)
         flag = "ANOMALY" if rec["is_anomaly"] else "ok"
         print(f"{rec['score']:.4f}  {flag:<7}  {path}")
@@ -235,7 +245,7 @@ def cmd_update(args: argparse.Namespace) -> int:
 
     store = _open(args)
     head = store.head(args.product)
-    det = HETMM.load(store, args.product, head, progress=True, cluster=_cluster(args))
+    det = HETMM.load(store, args.product, head, progress=True, steps=_steps(args))
     paths = [p for p, _ in _image_paths(args.images)]
     bb = det.config.backbone
     det.update(load_images(paths, bb.image_size, progress=True, desc="decode", geometry=bb.geometry))
@@ -259,7 +269,7 @@ def cmd_compress(args: argparse.Namespace) -> int:
 
     store = _open(args)
     overrides = {k: v for k, v in (("device", args.device),) if v}
-    det = HETMM.load(store, args.product, args.version, progress=True, cluster=_cluster(args), **overrides)
+    det = HETMM.load(store, args.product, args.version, progress=True, steps=_steps(args), **overrides)
     start = time.perf_counter()
     det.compress(_template_kind(args.templates), args.sheets, seed=args.seed)
     seconds = time.perf_counter() - start
@@ -356,14 +366,16 @@ def _ladder_table(auto: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _cluster(args: argparse.Namespace) -> bool:
-    """Join the Ray cluster at ``--address`` (features and PTS then run there); False without one."""
+def _steps(args: argparse.Namespace) -> Any:
+    """Where fit/update/compress extract features and run PTS: as tasks on the Ray cluster at
+    ``--address`` (joined here), else in this process (None)."""
     if not getattr(args, "address", None):
-        return False
+        return None
     from .distributed.runtime import connect
+    from .distributed.steps import ray_steps
 
     connect(args.address)
-    return True
+    return ray_steps()
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -424,7 +436,7 @@ def cmd_versions(args: argparse.Namespace) -> int:
     for v in store.versions(args.product):
         m = store.manifest(args.product, v)
         created = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(m["created"]))
-        sheets = m["images"] if not m.get("selection") else m["config"]["templates"]["sheets"]
+        sheets = stored_config(m["config"]).templates.sheets_of(m["images"])  # held, not configured
         if m.get("selection") and m.get("meta", {}).get("sheets_auto"):
             sheets, auto_seen = f"{sheets}a", True  # chosen by sheets: auto
         mark = "*" if v == head else " "
@@ -534,7 +546,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="threshold at this estimated share of good parts flagged, e.g. 0.01 (default: the product's rule)",
     )
     p.add_argument("--device")
-    p.add_argument("--dtype", choices=("float32", "float16", "bfloat16"))
+    p.add_argument("--dtype", choices=DTYPES)
     p.set_defaults(func=cmd_predict)
 
     p = sub.add_parser("evaluate", help="fit on train/good of an MVTec-layout folder and measure on test/")
@@ -638,25 +650,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _expected_errors() -> tuple[type[BaseException], ...]:
-    from .core.backbone import WeightsError
-    from .core.templates import TemplateError
-    from .data.decode import ImageError
-    from .data.mvtec import DatasetError
-    from .distributed.runtime import ClusterUnavailable
-    from .store import StoreError
-
-    return (
-        CLIError,
-        ConfigError,
-        ImageError,
-        DatasetError,
-        WeightsError,
-        StoreError,
-        TemplateError,
-        OSError,
-        ClusterUnavailable,
-    )
+def error_line(exc: BaseException) -> str:
+    """The one line ``hetmm: error: ...`` says for ``exc``: a project error (``hetmm_ray/errors.py``,
+    the table HTTP maps too) or an OS error says its own message; anything else is unexpected."""
+    known = describe(exc)
+    if known is not None:
+        return known[2]
+    if isinstance(exc, OSError):  # a local file the user named: their message is the useful one
+        msg = str(exc)
+        return msg.splitlines()[0] if msg else type(exc).__name__
+    return f"unexpected {type(exc).__name__}: {exc} (run with --debug for a traceback)".splitlines()[0]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -671,9 +674,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         if args.debug:
             raise
-        known = isinstance(exc, _expected_errors())
-        msg = str(exc) if known else f"unexpected {type(exc).__name__}: {exc} (run with --debug for a traceback)"
-        print(f"hetmm: error: {msg.splitlines()[0] if msg else type(exc).__name__}", file=sys.stderr)
+        print(f"hetmm: error: {error_line(exc)}", file=sys.stderr)
         return 2
     if args.debug:
         print(f"hetmm: {args.command} took {time.perf_counter() - start:.1f}s", file=sys.stderr)

@@ -17,9 +17,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .errors import HetmmError
+
 __all__ = [
     "BACKBONES",
     "DEFAULT_LAYERS",
+    "DEFAULT_STORE",
+    "DTYPES",
+    "HEATMAP_VMAX_OVER_THRESHOLD",
+    "IMAGE_SUFFIXES",
+    "PTS_CHUNK_PIXELS",
+    "RUN_TIME_SETTINGS",
     "MAX_IMAGE_BYTES",
     "MAX_IMAGE_PIXELS",
     "MIN_IMAGE_SIDE",
@@ -40,6 +48,7 @@ __all__ = [
     "check_number",
     "is_finite_number",
     "load_config",
+    "merge_product_config",
     "stored_config",
 ]
 
@@ -62,11 +71,21 @@ TASK_CPUS = 0.5
 """CPUs a service-side Ray task reserves (PTS chunk, feature batch, calibration). Fractional so
 that tasks still fit beside the resident actors (ingress, detector replicas, registry, shards)
 on a small node; each task runs max(1, round(cpus)) torch threads."""
+PTS_CHUNK_PIXELS = 512
+"""Pixels per PTS task when PTS fans out over Ray (``distributed/pts_fanout.py``): the CLI's
+``--address`` runs and the shards' hot-update selection alike. Each task is a few hundred ms of
+OPTICS at N=200 images, long enough to amortise Ray's scheduling."""
+
+# --- files and stores ------------------------------------------------------------
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff")
+"""File suffixes (lower case) read as images from folders: the CLI, server-side sources, datasets."""
+DEFAULT_STORE = "hetmm-store"
+"""The template store when none is named: a folder in the working directory (CLI and service)."""
 
 # --- backbones ---------------------------------------------------------------
 # Feature taps per backbone: the module whose output is a layer's feature map.
 # For ResNets the tap is moved to the residual sum of the last block when
-# ``pre_relu`` is on (ALGORITHM.md §1); see core/backbone.py.
+# ``pre_relu`` is on (docs/algorithm.md §1); see core/backbone.py.
 DEFAULT_LAYERS: dict[str, tuple[str, ...]] = {
     "wide_resnet101_2": ("layer1", "layer2", "layer3"),
     "wide_resnet50_2": ("layer1", "layer2", "layer3"),
@@ -126,7 +145,13 @@ GEOMETRIES = ("squash", "letterbox")  # = core.geometry.GEOMETRIES (config stays
 DTYPES = ("float32", "float16", "bfloat16")
 
 
-class ConfigError(ValueError):
+# Settings of *this run* (which device, which compute dtype, how many images at once, how much
+# working memory): they change how fast a product is computed, not what it is, so they are never
+# stored with a product (``DetectorConfig.stored_dict``) and a stored value is ignored on load.
+RUN_TIME_SETTINGS = ("device", "dtype", "batch_size", "chunk_mib")
+
+
+class ConfigError(HetmmError, ValueError):
     """A configuration value is missing, unknown or out of range."""
 
 
@@ -282,7 +307,7 @@ class BackboneConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class ScoringConfig:
-    """ATMM and post-processing (ALGORITHM.md §3). One entry per layer."""
+    """ATMM and post-processing (docs/algorithm.md §3). One entry per layer."""
 
     forward_windows: tuple[int, ...] = (9, 7, 5)
     backward_windows: tuple[int, ...] = (9, 7, 5)
@@ -317,7 +342,7 @@ class ScoringConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class TemplateConfig:
-    """Which templates ATMM matches against (ALGORITHM.md §2, §4)."""
+    """Which templates ATMM matches against (docs/algorithm.md §2, §4)."""
 
     kind: str = "all"
     # Sheets K of a compressed selection: an integer, or "auto" = the smallest K on the ladder
@@ -342,6 +367,14 @@ class TemplateConfig:
             f"templates.sheets: must be an integer >= 1 or 'auto', got {self.sheets!r}",
         )
         _check_numbers(self, "templates.", skip=("sheets",) if self.sheets == "auto" else ())
+
+    def sheets_of(self, n_images: int) -> int:
+        """The sheets a selection of this kind really holds over a bank of ``n_images`` images:
+        every image for ``all`` (and for an ``auto`` K not chosen yet), else ``min(sheets, n_images)``
+        (every selection keeps at most the bank, ``core.pts.select``)."""
+        if self.kind == "all" or not isinstance(self.sheets, int):
+            return n_images
+        return min(self.sheets, n_images)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -430,6 +463,16 @@ class DetectorConfig:
     def to_dict(self) -> dict[str, Any]:
         return json.loads(json.dumps(dataclasses.asdict(self)))
 
+    def stored_dict(self) -> dict[str, Any]:
+        """:meth:`to_dict` without the :data:`RUN_TIME_SETTINGS`: what a manifest keeps of a product."""
+        return {k: v for k, v in self.to_dict().items() if k not in RUN_TIME_SETTINGS}
+
+    def product_only(self) -> DetectorConfig:
+        """This configuration with every run-time setting at its default: the product as stored."""
+        defaults = {f.name: f.default for f in dataclasses.fields(DetectorConfig) if f.name in RUN_TIME_SETTINGS}
+        same = all(getattr(self, k) == v for k, v in defaults.items())
+        return self if same else dataclasses.replace(self, **defaults)
+
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> DetectorConfig:
         return _build(cls, data, "")
@@ -452,7 +495,7 @@ class DetectorConfig:
 class ServiceConfig:
     """The HTTP service (``deploy.yaml`` application ``args``, ``hetmm serve`` flags)."""
 
-    store: str = "./hetmm-store"  # local directory or s3://bucket/prefix[?endpoint=...]
+    store: str = f"./{DEFAULT_STORE}"  # local directory or s3://bucket/prefix[?endpoint=...]
     admin_token_env: str = "HETMM_ADMIN_TOKEN"  # environment variable holding the admin bearer token
     max_products_per_replica: int = 4  # tiny sets a detector replica keeps (LRU beyond that)
     max_body_mib: int = 64  # largest request body; larger uploads get 413 before being read
@@ -591,8 +634,12 @@ def stored_config(data: dict[str, Any]) -> DetectorConfig:
     """A product's configuration as stored with its templates.
 
     Settings added after a product was stored take the value that reproduces how it was
-    built, not today's default: ``backbone.geometry`` missing means ``squash``.
+    built, not today's default: ``backbone.geometry`` missing means ``squash``. The
+    :data:`RUN_TIME_SETTINGS` an older manifest may hold are ignored (this host's defaults
+    apply: a product compressed on a GPU host loads on a CPU-only one).
     """
+    if isinstance(data, dict):
+        data = {k: v for k, v in data.items() if k not in RUN_TIME_SETTINGS}
     if isinstance(data, dict) and isinstance(data.get("backbone"), dict) and "geometry" not in data["backbone"]:
         data = {**data, "backbone": {**data["backbone"], "geometry": "squash"}}
     return DetectorConfig.from_dict(data)
@@ -618,3 +665,15 @@ def load_config(path: str | Path) -> DetectorConfig:
         return DetectorConfig.from_dict(data)
     except ConfigError as exc:
         raise ConfigError(f"{p}: {exc}") from None
+
+
+def merge_product_config(defaults: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
+    """A product's settings as a request gives them (``given``) over the service's
+    ``product_defaults``: one level deep per section, validated as a DetectorConfig; a dict."""
+    out: dict[str, Any] = {k: dict(v) if isinstance(v, dict) else v for k, v in defaults.items()}
+    for key, value in given.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = {**out[key], **value}
+        else:
+            out[key] = value
+    return DetectorConfig.from_dict(out).to_dict()

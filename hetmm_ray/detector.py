@@ -1,36 +1,40 @@
-"""Single-process detector API: ``HETMM(config).fit(images).predict(images)``."""
+"""Single-process detector API: ``HETMM(config).fit(images).predict(images)``.
+
+``HETMM`` is three parts in three modules: the scorer over prepared templates (here: the
+backbone's features, ATMM, image scores and maps, verdicts), the fit pipeline
+(``fitting.py``: extract -> select -> calibrate, with injectable steps) and persistence
+(``persistence.py``: save / load through a store, serving copies). Nothing here imports Ray.
+"""
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, replace
-from pathlib import Path
-from typing import Any
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from .config import DetectorConfig, TemplateConfig, check_number
+from .config import DetectorConfig, check_number
 from .core.atmm import anomaly_maps, pixel_major
-from .core.auto_sheets import Rung, agreement, choose_sheets
 from .core.backbone import Backbone
-from .core.calibration import OutOfFold, fold_plan
-from .core.geometry import Box, boxes_from_features, canvas_box, scale_box, zero_padding
-from .core.pts import select_layers
-from .core.scoring import Calibration, OperatingPoint, content_maps, image_scores, operating_point
-from .core.templates import TemplateError, TemplateSet, unseen_positions
-from .data.decode import decode_image, images_to_tensor
+from .core.device import TORCH_DTYPES, image_digest, resolve_device
+from .core.geometry import Box, canvas_box, scale_box, zero_padding
+from .core.scoring import OperatingPoint, content_maps, image_scores, operating_point
+from .core.templates import TemplateSet
+from .data.decode import images_to_tensor
+from .fitting import FitPipeline, ImageInput, as_rgb
+from .persistence import Persistence
+from .steps import FitSteps
 
 __all__ = ["HETMM", "ImageInput", "Prediction", "operating_point"]
 
-ImageInput = str | Path | bytes | np.ndarray
-"""A path, encoded bytes, or a decoded RGB uint8 array (H, W, 3)."""
 
-_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+_DTYPES = TORCH_DTYPES  # the names this module used before core/device.py
+_digest = image_digest
+_as_rgb = as_rgb  # lives in fitting.py now; the old name keeps callers here working
 
 
 @dataclass(frozen=True)
@@ -53,17 +57,7 @@ class Prediction:
         return len(self.scores)
 
 
-def _digest(image: np.ndarray) -> str:
-    return hashlib.sha256(np.ascontiguousarray(image).tobytes()).hexdigest()[:32]
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
-
-
-class HETMM:
+class HETMM(FitPipeline, Persistence):
     """A HETMM detector for one product.
 
     ``fit`` extracts the good images' features into the bank and calibrates the
@@ -72,12 +66,14 @@ class HETMM:
     through a template store.
     """
 
-    def __init__(self, config: DetectorConfig | None = None, *, progress: bool = False, cluster: bool = False) -> None:
-        """``cluster=True``: fit/update/compress extract features and run PTS as tasks on the
-        connected Ray cluster (see :func:`hetmm_ray.distributed.runtime.connect`)."""
+    def __init__(
+        self, config: DetectorConfig | None = None, *, progress: bool = False, steps: FitSteps | None = None
+    ) -> None:
+        """``steps``: where fit/update/compress extract features and run PTS (``hetmm_ray/steps.py``);
+        default in this process, ``hetmm_ray.distributed.steps.ray_steps()`` on a Ray cluster."""
         self.config = config or DetectorConfig()
         self.progress = progress
-        self.cluster = cluster
+        self.steps = steps or FitSteps()
         self.device = resolve_device(self.config.device)
         self.templates: TemplateSet | None = None
         self.version: int | None = None
@@ -116,7 +112,7 @@ class HETMM:
         bar = tqdm(total=len(images), desc=desc, unit="img", disable=not self.progress, leave=False)
         with bar:
             for i in range(0, len(images), bs):
-                decoded = [_as_rgb(x) for x in images[i : i + bs]]
+                decoded = [as_rgb(x) for x in images[i : i + bs]]
                 boxes = None
                 if geometry != "squash":
                     boxes = [canvas_box(x.shape[0], x.shape[1], size, geometry) for x in decoded]
@@ -127,54 +123,6 @@ class HETMM:
         """Backbone features of a canvas batch, pad cells zeroed (``core.geometry``)."""
         feats = self.backbone(batch)
         return feats if boxes is None else zero_padding(feats, boxes, self.config.backbone.image_size)
-
-    def extract(
-        self, images: Sequence[ImageInput], *, desc: str = "features", bank: bool = False
-    ) -> tuple[dict[str, Tensor], list[str]]:
-        """Features of ``images`` (layer -> (N, C, h, w)) and their digests.
-
-        ``bank=True`` moves each batch to the CPU in ``bank_dtype`` as it comes, so a large
-        bank never exists twice (device float32 and CPU storage) at once.
-        """
-        feats, digests, _ = self._extract(images, desc=desc, bank=bank)
-        return feats, digests
-
-    def _extract(
-        self, images: Sequence[ImageInput], *, desc: str = "features", bank: bool = False
-    ) -> tuple[dict[str, Tensor], list[str], list[Box] | None]:
-        """:meth:`extract` plus the images' canvas boxes (None: squash, or not known)."""
-        if len(images) == 0:
-            raise ValueError("no images given")
-        if bank and self.cluster:
-            from .distributed.extract import extract_features_ray
-
-            with tqdm(total=len(images), desc=desc, unit="img", disable=not self.progress, leave=False) as bar:
-                feats, digests = extract_features_ray(
-                    self.config, images, progress=lambda done, _total: bar.update(done - bar.n)
-                )
-            bank_feats = {k: torch.from_numpy(v).to(_DTYPES[self.config.bank_dtype]) for k, v in feats.items()}
-            return bank_feats, digests, None
-        parts: dict[str, list[Tensor]] = {}
-        digests: list[str] = []
-        all_boxes: list[Box] | None = None if self.config.backbone.geometry == "squash" else []
-        for decoded, batch, boxes in self._batches(images, desc):
-            digests.extend(_digest(x) for x in decoded)
-            if all_boxes is not None and boxes is not None:
-                all_boxes.extend(boxes)
-            for k, v in self.features(batch, boxes).items():
-                parts.setdefault(k, []).append(v.to("cpu", _DTYPES[self.config.bank_dtype]) if bank else v)
-        return {k: torch.cat(v) for k, v in parts.items()}, digests, all_boxes
-
-    def _bank_boxes(self, ts: TemplateSet, images: Sequence[int]) -> list[Box] | None:
-        """Canvas boxes of bank images: kept in ``meta["image_boxes"]`` by fit/update, else
-        recovered from the bank's zeroed pad cells (sets built by the service's feature tasks)."""
-        if self.config.backbone.geometry == "squash":
-            return None
-        kept = ts.meta.get("image_boxes")
-        if kept is not None and len(kept) == ts.n_images:
-            return [Box(*kept[i]) for i in images]
-        idx = list(images)
-        return boxes_from_features({k: v[idx] for k, v in ts.bank.items()}, self.config.backbone.image_size)
 
     def _score_features(
         self, feats: dict[str, Tensor], templates_pm: dict[str, Tensor], boxes: Sequence[Box] | None = None
@@ -228,215 +176,6 @@ class HETMM:
                     t.masked_fill_(left_out[:, None], 0.0)
             out[layer] = pixel_major(t.to(self.device, dtype))
         return out
-
-    # --- fit / update / compress -----------------------------------------------------
-    def fit(self, images: Sequence[ImageInput]) -> HETMM:
-        """Build the template set from good images, select the tiny set, calibrate the threshold."""
-        if len(images) < 2:
-            raise ValueError(f"fit needs at least 2 good images, got {len(images)}")
-        feats, digests, boxes = self._extract(images, desc="fit: features", bank=True)
-        meta: dict[str, Any] = {"created": time.time()}
-        if boxes is not None:
-            meta["image_boxes"] = [list(b) for b in boxes]
-        ts = TemplateSet(
-            bank=feats,
-            config=self.config,
-            weights_id=self.backbone.weights_id,
-            image_digests=tuple(digests),
-            meta=meta,
-        )
-        self._install(self.calibrated(self._selected(ts)), version=None)
-        return self
-
-    def update(self, images: Sequence[ImageInput]) -> HETMM:
-        """Hot update: append good images' features, re-select the tiny set, recalibrate.
-
-        Images already in the bank (same content digest) are skipped, so a retried update
-        changes nothing; ``self.skipped_duplicates`` says how many were skipped.
-        """
-        ts = self._require_templates()
-        feats, digests, boxes = self._extract(images, desc="update: features", bank=True)
-        keep = unseen_positions(ts.image_digests, digests)
-        self.skipped_duplicates = len(digests) - len(keep)
-        if not keep:
-            return self
-        if len(keep) < len(digests):
-            feats = {k: v[keep] for k, v in feats.items()}
-            digests = [digests[i] for i in keep]
-            boxes = None if boxes is None else [boxes[i] for i in keep]
-        old_boxes = ts.meta.get("image_boxes")
-        meta = {k: v for k, v in ts.meta.items() if k != "image_boxes"}
-        if boxes is not None and old_boxes is not None and len(old_boxes) == ts.n_images:
-            meta["image_boxes"] = [*old_boxes, *(list(b) for b in boxes)]
-        grown = ts.appended(feats, tuple(digests), meta=meta)
-        self._install(self.calibrated(self._selected(grown)), version=None)
-        return self
-
-    def compress(self, kind: str | None = None, sheets: int | None = None, *, seed: int | None = None) -> HETMM:
-        """Re-select the tiny set from the bank (PTS or an ablation baseline) and recalibrate."""
-        ts = self._require_templates()
-        changes = {"kind": kind, "sheets": sheets, "seed": seed}
-        tc = replace(self.config.templates, **{k: v for k, v in changes.items() if v is not None})
-        self.config = replace(self.config, templates=tc)
-        self._install(self.calibrated(self._selected(replace(ts, config=self.config))), version=None)
-        return self
-
-    def _selected(self, ts: TemplateSet) -> TemplateSet:
-        """``ts`` with the selection of ``config.templates`` (ALGORITHM.md §4) computed per layer;
-        ``sheets: auto`` measures K first (:meth:`_auto_selected`) and fixes it in ``self.config``."""
-        tc = self.config.templates
-        if tc.kind == "all":
-            return replace(ts, indices=None, centres=None)
-        if tc.sheets == "auto":
-            return self._auto_selected(ts)
-        indices, centres = self._select(ts, tc)
-        meta = {k: v for k, v in ts.meta.items() if k != "sheets_auto"}  # a fixed K: no ladder to report
-        return replace(ts, config=self.config, indices=indices, centres=centres, meta=meta)
-
-    def _select(self, ts: TemplateSet, tc: TemplateConfig) -> tuple[dict[str, Tensor] | None, dict[str, Tensor] | None]:
-        """Per-layer (indices, centres) of selection ``tc`` (a fixed K) on ``ts``'s bank."""
-        total = sum(v.shape[2] * v.shape[3] for v in ts.bank.values())
-        pts = self._pts_fanout()
-        with tqdm(total=total, desc=f"{tc.kind}: {tc.sheets} sheets", unit="px", disable=not self.progress) as bar:
-            indices, centres = select_layers(
-                ts.bank,
-                tc.kind,
-                tc.sheets,
-                tc.seed,
-                device=self.device,
-                progress=lambda done, _total: bar.update(done - bar.n),
-                **pts,
-            )
-        return indices, centres
-
-    # --- sheets: auto (core/auto_sheets.py) ---------------------------------------------
-    def _oof_scores(self, ts: TemplateSet, templates: TemplateConfig) -> tuple[list[float], float]:
-        """Out-of-fold scores of ``ts``'s good images under selection ``templates`` (the same
-        :meth:`out_of_fold` the threshold uses) and the ATMM scoring ms per image they took."""
-        oof = self.out_of_fold(ts, templates=templates)
-        return list(oof.scores), 1000 * oof.scoring_seconds / max(len(oof.scores), 1)
-
-    def _verdict_threshold(self, scores: Sequence[float]) -> float:
-        """The verdict threshold the product's rule sets on out-of-fold ``scores`` (a labelled
-        ``validation`` threshold does not exist yet while templates are being chosen: ``far``)."""
-        th = self.config.threshold
-        rule = "far" if th.rule == "validation" else th.rule
-        op = Calibration(scores=tuple(scores)).operating_point(
-            rule, sigmas=th.sigmas, false_alarm_rate=th.false_alarm_rate
-        )
-        return op.threshold
-
-    def _auto_selected(self, ts: TemplateSet) -> TemplateSet:
-        """The selection at the smallest ladder K that agrees with ALL (``core.auto_sheets``)."""
-        tc = self.config.templates
-        reference, all_ms = self._oof_scores(replace(ts, indices=None, centres=None), replace(tc, kind="all"))
-        reference_threshold = self._verdict_threshold(reference)
-        made: dict[int, TemplateSet] = {}
-
-        def evaluate(k: int) -> Rung:
-            fixed = replace(tc, sheets=k)
-            indices, centres = self._select(ts, fixed)
-            made[k] = replace(ts, config=replace(self.config, templates=fixed), indices=indices, centres=centres)
-            scores, ms = self._oof_scores(made[k], fixed)
-            return agreement(
-                k,
-                scores,
-                self._verdict_threshold(scores),
-                reference,
-                reference_threshold,
-                ms,
-                min_rank_corr=tc.auto_min_rank_corr,
-                max_rel_diff=tc.auto_max_rel_diff,
-                min_verdict_agreement=tc.auto_min_verdict_agreement,
-            )
-
-        def report(rung: Rung) -> None:
-            if self.progress:
-                tqdm.write(
-                    f"sheets {rung.sheets:>5}: rank corr {rung.rank_corr:.4f}  max rel diff {rung.max_rel_diff:.4f}  "
-                    f"verdicts {100 * rung.verdict_agreement:.1f}%  {rung.ms_per_image:.1f} ms/img  "
-                    f"{'agrees' if rung.agrees else '-'}"
-                )
-
-        k, rungs, why = choose_sheets(ts.n_images, evaluate, max_ms_per_image=tc.auto_max_ms_per_image, report=report)
-        self.config = replace(self.config, templates=replace(tc, sheets=k))
-        if k not in made:
-            indices, centres = self._select(ts, self.config.templates)
-            made[k] = replace(ts, indices=indices, centres=centres)
-        meta = {
-            **ts.meta,
-            "sheets_auto": {
-                "chosen": k,
-                "images": ts.n_images,
-                "why": why,
-                "all_ms_per_image": round(all_ms, 3),
-                "ladder": [r.to_dict() for r in rungs],
-                "tolerance": {
-                    "min_rank_corr": tc.auto_min_rank_corr,
-                    "max_rel_diff": tc.auto_max_rel_diff,
-                    "min_verdict_agreement": tc.auto_min_verdict_agreement,
-                    "max_ms_per_image": tc.auto_max_ms_per_image,
-                },
-            },
-        }
-        return replace(made[k], config=self.config, meta=meta)
-
-    def out_of_fold(self, ts: TemplateSet, *, templates: TemplateConfig | None = None) -> OutOfFold:
-        """Out-of-fold scores of ``ts``'s training images, each scored as a new part would be.
-
-        The folds come from ``threshold`` (:func:`~hetmm_ray.core.calibration.fold_plan`: up to
-        ``max_images`` images in ``folds`` folds). For each fold the templates are selected
-        afresh from the *other* training images only, with ``templates`` (default: this
-        detector's ``config.templates``): ALL is the kept images' bank; a compressed selection
-        (PTS, IR, PR, PC_K) re-runs on the kept images, so a held-out image never contributes a
-        sheet. The held-out features come from the bank (no backbone pass).
-        Cost: one selection per fold (none for ALL) + one ATMM scoring per held-out image.
-        """
-        tc = self.config.threshold
-        sel = templates or self.config.templates
-        n = ts.n_images
-        images: list[int] = []
-        scores: list[float] = []
-        scoring_seconds = 0.0
-        plan = fold_plan(n, folds=tc.folds, max_images=tc.max_images, seed=tc.seed, keys=ts.image_digests)
-        for held in plan:
-            held_set = set(held)
-            kept = [i for i in range(n) if i not in held_set]
-            kept_bank = {k: v[kept] for k, v in ts.bank.items()}
-            fold_ts = TemplateSet(
-                bank=kept_bank,
-                config=self.config,
-                weights_id=ts.weights_id,
-                image_digests=tuple(ts.image_digests[i] for i in kept),
-            )
-            if sel.kind != "all":
-                indices, centres = select_layers(
-                    kept_bank, sel.kind, sel.sheets, sel.seed, device=self.device, **self._pts_fanout()
-                )
-                fold_ts = replace(fold_ts, indices=indices, centres=centres)
-            held_feats = {k: v[held].to(self.device) for k, v in ts.bank.items()}
-            held_boxes = self._bank_boxes(ts, held)  # letterbox: the pad never counts in a score
-            start = time.perf_counter()
-            maps = self._score_features(held_feats, self._prepare(fold_ts), held_boxes)
-            fold_scores = image_scores(maps, self.config.scoring.score_sigma, self._map_boxes(held_boxes))
-            scoring_seconds += time.perf_counter() - start
-            images.extend(held)
-            scores.extend(float(x) for x in fold_scores.tolist())
-        return OutOfFold(images=tuple(images), scores=tuple(scores), folds=len(plan), scoring_seconds=scoring_seconds)
-
-    def _pts_fanout(self) -> dict[str, Any]:
-        """``select_layers`` keyword: PTS pixel chunks as Ray tasks when on a cluster."""
-        if not self.cluster:
-            return {}
-        from .distributed.pts_fanout import pts_indices_ray
-
-        return {"pts": pts_indices_ray}
-
-    def calibrated(self, ts: TemplateSet) -> TemplateSet:
-        """``ts`` with its threshold calibration recomputed from its own bank (no backbone needed):
-        the out-of-fold scores of :meth:`out_of_fold` under ``ts``'s own template selection."""
-        oof = self.out_of_fold(ts, templates=ts.config.templates)
-        return replace(ts, calibration=Calibration(scores=oof.scores))
 
     def _map_boxes(self, boxes: Sequence[Box] | None) -> list[Box] | None:
         """Canvas boxes in the fused maps' pixels (``scoring.output_size``)."""
@@ -492,76 +231,3 @@ class HETMM:
             seconds=time.perf_counter() - start,
             operating_point=op,
         )
-
-    # --- persistence -----------------------------------------------------------------
-    def save(self, store: Any, product: str) -> int:
-        """Publish the current template set to ``store``; returns the new version."""
-        self.version = store.put(product, self._require_templates())
-        return self.version
-
-    @classmethod
-    def load(
-        cls,
-        store: Any,
-        product: str,
-        version: int | None = None,
-        *,
-        progress: bool = False,
-        cluster: bool = False,
-        **overrides: Any,
-    ) -> HETMM:
-        """A detector from a stored template set; ``overrides`` change run-time settings (device, dtype...)."""
-        if version is None:
-            version = store.head(product)
-        ts = store.get(product, version)
-        config = ts.config.replace(**overrides) if overrides else ts.config
-        det = cls(config, progress=progress, cluster=cluster)
-        if det.backbone.weights_id != ts.weights_id:
-            raise TemplateError(
-                f"product {product!r} v{version} was built with weights {ts.weights_id}, "
-                f"but the backbone now loads {det.backbone.weights_id}"
-            )
-        det._install(replace(ts, config=config), version=version)
-        return det
-
-    @classmethod
-    def serving(
-        cls,
-        config: DetectorConfig,
-        templates: dict[str, Tensor],
-        *,
-        weights_id: str,
-        calibration: Any,
-        version: int | None,
-        backbone: Backbone | None = None,
-    ) -> HETMM:
-        """A predict-only detector over a tiny set (layer -> (K, C, H, W)), as replicas hold it.
-
-        ``backbone`` shares one already-built backbone between products with the same one.
-        """
-        det = cls(config)
-        if backbone is not None:
-            det._backbone = backbone
-        if det.backbone.weights_id != weights_id:
-            raise TemplateError(
-                f"templates were built with weights {weights_id}, the backbone has {det.backbone.weights_id}"
-            )
-        k = next(iter(templates.values())).shape[0]
-        ts = TemplateSet(
-            bank=templates,
-            config=config,
-            weights_id=weights_id,
-            image_digests=tuple(f"sheet-{i}" for i in range(k)),  # sheets, not images: nothing to refit from
-            calibration=calibration,
-            meta={"tiny": True},
-        )
-        det._install(ts, version=version)
-        return det
-
-
-def _as_rgb(x: ImageInput) -> np.ndarray:
-    if isinstance(x, np.ndarray):
-        if x.dtype != np.uint8 or x.ndim != 3 or x.shape[2] != 3:
-            raise ValueError(f"image arrays must be RGB uint8 (H, W, 3), got {x.dtype} {x.shape}")
-        return x
-    return decode_image(x)

@@ -1,4 +1,4 @@
-"""Evaluate a detector on an MVTec-layout folder (DESIGN.md: ``hetmm evaluate``)."""
+"""Evaluate a detector on an MVTec-layout folder (docs/design.md: ``hetmm evaluate``)."""
 
 from __future__ import annotations
 

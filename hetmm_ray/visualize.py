@@ -7,7 +7,9 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-__all__ = ["colorize", "heatmap_overlay", "save_png"]
+from .config import HEATMAP_VMAX_OVER_THRESHOLD
+
+__all__ = ["colorize", "heatmap_overlay", "heatmap_range", "save_png"]
 
 # A perceptually ordered dark-blue -> cyan -> yellow -> red ramp ("jet"-like but
 # without the harsh green band), as (position, RGB) stops.
@@ -51,6 +53,18 @@ def heatmap_overlay(
     resized = np.asarray(Image.fromarray(norm.astype(np.float32), mode="F").resize((w, h), Image.BILINEAR))
     heat = colorize(resized).astype(np.float32)
     return (image.astype(np.float32) * (1 - alpha) + heat * alpha).round().clip(0, 255).astype(np.uint8)
+
+
+def heatmap_range(amap: np.ndarray, threshold: float) -> tuple[float, float]:
+    """One image's colour scale ``(vmin, vmax)``, the same in the CLI and over HTTP.
+
+    From 0 to ``config.HEATMAP_VMAX_OVER_THRESHOLD`` times the verdict threshold: one fixed
+    scale per product version, so maps compare with each other and never depend on the other
+    images scored with them. Before calibration (threshold ``inf``): 0 to the map's own peak.
+    """
+    if np.isfinite(threshold):
+        return 0.0, HEATMAP_VMAX_OVER_THRESHOLD * float(threshold)
+    return 0.0, float(np.max(amap))
 
 
 def save_png(array: np.ndarray, path: str | Path) -> Path:

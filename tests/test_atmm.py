@@ -1,4 +1,4 @@
-"""ATMM against a slow, literal implementation of ALGORITHM.md §3."""
+"""ATMM against a slow, literal implementation of docs/algorithm.md §3."""
 
 from __future__ import annotations
 

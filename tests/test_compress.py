@@ -132,3 +132,26 @@ def test_cli_update_appends_images_as_a_new_version(tmp_path: Path, capsys: pyte
         assert torch.equal(ts.indices[layer], pts_indices(bank, 2))
     assert main(["update", str(tmp_path / "missing"), "--product", "gear", "--store", store_dir]) == 2
     assert store.head("gear") == 2  # a failed update leaves the head alone
+
+
+def test_compress_with_a_device_stores_no_run_time_setting(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    """Issue 10: ``hetmm compress --device ...`` wrote ``device`` into the manifest, so a later
+    CPU-only host tried the compressing host's CUDA. Run-time settings are never stored; and a
+    selection over fewer images than K reports the sheets it holds (6), not the configured 60."""
+    from hetmm_ray.config import RUN_TIME_SETTINGS
+
+    data = write_mvtec_layout(tmp_path / "data", n_train=6, n_test_good=1, n_test_per_defect=1, size=SIZE)
+    store = str(tmp_path / "store")
+    small = ["--set", "threshold.max_images=4", "--set", "threshold.folds=2", "--set", "batch_size=3"]
+    fit = ["fit", str(data / "train" / "good"), "--product", "gear", "--store", store, *FLAGS, *small]
+    assert main([*fit, "--device", "cpu", "--dtype", "float32"]) == 0
+    compress = ["compress", "--product", "gear", "--store", store, "--templates", "pts", "--sheets", "60"]
+    assert main([*compress, "--device", "cpu"]) == 0
+    assert "pts_o with 6 sheets of 6 images" in capsys.readouterr().out
+    for version in (1, 2):
+        stored = open_store(store).manifest("gear", version)["config"]
+        assert not set(RUN_TIME_SETTINGS) & set(stored), stored
+    assert open_store(store).get("gear").config.device == "auto"  # this host's default, not the writer's
+    assert main(["versions", "--product", "gear", "--store", store]) == 0
+    listing = capsys.readouterr().out.splitlines()
+    assert listing[-1].split()[1:5] == ["2", "1", "6", "6"]  # version, parent, images, sheets held

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import yaml
@@ -358,3 +359,69 @@ def test_invalid_values_in_a_file_name_the_file_and_field(tmp_path):
 def test_missing_file(tmp_path):
     p = tmp_path / "nope.json"
     raises_config_error(lambda: load_config(p), str(p), "cannot read")
+
+
+# --- issue 10: one place per default, run-time settings apart ---------------------------------
+def test_stored_config_ignores_run_time_settings_of_older_manifests() -> None:
+    """A manifest written before issue 10 may hold ``device: cuda``: loading it on this host uses
+    this host's defaults for every run-time setting, the product's own values for the rest."""
+    from hetmm_ray.config import RUN_TIME_SETTINGS, stored_config
+
+    written = DetectorConfig().to_dict() | {"device": "cuda", "dtype": "float16", "batch_size": 2, "chunk_mib": 9}
+    written["scoring"]["score_sigma"] = 3.0
+    loaded = stored_config(written)
+    assert {k: getattr(loaded, k) for k in RUN_TIME_SETTINGS} == {
+        k: getattr(DetectorConfig(), k) for k in RUN_TIME_SETTINGS
+    }
+    assert loaded.scoring.score_sigma == 3.0
+    assert not set(RUN_TIME_SETTINGS) & set(DetectorConfig(device="cpu").stored_dict())
+
+
+def test_image_suffixes_selection_kinds_and_store_have_one_home() -> None:
+    from hetmm_ray import cli, config
+    from hetmm_ray.core import pts
+    from hetmm_ray.data import mvtec, sources
+    from hetmm_ray.distributed import pts_fanout, shard
+
+    assert sources.IMAGE_SUFFIXES is config.IMAGE_SUFFIXES is mvtec.IMAGE_EXTENSIONS is cli.IMAGE_SUFFIXES
+    assert pts.SELECTION_KINDS is config.TEMPLATE_KINDS
+    assert cli.DEFAULT_STORE == config.DEFAULT_STORE and config.ServiceConfig().store == f"./{config.DEFAULT_STORE}"
+    import inspect
+
+    assert pts_fanout.DEFAULT_CHUNK_PIXELS == config.PTS_CHUNK_PIXELS
+    assert inspect.signature(shard.TemplateShard.__ray_actor_class__.select).parameters["chunk_pixels"].default == (
+        config.PTS_CHUNK_PIXELS
+    )
+
+
+def test_deploy_yaml_states_the_config_defaults() -> None:
+    """deploy.yaml writes the replicas' batch settings and the service's args out for operators:
+    they must be config.py's defaults (the decorators read them from there)."""
+    from hetmm_ray.config import ReplicaSettings, ServiceConfig
+
+    app = yaml.safe_load((Path(__file__).resolve().parents[1] / "deploy.yaml").read_text())["applications"][0]
+    detector = next(d for d in app["deployments"] if d["name"] == "Detector")
+    defaults = ReplicaSettings()
+    assert detector["user_config"] == {k: getattr(defaults, k) for k in detector["user_config"]}
+    service = ServiceConfig()
+    assert app["args"] == {k: getattr(service, k) for k in app["args"]}
+
+
+def test_sheets_held_by_a_selection() -> None:
+    assert TemplateConfig(kind="pts_o", sheets=60).sheets_of(6) == 6
+    assert TemplateConfig(kind="pts_o", sheets=4).sheets_of(6) == 4
+    assert TemplateConfig(kind="all", sheets=4).sheets_of(6) == 6
+
+
+def test_deployment_decorators_match_deploy_yaml() -> None:
+    """The decorators' placement (``hetmm serve`` without deploy.yaml's overrides, tests) and
+    deploy.yaml's say the same: one value, stated twice for two readers, kept equal here."""
+    from hetmm_ray.serve.ingress import Ingress
+    from hetmm_ray.serve.replica import Detector
+
+    app = yaml.safe_load((Path(__file__).resolve().parents[1] / "deploy.yaml").read_text())["applications"][0]
+    stated = {d["name"]: d for d in app["deployments"]}
+    for deployment in (Ingress, Detector):
+        d = stated[deployment.name]
+        assert deployment.max_ongoing_requests == d["max_ongoing_requests"]
+        assert deployment.ray_actor_options["num_cpus"] == d["ray_actor_options"]["num_cpus"]

@@ -140,17 +140,38 @@ def test_a_killed_shard_comes_back_from_the_store_bit_for_bit(product) -> None:
 
 
 def test_cluster_fit_equals_single_process_fit(product) -> None:
-    """``HETMM(cluster=True)`` (features and PTS as Ray tasks, as with ``--address``) fits the same set."""
+    """``HETMM(steps=ray_steps())`` (features and PTS as Ray tasks, as with ``--address``) fits the same set."""
+    from hetmm_ray.distributed.steps import ray_steps
+
     det = product[1]
     gear = SyntheticProduct(seed=0, size=SIZE)
     images = [gear.good(i) for i in range(6)]
-    on_ray = HETMM(det.config, cluster=True).fit(images).templates
+    on_ray = HETMM(det.config, steps=ray_steps()).fit(images).templates
     local = det.templates
     assert on_ray.image_digests == local.image_digests
     for layer in local.layers:
         assert torch.equal(on_ray.bank[layer], local.bank[layer])
         assert torch.equal(on_ray.indices[layer], local.indices[layer])
     assert on_ray.calibration == local.calibration
+
+
+def test_cluster_fit_takes_paths(product, tmp_path: Path) -> None:
+    """Issue 10: paths are a documented input, also with the Ray steps (it raised
+    ``ImageError(... got PosixPath)``); the bank equals the in-process fit's."""
+    from helpers import png
+
+    from hetmm_ray.distributed.steps import ray_steps
+
+    det = product[1]
+    gear = SyntheticProduct(seed=0, size=SIZE)
+    paths = []
+    for i in range(6):
+        paths.append(tmp_path / f"good_{i}.png")
+        paths[-1].write_bytes(png(gear.good(i)))
+    on_ray = HETMM(det.config, steps=ray_steps()).fit([*paths[:3], *map(str, paths[3:])]).templates
+    assert on_ray.image_digests == det.templates.image_digests
+    for layer in det.templates.layers:
+        assert torch.equal(on_ray.bank[layer], det.templates.bank[layer])
 
 
 def test_cli_address_that_cannot_be_reached_is_one_line(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""PTS and batched OPTICS against slow per-pixel references (ALGORITHM.md §4).
+"""PTS and batched OPTICS against slow per-pixel references (docs/algorithm.md §4).
 
 The references run scikit-learn per pixel and then §4 in plain Python loops, on
 exactly the float64 matrices the batched code uses (``pixel_similarities``), so
@@ -108,7 +108,7 @@ BANK_KINDS = ("gaussian", "clustered", "few", "dyadic", "circle")
 
 # --- the slow reference ----------------------------------------------------------------
 def reference_pts(sim: np.ndarray, k: int) -> list[int]:
-    """ALGORITHM.md §4 for one pixel, step by step, with scikit-learn's OPTICS."""
+    """docs/algorithm.md §4 for one pixel, step by step, with scikit-learn's OPTICS."""
     n = sim.shape[0]
     if k >= n:
         return list(range(n))

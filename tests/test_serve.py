@@ -453,3 +453,50 @@ def test_letterbox_product_with_auto_sheets_over_http(client: httpx.Client, stor
     heat = Image.open(io.BytesIO(base64.b64decode(body["heatmap_png"])))
     h, w = resize_to_geometry(probe, SIZE, "letterbox").shape[:2]
     assert (heat.height, heat.width) == (h, w) and h < w
+
+
+def _heatmap(result: dict) -> np.ndarray:
+    return np.asarray(Image.open(io.BytesIO(base64.b64decode(result["heatmap_png"]))).convert("RGB")).astype(int)
+
+
+def test_a_heatmap_does_not_depend_on_its_batch(client: httpx.Client, store: str) -> None:
+    """Issue 10: the colour scale was the batch's peak, so a good image sent beside a defective
+    one came back cooler than the same image alone. Now each image has its own scale, the same
+    as the CLI's (``visualize.heatmap_range``: 0 to 2x the threshold)."""
+    from hetmm_ray.data.decode import resize_to_geometry
+    from hetmm_ray.visualize import heatmap_overlay, heatmap_range
+
+    good = gear(0).good(70)
+    alone = predict(client, "part-0", good, map="png")
+    files = [
+        ("images", ("good.png", png(good), "image/png")),
+        ("images", ("hole.png", png(gear(0).defective(71, "hole")[0]), "image/png")),
+    ]
+    r = client.post("/v1/products/part-0/predict", files=files, params={"map": "png"})
+    assert r.status_code == 200, r.text
+    beside = r.json()["results"][0]
+    assert np.abs(_heatmap(alone) - _heatmap(beside)).max() <= 2  # the same picture (rounding only)
+    det = HETMM.load(open_store(store), "part-0")
+    pred = det.predict([good])
+    vmin, vmax = heatmap_range(pred.maps[0], pred.threshold)
+    local = heatmap_overlay(resize_to_geometry(good, SIZE, "squash"), pred.maps[0], vmin=vmin, vmax=vmax)
+    assert np.abs(_heatmap(alone) - local.astype(int)).max() <= 2
+
+
+def test_batches_count_images_not_requests(client: httpx.Client) -> None:
+    """Issue 10: ``max_batch_size`` (8 here) counted requests, so a batch could hold 8 requests of
+    3 images. Now it counts images; a request larger than a batch is a batch of its own."""
+    three = [("images", (f"im{i}.png", png(gear(1).good(80 + i)), "image/png")) for i in range(3)]
+
+    def post(files: list) -> dict:
+        r = client.post("/v1/products/part-1/predict", files=files)
+        assert r.status_code == 200, r.text
+        return r.json()["results"][0]["timing"]
+
+    with ThreadPoolExecutor(16) as pool:
+        timings = list(pool.map(post, [three] * 24))
+    assert all(t["batch_images"] <= 8 for t in timings), sorted(t["batch_images"] for t in timings)
+    assert any(t["batch_requests"] > 1 for t in timings)  # requests were batched together at all
+    twelve = [("images", (f"im{i}.png", png(gear(1).good(90 + i)), "image/png")) for i in range(12)]
+    big = post(twelve)
+    assert big["batch_images"] == 12 and big["batch_requests"] == 1

@@ -1,4 +1,4 @@
-"""The one place that imports timm (after the torchvision shim, DESIGN.md environment facts).
+"""The one place that imports timm (after the torchvision shim, docs/design.md environment facts).
 
 ``import timm`` imports torchvision (its data transforms), so in a process that
 has not yet gone through :mod:`hetmm_ray.compat.torchvision` it fails on this

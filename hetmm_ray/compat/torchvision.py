@@ -1,4 +1,4 @@
-"""The one place that imports torchvision (DESIGN.md, environment facts).
+"""The one place that imports torchvision (docs/design.md, environment facts).
 
 The registry's torchvision wheel is a CUDA build. Against a CPU torch its C++
 extension cannot load, and ``import torchvision`` then fails while registering

@@ -1,4 +1,4 @@
-"""Aligned template mutual matching (ALGORITHM.md §3).
+"""Aligned template mutual matching (docs/algorithm.md §3).
 
 Both directions look at the same (query pixel, template pixel) pairs, so they
 share one product. For every template pixel ``y`` the ``B*p*p`` query vectors

@@ -1,4 +1,4 @@
-"""Frozen CNN -> L2-normalised multi-layer features (ALGORITHM.md §1).
+"""Frozen CNN -> L2-normalised multi-layer features (docs/algorithm.md §1).
 
 Two families. torchvision CNNs (ResNets, wide ResNets, mobilenet_v2): ImageNet
 mean/std normalisation, weights from torchvision's enums or a file. EfficientNet-Lite0/1/2
@@ -25,6 +25,7 @@ from torch import Tensor, nn
 
 from ..compat.torchvision import feature_extraction, models
 from ..config import PACKAGED_WEIGHTS, BackboneConfig
+from ..errors import HetmmError
 from .efficientnet_lite import (
     LITE_MEAN,
     LITE_STD,
@@ -43,11 +44,11 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
-class WeightsError(RuntimeError):
+class WeightsError(HetmmError, RuntimeError):
     """Pretrained weights could not be had or do not fit the backbone."""
 
 
-def _tap_node(model: nn.Module, name: str, tap: str, pre_relu: bool) -> str:
+def _tap_node(model: nn.Module, tap: str, pre_relu: bool) -> str:
     """The graph node whose output is layer ``tap``'s feature."""
     if pre_relu and tap.startswith("layer") and "." not in tap:
         stage = getattr(model, tap)
@@ -221,7 +222,7 @@ class Backbone(nn.Module):
             self._set_normalisation(LITE_MEAN, LITE_STD)
             self.weights_id = weights_identity(config)
             return
-        nodes = {_tap_node(model, config.name, tap, config.pre_relu): tap for tap in config.taps}
+        nodes = {_tap_node(model, tap, config.pre_relu): tap for tap in config.taps}
         try:
             self.extractor = feature_extraction.create_feature_extractor(model, return_nodes=nodes)
         except ValueError as exc:

@@ -52,6 +52,7 @@ import torch
 from torch import Tensor, nn
 
 from ..config import PACKAGED_WEIGHTS
+from ..errors import HetmmError
 
 __all__ = [
     "LITE_MEAN",
@@ -79,7 +80,7 @@ LITE_VARIANTS = {
 _TAP = re.compile(r"^blocks\.(\d+)(?:\.(\d+))?$")
 
 
-class KeyMappingError(ValueError):
+class KeyMappingError(HetmmError, ValueError):
     """A state dict does not map onto the network key for key and shape for shape."""
 
 

@@ -1,6 +1,6 @@
 """OPTICS for many small point sets at once, bit-identical to scikit-learn.
 
-PTS (ALGORITHM.md §4) clusters the N bank vectors of every pixel separately:
+PTS (docs/algorithm.md §4) clusters the N bank vectors of every pixel separately:
 thousands of independent OPTICS runs over a few hundred points each. Per pixel,
 scikit-learn's ``compute_optics_graph(metric="precomputed")`` costs ~90 ms,
 almost all of it Python overhead around an O(N) update per step. Its scan is

@@ -1,4 +1,4 @@
-"""Pixel-level template selection: PTS and the ablation baselines (ALGORITHM.md §4).
+"""Pixel-level template selection: PTS and the ablation baselines (docs/algorithm.md §4).
 
 At every pixel, PTS picks K of the N bank vectors: first the medoid of each
 OPTICS cluster ("easy normals"), then, greedily, the vector least similar in
@@ -50,6 +50,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..config import TEMPLATE_KINDS
 from .optics import cosine_distances, cosine_similarities, optics_graph, xi_labels
 
 __all__ = [
@@ -63,7 +64,7 @@ __all__ = [
     "select_templates",
 ]
 
-SELECTION_KINDS = ("all", "ir", "pr", "pc_k", "pts_k", "pts_o")
+SELECTION_KINDS = TEMPLATE_KINDS  # the one list lives in config.py
 DEFAULT_CHUNK_BYTES = 256 * 2**20  # float64 work per pixel chunk: two (P, N, N) matrices and the (P, N, C) vectors
 
 Progress = Callable[[int, int], object]
@@ -326,7 +327,7 @@ def select(
     progress: Progress | None = None,
     pts: Callable[..., Tensor] = pts_indices,
 ) -> Selection:
-    """Templates of one selection ``kind`` (ALGORITHM.md §4, the paper's Table RTMM).
+    """Templates of one selection ``kind`` (docs/algorithm.md §4, the paper's Table RTMM).
 
     - ``all``: the whole bank (``indices`` None).
     - ``ir``: the same ``min(k, N)`` random images at every pixel (seeded).

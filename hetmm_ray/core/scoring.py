@@ -1,4 +1,4 @@
-"""Map post-processing, image scores and threshold calibration (ALGORITHM.md §3)."""
+"""Map post-processing, image scores and threshold calibration (docs/algorithm.md §3)."""
 
 from __future__ import annotations
 

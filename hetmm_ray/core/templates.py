@@ -1,6 +1,6 @@
 """TemplateSet: a product's per-layer feature bank, its selection, and provenance.
 
-The bank holds every good image's features (the "ALL" set, ALGORITHM.md §2).
+The bank holds every good image's features (the "ALL" set, docs/algorithm.md §2).
 A compressed tiny set is stored as per-pixel bank indices ``(K, H, W)`` per
 layer, so it is derivable, checkable and cheap to keep next to the bank; only
 selections that are not bank vectors (``pc_k`` k-means centres) keep their
@@ -20,6 +20,8 @@ from safetensors.torch import save as st_save
 from torch import Tensor
 
 from ..config import ConfigError, DetectorConfig, stored_config
+from ..errors import HetmmError
+from .pts import select_templates
 from .scoring import Calibration
 
 __all__ = ["FORMAT_VERSION", "TemplateError", "TemplateSet"]
@@ -42,7 +44,7 @@ def unseen_positions(known: tuple[str, ...] | list[str], digests: list[str] | tu
     return keep
 
 
-class TemplateError(ValueError):
+class TemplateError(HetmmError, ValueError):
     """Stored templates are unreadable or do not fit the detector."""
 
 
@@ -60,6 +62,9 @@ class TemplateSet:
     meta: dict[str, Any] = field(default_factory=dict)  # free-form provenance (parent, created, ...)
 
     def __post_init__(self) -> None:
+        # A template set is the product: it never carries the run-time settings (device, dtype,
+        # batch sizes) of the process that built it (config.RUN_TIME_SETTINGS).
+        object.__setattr__(self, "config", self.config.product_only())
         n = {v.shape[0] for v in self.bank.values()}
         if len(n) != 1:
             raise TemplateError(f"bank layers disagree on the image count: {sorted(n)}")
@@ -86,11 +91,7 @@ class TemplateSet:
         bank = self.bank[layer]
         if self.indices is None:
             return bank
-        idx = self.indices[layer].to(bank.device)
-        k, h, w = idx.shape
-        # T[k, :, y, x] = bank[idx[k, y, x], :, y, x]
-        gather_idx = idx[:, None].expand(k, bank.shape[1], h, w)
-        return torch.gather(bank, 0, gather_idx)
+        return select_templates(bank, self.indices[layer])  # the one gather (core/pts.py)
 
     def appended(self, bank: dict[str, Tensor], digests: tuple[str, ...], **changes: Any) -> TemplateSet:
         """A new set with more images' features appended to the bank (selection reset)."""
@@ -122,7 +123,7 @@ class TemplateSet:
         header = {
             "format": FORMAT_VERSION,
             "layers": list(self.bank),
-            "config": self.config.to_dict(),
+            "config": self.config.stored_dict(),
             "weights_id": self.weights_id,
             "image_digests": list(self.image_digests),
             "calibration": None if self.calibration is None else self.calibration.to_json(),

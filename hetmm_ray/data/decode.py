@@ -48,6 +48,7 @@ from PIL import Image, JpegImagePlugin
 
 from hetmm_ray.config import MAX_IMAGE_BYTES, MAX_IMAGE_PIXELS, MIN_IMAGE_SIDE
 from hetmm_ray.core.geometry import PAD_VALUE, canvas_box, resized_shape
+from hetmm_ray.errors import HetmmError
 
 __all__ = [
     "ACCEPTED_FORMATS",
@@ -69,7 +70,7 @@ _ALPHA_MODES = ("RGBA", "LA", "PA", "RGBa", "La")
 _DIRECT_MODES = ("1", "L", "CMYK", "YCbCr", "RGBX")
 
 
-class ImageError(ValueError):
+class ImageError(HetmmError, ValueError):
     """An image could not be accepted; ``str(err)`` is ``"<source>: <problem>"``."""
 
     def __init__(self, source: str, problem: str) -> None:

@@ -21,13 +21,16 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from ..config import IMAGE_SUFFIXES
+from ..errors import HetmmError
+
 __all__ = ["IMAGE_EXTENSIONS", "DatasetError", "MVTecCategory", "Sample"]
 
-IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff")
+IMAGE_EXTENSIONS = IMAGE_SUFFIXES  # the one list lives in config.py
 _LAYOUT = "expected an MVTec AD category folder with train/good, test/<type>, ground_truth/<type>"
 
 
-class DatasetError(ValueError):
+class DatasetError(HetmmError, ValueError):
     """A dataset folder does not have the expected layout or content."""
 
 

@@ -10,15 +10,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .. import config
 from ..config import MAX_IMAGE_BYTES
+from ..errors import HetmmError
 from ..store import StoreError, open_backend
 
 __all__ = ["IMAGE_SUFFIXES", "SourceError", "read_image_source"]
 
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff")
+IMAGE_SUFFIXES = config.IMAGE_SUFFIXES  # re-exported: the one list lives in config.py
 
 
-class SourceError(ValueError):
+class SourceError(HetmmError, ValueError):
     """An image source is missing, empty or too big."""
 
 

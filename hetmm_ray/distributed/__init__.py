@@ -1,4 +1,4 @@
-"""Ray layer: places ``core`` work on a cluster (DESIGN.md). Imports Ray; ``core`` never does.
+"""Ray layer: places ``core`` work on a cluster (docs/design.md). Imports Ray; ``core`` never does.
 
 Names are imported on first use: Ray workers import this package to reach one
 actor or task (a shard needs neither the backbone nor the registry), so

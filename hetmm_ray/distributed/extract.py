@@ -1,4 +1,4 @@
-"""Feature extraction of many images in parallel: image batches as Ray tasks (DESIGN.md, "Hot update").
+"""Feature extraction of many images in parallel: image batches as Ray tasks (docs/design.md, "Hot update").
 
 Creating a product or adding good images starts with the backbone over every
 image. Each batch runs as one Ray task that decodes its images (encoded bytes
@@ -23,6 +23,7 @@ import ray
 import torch
 
 from ..config import BackboneConfig, DetectorConfig
+from ..core.device import TORCH_DTYPES, image_digest, resolve_device
 from ..data.decode import ImageError, decode_image, images_to_tensor
 
 if TYPE_CHECKING:
@@ -57,9 +58,6 @@ def _decode(item: ImageItem, index: int) -> np.ndarray:
 def _extract_batch(
     config: DetectorConfig, start: int, items: list[ImageItem], threads: int, use_gpu: bool
 ) -> tuple[dict[str, np.ndarray], list[str]]:
-    # The single-process helpers, so digests and dtypes cannot drift apart.
-    from ..detector import _DTYPES, _digest, resolve_device
-
     # Ray sets OMP_NUM_THREADS=1 in workers: use the CPUs this task was given.
     torch.set_num_threads(max(1, threads))
     decoded = [_decode(x, start + i) for i, x in enumerate(items)]
@@ -72,13 +70,13 @@ def _extract_batch(
         from ..core.geometry import canvas_box, zero_padding
 
         feats = zero_padding(feats, [canvas_box(x.shape[0], x.shape[1], size, geometry) for x in decoded], size)
-    dtype = _DTYPES[config.bank_dtype]
+    dtype = TORCH_DTYPES[config.bank_dtype]
     out = {}
     for layer, v in feats.items():
         stored = v.to("cpu", dtype)
         # numpy has no bfloat16: hand out its values widened to float32 (exact).
         out[layer] = (stored.float() if dtype == torch.bfloat16 else stored).numpy()
-    return out, [_digest(x) for x in decoded]
+    return out, [image_digest(x) for x in decoded]
 
 
 def extract_features_ray(

@@ -14,6 +14,8 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from ..records import JobRecord
+
 __all__ = ["JobBoard", "JobProgress"]
 
 KEEP_FINISHED = 200
@@ -22,7 +24,7 @@ KEEP_FINISHED = 200
 class JobProgress:
     """What a running job reports: a stage name and done/total units of it."""
 
-    def __init__(self, record: dict[str, Any]) -> None:
+    def __init__(self, record: JobRecord) -> None:
         self._record = record
 
     def stage(self, name: str, total: int = 0) -> None:
@@ -38,13 +40,13 @@ class JobProgress:
 
 class JobBoard:
     def __init__(self) -> None:
-        self.records: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self.records: OrderedDict[str, JobRecord] = OrderedDict()
         self.tasks: dict[str, asyncio.Task[Any]] = {}
 
-    def start(self, kind: str, product: str, work: Callable[[JobProgress], Awaitable[int]]) -> dict[str, Any]:
+    def start(self, kind: str, product: str, work: Callable[[JobProgress], Awaitable[int]]) -> JobRecord:
         """Run ``work`` (returns the published version) in the background; returns the job record."""
         job_id = uuid.uuid4().hex[:16]
-        record: dict[str, Any] = {
+        record: JobRecord = {
             "id": job_id,
             "kind": kind,
             "product": product,
@@ -58,9 +60,9 @@ class JobBoard:
         self.records[job_id] = record
         self.tasks[job_id] = asyncio.get_running_loop().create_task(self._run(record, work))
         self._trim()
-        return dict(record)
+        return JobRecord(**record)
 
-    async def _run(self, record: dict[str, Any], work: Callable[[JobProgress], Awaitable[int]]) -> None:
+    async def _run(self, record: JobRecord, work: Callable[[JobProgress], Awaitable[int]]) -> None:
         try:
             record["version"] = await work(JobProgress(record))
             record["state"] = "succeeded"
@@ -72,11 +74,11 @@ class JobBoard:
             record["finished"] = time.time()
             self.tasks.pop(record["id"], None)
 
-    def get(self, job_id: str) -> dict[str, Any] | None:
+    def get(self, job_id: str) -> JobRecord | None:
         record = self.records.get(job_id)
         return None if record is None else {**record, "progress": dict(record["progress"])}
 
-    async def wait(self, job_id: str, timeout: float) -> dict[str, Any] | None:
+    async def wait(self, job_id: str, timeout: float) -> JobRecord | None:
         task = self.tasks.get(job_id)
         if task is not None:
             await asyncio.wait([task], timeout=timeout)

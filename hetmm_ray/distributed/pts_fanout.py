@@ -1,6 +1,6 @@
-"""PTS fanned out over a Ray cluster: pixel chunks as tasks (DESIGN.md, "PTS in parallel").
+"""PTS fanned out over a Ray cluster: pixel chunks as tasks (docs/design.md, "PTS in parallel").
 
-Pixels are independent (ALGORITHM.md §4), so a bank's H*W pixels are cut into
+Pixels are independent (docs/algorithm.md §4), so a bank's H*W pixels are cut into
 chunks and each chunk runs :func:`hetmm_ray.core.pts.pts_indices` as a Ray task
 on whichever node has a free CPU (or GPU). The bank goes into the object store
 once, as a numpy array that workers map without copying. The result is
@@ -16,11 +16,12 @@ import ray
 import torch
 from torch import Tensor
 
+from ..config import PTS_CHUNK_PIXELS
 from ..core.pts import pts_indices
 
 __all__ = ["pts_indices_ray"]
 
-DEFAULT_CHUNK_PIXELS = 512
+DEFAULT_CHUNK_PIXELS = PTS_CHUNK_PIXELS  # the one default lives in config.py
 
 
 @ray.remote

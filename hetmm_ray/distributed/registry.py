@@ -15,7 +15,7 @@ published tiny set of a product by object reference (:meth:`snapshot`: shared
 memory, never the full bank), check :meth:`head` between batches and may
 long-poll :meth:`wait_for_version`.
 
-Hot update, in order (DESIGN.md): the shards append the new features and
+Hot update, in order (docs/design.md): the shards append the new features and
 re-select their tiny sets (PTS fanned out as tasks) -> the template set is
 rebuilt from the shards and recalibrated -> published to the store with
 ``expect_head`` (data, then head) -> the registry bumps the version and wakes
@@ -39,6 +39,7 @@ import torch
 from ..config import TASK_CPUS, DetectorConfig, ServiceConfig, stored_config
 from ..core.pts import select_layers
 from ..core.templates import TemplateSet, unseen_positions
+from ..records import ProductDescription
 from ..store import ProductNotFound, StoreConflict, StoreError, check_product_name, open_store
 from .hosts import HostPool
 from .jobs import JobBoard, JobProgress
@@ -222,7 +223,7 @@ class ProductRegistry:
             self.versions[product] = await asyncio.to_thread(self.store.head, product)
         return self.versions[product]
 
-    async def describe(self) -> list[dict[str, Any]]:
+    async def describe(self) -> list[ProductDescription | dict[str, Any]]:
         """Every product's head version, selection, backbone and threshold (for ``GET /v1/products``)."""
         out = []
         for product, version in (await self.products()).items():
@@ -232,17 +233,16 @@ class ProductRegistry:
                 out.append({"product": product, "version": version, "error": f"{type(exc).__name__}: {exc}"})
         return out
 
-    async def _describe_one(self, product: str, version: int) -> dict[str, Any]:
+    async def _describe_one(self, product: str, version: int) -> ProductDescription:
         m = await asyncio.to_thread(self.store.manifest, product, version)
         config = stored_config(m["config"])
-        sheets = next(iter(m["layers"].values())).get("sheets") if m.get("selection") else None
         op = _operating_point(m.get("calibration"), config)
         return {
             "product": product,
             "version": version,
             "images": m["images"],
             "templates": config.templates.kind,
-            "sheets": sheets or (m["images"] if config.templates.kind == "all" else config.templates.sheets),
+            "sheets": config.templates.sheets_of(m["images"]),  # what the selection holds, not the configured K
             "backbone": config.backbone.name,
             "weights_id": m["weights_id"],
             "image_size": config.backbone.image_size,

@@ -17,6 +17,8 @@ import socket
 
 import ray
 
+from ..errors import HetmmError
+
 __all__ = ["NAMESPACE", "ClusterUnavailable", "connect"]
 
 NAMESPACE = "hetmm"
@@ -24,7 +26,7 @@ PROBE_TIMEOUT_S = 3.0
 DEFAULT_CLIENT_PORT = 10001  # Ray Client's default when a ray:// address has no port
 
 
-class ClusterUnavailable(RuntimeError):
+class ClusterUnavailable(HetmmError, RuntimeError):
     """The Ray cluster at the given address cannot be reached."""
 
 

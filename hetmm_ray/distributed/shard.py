@@ -7,7 +7,7 @@ is the same object as an actor of its own (one process per shard), kept for
 ad-hoc use and the tests that pin its behaviour.
 
 A product's template set is split by layer so that big banks and many
-products spread over the cluster's GPUs and nodes (DESIGN.md, "Sharding").
+products spread over the cluster's GPUs and nodes (docs/design.md, "Sharding").
 A shard appends new images' features, runs PTS for its layer by fanning pixel
 chunks out as Ray tasks, and hands out its tiny set through the object store,
 so replicas never pull the full bank.
@@ -32,7 +32,7 @@ import ray
 import torch
 from torch import Tensor
 
-from ..config import TASK_CPUS
+from ..config import PTS_CHUNK_PIXELS, TASK_CPUS
 from ..core.pts import select, select_templates
 from .pts_fanout import pts_indices_ray
 
@@ -124,7 +124,7 @@ class LayerShard:
         return int(self.bank.shape[0])
 
     def select(
-        self, kind: str, sheets: int, seed: int = 0, chunk_pixels: int = 256, task_cpus: float = TASK_CPUS
+        self, kind: str, sheets: int, seed: int = 0, chunk_pixels: int = PTS_CHUNK_PIXELS, task_cpus: float = TASK_CPUS
     ) -> int:
         """Re-select the tiny set; PTS runs as Ray tasks over pixel chunks."""
         pts = partial(pts_indices_ray, chunk_pixels=chunk_pixels, num_cpus=task_cpus)

@@ -1,4 +1,4 @@
-"""Ray Serve HTTP service (DESIGN.md, "The service"): ingress, detector replicas, metrics."""
+"""Ray Serve HTTP service (docs/design.md, "The service"): ingress, detector replicas, metrics."""
 
 from __future__ import annotations
 

@@ -11,7 +11,6 @@ rollback, jobs) goes to the product registry.
 # that Serve re-wraps, or it takes `request: Request` for a query parameter.
 import asyncio
 import hmac
-import ipaddress
 import logging
 import os
 import time
@@ -29,29 +28,34 @@ from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from ..config import MAX_IMAGE_BYTES, ConfigError, DetectorConfig, ServiceConfig
+from ..config import ServiceConfig, merge_product_config
 from ..core.calibration import check_rate
-from ..core.templates import TemplateError
-from ..data.decode import ImageError, decode_image
-from ..data.sources import SourceError, read_image_source
+from ..data.decode import decode_image
+from ..data.sources import read_image_source
 from ..distributed.registry import get_registry
-from ..store import ProductNotFound, StoreConflict, StoreError, StoreUnavailable, check_product_name
+from ..errors import HetmmError, describe, one_line
+from ..store import StoreError, check_product_name
 from ..store.labels import STORED_LABELS
-from . import security
+from . import bodies, security
 from .metrics import CONTENT_TYPE_LATEST, ServiceMetrics
-from .security import CrossOriginGuard, JSONResponse, Refused, parse_json_object, resolve_source
+from .security import (  # InsecureBind, refuse_open_bind: importable from here as before
+    CrossOriginGuard,
+    InsecureBind,
+    JSONResponse,
+    parse_json_object,
+    refuse_open_bind,
+    resolve_source,
+)
 from .ui import ConsoleRoutes
 from .ui import router as console_router
 from .warm_set import WarmSet
 
-__all__ = ["ApiError", "Ingress", "app"]
+__all__ = ["ApiError", "Ingress", "InsecureBind", "app", "classify", "refuse_open_bind"]
 
 logger = logging.getLogger("ray.serve")
 
-RAW_IMAGE_TYPES = ("image/png", "image/jpeg", "image/bmp", "image/tiff", "image/x-ms-bmp", "application/octet-stream")
 
-
-class ApiError(Exception):
+class ApiError(HetmmError):
     """A client-visible error: HTTP status, a stable code and a one-line message."""
 
     def __init__(self, status: int, code: str, message: str) -> None:
@@ -59,41 +63,25 @@ class ApiError(Exception):
         self.status, self.code, self.message = status, code, message
 
 
-# Known error types -> (status, code). Ray re-raises a remote error as a subclass of its cause.
-_CLASSIFIED: tuple[tuple[type[BaseException], int, str], ...] = (
-    (ImageError, 400, "bad_image"),
-    (ConfigError, 400, "bad_config"),
-    (SourceError, 400, "bad_source"),
-    (ProductNotFound, 404, "unknown_product"),
-    (StoreConflict, 409, "conflict"),
-    (TemplateError, 409, "incompatible_templates"),
-    (StoreUnavailable, 503, "store_unavailable"),
-    (StoreError, 502, "store_error"),
-)
-
-
 def classify(exc: BaseException) -> ApiError:
+    """The HTTP answer to ``exc``: project errors through the one table (``hetmm_ray/errors.py``),
+    transport errors (a client gone, no replica) here, anything else a logged 500."""
     if isinstance(exc, ApiError):
         return exc
-    if isinstance(exc, Refused):
-        return ApiError(exc.status, exc.code, exc.message)
     # The client went away mid-request: starlette says ClientDisconnect; Serve's proxy cancels the
     # replica's pull of the body (TaskCancelledError). Its doing, not a server error: 499, no log.
     if isinstance(exc, ClientDisconnect | TaskCancelledError):
         return ApiError(499, "client_closed_request", "the client closed the connection before the body was sent")
     if isinstance(exc, RayActorError | BackPressureError | DeploymentUnavailableError):
         return ApiError(503, "unavailable", f"no replica could take the request now ({type(exc).__name__}); retry")
+    known = describe(exc)  # Ray re-raises a remote error as a subclass of its cause: describe reads the cause
+    if known is not None:
+        return ApiError(*known)
     cause = getattr(exc, "cause", None) or exc
-    for kind, status, code in _CLASSIFIED:
-        if isinstance(exc, kind) or isinstance(cause, kind):
-            return ApiError(status, code, _one_line(cause))
     return ApiError(500, "internal", f"internal error ({type(cause).__name__}); see the server log")
 
 
-def _one_line(exc: BaseException) -> str:
-    lines = [s for s in str(exc).strip().splitlines() if s.strip()]
-    text = lines[-1] if lines else type(exc).__name__
-    return text.split(": ", 1)[1] if text.startswith(type(exc).__name__ + ": ") else text
+_one_line = one_line  # the name the routes below use
 
 
 def _error(err: ApiError) -> JSONResponse:
@@ -128,29 +116,8 @@ async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
     return _error(classify(exc))
 
 
-def _content_type(request: Request) -> str:
-    return request.headers.get("content-type", "").split(";")[0].strip().lower()
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-class InsecureBind(ConfigError, RuntimeError):
-    """A non-loopback bind without an admin token (a configuration mistake: one CLI line)."""
-
-
-def refuse_open_bind(host: str, token: str | None, env: str) -> None:
-    """A server reachable from other machines must protect its admin routes."""
-    if not _is_loopback(host) and not token:
-        raise InsecureBind(
-            f"refusing to serve on non-loopback address {host!r} without an admin token: set {env} (or bind 127.0.0.1)"
-        )
+_content_type = bodies.content_type
+RAW_IMAGE_TYPES = bodies.RAW_IMAGE_TYPES
 
 
 def _proxy_host() -> str | None:
@@ -162,15 +129,7 @@ def _proxy_host() -> str | None:
         return None
 
 
-def _merged(defaults: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
-    """``given`` over ``defaults`` (one level deep per section), validated as a DetectorConfig."""
-    out: dict[str, Any] = {k: dict(v) if isinstance(v, dict) else v for k, v in defaults.items()}
-    for key, value in given.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = {**out[key], **value}
-        else:
-            out[key] = value
-    return DetectorConfig.from_dict(out).to_dict()
+_merged = merge_product_config  # config.py: the request's settings over the service's defaults
 
 
 def _labelled_folder(source: str) -> list[tuple[str, bytes, int]]:
@@ -233,60 +192,15 @@ class Ingress(ConsoleRoutes):
         if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), self.token.encode()):
             raise ApiError(403, "forbidden", "admin route: the bearer token is wrong")
 
+    # --- bodies (serve/bodies.py), bounded by this service's limits -----------------------------
     async def _body(self, request: Request) -> bytes:
-        declared = request.headers.get("content-length")
-        if declared is not None:
-            if not declared.isdigit():
-                raise ApiError(400, "bad_request", "Content-Length is not a number")
-            if int(declared) > self.limit:
-                raise ApiError(413, "too_large", f"request body of {declared} bytes exceeds {self.limit} bytes")
-        chunks, size = [], 0
-        timeout = self.service.body_timeout_s
-        try:
-            async with asyncio.timeout(timeout):  # a slow client must give its slot back
-                async for chunk in request.stream():
-                    size += len(chunk)
-                    if size > self.limit:
-                        raise ApiError(413, "too_large", f"request body exceeds {self.limit} bytes")
-                    chunks.append(chunk)
-        except TimeoutError:
-            raise ApiError(
-                408, "body_timeout", f"the request body did not arrive within {timeout:g} s ({size} bytes received)"
-            ) from None
-        body = b"".join(chunks)
-        request._body = body  # lets request.form() parse what was already read (and bounded)
-        return body
+        return await bodies.read_body(request, limit=self.limit, timeout=self.service.body_timeout_s)
 
     async def _uploads(self, request: Request, *, max_images: int) -> tuple[list[tuple[str, bytes]], dict[str, str]]:
         """Images of a raw-image or multipart body, and the multipart's text fields."""
-        ctype = _content_type(request)
-        body = await self._body(request)
-        if ctype in RAW_IMAGE_TYPES:
-            if not body:
-                raise ApiError(400, "empty_body", "the request body is empty: send an image")
-            return [("<body>", body)], {}
-        if ctype == "multipart/form-data":
-            try:
-                form = await request.form(max_files=max_images, max_fields=16, max_part_size=MAX_IMAGE_BYTES)
-            except Exception as exc:  # noqa: BLE001 - the multipart parser's errors vary
-                if "Too many files" in str(exc):  # the parser stops at max_files + 1: the README's 413
-                    raise ApiError(413, "too_many_images", f"more than {max_images} images in one request") from None
-                raise ApiError(400, "bad_multipart", f"malformed multipart body ({_one_line(exc)})") from None
-            images, fields = [], {}
-            for key, value in form.multi_items():
-                if isinstance(value, str):
-                    fields[key] = value
-                else:
-                    images.append((value.filename or key, await value.read()))
-            if not images:
-                raise ApiError(400, "empty_body", "the multipart body holds no image files")
-            if len(images) > max_images:
-                raise ApiError(
-                    413, "too_many_images", f"{len(images)} images in one request; the limit is {max_images}"
-                )
-            return images, fields
-        allowed = ", ".join((*RAW_IMAGE_TYPES[:4], "multipart/form-data"))
-        raise ApiError(415, "unsupported_media_type", f"content type {ctype or '(none)'!r}; send one of {allowed}")
+        return await bodies.uploads(
+            request, max_images=max_images, limit=self.limit, timeout=self.service.body_timeout_s
+        )
 
     @staticmethod
     def _check_product(product: str) -> str:
@@ -308,10 +222,7 @@ class Ingress(ConsoleRoutes):
         return await asyncio.to_thread(lambda: [decode_image(data, source=name) for name, data in uploads])
 
     async def _json(self, request: Request) -> dict[str, Any]:
-        ctype = _content_type(request)
-        if ctype != "application/json":
-            raise ApiError(415, "unsupported_media_type", f"content type {ctype or '(none)'!r}; send application/json")
-        return parse_json_object(await self._body(request))
+        return await bodies.json_object(request, limit=self.limit, timeout=self.service.body_timeout_s)
 
     async def _job_response(self, record: dict[str, Any], wait: bool) -> JSONResponse:
         if not wait:
@@ -465,24 +376,12 @@ class Ingress(ConsoleRoutes):
         return await self._timed(request, "calibrate", handler)
 
     async def _labelled_uploads(self, request: Request) -> tuple[list[tuple[str, bytes]], list[int], dict[str, str]]:
-        if _content_type(request) != "multipart/form-data":
-            raise ApiError(415, "unsupported_media_type", "send multipart/form-data (files named good / defective)")
-        await self._body(request)  # bounded read; request.form() parses what it read
-        limit = self.service.max_images_per_job
-        try:
-            form = await request.form(max_files=limit, max_fields=16, max_part_size=MAX_IMAGE_BYTES)
-        except Exception as exc:  # noqa: BLE001 - the multipart parser's errors vary
-            raise ApiError(400, "bad_multipart", f"malformed multipart body ({_one_line(exc)})") from None
-        uploads, labels, fields = [], [], {}
-        for key, value in form.multi_items():
-            if isinstance(value, str):
-                fields[key] = value
-            elif key in ("good", "defective"):
-                uploads.append((value.filename or key, await value.read()))
-                labels.append(int(key == "defective"))
-            else:
-                raise ApiError(400, "bad_request", f"file field {key!r}: name each file 'good' or 'defective'")
-        return uploads, labels, fields
+        return await bodies.labelled_uploads(
+            request,
+            max_images=self.service.max_images_per_job,
+            limit=self.limit,
+            timeout=self.service.body_timeout_s,
+        )
 
     @app.post("/v1/products/{product}/rollback")
     async def rollback(self, product: str, request: Request) -> Response:

@@ -30,13 +30,13 @@ import torch
 from PIL import Image
 from ray import serve
 
-from ..config import HEATMAP_VMAX_OVER_THRESHOLD, BackboneConfig, ReplicaSettings, stored_config
+from ..config import BackboneConfig, ReplicaSettings
 from ..core.backbone import Backbone
-from ..core.scoring import Calibration
 from ..data.decode import resize_to_geometry
 from ..detector import HETMM
 from ..distributed.registry import get_registry
-from ..visualize import heatmap_overlay
+from ..records import ProductSnapshot
+from ..visualize import heatmap_overlay, heatmap_range
 from .warm_set import product_of
 
 __all__ = ["Detector", "ScoreRequest"]
@@ -49,6 +49,17 @@ class ScoreRequest:
     images: list[np.ndarray]
     want_maps: bool = False
     enqueued: float = 0.0
+    # Images this request counts for in a batch: its images, at most a whole batch (a request
+    # with more images than ``max_batch_size`` is a batch of its own, never refused).
+    weight: int = 1
+
+
+def _batch_images(requests: list[ScoreRequest]) -> int:
+    """``@serve.batch``'s batch_size_fn: ``max_batch_size`` counts images, not requests."""
+    return sum(r.weight for r in requests)
+
+
+_DEFAULTS = ReplicaSettings()  # the decorator's values until reconfigure() applies user_config
 
 
 class ProductModel:
@@ -121,20 +132,19 @@ class Detector:
             self._backbones[config] = Backbone(config).to(self._device)
         return self._backbones[config]
 
-    def _build(self, snapshot: dict[str, Any]) -> HETMM:
+    def _build(self, snapshot: ProductSnapshot) -> HETMM:
         """A detector scoring against a published tiny set (never the full bank)."""
-        config = stored_config(snapshot["config"]).replace(device=self._device)
+        config = snapshot.config.replace(device=self._device)
         tiny = {
             k: torch.from_numpy(np.array(v))
-            for k, v in zip(snapshot["tiny"], ray.get(list(snapshot["tiny"].values())), strict=True)
+            for k, v in zip(snapshot.tiny, ray.get(list(snapshot.tiny.values())), strict=True)
         }
-        cal = snapshot["calibration"]
         return HETMM.serving(
             config,
             tiny,
-            weights_id=snapshot["weights_id"],
-            calibration=Calibration.from_json(cal),
-            version=snapshot["version"],
+            weights_id=snapshot.weights_id,
+            calibration=snapshot.calibration,
+            version=snapshot.version,
             backbone=self._backbone(config.backbone),
         )
 
@@ -142,16 +152,21 @@ class Detector:
         async with model.swap_lock:
             if model.version == head:
                 return
-            snapshot = await self.registry.snapshot.remote(model.product)
+            snapshot = ProductSnapshot.from_published(await self.registry.snapshot.remote(model.product))
             model.detector = await asyncio.to_thread(self._build, snapshot)
-            model.version = snapshot["version"]
+            model.version = snapshot.version
 
     # --- scoring ------------------------------------------------------------------------------
     async def predict(self, images: list[np.ndarray], want_maps: bool = False) -> list[dict[str, Any]]:
         """Score one request's images (all by the same template version)."""
-        return await self.score(ScoreRequest(images, want_maps, time.perf_counter()))
+        weight = max(1, min(len(images), self.settings.max_batch_size))
+        return await self.score(ScoreRequest(images, want_maps, time.perf_counter(), weight))
 
-    @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.05)
+    @serve.batch(
+        max_batch_size=_DEFAULTS.max_batch_size,
+        batch_wait_timeout_s=_DEFAULTS.batch_wait_timeout_s,
+        batch_size_fn=_batch_images,
+    )
     async def score(self, requests: list[ScoreRequest]) -> list[list[dict[str, Any]]]:
         model_id = serve.get_multiplexed_model_id()
         product = product_of(model_id)
@@ -176,8 +191,6 @@ class Detector:
             raise
         score_ms = 1000 * (time.perf_counter() - started)
         bb = detector.config.backbone
-        # One fixed scale per product version (config.HEATMAP_VMAX_OVER_THRESHOLD): maps compare.
-        vmax = HEATMAP_VMAX_OVER_THRESHOLD * pred.threshold if np.isfinite(pred.threshold) else None
         op = pred.operating_point
         rule = {} if op is None else {k: v for k, v in op.to_json().items() if k != "threshold"}
         out, i = [], 0
@@ -201,9 +214,10 @@ class Detector:
                 if r.want_maps:
                     # At the backbone's view of the image: squashed square, or the aspect kept.
                     shown = resize_to_geometry(image, bb.image_size, bb.geometry)
-                    overlay = heatmap_overlay(shown, pred.maps[i], vmin=0.0, vmax=vmax)
+                    vmin, vmax = heatmap_range(pred.maps[i], pred.threshold)  # the version's fixed scale
+                    overlay = heatmap_overlay(shown, pred.maps[i], vmin=vmin, vmax=vmax)
                     result["heatmap_png"] = _encode_png(overlay)
-                    result["heatmap_scale"] = {"vmin": 0.0, "vmax": vmax}  # None: the image's own maximum
+                    result["heatmap_scale"] = {"vmin": vmin, "vmax": vmax}
                 results.append(result)
                 i += 1
             out.append(results)

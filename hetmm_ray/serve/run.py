@@ -20,7 +20,7 @@ from ..config import ConfigError, ServiceConfig
 from ..distributed.registry import registry_name
 from ..distributed.runtime import NAMESPACE, connect
 from .app import DEPLOY_YAML, build_application, deployment_options, load_deploy_config
-from .ingress import refuse_open_bind
+from .security import refuse_open_bind
 
 __all__ = ["RunningService", "start_service", "stop_service"]
 

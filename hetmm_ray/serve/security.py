@@ -18,10 +18,13 @@
 - :func:`resolve_source`: a create request's server-side ``source`` only under the
   operator's ``source_roots`` (none by default), with the S3 endpoint taken from the
   matching root, never from the client's URI.
+- :func:`refuse_open_bind`: a server on a non-loopback address must have an admin token
+  (:class:`InsecureBind`, a configuration error: one CLI line).
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import math
 import os
@@ -31,14 +34,19 @@ from urllib.parse import urlsplit
 
 from starlette.responses import JSONResponse as _StarletteJSONResponse
 
+from ..config import ConfigError
+from ..errors import HetmmError
+
 __all__ = [
     "MAX_JSON_DEPTH",
     "CrossOriginGuard",
+    "InsecureBind",
     "JSONResponse",
     "Refused",
     "finite_json",
     "origin_allowed",
     "parse_json_object",
+    "refuse_open_bind",
     "resolve_source",
 ]
 
@@ -48,7 +56,7 @@ MAX_JSON_DEPTH = 32
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
-class Refused(Exception):
+class Refused(HetmmError):
     """A request refused by a rule here: HTTP status, stable code, one-line message."""
 
     def __init__(self, status: int, code: str, message: str) -> None:
@@ -230,3 +238,25 @@ def resolve_source(source: Any, roots: tuple[str, ...]) -> tuple[str, str | None
                 raise Refused(400, "bad_source", f"'source' cannot be read ({why})") from None
             return real, real_root
     raise Refused(400, "bad_source", "'source' is outside the server's source roots")
+
+
+# --- where the server may listen ------------------------------------------------------
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class InsecureBind(ConfigError, RuntimeError):
+    """A non-loopback bind without an admin token (a configuration mistake: one CLI line)."""
+
+
+def refuse_open_bind(host: str, token: str | None, env: str) -> None:
+    """A server reachable from other machines must protect its admin routes."""
+    if not _is_loopback(host) and not token:
+        raise InsecureBind(
+            f"refusing to serve on non-loopback address {host!r} without an admin token: set {env} (or bind 127.0.0.1)"
+        )

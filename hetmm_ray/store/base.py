@@ -13,6 +13,8 @@ import re
 from collections.abc import Iterator
 from typing import BinaryIO, Protocol
 
+from ..errors import HetmmError
+
 __all__ = [
     "Backend",
     "ProductNotFound",
@@ -27,7 +29,7 @@ __all__ = [
 _PRODUCT = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 
-class StoreError(RuntimeError):
+class StoreError(HetmmError, RuntimeError):
     """The store cannot be read or written, or holds inconsistent data."""
 
 

@@ -20,18 +20,64 @@ the one layer. ``hetmm migrate`` republishes a format-1 head in format 2.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
 
 from ..core.templates import TemplateSet
+from .base import ProductNotFound, StoreCorrupt
 
-if TYPE_CHECKING:
-    from .versioned import VersionedStore
 
-__all__ = ["LayerData", "layer_chunks", "read_layer", "selection_refs"]
+class VersionedStore(Protocol):
+    """What this module needs of :class:`~hetmm_ray.store.versioned.VersionedStore` (a protocol,
+    so that the store imports this module and not the other way round)."""
+
+    chunk_bytes: int
+
+    def head(self, product: str) -> int: ...
+    def manifest(self, product: str, version: int) -> dict[str, Any]: ...
+    def _put_object(self, product: str, tensors: dict[str, Tensor]) -> dict[str, Any]: ...
+    def _read_object(self, product: str, ref: dict[str, Any]) -> bytearray: ...
+    @staticmethod
+    def _extends(parent: dict[str, Any], ts: TemplateSet) -> bool: ...
+
+
+__all__ = ["LayerData", "layer_chunks", "read_layer", "selection_refs", "tensors_from"]
+
+
+_DTYPES = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
+
+
+def tensors_from(buffer: bytearray, key: str) -> dict[str, Tensor]:
+    """Zero-copy views of a safetensors buffer (the caller copies them where they belong)."""
+    try:
+        n = int.from_bytes(buffer[:8], "little")
+        header = json.loads(bytes(buffer[8 : 8 + n]))
+        out = {}
+        for name, spec in header.items():
+            if name == "__metadata__":
+                continue
+            start, stop = spec["data_offsets"]
+            dtype = _DTYPES[spec["dtype"]]
+            flat = torch.frombuffer(buffer, dtype=dtype, offset=8 + n + start, count=(stop - start) // dtype.itemsize)
+            out[name] = flat.view(spec["shape"])
+        return out
+    except (ValueError, KeyError, TypeError, RuntimeError) as exc:
+        raise StoreCorrupt(f"{key}: not a readable tensor file ({exc})") from None
 
 
 @dataclass(frozen=True)
@@ -63,13 +109,11 @@ def layer_chunks(
     store: VersionedStore, product: str, ts: TemplateSet, parent: dict[str, Any] | None
 ) -> list[dict[str, Any]]:
     """Format-2 chunk refs for ``ts``'s bank, uploading the objects not stored yet."""
-    from .versioned import VersionedStore
-
     reuse = (
         parent is not None
         and parent.get("format") == 2
         and parent["images"] <= ts.n_images
-        and VersionedStore._extends(parent, ts)
+        and store._extends(parent, ts)
     )
     refs: list[dict[str, Any]] = []
     for layer, bank in ts.bank.items():
@@ -90,9 +134,6 @@ def layer_chunks(
 
 def read_layer(store: VersionedStore, product: str, layer: str, version: int | None = None) -> LayerData:
     """One verified layer of ``product`` at ``version`` (None = head); see the module docstring."""
-    from .base import ProductNotFound
-    from .versioned import _tensors_from
-
     if version is None:
         version = store.head(product)
     m = store.manifest(product, version)
@@ -104,12 +145,12 @@ def read_layer(store: VersionedStore, product: str, layer: str, version: int | N
         if ref.get("layer", layer) != layer:
             continue  # format 2: another layer's object, never fetched
         start, stop = ref["images"]
-        bank[start:stop].copy_(_tensors_from(store._read_object(product, ref), ref["key"])[layer])
+        bank[start:stop].copy_(tensors_from(store._read_object(product, ref), ref["key"])[layer])
     indices = centres = None
     refs = selection_refs(m)
     ref = refs.get(layer, refs.get(""))
     if ref is not None:
-        sel = _tensors_from(store._read_object(product, ref), ref["key"])
+        sel = tensors_from(store._read_object(product, ref), ref["key"])
         if f"indices/{layer}" in sel:
             indices = sel[f"indices/{layer}"].clone()
         if f"centres/{layer}" in sel:

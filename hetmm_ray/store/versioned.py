@@ -48,6 +48,7 @@ from ..core.scoring import Calibration
 from ..core.templates import TemplateSet
 from .base import Backend, ProductNotFound, StoreConflict, StoreCorrupt, StoreError, check_product_name
 from .layout import LayerData, layer_chunks, read_layer, selection_refs
+from .layout import tensors_from as _tensors_from
 
 __all__ = ["VersionedStore"]
 
@@ -56,40 +57,9 @@ READABLE_FORMATS = (1, 2)
 CHUNK_BYTES = 256 * 2**20  # bank bytes per chunk object: bounds memory on save and load
 CLEANUP_STALE_S = 600.0  # a retention clean-up mark older than this was left by a crash
 
-_DTYPES = {
-    "F64": torch.float64,
-    "F32": torch.float32,
-    "F16": torch.float16,
-    "BF16": torch.bfloat16,
-    "I64": torch.int64,
-    "I32": torch.int32,
-    "I16": torch.int16,
-    "I8": torch.int8,
-    "U8": torch.uint8,
-    "BOOL": torch.bool,
-}
-
 
 def _sha256(data: bytes | bytearray | memoryview) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-def _tensors_from(buffer: bytearray, key: str) -> dict[str, Tensor]:
-    """Zero-copy views of a safetensors buffer (the caller copies them where they belong)."""
-    try:
-        n = int.from_bytes(buffer[:8], "little")
-        header = json.loads(bytes(buffer[8 : 8 + n]))
-        out = {}
-        for name, spec in header.items():
-            if name == "__metadata__":
-                continue
-            start, stop = spec["data_offsets"]
-            dtype = _DTYPES[spec["dtype"]]
-            flat = torch.frombuffer(buffer, dtype=dtype, offset=8 + n + start, count=(stop - start) // dtype.itemsize)
-            out[name] = flat.view(spec["shape"])
-        return out
-    except (ValueError, KeyError, TypeError, RuntimeError) as exc:
-        raise StoreCorrupt(f"{key}: not a readable tensor file ({exc})") from None
 
 
 def _canonical(manifest: dict[str, Any]) -> bytes:
@@ -101,7 +71,7 @@ def _layout(ts: TemplateSet) -> dict[str, dict[str, Any]]:
 
 
 class VersionedStore:
-    """The template store of DESIGN.md: ``put``/``get``/``versions``/``products`` and more."""
+    """The template store of docs/design.md: ``put``/``get``/``versions``/``products`` and more."""
 
     def __init__(self, backend: Backend, *, chunk_bytes: int = CHUNK_BYTES, write_format: int = FORMAT) -> None:
         """``write_format``: the manifest format ``put`` writes (1 only to make old-layout stores in tests)."""
@@ -282,7 +252,7 @@ class VersionedStore:
             "version": version,
             "parent": int(head["version"]) or None,
             "created": time.time(),
-            "config": ts.config.to_dict(),
+            "config": ts.config.stored_dict(),  # never this run's device, dtype or batch settings
             "backbone": ts.config.backbone.name,
             "weights_id": ts.weights_id,
             "layers": _layout(ts),

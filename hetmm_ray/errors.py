@@ -1,0 +1,95 @@
+"""One error taxonomy: every expected failure is a :class:`HetmmError` with a code, a status and a line.
+
+Exact semantics:
+
+- Every exception class the project raises on purpose derives from :class:`HetmmError` (and
+  keeps its historical built-in base, e.g. ``ConfigError`` is still a ``ValueError``).
+- :data:`ERRORS` is the one table: class name -> (HTTP status, stable code). A subclass
+  missing from it fails at import time (``TypeError``), so a new error class cannot reach a
+  surface unmapped. ``ApiError`` and ``Refused`` carry a per-instance status and code (HTTP
+  rules with many outcomes); their table entry is the default.
+- Both surfaces map mechanically through :func:`describe`: the CLI prints
+  ``hetmm: error: <one line>`` and exits 2; HTTP answers ``status`` with
+  ``{"error": {"code", "message"}}``. A Ray task's re-raised error (a subclass of its cause)
+  describes as its cause.
+
+This module imports nothing from the project, so every layer (``core/`` included) may use it.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+__all__ = ["ERRORS", "HetmmError", "all_error_classes", "describe", "one_line"]
+
+# class name -> (HTTP status, code). Client mistakes are 4xx, the server's or a dependency's 5xx.
+ERRORS: dict[str, tuple[int, str]] = {
+    "HetmmError": (500, "internal"),
+    # a user's input
+    "ConfigError": (400, "bad_config"),
+    "InsecureBind": (400, "bad_config"),
+    "ImageError": (400, "bad_image"),
+    "SourceError": (400, "bad_source"),
+    "DatasetError": (400, "bad_dataset"),
+    "CLIError": (400, "bad_request"),
+    "ApiError": (400, "bad_request"),  # per instance
+    "Refused": (400, "bad_request"),  # per instance
+    # a product's stored state
+    "ProductNotFound": (404, "unknown_product"),
+    "StoreConflict": (409, "conflict"),
+    "TemplateError": (409, "incompatible_templates"),
+    # the product's weights cannot be had or do not fit its backbone: the request is well formed,
+    # the product as configured cannot be served (not the server's bug, so not a bare 500)
+    "WeightsError": (422, "bad_weights"),
+    "KeyMappingError": (422, "bad_weights"),
+    # dependencies
+    "StoreError": (502, "store_error"),
+    "StoreCorrupt": (502, "store_error"),
+    "StoreUnavailable": (503, "store_unavailable"),
+    "ClusterUnavailable": (503, "cluster_unavailable"),
+}
+
+
+class HetmmError(Exception):
+    """Base of every expected failure: ``status`` (HTTP), ``code`` (stable) and a one-line message."""
+
+    status: ClassVar[int] = 500
+    code: ClassVar[str] = "internal"
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        if not cls.__module__.startswith("hetmm_ray"):
+            return  # Ray's RayTaskError(<cause>) subclasses: they inherit the cause's entry
+        if cls.__name__ not in ERRORS:
+            raise TypeError(f"{cls.__module__}.{cls.__name__}: add it to hetmm_ray.errors.ERRORS (status, code)")
+        cls.status, cls.code = ERRORS[cls.__name__]
+
+
+def one_line(exc: BaseException) -> str:
+    """The last non-empty line of ``str(exc)`` without a leading ``"<ClassName>: "`` (Ray's)."""
+    lines = [s for s in str(exc).strip().splitlines() if s.strip()]
+    text = lines[-1] if lines else type(exc).__name__
+    return text.split(": ", 1)[1] if text.startswith(type(exc).__name__ + ": ") else text
+
+
+def describe(exc: BaseException) -> tuple[int, str, str] | None:
+    """``(status, code, one-line message)`` of a project error (or a Ray error caused by one); None otherwise."""
+    cause = getattr(exc, "cause", None)
+    for e in (cause, exc):  # a Ray task's error: its cause holds the message
+        if isinstance(e, HetmmError):
+            message = getattr(e, "message", None)
+            return int(e.status), str(e.code), message if isinstance(message, str) and message else one_line(e)
+    return None
+
+
+def all_error_classes() -> list[type[HetmmError]]:
+    """Every :class:`HetmmError` subclass defined so far (import the modules first), sorted by name."""
+    seen: dict[str, type[HetmmError]] = {}
+    todo: list[type[HetmmError]] = [HetmmError]
+    while todo:
+        cls = todo.pop()
+        for sub in cls.__subclasses__():
+            if sub.__module__.startswith("hetmm_ray.") and f"{sub.__module__}.{sub.__qualname__}" not in seen:
+                seen[f"{sub.__module__}.{sub.__qualname__}"] = sub
+                todo.append(sub)
+    return sorted(seen.values(), key=lambda c: c.__name__)

@@ -1,0 +1,103 @@
+"""Persistence of :class:`~hetmm_ray.detector.HETMM` through a template store, and serving copies.
+
+``save`` publishes the current template set (a new version); ``load`` builds a detector from
+a stored version (``overrides`` change this run's settings only, config.RUN_TIME_SETTINGS) and
+refuses templates built with other backbone weights; ``serving`` builds a predict-only
+detector over a tiny set, as the service's replicas hold it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, Self
+
+from torch import Tensor
+
+from .config import DetectorConfig
+from .core.templates import TemplateError, TemplateSet
+from .steps import FitSteps
+
+if TYPE_CHECKING:
+    from .core.backbone import Backbone
+
+__all__ = ["Persistence"]
+
+
+class Persistence:
+    """``save`` / ``load`` / ``serving``, mixed into :class:`~hetmm_ray.detector.HETMM`."""
+
+    version: int | None
+
+    if TYPE_CHECKING:  # provided by the detector
+
+        def __init__(
+            self, config: DetectorConfig | None = None, *, progress: bool = False, steps: FitSteps | None = None
+        ) -> None: ...
+        @property
+        def backbone(self) -> Backbone: ...
+        def _install(self, ts: TemplateSet, version: int | None) -> None: ...
+        def _require_templates(self) -> TemplateSet: ...
+
+    def save(self, store: Any, product: str) -> int:
+        """Publish the current template set to ``store``; returns the new version."""
+        self.version = store.put(product, self._require_templates())
+        return self.version
+
+    @classmethod
+    def load(
+        cls,
+        store: Any,
+        product: str,
+        version: int | None = None,
+        *,
+        progress: bool = False,
+        steps: FitSteps | None = None,
+        **overrides: Any,
+    ) -> Self:
+        """A detector from a stored template set; ``overrides`` change run-time settings (device, dtype...)."""
+        if version is None:
+            version = store.head(product)
+        ts = store.get(product, version)
+        config = ts.config.replace(**overrides) if overrides else ts.config
+        det = cls(config, progress=progress, steps=steps)
+        if det.backbone.weights_id != ts.weights_id:
+            raise TemplateError(
+                f"product {product!r} v{version} was built with weights {ts.weights_id}, "
+                f"but the backbone now loads {det.backbone.weights_id}"
+            )
+        det._install(replace(ts, config=config), version=version)
+        return det
+
+    @classmethod
+    def serving(
+        cls,
+        config: DetectorConfig,
+        templates: dict[str, Tensor],
+        *,
+        weights_id: str,
+        calibration: Any,
+        version: int | None,
+        backbone: Backbone | None = None,
+    ) -> Self:
+        """A predict-only detector over a tiny set (layer -> (K, C, H, W)), as replicas hold it.
+
+        ``backbone`` shares one already-built backbone between products with the same one.
+        """
+        det = cls(config)
+        if backbone is not None:
+            det._backbone = backbone
+        if det.backbone.weights_id != weights_id:
+            raise TemplateError(
+                f"templates were built with weights {weights_id}, the backbone has {det.backbone.weights_id}"
+            )
+        k = next(iter(templates.values())).shape[0]
+        ts = TemplateSet(
+            bank=templates,
+            config=config,
+            weights_id=weights_id,
+            image_digests=tuple(f"sheet-{i}" for i in range(k)),  # sheets, not images: nothing to refit from
+            calibration=calibration,
+            meta={"tiny": True},
+        )
+        det._install(ts, version=version)
+        return det

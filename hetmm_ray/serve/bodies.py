@@ -1,0 +1,133 @@
+"""Request bodies for the ingress: bounded reads, raw images, multipart forms, JSON objects.
+
+Exact semantics:
+
+- :func:`read_body` refuses a body over ``limit`` bytes before reading it when the request
+  declares its length (413), and while reading it otherwise (413); a body that does not
+  arrive within ``timeout`` seconds is a 408, so a slow client gives its slot back.
+- :func:`parse_form` parses a multipart body that was already read (and bounded) with
+  starlette's public parser: no private request attributes.
+- :func:`uploads` returns the images of a raw-image body (one, named ``<body>``) or of a
+  multipart body (every file part, in order) and the multipart's text fields; more than
+  ``max_images`` files is a 413, a body without images a 400, another content type a 415.
+- :func:`labelled_uploads` is the same for the calibrate route: file parts named ``good``
+  (label 0) or ``defective`` (label 1).
+
+Every refusal is an :class:`~hetmm_ray.serve.security.Refused` (status, code, one line).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from starlette.datastructures import FormData
+from starlette.formparsers import MultiPartParser
+from starlette.requests import Request
+
+from ..config import MAX_IMAGE_BYTES
+from ..errors import one_line
+from .security import Refused, parse_json_object
+
+__all__ = ["RAW_IMAGE_TYPES", "content_type", "json_object", "labelled_uploads", "parse_form", "read_body", "uploads"]
+
+RAW_IMAGE_TYPES = ("image/png", "image/jpeg", "image/bmp", "image/tiff", "image/x-ms-bmp", "application/octet-stream")
+MAX_FORM_FIELDS = 16  # text fields of a multipart body (config, objective, ...)
+
+
+def content_type(request: Request) -> str:
+    return request.headers.get("content-type", "").split(";")[0].strip().lower()
+
+
+async def read_body(request: Request, *, limit: int, timeout: float) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        if not declared.isdigit():
+            raise Refused(400, "bad_request", "Content-Length is not a number")
+        if int(declared) > limit:
+            raise Refused(413, "too_large", f"request body of {declared} bytes exceeds {limit} bytes")
+    chunks, size = [], 0
+    try:
+        async with asyncio.timeout(timeout):  # a slow client must give its slot back
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise Refused(413, "too_large", f"request body exceeds {limit} bytes")
+                chunks.append(chunk)
+    except TimeoutError:
+        raise Refused(
+            408, "body_timeout", f"the request body did not arrive within {timeout:g} s ({size} bytes received)"
+        ) from None
+    return b"".join(chunks)
+
+
+async def parse_form(request: Request, body: bytes, *, max_files: int) -> FormData:
+    """The multipart form in ``body`` (already read from ``request``); parser errors are a 400,
+    more than ``max_files`` files a 413."""
+
+    async def stream():  # the parser's input: the body we already hold, then the end
+        yield body
+        yield b""
+
+    parser = MultiPartParser(
+        request.headers, stream(), max_files=max_files, max_fields=MAX_FORM_FIELDS, max_part_size=MAX_IMAGE_BYTES
+    )
+    try:
+        return await parser.parse()
+    except Exception as exc:  # noqa: BLE001 - the multipart parser's errors vary
+        if "Too many files" in str(exc):  # the parser stops at max_files + 1: the README's 413
+            raise Refused(413, "too_many_images", f"more than {max_files} images in one request") from None
+        raise Refused(400, "bad_multipart", f"malformed multipart body ({one_line(exc)})") from None
+
+
+async def uploads(
+    request: Request, *, max_images: int, limit: int, timeout: float
+) -> tuple[list[tuple[str, bytes]], dict[str, str]]:
+    """Images of a raw-image or multipart body, and the multipart's text fields."""
+    ctype = content_type(request)
+    body = await read_body(request, limit=limit, timeout=timeout)  # bounded first, whatever the type
+    if ctype not in RAW_IMAGE_TYPES and ctype != "multipart/form-data":
+        allowed = ", ".join((*RAW_IMAGE_TYPES[:4], "multipart/form-data"))
+        raise Refused(415, "unsupported_media_type", f"content type {ctype or '(none)'!r}; send one of {allowed}")
+    if ctype in RAW_IMAGE_TYPES:
+        if not body:
+            raise Refused(400, "empty_body", "the request body is empty: send an image")
+        return [("<body>", body)], {}
+    form = await parse_form(request, body, max_files=max_images)
+    images, fields = [], {}
+    for key, value in form.multi_items():
+        if isinstance(value, str):
+            fields[key] = value
+        else:
+            images.append((value.filename or key, await value.read()))
+    if not images:
+        raise Refused(400, "empty_body", "the multipart body holds no image files")
+    if len(images) > max_images:
+        raise Refused(413, "too_many_images", f"{len(images)} images in one request; the limit is {max_images}")
+    return images, fields
+
+
+async def labelled_uploads(
+    request: Request, *, max_images: int, limit: int, timeout: float
+) -> tuple[list[tuple[str, bytes]], list[int], dict[str, str]]:
+    """Files named ``good`` / ``defective`` of a multipart body, their labels (1 = defective), text fields."""
+    if content_type(request) != "multipart/form-data":
+        raise Refused(415, "unsupported_media_type", "send multipart/form-data (files named good / defective)")
+    body = await read_body(request, limit=limit, timeout=timeout)
+    form = await parse_form(request, body, max_files=max_images)
+    images, labels, fields = [], [], {}
+    for key, value in form.multi_items():
+        if isinstance(value, str):
+            fields[key] = value
+        elif key in ("good", "defective"):
+            images.append((value.filename or key, await value.read()))
+            labels.append(int(key == "defective"))
+        else:
+            raise Refused(400, "bad_request", f"file field {key!r}: name each file 'good' or 'defective'")
+    return images, labels, fields
+
+
+async def json_object(request: Request, *, limit: int, timeout: float) -> dict:
+    ctype = content_type(request)
+    if ctype != "application/json":
+        raise Refused(415, "unsupported_media_type", f"content type {ctype or '(none)'!r}; send application/json")
+    return parse_json_object(await read_body(request, limit=limit, timeout=timeout))

@@ -1,0 +1,111 @@
+"""One error taxonomy (hetmm_ray/errors.py): every project error class reaches both surfaces.
+
+Each class found under ``hetmm_ray`` is raised (1) inside a real ``hetmm`` command run through
+``cli.main``: one line ``hetmm: error: <message>`` and exit status 2, never "unexpected"; and
+(2) through the ingress's mapping to its HTTP answer: the table's status, its code and the
+``{"error": {"code", "message"}}`` body. Before issue 10 the HTTP side answered 500 for
+WeightsError and DatasetError, and the CLI called SourceError "unexpected".
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import pkgutil
+
+import pytest
+
+import hetmm_ray
+from hetmm_ray import cli
+from hetmm_ray.errors import ERRORS, HetmmError, all_error_classes
+
+
+def _import_all() -> None:
+    for info in pkgutil.walk_packages(hetmm_ray.__path__, "hetmm_ray."):
+        importlib.import_module(info.name)
+
+
+_import_all()
+CLASSES = all_error_classes()
+PER_INSTANCE = {"ApiError": (418, "teapot"), "Refused": (403, "forbidden")}
+
+
+def _instance(cls: type[HetmmError], message: str) -> HetmmError:
+    if cls.__name__ in PER_INSTANCE:
+        return cls(*PER_INSTANCE[cls.__name__], message)  # type: ignore[call-arg]
+    if cls.__name__ == "ImageError":
+        source, problem = message.split(": ", 1)
+        return cls(source, problem)  # type: ignore[call-arg]
+    return cls(message)
+
+
+def _expected(cls: type[HetmmError]) -> tuple[int, str]:
+    return PER_INSTANCE.get(cls.__name__, ERRORS[cls.__name__])
+
+
+def test_the_table_knows_every_class_and_nothing_else() -> None:
+    names = {c.__name__ for c in CLASSES}
+    # the ten classes issue 10 counted, and the ones that were already HTTP/CLI-only
+    assert {"ConfigError", "ImageError", "SourceError", "DatasetError", "WeightsError", "StoreError"} <= names
+    assert {"ProductNotFound", "StoreConflict", "TemplateError", "ClusterUnavailable"} <= names
+    assert names == set(ERRORS) - {"HetmmError"}, "ERRORS lists a class that no longer exists, or misses one"
+    for cls in CLASSES:
+        assert (cls.status, cls.code) == ERRORS[cls.__name__]
+
+
+def test_an_unlisted_subclass_fails_at_definition() -> None:
+    with pytest.raises(TypeError, match=r"add it to hetmm_ray\.errors\.ERRORS"):
+        type("NewError", (HetmmError,), {"__module__": "hetmm_ray.somewhere"})
+
+
+@pytest.mark.parametrize("cls", CLASSES, ids=lambda c: c.__name__)
+def test_cli_prints_one_line_and_exits_2(
+    cls: type[HetmmError], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path
+) -> None:
+    message = "image 3: the thing went wrong"
+
+    def failing(_args: object) -> int:
+        raise _instance(cls, message)
+
+    monkeypatch.setattr(cli, "cmd_versions", failing)  # the parser binds the command when main builds it
+    code = cli.main(["versions", "--store", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err == f"hetmm: error: {message}\n", err
+
+
+@pytest.mark.parametrize("cls", CLASSES, ids=lambda c: c.__name__)
+def test_http_answers_the_tables_status_with_the_json_shape(cls: type[HetmmError]) -> None:
+    from hetmm_ray.serve.ingress import _error, classify
+
+    message = "image 3: the thing went wrong"
+    response = _error(classify(_instance(cls, message)))
+    status, code = _expected(cls)
+    assert response.status_code == status
+    assert json.loads(response.body) == {"error": {"code": code, "message": message}}
+
+
+def test_a_ray_task_error_is_answered_as_its_cause() -> None:
+    """Ray re-raises a task's error as a subclass of its cause: both surfaces read the cause."""
+    from ray.exceptions import RayTaskError
+
+    from hetmm_ray.core.backbone import WeightsError
+    from hetmm_ray.serve.ingress import classify
+
+    try:
+        raise WeightsError("weights file /w.pth not found")
+    except WeightsError as cause:
+        wrapped = RayTaskError("extract", "Traceback ...\nWeightsError: weights file /w.pth not found", cause)
+        remote = wrapped.as_instanceof_cause()
+    assert isinstance(remote, WeightsError)
+    err = classify(remote)
+    assert (err.status, err.code, err.message) == (422, "bad_weights", "weights file /w.pth not found")
+    assert cli.error_line(remote) == "weights file /w.pth not found"
+
+
+def test_other_exceptions_stay_internal() -> None:
+    from hetmm_ray.serve.ingress import classify
+
+    err = classify(ZeroDivisionError("x"))
+    assert (err.status, err.code) == (500, "internal")
+    assert cli.error_line(ZeroDivisionError("x")).startswith("unexpected ZeroDivisionError")
