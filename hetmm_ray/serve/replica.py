@@ -3,7 +3,8 @@
 Each replica keeps the tiny sets of up to ``max_products_per_replica``
 products (``@serve.multiplexed``: Serve routes a product's requests to the
 replicas that hold it and evicts the least recently used). Requests for one
-product are batched (``@serve.batch``; Serve splits batches by product). Before
+product are batched greedily (``serve/greedy.py``: an idle replica starts at once, a busy
+one takes everything that queued meanwhile; batches never mix products). Before
 each batch the replica asks the registry for the product's head version and
 swaps to it if it moved, so template versions change only between batches, a
 response is scored by exactly one version, and no client sees a version older
@@ -32,6 +33,7 @@ from ..data.decode import resize_to_geometry
 from ..detector import HETMM
 from ..distributed.registry import get_registry
 from ..visualize import heatmap_overlay
+from .greedy import GreedyBatcher
 
 __all__ = ["Detector", "ScoreRequest"]
 
@@ -70,6 +72,12 @@ class Detector:
         self._device = "cuda" if torch.cuda.is_available() else "cpu"
         self._fatal: BaseException | None = None
         self._set_threads(0)
+        # The one place batching is set up: its settings come from ReplicaSettings (user_config).
+        self._batcher: GreedyBatcher[ScoreRequest] = GreedyBatcher(
+            self._score_batch,
+            max_batch_size=self.settings.max_batch_size,
+            wait_s=self.settings.batch_wait_timeout_s,
+        )
 
         async def load(product: str) -> ProductModel:
             model = ProductModel(product)
@@ -82,8 +90,7 @@ class Detector:
     # --- live settings and health ---------------------------------------------------------
     def reconfigure(self, user_config: dict[str, Any] | None) -> None:
         settings = ReplicaSettings.from_dict(user_config or {})
-        self.score.set_max_batch_size(settings.max_batch_size)
-        self.score.set_batch_wait_timeout_s(settings.batch_wait_timeout_s)
+        self._batcher.configure(max_batch_size=settings.max_batch_size, wait_s=settings.batch_wait_timeout_s)
         self._set_threads(settings.threads)
         self.settings = settings
 
@@ -130,11 +137,12 @@ class Detector:
     # --- scoring ------------------------------------------------------------------------------
     async def predict(self, images: list[np.ndarray], want_maps: bool = False) -> list[dict[str, Any]]:
         """Score one request's images (all by the same template version)."""
-        return await self.score(ScoreRequest(images, want_maps, time.perf_counter()))
-
-    @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.05)
-    async def score(self, requests: list[ScoreRequest]) -> list[list[dict[str, Any]]]:
         product = serve.get_multiplexed_model_id()
+        request = ScoreRequest(images, want_maps, time.perf_counter())
+        return await self._batcher.submit(product, request, len(images))
+
+    async def _score_batch(self, product: str, requests: list[ScoreRequest]) -> list[list[dict[str, Any]]]:
+        """Score one greedy batch of ``product``'s requests (all by the same template version)."""
         model = await self.product_model(product)
         head = await self.registry.head.remote(product)
         if head != model.version:
