@@ -517,10 +517,11 @@ class ReplicaSettings:
     """Live settings of detector replicas (``user_config``; changed without a restart)."""
 
     max_batch_size: int = 8  # images scored together per product
-    # How long a batch waits to fill. Serve forms the next batch while the previous one is still
-    # scoring, from what arrived within this window, so under load a short window makes many
-    # tiny batches (measured: concurrency 32, mobilenet_v2, 2 CPUs: 0.01 s -> batches of 1-2).
-    batch_wait_timeout_s: float = 0.05
+    # Batching is greedy (serve/greedy.py): a free replica takes everything queued for a product
+    # at once, so a lone request never waits and a busy replica's next batch holds what queued
+    # meanwhile. A window > 0 makes a free replica wait up to this long for its batch to fill
+    # (measured, issue 15: a 0.05 s window was a third of a request's time at concurrency 1).
+    batch_wait_timeout_s: float = 0.0
     threads: int = 0  # torch intra-op threads per replica; 0 = the CPUs the replica was given
     sigmas: float | None = None  # override every product's threshold rule (None: each product's own)
     # Or: every product's threshold at this estimated false-alarm rate (None: each product's own rule).
