@@ -10,4 +10,4 @@ export PYTHONPATH=.
 PY=${PYTHON:-python3}
 OUT=${OUT:-.}
 "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())"
-timeout 470 "$PY" benchmarks/device_check.py --json "$OUT/device_check.json" "$@" 2>&1 | tee "$OUT/device_check.log"
+timeout "${TIMEOUT:-470}" "$PY" benchmarks/device_check.py --json "$OUT/device_check.json" "$@" 2>&1 | tee "$OUT/device_check.log"
