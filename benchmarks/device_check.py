@@ -226,8 +226,10 @@ def main() -> None:
             [8],
             ["float32", "bfloat16"],
         )
-        args.batches, args.batches_per_run, args.runs, args.size = [2, 4], 1, 1, 64
-        check_backbone_names = ["mobilenet_v2", "efficientnet_lite0", "wide_resnet101_2"]
+        args.batches, args.batches_per_run, args.runs, args.size = [2], 1, 1, 64
+        # wide_resnet101_2 is checked on the GPU run; on a CPU without native bf16 its bf16 pass alone
+        # takes minutes (emulated), too long for a smoke test.
+        check_backbone_names = ["mobilenet_v2", "efficientnet_lite0"]
     else:
         args.backbones, args.sheets, args.precisions = (
             ["wide_resnet101_2", "efficientnet_lite0"],
