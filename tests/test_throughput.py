@@ -222,8 +222,9 @@ def test_bf16_backbone_changes_no_verdict(dataset: str) -> None:
     a, b = ref.predict(test), fast.predict(test)
     flipped = [str(p.relative_to(root)) for p, x, y in zip(test, a.is_anomaly, b.is_anomaly, strict=True) if x != y]
     assert not flipped, f"{dataset}: verdicts changed by bf16 on {flipped}"
-    rel = np.abs(a.scores - b.scores) / np.maximum(np.abs(a.scores), 1e-6)
-    assert rel.max() < 0.1, f"{dataset}: bf16 scores drift up to {rel.max():.3f} (relative)"
+    # relative to the largest score (battery_weld has test images identical to training ones: score 0)
+    drift = float(np.abs(a.scores - b.scores).max() / np.abs(a.scores).max())
+    assert drift < 0.1, f"{dataset}: bf16 scores drift up to {drift:.3f} of the largest score"
 
 
 # --- greedy batching (serve/greedy.py) and ingress-side resizing (serve/canvas.py) ----------------
