@@ -1,20 +1,28 @@
-"""HTTP service throughput and latency: concurrency 1/8/32, with and without batching.
+"""HTTP service throughput vs in-process, in one run: images/s at concurrency 1 and 8.
 
-Starts the service of deploy.yaml on a local Ray (or joins ``--address``),
-publishes one product per backbone with 60 template sheets (random weights:
-speed does not depend on them), then drives ``POST /v1/products/{p}/predict``
-with PNG bodies at each concurrency. Batching is switched live through the
-detector's ``user_config`` (``max_batch_size`` 8 vs 1), which also exercises
-``reconfigure``. Each cell is the median of ``--runs`` runs.
+Starts the service of deploy.yaml on a local Ray (or joins ``--address``), publishes one
+product per backbone with 60 template sheets (ALL of 60 synthetic good images; random weights:
+speed does not depend on them), then, for each backbone:
+
+- in-process: ``HETMM.load(...).predict`` of ``--inproc-images`` copies of the body in one call
+  (batch 8, the detector's own decode/prefetch pipeline, this process's torch threads);
+- over HTTP: ``POST /v1/products/{p}/predict`` with one PNG body per request from
+  ``concurrency`` client threads, the detector replica running as many torch threads as the
+  in-process run (``user_config.threads``), greedy batching (replica.py / serve/greedy.py).
+
+The body is a bottle test PNG (900x900) when ../shared is there, else a synthetic 256x256 PNG.
+Each cell is the median of ``--runs`` runs; the timing split is the median over the responses'
+``timing`` (ingress decode+resize, Ray transfer, queue, score, images per batch).
 
     python benchmarks/bench_serve.py                      # this machine (CPU)
-    python benchmarks/bench_serve.py --device cuda        # the same on a GPU host
+    python benchmarks/bench_serve.py --device cuda        # the same on a GPU host with Ray
 """
 
 from __future__ import annotations
 
 import argparse
 import io
+import os
 import socket
 import statistics
 import sys
@@ -58,8 +66,12 @@ def publish(store: str, backbone: str, device: str) -> str:
     return backbone
 
 
+SPLIT = ("decode_ms", "transfer_ms", "queue_ms", "score_ms", "batch_images")
+
+
 def drive(url: str, product: str, body: bytes, concurrency: int, requests: int) -> dict[str, float]:
     latencies: list[float] = []
+    timings: list[dict] = []
     lock = threading.Lock()
     failures = 0
 
@@ -72,6 +84,7 @@ def drive(url: str, product: str, body: bytes, concurrency: int, requests: int) 
                 with lock:
                     if r.status_code == 200:
                         latencies.append(time.perf_counter() - t0)
+                        timings.append(r.json()["timing"])
                     else:
                         failures += 1
 
@@ -85,74 +98,108 @@ def drive(url: str, product: str, body: bytes, concurrency: int, requests: int) 
         "p50": 1000 * float(np.percentile(latencies, 50)),
         "p99": 1000 * float(np.percentile(latencies, 99)),
         "failures": failures,
+        **{k: float(np.median([t.get(k, np.nan) for t in timings])) for k in SPLIT},
     }
+
+
+def body_png() -> tuple[bytes, str]:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from common import BOTTLE
+
+    if BOTTLE.is_dir():
+        path = sorted((BOTTLE / "test" / "broken_large").glob("*.png"))[0]
+        return path.read_bytes(), "bottle test PNG 900x900"
+    return _png(SyntheticProduct(seed=1, size=256).good(999)), "synthetic PNG 256x256"
+
+
+def in_process(store: str, product: str, body: bytes, n: int, runs: int, device: str) -> float:
+    """images/s of ``HETMM.predict`` on ``n`` copies of ``body`` in one call (median of ``runs``)."""
+    det = HETMM.load(open_store(store), product, device=device)
+    images = [body] * n
+    det.predict(images[:8])
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        det.predict(images)
+        times.append(time.perf_counter() - t0)
+    return n / statistics.median(times)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--backbones", nargs="+", default=["mobilenet_v2", "wide_resnet101_2"])
-    parser.add_argument("--concurrency", nargs="+", type=int, default=[1, 8, 32])
-    parser.add_argument("--seconds", type=float, default=20.0, help="target length of one run (sets its requests)")
+    parser.add_argument("--backbones", nargs="+", default=["mobilenet_v2", "efficientnet_lite0"])
+    parser.add_argument("--concurrency", nargs="+", type=int, default=[1, 8])
+    parser.add_argument("--seconds", type=float, default=10.0, help="target length of one HTTP run (sets its requests)")
+    parser.add_argument("--inproc-images", type=int, default=24)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--device", default="auto")
     parser.add_argument("--address", help="Ray cluster to run on (default: a local Ray)")
     args = parser.parse_args()
 
+    import torch
     from ray import serve
 
     from hetmm_ray.serve.run import start_service, stop_service
 
+    threads = torch.get_num_threads()
     store = tempfile.mkdtemp(prefix="bench-serve-")
     products = [publish(store, b, args.device) for b in args.backbones]
+    body, source = body_png()
+    inproc = {p: in_process(store, p, body, args.inproc_images, args.runs, args.device) for p in products}
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
+    user = {"threads": threads}  # batching: the ReplicaSettings defaults (greedy)
+    running = start_service(
+        store=store,
+        port=port,
+        address=args.address,
+        deployments={"Detector": {"num_replicas": 1, "user_config": user}},
+    )
     rows = []
-
-    def deploy(max_batch: int):  # a live user_config change: reconfigure() on the same replica
-        user = {"max_batch_size": max_batch, "batch_wait_timeout_s": 0.05 if max_batch > 1 else 0.0}
-        return start_service(
-            store=store,
-            port=port,
-            address=args.address,
-            deployments={"Detector": {"num_replicas": 1, "user_config": user}},
-        )
-
-    running = deploy(8)
-    body = _png(SyntheticProduct(seed=1, size=256).good(999))
     try:
         for product in products:
-            # Warm-up: load the product on the replica and estimate one request's time.
-            with httpx.Client(base_url=running.url, timeout=600) as client:
+            with httpx.Client(base_url=running.url, timeout=600) as client:  # warm-up, one request's time
                 client.post(f"/v1/products/{product}/predict", content=body, headers={"content-type": "image/png"})
                 t0 = time.perf_counter()
                 client.post(f"/v1/products/{product}/predict", content=body, headers={"content-type": "image/png"})
                 single = time.perf_counter() - t0
-            for max_batch in (8, 1):
-                running = deploy(max_batch)
-                for conc in args.concurrency:
-                    n = max(conc, int(args.seconds / single))
-                    runs = [drive(running.url, product, body, conc, n) for _ in range(args.runs)]
-                    med = {k: statistics.median(r[k] for r in runs) for k in ("rps", "p50", "p99")}
-                    fails = sum(r["failures"] for r in runs)
-                    rows.append(
-                        [
-                            product,
-                            "on (8)" if max_batch > 1 else "off",
-                            conc,
-                            f"{med['rps']:.2f}",
-                            f"{med['p50']:.0f}",
-                            f"{med['p99']:.0f}",
-                            fails,
-                        ]
-                    )
-                    print(" | ".join(str(x) for x in rows[-1]), flush=True)
+            rows.append([product, "in-process", "-", f"{inproc[product]:.2f}", "100%", "", "", "", "", "", "", "", ""])
+            for conc in args.concurrency:
+                n = max(2 * conc, int(args.seconds / single))
+                runs = [drive(running.url, product, body, conc, n) for _ in range(args.runs)]
+                med = {k: statistics.median(r[k] for r in runs) for k in ("rps", "p50", "p99", *SPLIT)}
+                fails = sum(r["failures"] for r in runs)
+                rows.append(
+                    [
+                        product,
+                        "HTTP",
+                        conc,
+                        f"{med['rps']:.2f}",
+                        f"{100 * med['rps'] / inproc[product]:.0f}%",
+                        f"{med['p50']:.0f}",
+                        f"{med['p99']:.0f}",
+                        f"{med['decode_ms']:.1f}",
+                        f"{med['transfer_ms']:.1f}",
+                        f"{med['queue_ms']:.1f}",
+                        f"{med['score_ms']:.1f}",
+                        f"{med['batch_images']:.1f}",
+                        fails,
+                    ]
+                )
+                print(" | ".join(str(x) for x in rows[-1]), flush=True)
     finally:
         stop_service(running)
         serve.shutdown()
     print()
-    print(f"HTTP predict, {SHEETS} sheets, PNG 256x256 bodies, 1 detector replica, median of {args.runs} runs")
-    print(table(["backbone", "batching", "concurrency", "req/s", "p50 ms", "p99 ms", "failures"], rows))
+    print(
+        f"predict, {SHEETS} sheets, {source} bodies (one image per request), 1 detector replica with {threads} "
+        f"torch threads; in-process: {args.inproc_images} images per call, {threads} threads; median of {args.runs} "
+        f"runs; load average at the end {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
+    )
+    headers = ["backbone", "path", "concurrency", "images/s", "of in-process", "p50 ms", "p99 ms"]
+    headers += ["decode ms", "transfer ms", "queue ms", "score ms", "batch images", "failures"]
+    print(table(headers, rows))
 
 
 if __name__ == "__main__":

@@ -143,12 +143,13 @@ TEMPLATE_KINDS = ("all", "ir", "pr", "pc_k", "pts_k", "pts_o")
 THRESHOLD_RULES = ("far", "sigmas", "validation")  # see ThresholdConfig
 GEOMETRIES = ("squash", "letterbox")  # = core.geometry.GEOMETRIES (config stays import-free)
 DTYPES = ("float32", "float16", "bfloat16")
+BACKBONE_PRECISIONS = ("auto", "float32", "bfloat16")
 
 
 # Settings of *this run* (which device, which compute dtype, how many images at once, how much
 # working memory): they change how fast a product is computed, not what it is, so they are never
 # stored with a product (``DetectorConfig.stored_dict``) and a stored value is ignored on load.
-RUN_TIME_SETTINGS = ("device", "dtype", "batch_size", "chunk_mib")
+RUN_TIME_SETTINGS = ("device", "dtype", "batch_size", "chunk_mib", "prefetch", "decode_threads", "malloc_keep_mib")
 
 
 class ConfigError(HetmmError, ValueError):
@@ -191,6 +192,9 @@ NUMERIC_RANGES: dict[str, tuple[float, float, type]] = {
     "threshold.seed": (0, 2**32 - 1, int),
     "batch_size": (1, 4096, int),
     "chunk_mib": (1, 65_536, int),
+    "prefetch": (0, 16, int),
+    "decode_threads": (1, 64, int),
+    "malloc_keep_mib": (0, 65_536, int),
     "service.max_products_per_replica": (1, 1024, int),
     "service.max_body_mib": (1, 4096, int),
     "service.max_images_per_request": (1, 1024, int),
@@ -275,8 +279,19 @@ class BackboneConfig:
     # geometry): equal on square products, far better on products of varied aspect.
     # Products stored before this setting existed keep squash (stored_config).
     geometry: str = "letterbox"
+    # Arithmetic of the backbone's convolutions (core/backbone.py): "bfloat16" runs them in bf16
+    # with channels_last memory (features still float32 unit vectors), "float32" in fp32, "auto"
+    # bf16 where the device has it natively (CUDA with bf16, CPUs with avx512_bf16/amx_bf16) and
+    # fp32 elsewhere: a fixed rule per machine, so every process there computes the same features.
+    # Measured on bottle (BENCHMARKS.md, throughput): no verdict changed between the two.
+    precision: str = "auto"
 
     def __post_init__(self) -> None:
+        _require(
+            self.precision in BACKBONE_PRECISIONS,
+            f"backbone.precision: unknown precision {self.precision!r}; choose one of {', '.join(BACKBONE_PRECISIONS)}"
+            + _did_you_mean(self.precision, BACKBONE_PRECISIONS),
+        )
         _require(
             self.geometry in GEOMETRIES,
             f"backbone.geometry: unknown geometry {self.geometry!r}; choose one of {', '.join(GEOMETRIES)}"
@@ -437,6 +452,14 @@ class DetectorConfig:
     bank_dtype: str = "float16"  # storage dtype of the feature bank (measured lossless on bottle)
     batch_size: int = 8  # images per backbone/ATMM batch
     chunk_mib: int | None = None  # ATMM working block; None: 4 MiB on CPU (cache-sized), 256 MiB on CUDA
+    # predict's input pipeline (hetmm_ray/pipeline.py): batches read, decoded and resized ahead in
+    # a background thread while the current one runs the backbone and ATMM (0: one after another;
+    # the scores are identical), each batch's images decoded in decode_threads threads.
+    prefetch: int = 1
+    decode_threads: int = 2
+    # Freed memory the process keeps mapped for the next batch (glibc mallopt), MiB; 0: leave the
+    # allocator alone. Fresh multi-MiB buffers per batch cost a page fault per 4 KiB otherwise.
+    malloc_keep_mib: int = 1024
 
     def __post_init__(self) -> None:
         _require(self.dtype in DTYPES, f"dtype: choose one of {', '.join(DTYPES)}, got {self.dtype!r}")
@@ -570,10 +593,11 @@ class ReplicaSettings:
     """Live settings of detector replicas (``user_config``; changed without a restart)."""
 
     max_batch_size: int = 8  # images scored together per product
-    # How long a batch waits to fill. Serve forms the next batch while the previous one is still
-    # scoring, from what arrived within this window, so under load a short window makes many
-    # tiny batches (measured: concurrency 32, mobilenet_v2, 2 CPUs: 0.01 s -> batches of 1-2).
-    batch_wait_timeout_s: float = 0.05
+    # Batching is greedy (serve/greedy.py): a free replica takes everything queued for a product
+    # at once, so a lone request never waits and a busy replica's next batch holds what queued
+    # meanwhile. A window > 0 makes a free replica wait up to this long for its batch to fill
+    # (measured, issue 15: a 0.05 s window was a third of a request's time at concurrency 1).
+    batch_wait_timeout_s: float = 0.0
     threads: int = 0  # torch intra-op threads per replica; 0 = the CPUs the replica was given
     sigmas: float | None = None  # override every product's threshold rule (None: each product's own)
     # Or: every product's threshold at this estimated false-alarm rate (None: each product's own rule).

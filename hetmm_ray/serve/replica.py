@@ -3,7 +3,8 @@
 Each replica keeps the tiny sets of up to ``max_products_per_replica``
 products (``@serve.multiplexed``: Serve routes a product's requests to the
 replicas that hold it and evicts the least recently used). Requests for one
-product are batched (``@serve.batch``; Serve splits batches by product). Before
+product are batched greedily (``serve/greedy.py``: an idle replica starts at once, a busy
+one takes everything that queued meanwhile; batches never mix products). Before
 each batch the replica asks the registry for the product's head version and
 swaps to it if it moved, so template versions change only between batches, a
 response is scored by exactly one version, and no client sees a version older
@@ -37,6 +38,7 @@ from ..detector import HETMM
 from ..distributed.registry import get_registry
 from ..records import ProductSnapshot
 from ..visualize import heatmap_overlay, heatmap_range
+from .greedy import GreedyBatcher
 from .warm_set import product_of
 
 __all__ = ["Detector", "ScoreRequest"]
@@ -49,17 +51,6 @@ class ScoreRequest:
     images: list[np.ndarray]
     want_maps: bool = False
     enqueued: float = 0.0
-    # Images this request counts for in a batch: its images, at most a whole batch (a request
-    # with more images than ``max_batch_size`` is a batch of its own, never refused).
-    weight: int = 1
-
-
-def _batch_images(requests: list[ScoreRequest]) -> int:
-    """``@serve.batch``'s batch_size_fn: ``max_batch_size`` counts images, not requests."""
-    return sum(r.weight for r in requests)
-
-
-_DEFAULTS = ReplicaSettings()  # the decorator's values until reconfigure() applies user_config
 
 
 class ProductModel:
@@ -97,6 +88,12 @@ class Detector:
         # One detector per product, shared by its model ids (aliases) that Serve's LRU holds here.
         self._by_product: weakref.WeakValueDictionary[str, ProductModel] = weakref.WeakValueDictionary()
         self._replica = _replica_id()
+        # The one place batching is set up: its settings come from ReplicaSettings (user_config).
+        self._batcher: GreedyBatcher[ScoreRequest] = GreedyBatcher(
+            self._score_batch,
+            max_batch_size=self.settings.max_batch_size,
+            wait_s=self.settings.batch_wait_timeout_s,
+        )
 
         async def load(model_id: str) -> ProductModel:
             product = product_of(model_id)
@@ -112,8 +109,7 @@ class Detector:
     # --- live settings and health ---------------------------------------------------------
     def reconfigure(self, user_config: dict[str, Any] | None) -> None:
         settings = ReplicaSettings.from_dict(user_config or {})
-        self.score.set_max_batch_size(settings.max_batch_size)
-        self.score.set_batch_wait_timeout_s(settings.batch_wait_timeout_s)
+        self._batcher.configure(max_batch_size=settings.max_batch_size, wait_s=settings.batch_wait_timeout_s)
         self._set_threads(settings.threads)
         self.settings = settings
 
@@ -159,16 +155,12 @@ class Detector:
     # --- scoring ------------------------------------------------------------------------------
     async def predict(self, images: list[np.ndarray], want_maps: bool = False) -> list[dict[str, Any]]:
         """Score one request's images (all by the same template version)."""
-        weight = max(1, min(len(images), self.settings.max_batch_size))
-        return await self.score(ScoreRequest(images, want_maps, time.perf_counter(), weight))
+        model_id = serve.get_multiplexed_model_id()  # the product, or one of its warm-set aliases
+        request = ScoreRequest(images, want_maps, time.perf_counter())
+        return await self._batcher.submit(model_id, request, len(images))
 
-    @serve.batch(
-        max_batch_size=_DEFAULTS.max_batch_size,
-        batch_wait_timeout_s=_DEFAULTS.batch_wait_timeout_s,
-        batch_size_fn=_batch_images,
-    )
-    async def score(self, requests: list[ScoreRequest]) -> list[list[dict[str, Any]]]:
-        model_id = serve.get_multiplexed_model_id()
+    async def _score_batch(self, model_id: str, requests: list[ScoreRequest]) -> list[list[dict[str, Any]]]:
+        """Score one greedy batch of a model id's requests (all by the same template version)."""
         product = product_of(model_id)
         model = await self.product_model(model_id)
         head = await self.registry.head.remote(product)

@@ -1,0 +1,153 @@
+"""CPU throughput plumbing for ``predict``: decode ahead, keep memory mapped, wait politely.
+
+Three things, each measured to matter on a 2-core machine (issue 15, BENCHMARKS.md "Throughput"):
+
+* **Overlap.** :func:`prefetched` runs a batch producer (read, decode, resize, stack) one
+  batch ahead in a background thread while the caller runs the backbone and ATMM on the
+  current batch. PNG decoding and Pillow's resize release the GIL, so the two really run at
+  once. :func:`load_batch` decodes and resizes the images of one batch in ``threads`` threads.
+  The batches are exactly those of the sequential path (same pixels, same order), so scores
+  are bit-identical (tests/test_throughput.py).
+* **Memory kept mapped.** glibc hands every free of a block larger than its mmap threshold back
+  to the kernel, and the next batch faults every page in again (a batch-8 predict took 13-15k
+  minor faults, ~27 % of the CPU). :func:`keep_memory_mapped` raises glibc's mmap and trim
+  thresholds (``mallopt``), so the large per-batch buffers are reused from the heap instead.
+  It is process-wide and idempotent, and a no-op where glibc is not the allocator.
+* **Polite waiting.** OpenMP threads that spin while they wait collapse when a neighbour holds
+  a core (ATMM 21 -> 553 ms with 2 threads and one core busy). hetmm_ray sets
+  ``OMP_WAIT_POLICY=PASSIVE`` before torch is first imported (``hetmm_ray/__init__.py``; a
+  value already in the environment wins), so a busy neighbour slows the service in proportion
+  instead of tenfold. :func:`compute_threads` is the thread count a process uses.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import queue
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
+
+__all__ = ["compute_threads", "keep_memory_mapped", "load_batch", "prefetched"]
+
+T = TypeVar("T")
+
+# glibc mallopt parameters (malloc.h)
+_M_TRIM_THRESHOLD = -1
+_M_TOP_PAD = -2
+_M_MMAP_THRESHOLD = -3
+
+_mapped_bytes = 0
+_mapped_lock = threading.Lock()
+
+
+def keep_memory_mapped(mib: int) -> bool:
+    """Let the heap keep up to ``mib`` MiB of freed memory mapped (glibc ``mallopt``); True if set.
+
+    Blocks below the mmap threshold come from the heap, and the heap is trimmed back to the
+    kernel only when more than the trim threshold is free at its top: both are set to ``mib``
+    (the top pad to a quarter of it), so buffers of one batch are reused by the next without a
+    page fault per 4 KiB. Raising the limit again is allowed, lowering is not (another caller
+    may rely on it). ``mib`` 0 does nothing.
+    """
+    global _mapped_bytes
+    size = int(mib) * 2**20
+    if size <= 0:
+        return False
+    with _mapped_lock:
+        if size <= _mapped_bytes:
+            return True
+        name = ctypes.util.find_library("c")
+        try:
+            libc = ctypes.CDLL(name or "libc.so.6")
+            mallopt = libc.mallopt
+        except (OSError, AttributeError):  # not glibc (musl, macOS, Windows): nothing to tune
+            return False
+        mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+        # mallopt takes an int: glibc caps the mmap threshold at HEAP_MAX/2 (32 MiB on 64-bit)
+        # and refuses larger values, so that one is clamped; the trim threshold has no cap.
+        ok = bool(mallopt(_M_MMAP_THRESHOLD, min(size, 32 * 2**20)))
+        ok &= bool(mallopt(_M_TRIM_THRESHOLD, min(size, 2**31 - 1)))
+        ok &= bool(mallopt(_M_TOP_PAD, min(size // 4, 2**31 - 1)))
+        if ok:
+            _mapped_bytes = size
+        return ok
+
+
+def compute_threads(cpus: float | None = None) -> int:
+    """Torch intra-op threads for ``cpus`` CPUs (None: the cores this process may run on).
+
+    At least 1; a fraction rounds up (half a CPU still needs a thread, and with passive waiting
+    a thread that finds its core taken sleeps instead of spinning).
+    """
+    if cpus is None:
+        try:
+            cpus = len(os.sched_getaffinity(0))
+        except AttributeError:  # not Linux
+            cpus = os.cpu_count() or 1
+    return max(1, int(-(-cpus // 1)))
+
+
+def load_batch(items: Sequence[T], load: Callable[[T], object], threads: int) -> list[object]:
+    """``[load(x) for x in items]``, in ``threads`` threads when more than one (order kept).
+
+    The first error raised by ``load`` (in item order) propagates, as in the plain loop.
+    """
+    if threads <= 1 or len(items) <= 1:
+        return [load(x) for x in items]
+    with ThreadPoolExecutor(min(threads, len(items)), thread_name_prefix="hetmm-decode") as pool:
+        return list(pool.map(load, items))
+
+
+_DONE = object()
+
+
+def prefetched(produce: Iterable[T], depth: int = 1) -> Iterator[T]:
+    """Items of ``produce``, computed up to ``depth`` items ahead in a background thread.
+
+    ``depth`` 0 is the plain iteration. An exception raised while producing is raised here,
+    at the item where it happened (items before it are delivered first). Closing the iterator
+    early (``break``, an error in the consumer) stops the producer after the item it is on.
+    """
+    if depth <= 0:
+        yield from produce
+        return
+    slots: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def run() -> None:
+        try:
+            for item in produce:
+                while not stop.is_set():
+                    try:
+                        slots.put((item, None), timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            slots.put((_DONE, None))
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer, raised there
+            slots.put((_DONE, exc))
+
+    worker = threading.Thread(target=run, name="hetmm-prefetch", daemon=True)
+    worker.start()
+    try:
+        while True:
+            item, exc = slots.get()
+            if item is _DONE:
+                if exc is not None:
+                    raise exc
+                return
+            yield item
+    finally:
+        stop.set()
+        while worker.is_alive():  # unblock a producer waiting on a full queue
+            try:
+                slots.get_nowait()
+            except queue.Empty:
+                pass
+            worker.join(timeout=0.05)

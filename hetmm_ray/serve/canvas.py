@@ -1,0 +1,64 @@
+"""Ship what the replica needs: uploads decoded and resized to the product's canvas in the ingress.
+
+The replica only ever uses an image at the size its backbone sees (``backbone.image_size`` and
+``geometry``: ``data.decode.resize_to_geometry``), for scoring and for the heat-map alike. So the
+ingress, which decodes the upload anyway, resizes it there: a 900x900 PNG crosses the object
+store as 256x256x3 bytes (12x less) and the replica, whose CPU is the bottleneck, skips the
+resize (``resize_to_geometry`` returns an image already at its shape unchanged, and the
+letterbox box of a fitted image is the box of the original). Scores are the same as when the
+replica resizes: the same Pillow resize of the same pixels, run in another process.
+
+The canvas of a product comes from its published version's configuration (the registry's
+snapshot), cached for ``ttl_s`` seconds like the ingress's other product facts. A version
+published with another canvas inside that window is still scored correctly in geometry, from
+an image already resized to the old canvas (resized again by the replica).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import numpy as np
+
+from ..config import stored_config
+from ..data.decode import decode_image, resize_to_geometry
+
+__all__ = ["CanvasCache", "decode_to_canvas"]
+
+
+class CanvasCache:
+    """product -> (image_size, geometry) of its published version, refreshed after ``ttl_s``."""
+
+    def __init__(self, snapshot: Callable[[str], Awaitable[dict[str, Any]]], ttl_s: float) -> None:
+        self._snapshot = snapshot
+        self._ttl_s = ttl_s
+        self._cache: dict[str, tuple[float, tuple[int, str]]] = {}
+
+    async def canvas(self, product: str) -> tuple[int, str] | None:
+        """The product's canvas, or None when it cannot be had (then the replica resizes)."""
+        now = time.monotonic()
+        hit = self._cache.get(product)
+        if hit is not None and hit[0] > now:
+            return hit[1]
+        try:
+            snap = await self._snapshot(product)
+            bb = stored_config(snap["config"]).backbone
+        except Exception:  # noqa: BLE001 - an optimisation only: the replica reports real errors
+            return None
+        value = (bb.image_size, bb.geometry)
+        self._cache[product] = (now + self._ttl_s, value)
+        return value
+
+    def forget(self, product: str) -> None:
+        self._cache.pop(product, None)
+
+
+def decode_to_canvas(uploads: list[tuple[str, bytes]], canvas: tuple[int, str] | None) -> list[np.ndarray]:
+    """Decode every upload (``ImageError`` names the bad one) and resize it to ``canvas``."""
+    images = [decode_image(data, source=name) for name, data in uploads]
+    if canvas is None:
+        return images
+    size, geometry = canvas
+    return [resize_to_geometry(im, size, geometry) for im in images]
