@@ -120,16 +120,41 @@ class ShardHandle:
         return _ShardMethod(self, name)
 
 
-def _host_options(placement: ShardPlacement) -> dict[str, Any]:
+def _host_options(placement: ShardPlacement, slot: int) -> dict[str, Any]:
     has_gpus = ray.cluster_resources().get("GPU", 0) > 0
     return {
         "num_cpus": placement.num_cpus,
         "num_gpus": placement.num_gpus if has_gpus else 0,
         "resources": dict(placement.resources or {}),
-        "scheduling_strategy": "SPREAD",
+        "scheduling_strategy": _spread(slot, placement, has_gpus),
         "max_restarts": -1,  # a restarted host starts empty; the registry reloads its shards from the store
         "max_concurrency": HOST_CONCURRENCY,
     }
+
+
+def _spread(slot: int, placement: ShardPlacement, has_gpus: bool) -> Any:
+    """Slot k on the k-th live node that can hold a host (sorted by node id).
+
+    Ray's "SPREAD" is best effort, and so is a soft node affinity: with ``num_cpus: 0`` both
+    put several hosts on one node of a 3-node test cluster. One host per node is what makes a
+    node's loss cost only its share, so the affinity is hard; a host whose node is gone dies
+    (``ActorDiedError``) and :meth:`HostPool.check` starts its slot afresh on a live node.
+    """
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    need = dict(placement.resources or {})
+    if placement.num_cpus:
+        need["CPU"] = placement.num_cpus
+    if has_gpus and placement.num_gpus:
+        need["GPU"] = placement.num_gpus
+    nodes = sorted(
+        n["NodeID"]
+        for n in ray.nodes()
+        if n.get("Alive") and all(n.get("Resources", {}).get(k, 0) >= v for k, v in need.items())
+    )
+    if not nodes:
+        return "SPREAD"
+    return NodeAffinitySchedulingStrategy(node_id=nodes[slot % len(nodes)], soft=False)
 
 
 class HostPool:
@@ -146,7 +171,7 @@ class HostPool:
         self.held: list[dict[str, set[str]]] = [{} for _ in range(count)]  # slot -> product -> layers
 
     def _start(self, slot: int) -> Any:
-        return TemplateHost.options(**_host_options(self.placement)).remote(slot, self.store_uri)
+        return TemplateHost.options(**_host_options(self.placement, slot)).remote(slot, self.store_uri)
 
     @property
     def count(self) -> int:
@@ -177,12 +202,15 @@ class HostPool:
         answers = await asyncio.gather(*(self._ping(slot) for slot in range(self.count)))
         displaced: set[str] = set()
         for slot, answer in enumerate(answers):
-            if isinstance(answer, BaseException) and not isinstance(answer, ray.exceptions.RayActorError):
+            unschedulable = isinstance(answer, ray.exceptions.ActorUnschedulableError)  # its node is gone
+            gone = isinstance(answer, ray.exceptions.RayActorError) or unschedulable
+            if isinstance(answer, BaseException) and not gone:
                 continue  # no answer in time: a busy or still starting host, judged by a later ping
             if isinstance(answer, BaseException):
                 self.up.discard(slot)
                 displaced |= self._lose(slot)
-                if isinstance(answer, ray.exceptions.ActorDiedError) and not getattr(answer, "preempted", False):
+                died = isinstance(answer, ray.exceptions.ActorDiedError) and not getattr(answer, "preempted", False)
+                if died or unschedulable:
                     self.handles[slot] = self._start(slot)  # gone for good: a fresh host for later placements
                     self.incarnations[slot] = None
                 continue
