@@ -271,24 +271,18 @@ class Backbone(nn.Module):
         # Folding needs one dry run to see which BN follows which conv; 64 px is enough for all.
         if fold_bn:
             fold_batch_norms(model, torch.zeros(1, 3, 64, 64))
-        if config.name in LITE_VARIANTS:
-            try:
-                self.extractor: nn.Module = LiteTaps(model, config.taps)
-            except ValueError as exc:
-                raise ValueError(f"backbone {config.name}: bad layer taps {list(config.taps)}: {exc}") from None
-            self.extractor.eval().requires_grad_(False)
-            self._set_normalisation(LITE_MEAN, LITE_STD)
-            self.weights_id = weights_identity(config)
-            self.precision = "float32"
-            self._apply_precision(resolve_precision(self._precision_setting, "cpu"))
-            return
-        nodes = {_tap_node(model, tap, config.pre_relu): tap for tap in config.taps}
         try:
-            self.extractor = feature_extraction.create_feature_extractor(model, return_nodes=nodes)
+            if config.name in LITE_VARIANTS:
+                self.extractor: nn.Module = LiteTaps(model, config.taps)
+                mean, std = LITE_MEAN, LITE_STD
+            else:
+                nodes = {_tap_node(model, tap, config.pre_relu): tap for tap in config.taps}
+                self.extractor = feature_extraction.create_feature_extractor(model, return_nodes=nodes)
+                mean, std = IMAGENET_MEAN, IMAGENET_STD
         except ValueError as exc:
             raise ValueError(f"backbone {config.name}: bad layer taps {list(config.taps)}: {exc}") from None
         self.extractor.eval().requires_grad_(False)
-        self._set_normalisation(IMAGENET_MEAN, IMAGENET_STD)
+        self._set_normalisation(mean, std)
         self.weights_id = weights_identity(config)
         self.precision = "float32"
         self._apply_precision(resolve_precision(self._precision_setting, "cpu"))
