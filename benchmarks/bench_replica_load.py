@@ -24,17 +24,15 @@ import socket
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import table
+from common import post_images, table
 
 from hetmm_ray.config import BackboneConfig, DetectorConfig, TemplateConfig, ThresholdConfig
 
@@ -123,29 +121,9 @@ def _png(size: int) -> bytes:
 
 
 def drive(url: str, product: str, body: bytes, concurrency: int, requests: int) -> dict[str, Any]:
-    replicas: Counter[str] = Counter()
-    latencies: list[float] = []
-    failures = 0
-    lock = threading.Lock()
-
-    def worker(n: int) -> None:
-        nonlocal failures
-        import httpx
-
-        with httpx.Client(base_url=url, timeout=600) as client:
-            for _ in range(n):
-                t0 = time.perf_counter()
-                r = client.post(f"/v1/products/{product}/predict", content=body, headers={"content-type": "image/png"})
-                with lock:
-                    if r.status_code == 200:
-                        latencies.append(time.perf_counter() - t0)
-                        replicas[r.json()["timing"]["replica"]] += 1
-                    else:
-                        failures += 1
-
-    with ThreadPoolExecutor(concurrency) as pool:
-        list(pool.map(worker, [max(1, requests // concurrency)] * concurrency))
-    return {"replicas": replicas, "p50": 1000 * statistics.median(latencies), "failures": failures}
+    answered, failures, _ = post_images(url, product, body, concurrency, requests)
+    replicas = Counter(timing["replica"] for _, timing in answered)
+    return {"replicas": replicas, "p50": 1000 * statistics.median(s for s, _ in answered), "failures": failures}
 
 
 def spread(store: str, args: argparse.Namespace) -> list[list[Any]]:

@@ -27,9 +27,7 @@ import socket
 import statistics
 import sys
 import tempfile
-import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -37,7 +35,7 @@ import numpy as np
 from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import table
+from common import post_images, table
 
 from hetmm_ray.config import BackboneConfig, DetectorConfig, TemplateConfig, ThresholdConfig
 from hetmm_ray.data.synthetic import SyntheticProduct
@@ -70,35 +68,14 @@ SPLIT = ("decode_ms", "transfer_ms", "queue_ms", "score_ms", "batch_images")
 
 
 def drive(url: str, product: str, body: bytes, concurrency: int, requests: int) -> dict[str, float]:
-    latencies: list[float] = []
-    timings: list[dict] = []
-    lock = threading.Lock()
-    failures = 0
-
-    def worker(n: int) -> None:
-        nonlocal failures
-        with httpx.Client(base_url=url, timeout=600) as client:
-            for _ in range(n):
-                t0 = time.perf_counter()
-                r = client.post(f"/v1/products/{product}/predict", content=body, headers={"content-type": "image/png"})
-                with lock:
-                    if r.status_code == 200:
-                        latencies.append(time.perf_counter() - t0)
-                        timings.append(r.json()["timing"])
-                    else:
-                        failures += 1
-
-    per = max(1, requests // concurrency)
-    start = time.perf_counter()
-    with ThreadPoolExecutor(concurrency) as pool:
-        list(pool.map(worker, [per] * concurrency))
-    wall = time.perf_counter() - start
+    answered, failures, wall = post_images(url, product, body, concurrency, requests)
+    latencies = [s for s, _ in answered]
     return {
         "rps": len(latencies) / wall,
         "p50": 1000 * float(np.percentile(latencies, 50)),
         "p99": 1000 * float(np.percentile(latencies, 99)),
         "failures": failures,
-        **{k: float(np.median([t.get(k, np.nan) for t in timings])) for k in SPLIT},
+        **{k: float(np.median([t.get(k, np.nan) for _, t in answered])) for k in SPLIT},
     }
 
 

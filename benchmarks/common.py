@@ -53,3 +53,35 @@ def describe(device: torch.device) -> str:
     if device.type == "cuda":
         return f"{torch.cuda.get_device_name(device)} (torch {torch.__version__})"
     return f"CPU, {torch.get_num_threads()} threads (torch {torch.__version__})"
+
+
+def post_images(
+    url: str, product: str, body: bytes, concurrency: int, requests: int
+) -> tuple[list[tuple[float, dict]], int, float]:
+    """``requests`` PNG predicts over HTTP from ``concurrency`` clients (each ``requests //
+    concurrency``, at least 1): ``([(seconds, timing)] of the answered ones, failures, wall s)``."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    import httpx
+
+    answered: list[tuple[float, dict]] = []
+    failures = 0
+    lock = threading.Lock()
+
+    def worker(n: int) -> None:
+        nonlocal failures
+        with httpx.Client(base_url=url, timeout=600) as client:
+            for _ in range(n):
+                t0 = time.perf_counter()
+                r = client.post(f"/v1/products/{product}/predict", content=body, headers={"content-type": "image/png"})
+                with lock:
+                    if r.status_code == 200:
+                        answered.append((time.perf_counter() - t0, r.json()["timing"]))
+                    else:
+                        failures += 1
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(concurrency) as pool:
+        list(pool.map(worker, [max(1, requests // concurrency)] * concurrency))
+    return answered, failures, time.perf_counter() - start
