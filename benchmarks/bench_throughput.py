@@ -4,10 +4,13 @@ For mobilenet_v2 and the default backbone (efficientnet_lite0), at 60 template s
 ALL (209, bottle's training set), ``HETMM.predict`` on encoded PNGs (bottle test images,
 900x900, or synthetic ones where ../shared is absent), batch 8, in three modes:
 
-- ``baseline``: the plain sequential path: decode -> resize -> fp32 backbone with its batch norms
-  as separate ops -> ATMM, one batch after another, one decode thread, the allocator untouched;
-- ``current``: the defaults (BN folded, ``precision: auto``, next batch decoded while the current
-  one is scored, 2 decode threads, memory kept mapped);
+- ``baseline``: the plain sequential path: Pillow decode -> resize -> fp32 torch backbone with its
+  batch norms as separate ops -> ATMM, one batch after another, one decode thread, the allocator
+  untouched;
+- ``current``: the defaults (libspng decoding of 8-bit RGB PNGs, BN folded, ``precision: auto``,
+  ``backbone_runtime: auto`` = OpenVINO on a CPU, next batch decoded while the current one is
+  scored, 2 decode threads, memory kept mapped);
+- ``current+torch``: the same with the backbone run by torch (what OpenVINO adds);
 - ``current+bf16``: the same with the backbone forced to bfloat16 + channels_last (what
   ``precision: auto`` picks only where the CPU has native bf16: this row shows what it would
   give here, to choose ``backbone.precision`` by measurement).
@@ -33,7 +36,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-MODES = ("baseline", "current", "current+bf16")
+MODES = ("baseline", "current", "current+torch", "current+bf16")
 
 
 def measure(mode: str, backbones: list[str], sheets: list[int], n_images: int, runs: int, batch: int) -> dict:
@@ -44,24 +47,29 @@ def measure(mode: str, backbones: list[str], sheets: list[int], n_images: int, r
     sys.path.insert(0, str(HERE))
     from bench_e2e import encoded_images
 
+    import hetmm_ray.data.decode as decode
     from hetmm_ray.config import BackboneConfig, DetectorConfig, TemplateConfig
     from hetmm_ray.core.backbone import Backbone
     from hetmm_ray.core.templates import TemplateSet
     from hetmm_ray.detector import HETMM
 
     images, source = encoded_images(n_images)
+    if mode == "baseline":
+        decode._pyspng = None  # Pillow decodes every PNG
     out = {"source": source, "threads": torch.get_num_threads(), "cells": {}, "precision": {}}
     for name in backbones:
-        precision = {"baseline": "float32", "current": "auto", "current+bf16": "bfloat16"}[mode]
+        precision = {"baseline": "float32", "current+bf16": "bfloat16"}.get(mode, "auto")
+        runtime = "torch" if mode in ("baseline", "current+torch") else "auto"
         plain = {"prefetch": 0, "decode_threads": 1, "malloc_keep_mib": 0} if mode == "baseline" else {}
         config = DetectorConfig(
             backbone=BackboneConfig(name=name, weights="random", precision=precision),
             templates=TemplateConfig(kind="all"),
             batch_size=batch,
+            backbone_runtime=runtime,
             **plain,
         )
-        backbone = Backbone(config.backbone, fold_bn=mode != "baseline")
-        out["precision"][name] = backbone.precision
+        backbone = Backbone(config.backbone, fold_bn=mode != "baseline", runtime=runtime)
+        out["precision"][name] = f"{backbone.precision} {backbone.runtime}"
         g = torch.Generator().manual_seed(0)
         shapes = backbone.feature_shapes()
         for k in sheets:
@@ -132,13 +140,13 @@ def main() -> None:
             rows.append(row)
     headers = ["backbone", "sheets", *(f"{m} img/s" for m in args.modes)]
     headers += [f"{m} vs baseline" for m in args.modes if m != "baseline" and "baseline" in args.modes]
-    precision = {m: results[m][0]["precision"] for m in args.modes}
+    precision = {m: results[m][0]["precision"] for m in args.modes}  # per backbone: precision and runtime
     print(
         f"CPU, {first['threads']} torch threads, {os.cpu_count()} cores; inputs: {first['source']}; "
         f"batch {args.batch}, {args.images} images per call; median of {args.rounds} rounds x {args.runs} runs; "
         f"load average at the end {os.getloadavg()[0]:.1f}"
     )
-    print(f"backbone precision per mode: {precision}")
+    print(f"backbone precision and runtime per mode: {precision}")
     print(table(headers, rows))
     if args.json:
         Path(args.json).write_text(json.dumps({"cells_ms_per_image": cells, "precision": precision}, indent=2))

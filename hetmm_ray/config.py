@@ -13,6 +13,7 @@ import dataclasses
 import difflib
 import json
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,8 @@ __all__ = [
     "DEFAULT_LAYERS",
     "DEFAULT_STORE",
     "DTYPES",
+    "BACKBONE_RUNTIMES",
+    "MODEL_CACHE_ENV",
     "HEATMAP_VMAX_OVER_THRESHOLD",
     "IMAGE_SUFFIXES",
     "PTS_CHUNK_PIXELS",
@@ -48,6 +51,7 @@ __all__ = [
     "check_number",
     "is_finite_number",
     "load_config",
+    "model_cache_dir",
     "merge_product_config",
     "stored_config",
 ]
@@ -59,6 +63,18 @@ MAX_IMAGE_PIXELS = 50_000_000
 """Largest declared width*height accepted; larger headers are refused unread."""
 MIN_IMAGE_SIDE = 8
 """Smallest width or height accepted."""
+
+# --- machine-local caches --------------------------------------------------------
+MODEL_CACHE_ENV = "HETMM_CACHE_DIR"
+"""Environment variable naming the folder of machine-local caches (converted backbone models);
+default ``~/.cache/hetmm``. Safe to delete: everything in it is rebuilt on demand."""
+
+
+def model_cache_dir() -> Path:
+    """The folder of machine-local caches (see :data:`MODEL_CACHE_ENV`)."""
+
+    return Path(os.environ.get(MODEL_CACHE_ENV) or Path.home() / ".cache" / "hetmm")
+
 
 # --- heat-maps -----------------------------------------------------------------
 HEATMAP_VMAX_OVER_THRESHOLD = 2.0
@@ -144,12 +160,22 @@ THRESHOLD_RULES = ("far", "sigmas", "validation")  # see ThresholdConfig
 GEOMETRIES = ("squash", "letterbox")  # = core.geometry.GEOMETRIES (config stays import-free)
 DTYPES = ("float32", "float16", "bfloat16")
 BACKBONE_PRECISIONS = ("auto", "float32", "bfloat16")
+BACKBONE_RUNTIMES = ("auto", "torch", "openvino")  # see DetectorConfig.backbone_runtime
 
 
 # Settings of *this run* (which device, which compute dtype, how many images at once, how much
 # working memory): they change how fast a product is computed, not what it is, so they are never
 # stored with a product (``DetectorConfig.stored_dict``) and a stored value is ignored on load.
-RUN_TIME_SETTINGS = ("device", "dtype", "batch_size", "chunk_mib", "prefetch", "decode_threads", "malloc_keep_mib")
+RUN_TIME_SETTINGS = (
+    "device",
+    "dtype",
+    "batch_size",
+    "chunk_mib",
+    "prefetch",
+    "decode_threads",
+    "malloc_keep_mib",
+    "backbone_runtime",
+)
 
 
 class ConfigError(HetmmError, ValueError):
@@ -460,8 +486,17 @@ class DetectorConfig:
     # Freed memory the process keeps mapped for the next batch (glibc mallopt), MiB; 0: leave the
     # allocator alone. Fresh multi-MiB buffers per batch cost a page fault per 4 KiB otherwise.
     malloc_keep_mib: int = 1024
+    # What runs the backbone's network (core/backbone.py resolve_runtime): "auto" is OpenVINO for
+    # float32 on a CPU (4-6x faster than torch there, features equal to ~1e-6: BENCHMARKS.md,
+    # throughput), torch on GPUs and for bfloat16; "torch" or "openvino" force one.
+    backbone_runtime: str = "auto"
 
     def __post_init__(self) -> None:
+        _require(
+            self.backbone_runtime in BACKBONE_RUNTIMES,
+            f"backbone_runtime: unknown runtime {self.backbone_runtime!r}; choose one of "
+            f"{', '.join(BACKBONE_RUNTIMES)}" + _did_you_mean(self.backbone_runtime, BACKBONE_RUNTIMES),
+        )
         _require(self.dtype in DTYPES, f"dtype: choose one of {', '.join(DTYPES)}, got {self.dtype!r}")
         _require(self.bank_dtype in DTYPES, f"bank_dtype: choose one of {', '.join(DTYPES)}, got {self.bank_dtype!r}")
         _require(isinstance(self.batch_size, int) and self.batch_size >= 1, "batch_size: must be an integer >= 1")

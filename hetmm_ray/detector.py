@@ -88,7 +88,7 @@ class HETMM(FitPipeline, Persistence):
     @property
     def backbone(self) -> Backbone:
         if self._backbone is None:
-            self._backbone = Backbone(self.config.backbone).to(self.device)
+            self._backbone = Backbone(self.config.backbone, runtime=self.config.backbone_runtime).to(self.device)
         return self._backbone
 
     @property

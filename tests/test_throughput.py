@@ -2,7 +2,8 @@
 
 - BN folding (core/fuse.py) leaves every network's output equal to the unfolded one (1e-5, fp32);
 - the overlapped input pipeline (hetmm_ray/pipeline.py) gives bit-identical scores and maps;
-- a bfloat16 backbone changes no verdict on the real bottle and battery_weld (needs ../shared).
+- the fast CPU path (OpenVINO, libspng) and a bfloat16 backbone change no verdict on the real bottle
+  and battery_weld (needs ../shared).
 """
 
 from __future__ import annotations
@@ -196,12 +197,19 @@ def _split(root: Path) -> tuple[list[Path], list[Path]]:
 
 @pytest.mark.shared
 @pytest.mark.parametrize("dataset", ["mvtec_ad/bottle", "battery_weld"])
-def test_bf16_backbone_changes_no_verdict(dataset: str) -> None:
-    """A product fitted with the fp32 backbone (ALL of the first 60 good images: 60 sheets on
-    bottle, all 37 on battery_weld), every third test image (in sorted order, every defect kind
-    and the good ones: 28 on bottle, 43 on battery_weld; kept small because bf16 is emulated,
-    i.e. slow, on CPUs without native bf16) predicted with the fp32 and with the bf16 +
-    channels_last backbone against the same templates and threshold: the same verdicts."""
+def test_fast_paths_change_no_verdict(dataset: str, monkeypatch) -> None:
+    """A product fitted with the plain fp32 path (torch backbone, Pillow decoding; ALL of the first
+    60 good images: 60 sheets on bottle, all 37 on battery_weld), every third test image (in sorted
+    order, every defect kind and the good ones: 28 on bottle, 43 on battery_weld; kept small
+    because bf16 is emulated, i.e. slow, on CPUs without native bf16) predicted by
+
+    - the fast CPU path (OpenVINO backbone, libspng decoding: ``backbone_runtime: auto``): the same
+      verdicts, scores equal to 1e-4 of the largest;
+    - the bf16 + channels_last backbone: the same verdicts, scores within 10 %;
+
+    against the same templates and threshold."""
+    import hetmm_ray.data.decode as decode
+
     root = SHARED / "data" / dataset
     if not root.is_dir():
         pytest.skip(f"needs the real {dataset} data in {SHARED} (absent here)")
@@ -214,17 +222,28 @@ def test_bf16_backbone_changes_no_verdict(dataset: str) -> None:
     config = DetectorConfig(
         backbone=BackboneConfig(precision="float32"),
         templates=TemplateConfig(kind="all"),
+        backbone_runtime="torch",
     )
-    ref = HETMM(config).fit(train[:60])
-    fast_config = config.replace(**{"backbone.precision": "bfloat16"})
-    fast = HETMM(fast_config)
-    fast._install(replace(ref.templates, config=fast_config), version=None)  # type: ignore[arg-type]
-    a, b = ref.predict(test), fast.predict(test)
-    flipped = [str(p.relative_to(root)) for p, x, y in zip(test, a.is_anomaly, b.is_anomaly, strict=True) if x != y]
-    assert not flipped, f"{dataset}: verdicts changed by bf16 on {flipped}"
-    # relative to the largest score (battery_weld has test images identical to training ones: score 0)
-    drift = float(np.abs(a.scores - b.scores).max() / np.abs(a.scores).max())
-    assert drift < 0.1, f"{dataset}: bf16 scores drift up to {drift:.3f} of the largest score"
+    with monkeypatch.context() as plain_decoding:
+        plain_decoding.setattr(decode, "_pyspng", None)
+        ref = HETMM(config).fit(train[:60])
+        a = ref.predict(test)
+
+    def predicted_by(fast_config: DetectorConfig):
+        fast = HETMM(fast_config)
+        fast._install(replace(ref.templates, config=fast_config), version=None)  # type: ignore[arg-type]
+        return fast.predict(test)
+
+    fast = config.replace(backbone_runtime="auto")
+    for label, b, tolerance in [
+        ("the fast CPU path", predicted_by(fast), 1e-4),
+        ("bf16", predicted_by(config.replace(**{"backbone.precision": "bfloat16"})), 0.1),
+    ]:
+        flipped = [str(p.relative_to(root)) for p, x, y in zip(test, a.is_anomaly, b.is_anomaly, strict=True) if x != y]
+        assert not flipped, f"{dataset}: verdicts changed by {label} on {flipped}"
+        # relative to the largest score (battery_weld has test images identical to training ones: score 0)
+        drift = float(np.abs(a.scores - b.scores).max() / np.abs(a.scores).max())
+        assert drift < tolerance, f"{dataset}: {label} moves scores up to {drift:.2e} of the largest score"
 
 
 # --- greedy batching (serve/greedy.py) and ingress-side resizing (serve/canvas.py) ----------------

@@ -1,0 +1,183 @@
+"""Issue 15: the CPU fast path's two runtimes equal the plain ones.
+
+- OpenVINO's backbone (core/openvino_runtime.py) gives torch's features to 1e-5 (relative), for
+  torchvision and timm networks, pre-ReLU residual taps, any batch size and canvas shape;
+- its converted models are cached on disk and a damaged cache entry is converted again;
+- libspng's PNG pixels (data/decode.py fast path) are Pillow's, byte for byte, and every input
+  it does not take goes to Pillow unchanged.
+
+On real data (bottle, battery_weld) the fast path changes no verdict:
+tests/test_throughput.py::test_fast_paths_change_no_verdict.
+"""
+
+from __future__ import annotations
+
+import io
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from test_throughput import _randomise_bn
+
+import hetmm_ray.core.openvino_runtime as ovr
+import hetmm_ray.data.decode as decode
+from hetmm_ray.config import MODEL_CACHE_ENV, BackboneConfig, ConfigError, DetectorConfig
+from hetmm_ray.core.backbone import Backbone, resolve_runtime
+from hetmm_ray.data.decode import ImageError, decode_image
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+
+pytestmark = pytest.mark.skipif(not ovr.openvino_available(), reason="the openvino package is not installed")
+
+
+@pytest.fixture
+def model_cache(tmp_path, monkeypatch) -> Path:
+    """A fresh disk cache and an empty in-process cache (each test converts what it uses)."""
+    monkeypatch.setenv(MODEL_CACHE_ENV, str(tmp_path))
+    ovr._compiled.clear()
+    return tmp_path / "openvino"
+
+
+def _pair(name: str) -> tuple[Backbone, Backbone]:
+    """The same network (non-trivial BN statistics, then folded) run by OpenVINO and by torch."""
+    fast = Backbone(BackboneConfig(name=name, weights="random"), runtime="openvino")
+    plain = Backbone(BackboneConfig(name=name, weights="random"), runtime="torch")
+    assert (fast.runtime, plain.runtime) == ("openvino", "torch")
+    return fast, plain
+
+
+@pytest.mark.parametrize("name", ["mobilenet_v2", "resnet18", "efficientnet_lite0"])
+def test_openvino_features_equal_torch(name: str, model_cache: Path) -> None:
+    fast, plain = _pair(name)
+    g = torch.Generator().manual_seed(1)
+    for shape in [(1, 3, 64, 64), (3, 3, 64, 64), (2, 3, 96, 128)]:  # dynamic batch; another canvas
+        x = torch.rand(*shape, generator=g)
+        a, b = fast(x), plain(x)
+        assert a.keys() == b.keys()
+        for tap in a:
+            assert a[tap].shape == b[tap].shape
+            rel = float((a[tap] - b[tap]).abs().max() / b[tap].abs().max())
+            assert rel < 1e-5, f"{name} {tap} {shape}: OpenVINO differs from torch by {rel:.2e}"
+    assert len(list(model_cache.glob("*.xml"))) == 2  # one converted model per canvas shape
+
+
+def test_openvino_with_batch_norm_statistics_equals_the_unfolded_torch_network(model_cache: Path) -> None:
+    """Folding then converting a network with real BN statistics: still torch's features."""
+    config = BackboneConfig(name="mobilenet_v2", weights="random", seed=3)
+    plain = Backbone(config, fold_bn=False, runtime="torch")
+    _randomise_bn(plain.extractor)
+    fast = Backbone(config, fold_bn=False, runtime="openvino")
+    fast.extractor.load_state_dict(plain.extractor.state_dict())
+    # the BN statistics are no longer the seed's: a new identity, so no cached graph is reused
+    fast._openvino.identity = ("randomised BN", 3)  # type: ignore[union-attr]
+    x = torch.rand(2, 3, 64, 64, generator=torch.Generator().manual_seed(0))
+    a, b = fast(x), plain(x)
+    for tap in a:
+        assert float((a[tap] - b[tap]).abs().max() / b[tap].abs().max()) < 1e-5
+
+
+def test_converted_models_are_cached_on_disk_and_a_damaged_entry_is_converted_again(model_cache: Path) -> None:
+    x = torch.rand(1, 3, 64, 64)
+    fast, plain = _pair("resnet18")
+    want = plain(x)
+    fast(x)
+    (xml,) = model_cache.glob("*.xml")
+    assert xml.with_suffix(".bin").stat().st_size > 1_000_000  # the weights, stored as float32
+    assert not list(model_cache.glob("*.tmp.*")), "temporary files left behind"
+    stamp = xml.stat().st_mtime_ns
+    ovr._compiled.clear()
+    fresh = Backbone(BackboneConfig(name="resnet18", weights="random"), runtime="openvino")
+    fresh(x)
+    assert xml.stat().st_mtime_ns == stamp, "a cached model was converted again"
+    xml.write_text("<not a model")
+    ovr._compiled.clear()
+    again = Backbone(BackboneConfig(name="resnet18", weights="random"), runtime="openvino")
+    got = again(x)
+    assert xml.stat().st_mtime_ns != stamp
+    for tap in got:
+        assert torch.allclose(got[tap], want[tap], atol=1e-5)
+
+
+def test_runtime_choice() -> None:
+    assert resolve_runtime("auto", "cpu", "float32") == "openvino"
+    assert resolve_runtime("auto", "cpu", "bfloat16") == "torch"
+    assert resolve_runtime("auto", "cuda", "float32") == "torch"
+    assert resolve_runtime("torch", "cpu", "float32") == "torch"
+    with pytest.raises(ValueError, match="float32 on a CPU only"):
+        resolve_runtime("openvino", "cpu", "bfloat16")
+    with pytest.raises(ValueError, match="choose auto, torch or openvino"):
+        resolve_runtime("onnx", "cpu", "float32")
+    with pytest.raises(ConfigError, match="did you mean 'openvino'"):
+        DetectorConfig(backbone_runtime="openvin")
+    # a run-time setting: never stored with a product
+    assert "backbone_runtime" not in DetectorConfig(backbone_runtime="torch").stored_dict()
+    assert Backbone(BackboneConfig(name="resnet18", weights="random", precision="bfloat16")).runtime == "torch"
+
+
+# --- PNG decoding: libspng's pixels are Pillow's --------------------------------------------------
+def _pil_pixels(raw: bytes, monkeypatch) -> np.ndarray:
+    with monkeypatch.context() as m:
+        m.setattr(decode, "_pyspng", None)
+        return decode_image(raw)
+
+
+def _png(array: np.ndarray, **save) -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(array).save(buf, format="PNG", **save)
+    return buf.getvalue()
+
+
+def _with_chunk(raw: bytes, kind: bytes, data: bytes) -> bytes:
+    """``raw`` with one more chunk right after IHDR (33 bytes in)."""
+    chunk = len(data).to_bytes(4, "big") + kind + data + zlib.crc32(kind + data).to_bytes(4, "big")
+    return raw[:33] + chunk + raw[33:]
+
+
+def test_fast_png_pixels_are_pillows(monkeypatch) -> None:
+    pytest.importorskip("pyspng")
+    rng = np.random.default_rng(0)
+    smooth = np.linspace(0, 255, 97 * 131 * 3).reshape(97, 131, 3).astype(np.uint8)
+    noisy = rng.integers(0, 256, (64, 80, 3), dtype=np.uint8)
+    taken = [
+        _png(smooth),
+        _png(noisy, compress_level=1),
+        _png(noisy, optimize=True),
+        _with_chunk(_png(smooth), b"gAMA", (45455).to_bytes(4, "big")),  # gamma is not applied by either
+        _png(rng.integers(0, 256, (9, 8, 3), dtype=np.uint8)),
+    ]
+    for raw in taken:
+        assert decode._fast_png_rgb(raw) is not None, "expected the fast path to take this PNG"
+        assert np.array_equal(decode_image(raw), _pil_pixels(raw, monkeypatch))
+    left = [
+        _png(smooth[..., 0]),  # grayscale
+        _png(np.dstack([smooth, smooth[..., :1]])),  # RGBA: composited onto black by Pillow's path
+        _png(smooth, transparency=(1, 2, 3)),  # RGB + tRNS
+        _png((smooth.astype(np.uint16) * 257)[..., 0]),  # 16-bit
+    ]
+    for raw in left:
+        assert decode._fast_png_rgb(raw) is None
+        assert np.array_equal(decode_image(raw), _pil_pixels(raw, monkeypatch))
+    # damaged data: whichever decoder sees it, one ImageError
+    broken = bytearray(taken[1])
+    broken[200:260] = bytes(60)
+    with pytest.raises(ImageError, match="corrupt"):
+        decode_image(bytes(broken))
+    with pytest.raises(ImageError):
+        decode_image(taken[0][: len(taken[0]) // 2])
+
+
+@pytest.mark.shared
+def test_fast_png_pixels_are_pillows_on_real_images(monkeypatch) -> None:
+    pytest.importorskip("pyspng")
+    files = sorted((SHARED / "data").rglob("*.png"))[::40]
+    if not files:
+        pytest.skip(f"needs the real data in {SHARED} (absent here)")
+    fast_taken = 0
+    for path in files:
+        raw = path.read_bytes()
+        fast_taken += decode._fast_png_rgb(raw) is not None
+        assert np.array_equal(decode_image(raw), _pil_pixels(raw, monkeypatch)), path
+    assert fast_taken > 0
