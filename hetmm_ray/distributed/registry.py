@@ -38,7 +38,7 @@ import torch
 
 from ..config import TASK_CPUS, DetectorConfig, ServiceConfig, stored_config
 from ..core.pts import select_layers
-from ..core.templates import TemplateSet, unseen_positions
+from ..core.templates import TemplateError, TemplateSet, unseen_positions
 from ..records import ProductDescription
 from ..store import ProductNotFound, StoreConflict, StoreError, check_product_name, open_store
 from .hosts import HostPool
@@ -501,6 +501,27 @@ class ProductRegistry:
             progress.stage("publish")
             async with self._lock(product):
                 new = await asyncio.to_thread(self.store.put, product, ts, expect_head=version)
+                await self._load_shards(product)
+            return new
+
+        return self.jobs.start("calibrate", product, work)
+
+    async def start_far_rule(self, product: str, false_alarm_rate: float) -> dict[str, Any]:
+        """Set ``product``'s threshold rule to ``far`` at ``false_alarm_rate`` as a new version (a job,
+        kind ``calibrate``): the same bank, templates and out-of-fold scores, only the stored
+        ``threshold`` settings change (``VersionedStore.republish``), then published to the replicas."""
+        version = await self.head(product)  # ProductNotFound before any work starts
+        m = await asyncio.to_thread(self.store.manifest, product, version)
+        cfg = stored_config(m["config"])
+        if m.get("calibration") is None:
+            raise TemplateError(f"product {product!r} v{version} has no out-of-fold scores: the far rule needs them")
+        threshold = replace(cfg.threshold, rule="far", false_alarm_rate=false_alarm_rate)  # ConfigError if out of range
+        config = replace(cfg, threshold=threshold).stored_dict()
+
+        async def work(progress: JobProgress) -> int:
+            progress.stage("publish")
+            async with self._lock(product):
+                new = await asyncio.to_thread(self.store.republish, product, config=config, expect_head=version)
                 await self._load_shards(product)
             return new
 
