@@ -38,7 +38,7 @@ import torch
 
 from ..config import TASK_CPUS, DetectorConfig, ServiceConfig, stored_config
 from ..core.pts import select_layers
-from ..core.templates import TemplateError, TemplateSet, unseen_positions
+from ..core.templates import TemplateSet, unseen_positions
 from ..records import ProductDescription
 from ..store import ProductNotFound, StoreConflict, StoreError, check_product_name, open_store
 from .hosts import HostPool
@@ -510,6 +510,8 @@ class ProductRegistry:
         """Set ``product``'s threshold rule to ``far`` at ``false_alarm_rate`` as a new version (a job,
         kind ``calibrate``): the same bank, templates and out-of-fold scores, only the stored
         ``threshold`` settings change (``VersionedStore.republish``), then published to the replicas."""
+        from ..core.templates import TemplateError
+
         version = await self.head(product)  # ProductNotFound before any work starts
         m = await asyncio.to_thread(self.store.manifest, product, version)
         cfg = stored_config(m["config"])
