@@ -542,6 +542,7 @@ def test_rollback_moves_are_recorded_beside_head(store, location):
     moves = open_store(location).moves("p")  # another reader of the same store
     assert [(m["kind"], m["from"], m["to"]) for m in moves] == [("rollback", 3, 1), ("rollback", 1, 2)]
     assert moves[0]["time"] <= moves[1]["time"] <= time.time()
+    assert store.moves("p", last=1) == moves[1:]
     keys = sorted(store.backend.list("p/moves/"))
     assert len(keys) == 2 and all(k.endswith(".json") for k in keys)
     for key in keys:  # plain JSON, never pickle
@@ -552,6 +553,16 @@ def test_rollback_moves_are_recorded_beside_head(store, location):
     assert len(store.moves("p")) == 2  # one unreadable record does not hide the others
     store.delete_product("p")
     assert list(store.backend.list("p/")) == []  # the log goes with the product
+
+
+def test_a_repair_that_repoints_head_is_recorded_as_a_move(store):
+    for s in (1, 2):
+        store.put("p", make_set(3, seed=s))
+    store.backend.write("p/HEAD", b"garbage", if_match=store.backend.read("p/HEAD")[1])
+    assert store.repair("p")["rebuilt"] and store.head("p") == 2
+    assert [(m["kind"], m["from"], m["to"]) for m in store.moves("p")] == [("repair", None, 2)]
+    assert not store.repair("p")["rebuilt"]  # a sound HEAD is left alone: no move
+    assert len(store.moves("p")) == 1
 
 
 def test_republish_changes_settings_and_reuses_every_object(store):

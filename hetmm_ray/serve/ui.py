@@ -224,7 +224,7 @@ class ConsoleRoutes:
                     "head": v == head,
                 }
             )
-        moves = self._store.moves(product)[-MAX_VERSIONS_SHOWN:]
+        moves = self._store.moves(product, last=MAX_VERSIONS_SHOWN)
         # One time line, newest first: each version as published, each recorded HEAD move.
         changes = [
             {"change": r["change"], "version": r["version"], "from": r["parent"], "at": r["created"]} for r in rows

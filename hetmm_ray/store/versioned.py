@@ -391,15 +391,15 @@ class VersionedStore:
                 logger.warning("%s: HEAD moved %s -> %s but not recorded: %s", product, old, new, exc)
                 return
 
-    def moves(self, product: str) -> list[dict[str, Any]]:
+    def moves(self, product: str, *, last: int | None = None) -> list[dict[str, Any]]:
         """The recorded HEAD moves of ``product``, oldest first: ``{"kind", "from", "to", "time"}``.
 
-        A record that does not parse is skipped (a reader of history must not fail on one bad entry).
+        ``last``: read only the newest ``last`` records (one object read each). A record that does
+        not parse is skipped (a reader of history must not fail on one bad entry).
         """
+        keys = sorted(k for k in self.backend.list(f"{check_product_name(product)}/{MOVES}/") if k.endswith(".json"))
         out = []
-        for key in sorted(self.backend.list(f"{check_product_name(product)}/{MOVES}/")):
-            if not key.endswith(".json"):
-                continue
+        for key in keys if last is None else keys[-last:]:
             try:
                 data, _ = self.backend.read(key)
                 record = json.loads(data)
