@@ -4,7 +4,9 @@ The page (``static/``: one HTML file, one script, one style sheet; no build step
 fetched from elsewhere) is served by the ingress itself and does everything through the
 HTTP API with the API's own checks: predictions through ``/predict``, "good part" through
 the ``/normals`` hot-update job and ``/v1/jobs/{id}``, calibration through ``/calibrate``
-(``{"source": "store:labels"}``: the labelled set below), rollback through ``/rollback``.
+(``{"rule": "far", "false_alarm_rate": r}``: the previewed far line, handled here by
+:meth:`ConsoleRoutes._set_far_rule`; or ``{"source": "store:labels"}``: the labelled set
+below), rollback through ``/rollback`` (the store records the move, ``VersionedStore.moves``).
 Routes that change something need the admin token (the page asks once and keeps it in the
 tab's ``sessionStorage``); reads need nothing, like ``GET /v1/products``.
 
