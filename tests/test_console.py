@@ -300,37 +300,82 @@ def test_confirmed_defect_is_stored_and_shown_on_the_calibration_histogram(
     assert page.locator("[data-testid=preview-line]").count() == 1
     assert head(api) == 2
     shot(page, "calibration")
-    # Apply stores what the preview showed: the labelled recall rule at that rate, as a new version.
-    previewed = float(page.locator("[data-testid=preview-text]").get_attribute("data-labelled-threshold"))
-    page.click("[data-testid=apply-calibration]")
-    stage = page.locator("[data-testid=calibration-job] [data-testid=job-stage]")
-    stage.wait_for()
-    until(
-        page,
-        "document.querySelector('[data-testid=calibration-job]').innerText.includes('new version v3')",
-        timeout=120,
-    )
+    # Apply (far line): the previewed rate as a new version whose threshold is the previewed far threshold.
+    text = page.locator("[data-testid=preview-text]")
+    rate, far_previewed = float(text.get_attribute("data-rate")), float(text.get_attribute("data-far-threshold"))
+    page.click("[data-testid=apply-far]")
+    page.locator("[data-testid=calibration-job] [data-testid=job-stage]").wait_for()
+    job_says = "document.querySelector('[data-testid=calibration-job]').innerText.includes(arguments_0)"
+    until(page, f"(arguments_0) => {job_says}", arg="new version v3", timeout=120)
     listed = next(p for p in api.get("/v1/products").json()["products"] if p["product"] == PRODUCT)
-    assert listed["version"] == 3 and listed["threshold_rule"] == "validation"
+    assert listed["version"] == 3 and listed["threshold_rule"] == "far", listed
+    assert listed["rule_target"] == rate and listed["threshold"] == pytest.approx(far_previewed, rel=1e-9)
+    assert score(api, CONFIRMED)["threshold"] == pytest.approx(far_previewed, rel=1e-9)  # what predictions use
+    # Apply (labelled line, offered explicitly): the labelled recall rule at the same rate.
+    until(page, "() => document.querySelector('[data-testid=preview-text]').innerText.includes('In force at v3')")
+    previewed = float(text.get_attribute("data-labelled-threshold"))
+    page.click("[data-testid=apply-calibration]")
+    until(page, f"(arguments_0) => {job_says}", arg="new version v4", timeout=120)
+    listed = next(p for p in api.get("/v1/products").json()["products"] if p["product"] == PRODUCT)
+    assert listed["version"] == 4 and listed["threshold_rule"] == "validation"
     assert listed["threshold"] == pytest.approx(previewed, rel=1e-5)
 
 
 def test_rollback_serves_the_old_version_again(page: Any, api: httpx.Client) -> None:
     goto(page, "versions")
     rows = page.locator("[data-testid=version-row]")
-    assert rows.count() == 3
-    changes = [rows.nth(i).inner_text() for i in range(3)]
-    assert "calibration" in changes[0] and "normals" in changes[1] and "create" in changes[2], changes
-    shot(page, "versions")
+    assert [rows.nth(i).get_attribute("data-change") for i in range(rows.count())] == [
+        "calibration",  # v4: the labelled rule
+        "calibration",  # v3: the far rule at the previewed rate
+        "normals",
+        "create",
+    ]
     page.click("[data-testid=rollback-1]")
     until(page, "!document.getElementById('notice').hidden || !document.getElementById('error').hidden", timeout=120)
     assert page.locator("[data-testid=error]").is_hidden(), page.locator("[data-testid=error]").inner_text()
     assert "v1 is head again" in page.locator("[data-testid=notice]").inner_text()
     assert head(api) == 1
+    # The rollback is a change in the history: first in the page's time line and in the API's.
+    first = page.locator("[data-testid=versions-body] tr").first
+    assert first.get_attribute("data-testid") == "move-row" and first.get_attribute("data-change") == "rollback"
+    assert (first.get_attribute("data-from"), first.get_attribute("data-to")) == ("4", "1")
+    assert "rolled back" in page.locator("#versions-hint").inner_text()
+    shot(page, "versions")
+    history = api.get(f"/v1/products/{PRODUCT}/versions").json()
+    assert {k: history["changes"][0][k] for k in ("change", "from", "version")} == {
+        "change": "rollback",
+        "from": 4,
+        "version": 1,
+    }
+    assert [c["change"] for c in history["changes"][1:]] == ["calibration", "calibration", "normals", "create"]
+    assert history["rolled_back"] and [(m["from"], m["to"]) for m in history["moves"]] == [(4, 1)]
     deadline = time.monotonic() + 60
     while (r := score(api, FLAGGED))["version"] != 1 and time.monotonic() < deadline:
         time.sleep(0.2)
     assert r["version"] == 1 and r["is_anomaly"]  # the old version serves: the false alarm is back
+
+
+def test_far_rule_route_refuses_bad_input_with_json_errors(api: httpx.Client) -> None:
+    """POST .../calibrate {"rule": "far", "false_alarm_rate": r}: r in threshold.false_alarm_rate's range."""
+    url = f"/v1/products/{PRODUCT}/calibrate"
+    version = head(api)
+    for body, status, code, words in [
+        ({"rule": "far", "false_alarm_rate": 0.9}, 400, "bad_config", "threshold.false_alarm_rate: must be"),
+        ({"false_alarm_rate": 0}, 400, "bad_config", "[0.0001, 0.5]"),
+        ({"rule": "far", "false_alarm_rate": "1%"}, 400, "bad_config", "a finite number"),
+        ({"rule": "far", "false_alarm_rate": True}, 400, "bad_config", "a finite number"),
+        ({"rule": "far"}, 400, "bad_request", "give 'false_alarm_rate'"),
+        ({"rule": "sigmas", "false_alarm_rate": 0.01}, 400, "bad_request", "cannot be set by a rate"),
+        ({"rule": "far", "false_alarm_rate": 0.01, "sheets": 3}, 400, "bad_request", "unknown field(s) sheets"),
+    ]:
+        r = api.post(url, json=body, headers=ADMIN)
+        assert r.status_code == status and r.json()["error"]["code"] == code, (body, r.text)
+        assert words in r.json()["error"]["message"], (body, r.text)
+    r = api.post(url, json={"rule": "far", "false_alarm_rate": 0.02})  # no token
+    assert r.status_code == 401 and r.json()["error"]["code"] == "unauthorized"
+    r = api.post("/v1/products/nope/calibrate", json={"rule": "far", "false_alarm_rate": 0.02}, headers=ADMIN)
+    assert r.status_code == 404 and r.json()["error"]["code"] == "unknown_product"
+    assert head(api) == version
 
 
 def test_recent_view_filters_flagged_with_heatmaps(page: Any) -> None:
@@ -409,6 +454,21 @@ def test_first_render_with_20_products_and_500_recent_predictions(
     (SHOTS / "timings.json").write_text(json.dumps(report, indent=1))
     print(f"console render, medians of 3 (ms): baseline {report['baseline']}, loaded {report['loaded']}")
     assert report["loaded"]["products_ms"] < 5000 and report["loaded"]["recent_ms"] < 5000, report
+
+
+def test_deleting_a_product_forgets_its_recent_predictions(api: httpx.Client) -> None:
+    gone = EXTRA_PRODUCTS[-1]
+    image = png(SyntheticProduct(seed=3, size=SIZE).good(50))
+    r = api.post(f"/v1/products/{gone}/predict", content=image, headers={"content-type": "image/png"})
+    assert r.status_code == 200, r.text
+    item = r.json()["recent_id"]
+    assert [x["id"] for x in api.get(f"/v1/products/{gone}/recent").json()["items"]] == [item]
+    assert api.get("/v1/recent").json()["products"][gone]["scored"] == 1
+    assert api.delete(f"/v1/products/{gone}", headers=ADMIN).status_code == 200
+    r = api.get(f"/v1/products/{gone}/recent")
+    assert r.status_code == 404 and r.json()["error"]["code"] == "unknown_product", r.text
+    assert api.get(f"/v1/products/{gone}/recent/{item}/image").status_code == 404
+    assert gone not in api.get("/v1/recent").json()["products"]  # the ring and its counters, not only the route
 
 
 def test_static_files_and_unknown_ui_path(api: httpx.Client) -> None:

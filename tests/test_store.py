@@ -22,6 +22,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 import uuid
 from dataclasses import replace
 from pathlib import Path
@@ -33,7 +34,7 @@ import torch.nn.functional as F
 from helpers import free_port
 from safetensors.torch import load as st_load
 
-from hetmm_ray.config import BackboneConfig, DetectorConfig, ScoringConfig, ThresholdConfig
+from hetmm_ray.config import BackboneConfig, ConfigError, DetectorConfig, ScoringConfig, ThresholdConfig, stored_config
 from hetmm_ray.core.scoring import Calibration
 from hetmm_ray.core.templates import TemplateSet
 from hetmm_ray.store import (
@@ -527,6 +528,69 @@ def test_rollback(store, location):
     assert_identical(store.get("p"), sets[2], version=3)
 
 
+def test_rollback_moves_are_recorded_beside_head(store, location):
+    """Each rollback is one JSON record under <product>/moves/ (read back by any reader, in order);
+    HEAD keeps the format older readers parse, and a failed rollback records nothing."""
+    for s in (1, 2, 3):
+        store.put("p", make_set(3, seed=s))
+    assert store.moves("p") == []  # publishing is not a move
+    store.rollback("p", 1)
+    store.rollback("p", 1)  # HEAD is there already: not a move
+    with pytest.raises(ProductNotFound):
+        store.rollback("p", 9)
+    store.rollback("p", 2)
+    moves = open_store(location).moves("p")  # another reader of the same store
+    assert [(m["kind"], m["from"], m["to"]) for m in moves] == [("rollback", 3, 1), ("rollback", 1, 2)]
+    assert moves[0]["time"] <= moves[1]["time"] <= time.time()
+    assert store.moves("p", last=1) == moves[1:]
+    keys = sorted(store.backend.list("p/moves/"))
+    assert len(keys) == 2 and all(k.endswith(".json") for k in keys)
+    for key in keys:  # plain JSON, never pickle
+        assert set(json.loads(store.backend.read(key)[0])) == {"kind", "from", "to", "time"}
+    head = json.loads(store.backend.read("p/HEAD")[0])
+    assert set(head) == {"version", "history"} and head["version"] == 2  # what older readers parse
+    store.backend.write("p/moves/99999999999999999999.json", b"not json", if_none_match=True)
+    assert len(store.moves("p")) == 2  # one unreadable record does not hide the others
+    store.delete_product("p")
+    assert list(store.backend.list("p/")) == []  # the log goes with the product
+
+
+def test_a_repair_that_repoints_head_is_recorded_as_a_move(store):
+    for s in (1, 2):
+        store.put("p", make_set(3, seed=s))
+    store.backend.write("p/HEAD", b"garbage", if_match=store.backend.read("p/HEAD")[1])
+    assert store.repair("p")["rebuilt"] and store.head("p") == 2
+    assert [(m["kind"], m["from"], m["to"]) for m in store.moves("p")] == [("repair", None, 2)]
+    assert not store.repair("p")["rebuilt"]  # a sound HEAD is left alone: no move
+    assert len(store.moves("p")) == 1
+
+
+def test_republish_changes_settings_and_reuses_every_object(store):
+    """A new version with other stored settings (the console's far rule): same objects, nothing uploaded."""
+    ts = make_set(3, seed=1, k=2)
+    store.put("p", ts)
+    before = sorted(store.backend.list("p/objects/"))
+    m1 = store.manifest("p", 1)
+    config = json.loads(json.dumps(m1["config"]))
+    config["threshold"] = {**config.get("threshold", {}), "rule": "far", "false_alarm_rate": 0.05}
+    assert store.republish("p", config=config, expect_head=1, meta={"note": "far 5%"}) == 2
+    m2 = store.manifest("p", 2)
+    assert m2["parent"] == 1 and m2["config"]["threshold"]["false_alarm_rate"] == 0.05
+    assert m2["meta"]["note"] == "far 5%"
+    assert {k: v for k, v in m2.items() if k not in ("version", "parent", "created", "config", "meta")} == {
+        k: v for k, v in m1.items() if k not in ("version", "parent", "created", "config", "meta")
+    }
+    assert sorted(store.backend.list("p/objects/")) == before
+    expected = replace(ts, config=stored_config(config), meta={**ts.meta, "note": "far 5%"})
+    assert_identical(store.get("p"), expected, version=2)
+    with pytest.raises(StoreConflict):
+        store.republish("p", config=config, expect_head=1)
+    bad = {**config, "threshold": {**config["threshold"], "false_alarm_rate": 0.9}}
+    with pytest.raises(ConfigError, match=r"threshold\.false_alarm_rate"):
+        store.republish("p", config=bad, expect_head=2)
+    assert store.head("p") == 2 and store.versions("p") == [1, 2]
+
+
 # --- 5. retention -------------------------------------------------------------------------------
 def _four_versions(store: VersionedStore) -> tuple[list[TemplateSet], dict[int, dict]]:
     """v1 = a (with a selection), v2 = a + more, v3 = b (unrelated), v4 = b + more."""
@@ -565,7 +629,9 @@ def test_retain_never_deletes_the_head(store):
     store.rollback("p", 1)
     assert store.retain("p", keep=1) == [2, 3]
     assert store.versions("p") == [1, 4] and store.head("p") == 1
-    assert set(store.backend.list("p/")) == _expected_keys(manifests, (1, 4))
+    moves = set(store.backend.list("p/moves/"))  # the rollback's record stays: history, no objects
+    assert len(moves) == 1
+    assert set(store.backend.list("p/")) == _expected_keys(manifests, (1, 4)) | moves
     assert_identical(store.get("p"), sets[0], version=1)
     assert_identical(store.get("p", 4), sets[3], version=4)
 

@@ -506,6 +506,29 @@ class ProductRegistry:
 
         return self.jobs.start("calibrate", product, work)
 
+    async def start_far_rule(self, product: str, false_alarm_rate: float) -> dict[str, Any]:
+        """Set ``product``'s threshold rule to ``far`` at ``false_alarm_rate`` as a new version (a job,
+        kind ``calibrate``): the same bank, templates and out-of-fold scores, only the stored
+        ``threshold`` settings change (``VersionedStore.republish``), then published to the replicas."""
+        from ..core.templates import TemplateError
+
+        version = await self.head(product)  # ProductNotFound before any work starts
+        m = await asyncio.to_thread(self.store.manifest, product, version)
+        cfg = stored_config(m["config"])
+        if m.get("calibration") is None:
+            raise TemplateError(f"product {product!r} v{version} has no out-of-fold scores: the far rule needs them")
+        threshold = replace(cfg.threshold, rule="far", false_alarm_rate=false_alarm_rate)  # ConfigError if out of range
+        config = replace(cfg, threshold=threshold).stored_dict()
+
+        async def work(progress: JobProgress) -> int:
+            progress.stage("publish")
+            async with self._lock(product):
+                new = await asyncio.to_thread(self.store.republish, product, config=config, expect_head=version)
+                await self._load_shards(product)
+            return new
+
+        return self.jobs.start("calibrate", product, work)
+
     async def job(self, job_id: str, wait: float = 0.0) -> dict[str, Any] | None:
         """A job's record; ``wait`` seconds to let it finish first."""
         return await self.jobs.wait(job_id, wait) if wait > 0 else self.jobs.get(job_id)

@@ -345,6 +345,8 @@ class Ingress(ConsoleRoutes):
             await self._require_product(product)
             if _content_type(request) == "application/json":
                 spec = await self._json(request)
+                if "rule" in spec or "false_alarm_rate" in spec:  # the far rule at a rate (serve/ui.py)
+                    return await self._set_far_rule(product, spec, wait)
                 unknown = set(spec) - {"source", "objective", "max_false_alarm_rate"}
                 if unknown or "source" not in spec:
                     raise ApiError(
@@ -415,6 +417,7 @@ class Ingress(ConsoleRoutes):
             await self.registry.delete.remote(product)  # ProductNotFound -> 404
             self._known.pop(product, None)
             self._canvas.forget(product)
+            self.recent.forget(product)  # the console's recent ring (serve/recent.py)
             return JSONResponse({"product": product, "deleted": True})
 
         return await self._timed(request, "delete", handler)

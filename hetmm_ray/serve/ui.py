@@ -4,7 +4,9 @@ The page (``static/``: one HTML file, one script, one style sheet; no build step
 fetched from elsewhere) is served by the ingress itself and does everything through the
 HTTP API with the API's own checks: predictions through ``/predict``, "good part" through
 the ``/normals`` hot-update job and ``/v1/jobs/{id}``, calibration through ``/calibrate``
-(``{"source": "store:labels"}``: the labelled set below), rollback through ``/rollback``.
+(``{"rule": "far", "false_alarm_rate": r}``: the previewed far line, handled here by
+:meth:`ConsoleRoutes._set_far_rule`; or ``{"source": "store:labels"}``: the labelled set
+below), rollback through ``/rollback`` (the store records the move, ``VersionedStore.moves``).
 Routes that change something need the admin token (the page asks once and keeps it in the
 tab's ``sessionStorage``); reads need nothing, like ``GET /v1/products``.
 
@@ -16,7 +18,9 @@ GET    ``/v1/recent``                                    per product: scored / f
 GET    ``/v1/products/{p}/recent[?flagged=true]``        the recent ring (serve/recent.py), newest first
 GET    ``/v1/products/{p}/recent/{id}/image``            the uploaded image
 GET    ``/v1/products/{p}/recent/{id}/heatmap.png``      its heat-map (drawn on demand if not kept)
-GET    ``/v1/products/{p}/versions``                     history: parent, images, what changed
+GET    ``/v1/products/{p}/versions``                     history: parent, images, what changed, rollbacks
+POST   ``/v1/products/{p}/calibrate`` ``{"rule": "far", "false_alarm_rate": r}``: admin, the far rule at r
+                                                         as a new version (a job; the ingress route)
 GET    ``/v1/products/{p}/labels``                       the labelled set (store/labels.py)
 POST   ``/v1/products/{p}/labels?label=good|defective``  admin: label an image (raw image body)
 GET    ``/v1/products/{p}/labels/{id}/image``            a labelled image
@@ -36,7 +40,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, RedirectResponse, Response
 
-from ..config import HEATMAP_VMAX_OVER_THRESHOLD, stored_config
+from ..config import HEATMAP_VMAX_OVER_THRESHOLD, check_number, stored_config
 from ..core.calibration import check_rate
 from ..core.scoring import Calibration, operating_point
 from ..data.decode import decode_image
@@ -62,13 +66,20 @@ router = APIRouter()
 
 
 def _change(manifest: dict[str, Any], parent: dict[str, Any] | None) -> str:
-    """What a version changed relative to its parent: create, normals, calibration or update."""
+    """What a version changed relative to its parent: create, normals, calibration or update.
+
+    calibration: a new labelled validation result, or other threshold settings (the far rule's
+    rate set from the console). A rollback is not a version: it is a recorded HEAD move
+    (``VersionedStore.moves``), listed beside the versions.
+    """
     if parent is None:
         return "create"
     if manifest["images"] > parent["images"]:
         return "normals"
     cal, old = manifest.get("calibration"), parent.get("calibration")
     if isinstance(cal, dict) and cal.get("validation") and cal != old:
+        return "calibration"
+    if manifest["config"].get("threshold") != parent["config"].get("threshold"):
         return "calibration"
     return "update"
 
@@ -140,7 +151,7 @@ class ConsoleRoutes:
     @router.get("/v1/products/{product}/recent")
     async def recent_items(self, product: str, request: Request, flagged: bool = False, limit: int = 0) -> Response:
         async def handler() -> Response:
-            self._check_product(product)  # type: ignore[attr-defined]
+            await self._require_product(product)  # type: ignore[attr-defined]
             if limit < 0:
                 raise Refused(400, "bad_request", "limit: must be >= 0 (0: all held)")
             items = self.recent.items(product, flagged_only=flagged, limit=limit or None)
@@ -215,14 +226,48 @@ class ConsoleRoutes:
                     "head": v == head,
                 }
             )
+        moves = self._store.moves(product, last=MAX_VERSIONS_SHOWN)
+        # One time line, newest first: each version as published, each recorded HEAD move.
+        changes = [
+            {"change": r["change"], "version": r["version"], "from": r["parent"], "at": r["created"]} for r in rows
+        ]
+        changes += [{"change": m["kind"], "version": m["to"], "from": m["from"], "at": m["time"]} for m in moves]
+        changes.sort(key=lambda c: c["at"] or 0.0, reverse=True)
         newest = max(kept) if kept else head
         return {
             "product": product,
             "head": head,
-            # HEAD below the newest version: someone rolled back (the store records the move, not who/when)
-            "rolled_back": head < newest,
+            "rolled_back": head < newest,  # someone rolled back (``changes``: when, from where)
             "versions": rows[::-1],
+            "moves": moves[::-1],
+            "changes": changes,
         }
+
+    async def _set_far_rule(self, product: str, spec: dict[str, Any], wait: bool) -> Response:
+        """``POST /v1/products/{p}/calibrate`` with JSON ``{"rule": "far", "false_alarm_rate": r}``
+        (``rule`` optional): the far rule at rate ``r`` as a new version, a job like the labelled
+        calibration (the console's Apply of the previewed far line). ``r`` is checked against the
+        same range as the ``threshold.false_alarm_rate`` setting (config.NUMERIC_RANGES)."""
+        unknown = set(spec) - {"rule", "false_alarm_rate"}
+        if unknown:
+            raise Refused(
+                400,
+                "bad_request",
+                f"JSON body: unknown field(s) {', '.join(sorted(map(str, unknown)))}; the far rule takes "
+                "'rule': 'far' and 'false_alarm_rate' (the labelled rule: 'source', 'objective', "
+                "'max_false_alarm_rate')",
+            )
+        if spec.get("rule", "far") != "far":
+            raise Refused(
+                400,
+                "bad_request",
+                f"rule: {spec['rule']!r} cannot be set by a rate; give 'far' (the labelled rule: give 'source')",
+            )
+        if "false_alarm_rate" not in spec:
+            raise Refused(400, "bad_request", "JSON body: give 'false_alarm_rate' for the far rule")
+        check_number("threshold.false_alarm_rate", spec["false_alarm_rate"])  # ConfigError: 400 bad_config
+        record = await self.registry.start_far_rule.remote(product, float(spec["false_alarm_rate"]))  # type: ignore[attr-defined]
+        return await self._job_response(record, wait)  # type: ignore[attr-defined]
 
     # --- labels ---------------------------------------------------------------------------------
     @router.get("/v1/products/{product}/labels")

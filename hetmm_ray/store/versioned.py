@@ -5,6 +5,7 @@ Layout under a product::
     <product>/objects/<sha256>.safetensors   bank chunks and selections, content-addressed
     <product>/versions/<NNNNNN>.json        manifest of one version (immutable, carries its own sha256)
     <product>/HEAD                          {"version": n, "history": [kept versions]}, written last
+    <product>/moves/<time_ns>.json          one HEAD move that published nothing (rollback, repair)
 
 Publishing writes data objects, then the manifest (create-only: it claims the
 version number), then swaps HEAD with compare-and-swap on the ETag it read. A
@@ -25,6 +26,14 @@ Manifest formats (``"format"``):
   and ``"selection"`` is ``{layer: ref}``. :meth:`VersionedStore.get_layer` reads one layer of
   one version and touches no other layer's object (store/layout.py; tests count the bytes).
 
+HEAD moves that publish no version (a rollback, a repair that points HEAD elsewhere) are
+recorded after the swap, one small create-only JSON object per move, ``{"kind": "rollback" |
+"repair", "from": old head, "to": new head, "time": unix seconds}`` (:meth:`VersionedStore.moves`).
+One object per move rather than a list in HEAD: HEAD's format stays what older readers and
+writers expect (they ignore ``moves/``, and a writer that rewrites HEAD cannot drop the log),
+and appending needs no read-modify-write on S3. A crash between the swap and the record loses
+that one record (the move itself stands); a failed swap records nothing.
+
 Both formats are read. :meth:`VersionedStore.migrate` (``hetmm migrate``) republishes a
 format-1 head in format 2 as a new version with the same content (a CAS on HEAD, like any
 publish); older versions stay as they are and stay readable.
@@ -35,6 +44,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import logging
 import time
 from dataclasses import replace
 from typing import Any
@@ -56,6 +66,8 @@ FORMAT = 2  # what put() writes
 READABLE_FORMATS = (1, 2)
 CHUNK_BYTES = 256 * 2**20  # bank bytes per chunk object: bounds memory on save and load
 CLEANUP_STALE_S = 600.0  # a retention clean-up mark older than this was left by a crash
+logger = logging.getLogger(__name__)
+MOVES = "moves"  # <product>/moves/<time_ns>.json: HEAD moves that published nothing
 
 
 def _sha256(data: bytes | bytearray | memoryview) -> str:
@@ -233,17 +245,9 @@ class VersionedStore:
         head, etag = (found[0], found[1]) if found else ({"version": 0, "history": []}, None)
         if expect_head is not None and int(head["version"]) != expect_head:
             raise StoreConflict(f"{product}: head is v{head['version']}, not v{expect_head}; reload and retry")
-        cleanup = head.get("cleanup")
-        if cleanup and time.time() - cleanup["since"] < CLEANUP_STALE_S:
-            # Objects are being deleted: an 'exists' check now could trust a doomed object.
-            raise StoreConflict(f"{product}: retention clean-up in progress; retry shortly")
+        self._refuse_during_cleanup(product, head)
         parent = self.manifest(product, int(head["version"])) if found else None
-        existing = [
-            int(k.rsplit("/", 1)[1].split(".")[0])
-            for k in self.backend.list(f"{product}/versions/")
-            if k.endswith(".json")
-        ]
-        version = max([int(head["version"]), *existing]) + 1
+        version = self._next_version(product, head)
 
         ts = template_set
         manifest = {
@@ -267,6 +271,57 @@ class VersionedStore:
         self.backend.write(f"{product}/versions/{version:06d}.json", json.dumps(sealed).encode(), if_none_match=True)
         new_head = {"version": version, "history": [*head["history"], version]}
         self.backend.write(f"{product}/HEAD", json.dumps(new_head).encode(), if_none_match=etag is None, if_match=etag)
+        return version
+
+    @staticmethod
+    def _refuse_during_cleanup(product: str, head: dict[str, Any]) -> None:
+        cleanup = head.get("cleanup")
+        if cleanup and time.time() - cleanup["since"] < CLEANUP_STALE_S:
+            # Objects are being deleted: an 'exists' check now could trust a doomed object.
+            raise StoreConflict(f"{product}: retention clean-up in progress; retry shortly")
+
+    def _next_version(self, product: str, head: dict[str, Any]) -> int:
+        """One past the head and every manifest written (an orphan manifest's number is never reused)."""
+        existing = [
+            int(k.rsplit("/", 1)[1].split(".")[0])
+            for k in self.backend.list(f"{product}/versions/")
+            if k.endswith(".json")
+        ]
+        return max([int(head["version"]), *existing]) + 1
+
+    def republish(
+        self, product: str, *, config: dict[str, Any], expect_head: int, meta: dict[str, Any] | None = None
+    ) -> int:
+        """Publish the head's content again under another stored configuration, as a new version.
+
+        For settings that act at predict time (the threshold rule and its parameter): the bank,
+        selection, image digests and calibration (its out-of-fold scores) stay the parent's, and
+        the new manifest refers to the parent's content-addressed objects, so nothing is uploaded
+        and nothing but the parent's manifest is read. ``config``: a stored configuration
+        (``DetectorConfig.stored_dict()``); one that ``stored_config`` refuses raises ConfigError
+        and publishes nothing. ``meta`` is merged over the parent's. StoreConflict unless the head
+        is still ``expect_head``. Returns the new version.
+        """
+        check_product_name(product)
+        head, etag = self._require_head(product)
+        if int(head["version"]) != expect_head:
+            raise StoreConflict(f"{product}: head is v{head['version']}, not v{expect_head}; reload and retry")
+        self._refuse_during_cleanup(product, head)
+        stored_config(config)  # ConfigError before anything is written
+        parent = self.manifest(product, expect_head)
+        version = self._next_version(product, head)
+        manifest = {
+            **parent,  # same format, layers, digests, calibration and object refs
+            "version": version,
+            "parent": expect_head,
+            "created": time.time(),
+            "config": config,
+            "meta": {**parent.get("meta", {}), **(meta or {})},
+        }
+        sealed = {**manifest, "sha256": _sha256(_canonical(manifest))}
+        self.backend.write(f"{product}/versions/{version:06d}.json", json.dumps(sealed).encode(), if_none_match=True)
+        new_head = {"version": version, "history": [*head["history"], version]}
+        self.backend.write(f"{product}/HEAD", json.dumps(new_head).encode(), if_match=etag)
         return version
 
     def _selection_refs(self, product: str, ts: TemplateSet) -> Any:
@@ -313,7 +368,51 @@ class VersionedStore:
             raise ProductNotFound(f"product {product!r} has no kept version {version} (kept: {head['history']})")
         self.get(product, version)  # verify it loads before pointing readers at it
         self.backend.write(f"{product}/HEAD", json.dumps({**head, "version": version}).encode(), if_match=etag)
+        self._record_move(product, "rollback", int(head["version"]), version)
         return version
+
+    def _record_move(self, product: str, kind: str, old: int | None, new: int) -> None:
+        """Append one HEAD move to ``<product>/moves/`` (after the swap it records; see the module doc).
+
+        A move to where HEAD already was is not recorded. The record is best effort: the move has
+        happened, so a store error here is logged, not raised (the caller must not retry the move).
+        """
+        if old == new:
+            return
+        record = json.dumps({"kind": kind, "from": old, "to": new, "time": time.time()}).encode()
+        for _ in range(3):
+            key = f"{product}/{MOVES}/{time.time_ns():020d}.json"
+            try:
+                self.backend.write(key, record, if_none_match=True)
+                return
+            except StoreConflict:  # two moves in the same nanosecond: take the next one
+                continue
+            except StoreError as exc:
+                logger.warning("%s: HEAD moved %s -> %s but not recorded: %s", product, old, new, exc)
+                return
+
+    def moves(self, product: str, *, last: int | None = None) -> list[dict[str, Any]]:
+        """The recorded HEAD moves of ``product``, oldest first: ``{"kind", "from", "to", "time"}``.
+
+        ``last``: read only the newest ``last`` records (one object read each). A record that does
+        not parse is skipped (a reader of history must not fail on one bad entry).
+        """
+        keys = sorted(k for k in self.backend.list(f"{check_product_name(product)}/{MOVES}/") if k.endswith(".json"))
+        out = []
+        for key in keys if last is None else keys[-last:]:
+            try:
+                data, _ = self.backend.read(key)
+                record = json.loads(data)
+                move = {
+                    "kind": str(record["kind"]),
+                    "from": None if record["from"] is None else int(record["from"]),
+                    "to": int(record["to"]),
+                    "time": float(record["time"]),
+                }
+            except (KeyError, ValueError, TypeError, AttributeError):
+                continue
+            out.append(move)
+        return sorted(out, key=lambda m: m["time"])
 
     def retain(self, product: str, keep: int) -> list[int]:
         """Keep the newest ``keep`` versions and the head; delete the rest. Returns deleted versions.
@@ -407,6 +506,7 @@ class VersionedStore:
             etag = None
         new_head = {"version": version, "history": history}
         self.backend.write(f"{product}/HEAD", json.dumps(new_head).encode(), if_none_match=etag is None, if_match=etag)
+        self._record_move(product, "repair", None if found is None else int(found[0]["version"]), version)
         return {"version": version, "history": history, "rebuilt": True, "swept": swept}
 
     def delete_product(self, product: str) -> None:

@@ -305,11 +305,16 @@ async function renderCalibration() {
   $("histogram").replaceChildren(histogram(data, previews));
   const lines = [`In force at v${data.version}: threshold ${fmt(data.threshold)} (${data.threshold_rule}), estimated false alarms ${pct(data.estimated_false_alarm_rate, 2)}.`];
   if (pv.far) lines.push(`far rule at ${pct(rate, 2)}: threshold ${fmt(pv.far.threshold)}; recall on ${pv.far.defective} labelled defects ${pct(pv.far.recall)}, labelled good parts flagged ${pct(pv.far.good_flagged)}.`);
-  if (lab) lines.push(`labelled recall rule at ${pct(rate, 2)} (what Apply stores): threshold ${fmt(lab.threshold)}; recall ${pct(lab.recall)}, labelled good parts flagged ${pct(lab.good_flagged)}, estimated false alarms on good parts ${pct(lab.estimated, 2)}.`);
-  else lines.push("Apply needs labelled good parts and confirmed defects (teach from Inspect or Recent).");
+  if (lab) lines.push(`labelled recall rule at ${pct(rate, 2)}: threshold ${fmt(lab.threshold)}; recall ${pct(lab.recall)}, labelled good parts flagged ${pct(lab.good_flagged)}, estimated false alarms on good parts ${pct(lab.estimated, 2)}.`);
+  else lines.push("The labelled recall rule needs labelled good parts and confirmed defects (teach from Inspect or Recent).");
   $("preview-text").replaceChildren(...lines.map((t) => el("div", { text: t })));
+  // Apply stores exactly what this preview showed: its rate, with the rule of the button pressed.
+  state.preview = { rate, far: pv.far ? pv.far.threshold : null, labelled: lab ? lab.threshold : null };
+  $("apply-far").disabled = !pv.far;
   $("apply").disabled = !lab;
+  $("preview-text").dataset.farThreshold = pv.far ? String(pv.far.threshold) : "";
   $("preview-text").dataset.labelledThreshold = lab ? String(lab.threshold) : "";
+  $("preview-text").dataset.rate = String(rate);
   const rows = data.labels.slice().reverse().map((l) => el("tr", { "data-testid": "label-row", "data-label": l.label },
     el("td", {}, el("img", { src: `/v1/products/${enc(product)}/labels/${enc(l.id)}/image`, alt: l.name, loading: "lazy", width: 48, height: 48 })),
     el("td", { text: l.label }), el("td", { text: fmt(l.score) }), el("td", { text: `${when(l.created)} (v${l.version})` })));
@@ -318,42 +323,68 @@ async function renderCalibration() {
 let farTimer = null;
 $("far").addEventListener("input", () => {
   $("far-value").textContent = pct(farRate(Number($("far").value)), 2);
+  // Until the new preview is drawn, Apply would store a rate nobody has seen: hold it.
+  $("apply-far").disabled = true;
+  $("apply").disabled = true;
   clearTimeout(farTimer);
   farTimer = setTimeout(() => renderCalibration().catch(showError), 150);
 });
-$("apply").addEventListener("click", async () => {
+// rule "far": the far rule at the previewed rate; "labelled": the labelled recall rule at that rate.
+async function applyPreview(rule) {
   clearError();
   const box = $("calibration-job");
+  const pv = state.preview;
+  if (!pv) return;
+  const body = rule === "far"
+    ? { rule: "far", false_alarm_rate: pv.rate }
+    : { source: "store:labels", objective: "recall", max_false_alarm_rate: pv.rate };
   try {
-    const rate = farRate(Number($("far").value));
     const started = await api("POST", `/v1/products/${enc(state.product)}/calibrate`, { admin: true, type: "application/json",
-      body: JSON.stringify({ source: "store:labels", objective: "recall", max_false_alarm_rate: rate }) });
+      body: JSON.stringify(body) });
     await followJob(started.job, box);
     await loadProducts();
     await renderCalibration();
   } catch (exc) { showError(exc, box); }
-});
+}
+$("apply-far").addEventListener("click", () => applyPreview("far"));
+$("apply").addEventListener("click", () => applyPreview("labelled"));
 
 // --- Versions -------------------------------------------------------------------------------
+// One time line, newest first: each version as it was published (create, normals, calibration)
+// and each recorded rollback (a HEAD move, not a version).
 async function renderVersions() {
   const product = state.product;
   const data = await api("GET", `/v1/products/${enc(product)}/versions`);
+  const last = data.changes.find((c) => c.change === "rollback");
   $("versions-hint").textContent = data.rolled_back
-    ? `Head is v${data.head}: rolled back from a newer version.` : `Head is v${data.head}.`;
-  $("versions-body").replaceChildren(...data.versions.map((v) => el("tr", { class: v.head ? "selected" : null, "data-testid": "version-row", "data-version": v.version },
-    el("td", { text: `v${v.version}${v.head ? " (head)" : ""}` }), el("td", { text: v.parent ? `v${v.parent}` : "–" }),
-    el("td", { text: v.images }), el("td", { text: v.change }), el("td", { text: `${fmt(v.threshold)} (${v.threshold_rule || "–"})` }),
-    el("td", { text: when(v.created) }),
-    el("td", {}, v.head ? null : el("button", { type: "button", "data-testid": `rollback-${v.version}`, onclick: () => rollback(product, v.version) }, "Roll back to this")))));
+    ? `Head is v${data.head}: rolled back from a newer version${last ? ` (v${last.from} to v${last.version}, ${when(last.at)})` : ""}.`
+    : `Head is v${data.head}.`;
+  const byVersion = new Map(data.versions.map((v) => [v.version, v]));
+  const rows = data.changes.map((c) => {
+    const v = byVersion.get(c.version);
+    if (c.change === "rollback" || c.change === "repair") {
+      return el("tr", { class: "move", "data-testid": "move-row", "data-change": c.change, "data-from": c.from, "data-to": c.version },
+        el("td", { text: `v${c.from ?? "?"} → v${c.version}` }), el("td", { text: "–" }), el("td", { text: v ? v.images : "–" }),
+        el("td", { text: c.change }), el("td", { text: v ? `${fmt(v.threshold)} (${v.threshold_rule || "–"})` : "–" }),
+        el("td", { text: when(c.at) }), el("td", {}));
+    }
+    if (!v) return null;
+    return el("tr", { class: v.head ? "selected" : null, "data-testid": "version-row", "data-version": v.version, "data-change": v.change },
+      el("td", { text: `v${v.version}${v.head ? " (head)" : ""}` }), el("td", { text: v.parent ? `v${v.parent}` : "–" }),
+      el("td", { text: v.images }), el("td", { text: v.change }), el("td", { text: `${fmt(v.threshold)} (${v.threshold_rule || "–"})` }),
+      el("td", { text: when(v.created) }),
+      el("td", {}, v.head ? null : el("button", { type: "button", "data-testid": `rollback-${v.version}`, onclick: () => rollback(product, v.version) }, "Roll back to this")));
+  });
+  $("versions-body").replaceChildren(...rows.filter((r) => r !== null));
 }
 
 async function rollback(product, version) {
   clearError();
   try {
     const done = await api("POST", `/v1/products/${enc(product)}/rollback`, { admin: true, type: "application/json", body: JSON.stringify({ version }) });
-    notice(`${product}: v${done.version} is head again`);
     await loadProducts();
     await renderVersions();
+    notice(`${product}: v${done.version} is head again`); // after the history shows the rollback
   } catch (exc) { showError(exc); }
 }
 
