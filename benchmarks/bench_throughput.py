@@ -7,7 +7,7 @@ ALL (209, bottle's training set), ``HETMM.predict`` on encoded PNGs (bottle test
 - ``baseline``: the plain sequential path: Pillow decode -> resize -> fp32 torch backbone with its
   batch norms as separate ops -> ATMM, one batch after another, one decode thread, the allocator
   untouched;
-- ``current``: the defaults (libspng decoding of 8-bit RGB PNGs, BN folded, ``precision: auto``,
+- ``current``: the defaults (libpng decoding of 8-bit RGB PNGs, BN folded, ``precision: auto``,
   ``backbone_runtime: auto`` = OpenVINO on a CPU, next batch decoded while the current one is
   scored, 2 decode threads, memory kept mapped);
 - ``current+torch``: the same with the backbone run by torch (what OpenVINO adds);
@@ -55,7 +55,7 @@ def measure(mode: str, backbones: list[str], sheets: list[int], n_images: int, r
 
     images, source = encoded_images(n_images)
     if mode == "baseline":
-        decode._pyspng = None  # Pillow decodes every PNG
+        decode._png_decode = None  # Pillow decodes every PNG
     out = {"source": source, "threads": torch.get_num_threads(), "cells": {}, "precision": {}}
     for name in backbones:
         precision = {"baseline": "float32", "current+bf16": "bfloat16"}.get(mode, "auto")

@@ -175,6 +175,7 @@ RUN_TIME_SETTINGS = (
     "decode_threads",
     "malloc_keep_mib",
     "backbone_runtime",
+    "score_workers",
 )
 
 
@@ -220,6 +221,7 @@ NUMERIC_RANGES: dict[str, tuple[float, float, type]] = {
     "chunk_mib": (1, 65_536, int),
     "prefetch": (0, 16, int),
     "decode_threads": (1, 64, int),
+    "score_workers": (0, 256, int),
     "malloc_keep_mib": (0, 65_536, int),
     "service.max_products_per_replica": (1, 1024, int),
     "service.max_body_mib": (1, 4096, int),
@@ -490,6 +492,12 @@ class DetectorConfig:
     # float32 on a CPU (4-6x faster than torch there, features equal to ~1e-6: BENCHMARKS.md,
     # throughput), torch on GPUs and for bfloat16; "torch" or "openvino" force one.
     backbone_runtime: str = "auto"
+    # predict on a CPU: each batch split among this many worker threads that decode, resize and
+    # score their share with single-threaded ops (hetmm_ray.pipeline.map_in_workers; measured
+    # faster than multi-threaded ops and graceful next to a busy neighbour: BENCHMARKS.md,
+    # throughput). 0: the calling thread's torch thread count; 1: one worker running
+    # multi-threaded ops with the prefetch pipeline above. GPUs always use 1.
+    score_workers: int = 0
 
     def __post_init__(self) -> None:
         _require(

@@ -27,7 +27,7 @@ from .core.templates import TemplateSet
 from .data.decode import images_to_tensor, resize_to_geometry
 from .fitting import FitPipeline, ImageInput, as_rgb
 from .persistence import Persistence
-from .pipeline import keep_memory_mapped, load_batch, prefetched
+from .pipeline import keep_memory_mapped, load_batch, map_in_workers, prefetched
 from .steps import FitSteps
 
 __all__ = ["HETMM", "ImageInput", "Prediction", "operating_point"]
@@ -122,27 +122,57 @@ class HETMM(FitPipeline, Persistence):
                 yield decoded, images_to_tensor(decoded, size, geometry).to(self.device), boxes
                 bar.update(len(decoded))
 
+    def _load_to_canvas(self, x: ImageInput) -> tuple[np.ndarray, Box | None]:
+        """One image read, decoded and resized for the canvas, and its canvas box (letterbox)."""
+        size = self.config.backbone.image_size
+        geometry = self.config.backbone.geometry
+        rgb = as_rgb(x)
+        box = None if geometry == "squash" else canvas_box(rgb.shape[0], rgb.shape[1], size, geometry)
+        return resize_to_geometry(rgb, size, geometry), box
+
+    def _canvas_batch(self, loaded: Sequence[tuple[np.ndarray, Box | None]]) -> tuple[Tensor, list[Box] | None]:
+        """The backbone's input for loaded images (:meth:`_load_to_canvas`) and their boxes."""
+        size = self.config.backbone.image_size
+        geometry = self.config.backbone.geometry
+        fitted = [a for a, _ in loaded]
+        boxes = None if geometry == "squash" else [b for _, b in loaded]  # type: ignore[misc]
+        return images_to_tensor(fitted, size, geometry).to(self.device), boxes
+
     def _predict_batches(self, images: Sequence[ImageInput]) -> Iterator[tuple[Tensor, list[Box] | None]]:
         """The backbone's input batches of :meth:`_batches` (same pixels), produced ``prefetch``
         batches ahead in a background thread, each image read, decoded and resized to the canvas
         in one of ``decode_threads`` threads (``hetmm_ray.pipeline``)."""
-        size = self.config.backbone.image_size
-        geometry = self.config.backbone.geometry
         bs = self.config.batch_size
-
-        def load(x: ImageInput) -> tuple[np.ndarray, Box | None]:
-            rgb = _as_rgb(x)
-            box = None if geometry == "squash" else canvas_box(rgb.shape[0], rgb.shape[1], size, geometry)
-            return resize_to_geometry(rgb, size, geometry), box
 
         def produce() -> Iterator[tuple[Tensor, list[Box] | None]]:
             for i in range(0, len(images), bs):
-                loaded = load_batch(images[i : i + bs], load, self.config.decode_threads)
-                fitted = [a for a, _ in loaded]
-                boxes = None if geometry == "squash" else [b for _, b in loaded]  # type: ignore[misc]
-                yield images_to_tensor(fitted, size, geometry).to(self.device), boxes
+                yield self._canvas_batch(
+                    load_batch(images[i : i + bs], self._load_to_canvas, self.config.decode_threads)
+                )  # type: ignore[arg-type]
 
         return prefetched(produce(), self.config.prefetch)
+
+    def score_workers(self) -> int:
+        """How many single-threaded workers ``predict`` splits each batch among (``score_workers``;
+        0: this thread's torch thread count on a CPU, 1 on GPUs)."""
+        if self.device.type != "cpu":
+            return 1
+        return self.config.score_workers or torch.get_num_threads()
+
+    def _score_images(self, images: Sequence[ImageInput]) -> tuple[Tensor, list[np.ndarray]]:
+        """Image scores and content maps of ``images``, one batch in this thread: decode, resize,
+        backbone, ATMM, score."""
+        batch, boxes = self._canvas_batch([self._load_to_canvas(x) for x in images])
+        return self._score_batch(batch, boxes)
+
+    def _score_batch(self, batch: Tensor, boxes: list[Box] | None) -> tuple[Tensor, list[np.ndarray]]:
+        sc = self.config.scoring
+        assert self._prepared is not None
+        m = self._score_features(self.features(batch, boxes), self._prepared, boxes)
+        in_map = self._map_boxes(boxes)
+        return image_scores(m, sc.score_sigma, in_map).cpu(), [
+            x.cpu().numpy() for x in content_maps(m, sc.map_sigma, in_map)
+        ]
 
     def features(self, batch: Tensor, boxes: Sequence[Box] | None) -> dict[str, Tensor]:
         """Backbone features of a canvas batch, pad cells zeroed (``core.geometry``)."""
@@ -238,12 +268,26 @@ class HETMM(FitPipeline, Persistence):
         assert self._prepared is not None
         start = time.perf_counter()
         scores, maps = [], []
-        sc = self.config.scoring
-        for batch, boxes in self._predict_batches(images):
-            m = self._score_features(self.features(batch, boxes), self._prepared, boxes)
-            in_map = self._map_boxes(boxes)
-            scores.append(image_scores(m, sc.score_sigma, in_map).cpu())
-            maps.extend(x.cpu().numpy() for x in content_maps(m, sc.map_sigma, in_map))
+        workers = self.score_workers()
+        if workers > 1:
+            # Each batch split among single-threaded workers that decode, resize and score their
+            # share (hetmm_ray.pipeline.map_in_workers: measured faster than parallel ops on a CPU).
+            self.backbone  # built once here, not by the first workers at the same time  # noqa: B018
+            bs = self.config.batch_size
+            share = -(-bs // workers)
+            parts = [
+                images[i : min(i + share, j + bs, len(images))]
+                for j in range(0, len(images), bs)
+                for i in range(j, min(j + bs, len(images)), share)
+            ]
+            for part_scores, part_maps in map_in_workers(self._score_images, parts, workers):  # type: ignore[misc]
+                scores.append(part_scores)
+                maps.extend(part_maps)
+        else:
+            for batch, boxes in self._predict_batches(images):
+                part_scores, part_maps = self._score_batch(batch, boxes)
+                scores.append(part_scores)
+                maps.extend(part_maps)
         thr = op.threshold if op else float("inf")
         s = torch.cat(scores).numpy()
         same_shape = len({x.shape for x in maps}) == 1

@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
-__all__ = ["compute_threads", "keep_memory_mapped", "load_batch", "prefetched"]
+__all__ = ["compute_threads", "keep_memory_mapped", "load_batch", "map_in_workers", "prefetched"]
 
 T = TypeVar("T")
 
@@ -100,6 +100,57 @@ def load_batch(items: Sequence[T], load: Callable[[T], object], threads: int) ->
         return [load(x) for x in items]
     with ThreadPoolExecutor(min(threads, len(items)), thread_name_prefix="hetmm-decode") as pool:
         return list(pool.map(load, items))
+
+
+_pools: dict[int, ThreadPoolExecutor] = {}
+_pools_lock = threading.Lock()
+
+
+def _single_threaded_pool(workers: int) -> ThreadPoolExecutor:
+    """A process-wide pool of ``workers`` threads, each running torch ops on one intra-op thread.
+
+    torch's thread count is per thread for OpenMP and MKL (``omp_set_num_threads`` and
+    ``mkl_set_num_threads_local``), but ``torch.set_num_threads`` also stores a process-wide
+    default that threads take at their first parallel op. So each worker first runs an op (its
+    lazy initialisation), then sets one thread for itself; once every worker has, the caller's
+    count is set again, which restores the default for everyone else.
+    """
+    import torch
+
+    with _pools_lock:
+        pool = _pools.get(workers)
+        if pool is not None:
+            return pool
+        caller_threads = torch.get_num_threads()
+        ready = threading.Barrier(workers + 1)
+
+        def init() -> None:
+            torch.get_num_threads()  # the thread's lazy init (at its first parallel op otherwise)
+            torch.set_num_threads(1)
+            ready.wait()
+
+        pool = ThreadPoolExecutor(workers, thread_name_prefix="hetmm-score", initializer=init)
+        for _ in range(workers):  # each submission starts a thread while none is idle
+            pool.submit(lambda: None)
+        ready.wait()
+        torch.set_num_threads(caller_threads)
+        _pools[workers] = pool
+        return pool
+
+
+def map_in_workers(fn: Callable[[T], object], items: Sequence[T], workers: int) -> list[object]:
+    """``[fn(x) for x in items]`` run by ``workers`` threads whose torch ops use one thread each.
+
+    Why (measured, BENCHMARKS.md "Throughput"): on a CPU, ``workers`` independent single-threaded
+    pipelines (decode, backbone, ATMM of their own images) keep every core busy without the
+    synchronisation of ``workers``-thread parallel ops, which with passive OpenMP waiting costs
+    ~1.8x on ATMM's many short parallel regions and with spinning waits collapses when a
+    neighbour takes a core. Order is kept; the first error in item order is raised. ``workers``
+    <= 1 runs the plain loop in the caller's thread.
+    """
+    if workers <= 1 or len(items) <= 1:
+        return [fn(x) for x in items]
+    return list(_single_threaded_pool(workers).map(fn, items))
 
 
 _DONE = object()

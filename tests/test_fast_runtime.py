@@ -3,7 +3,7 @@
 - OpenVINO's backbone (core/openvino_runtime.py) gives torch's features to 1e-5 (relative), for
   torchvision and timm networks, pre-ReLU residual taps, any batch size and canvas shape;
 - its converted models are cached on disk and a damaged cache entry is converted again;
-- libspng's PNG pixels (data/decode.py fast path) are Pillow's, byte for byte, and every input
+- libpng's PNG pixels (data/decode.py fast path) are Pillow's, byte for byte, and every input
   it does not take goes to Pillow unchanged.
 
 On real data (bottle, battery_weld) the fast path changes no verdict:
@@ -117,10 +117,10 @@ def test_runtime_choice() -> None:
     assert Backbone(BackboneConfig(name="resnet18", weights="random", precision="bfloat16")).runtime == "torch"
 
 
-# --- PNG decoding: libspng's pixels are Pillow's --------------------------------------------------
+# --- PNG decoding: libpng's pixels are Pillow's --------------------------------------------------
 def _pil_pixels(raw: bytes, monkeypatch) -> np.ndarray:
     with monkeypatch.context() as m:
-        m.setattr(decode, "_pyspng", None)
+        m.setattr(decode, "_png_decode", None)
         return decode_image(raw)
 
 
@@ -137,7 +137,7 @@ def _with_chunk(raw: bytes, kind: bytes, data: bytes) -> bytes:
 
 
 def test_fast_png_pixels_are_pillows(monkeypatch) -> None:
-    pytest.importorskip("pyspng")
+    pytest.importorskip("imagecodecs")
     rng = np.random.default_rng(0)
     smooth = np.linspace(0, 255, 97 * 131 * 3).reshape(97, 131, 3).astype(np.uint8)
     noisy = rng.integers(0, 256, (64, 80, 3), dtype=np.uint8)
@@ -171,7 +171,7 @@ def test_fast_png_pixels_are_pillows(monkeypatch) -> None:
 
 @pytest.mark.shared
 def test_fast_png_pixels_are_pillows_on_real_images(monkeypatch) -> None:
-    pytest.importorskip("pyspng")
+    pytest.importorskip("imagecodecs")
     files = sorted((SHARED / "data").rglob("*.png"))[::40]
     if not files:
         pytest.skip(f"needs the real data in {SHARED} (absent here)")

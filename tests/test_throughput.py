@@ -2,7 +2,7 @@
 
 - BN folding (core/fuse.py) leaves every network's output equal to the unfolded one (1e-5, fp32);
 - the overlapped input pipeline (hetmm_ray/pipeline.py) gives bit-identical scores and maps;
-- the fast CPU path (OpenVINO, libspng) and a bfloat16 backbone change no verdict on the real bottle
+- the fast CPU path (OpenVINO, libpng) and a bfloat16 backbone change no verdict on the real bottle
   and battery_weld (needs ../shared).
 """
 
@@ -203,7 +203,7 @@ def test_fast_paths_change_no_verdict(dataset: str, monkeypatch) -> None:
     order, every defect kind and the good ones: 28 on bottle, 43 on battery_weld; kept small
     because bf16 is emulated, i.e. slow, on CPUs without native bf16) predicted by
 
-    - the fast CPU path (OpenVINO backbone, libspng decoding: ``backbone_runtime: auto``): the same
+    - the fast CPU path (OpenVINO backbone, libpng decoding: ``backbone_runtime: auto``): the same
       verdicts, scores equal to 1e-4 of the largest;
     - the bf16 + channels_last backbone: the same verdicts, scores within 10 %;
 
@@ -225,7 +225,7 @@ def test_fast_paths_change_no_verdict(dataset: str, monkeypatch) -> None:
         backbone_runtime="torch",
     )
     with monkeypatch.context() as plain_decoding:
-        plain_decoding.setattr(decode, "_pyspng", None)
+        plain_decoding.setattr(decode, "_png_decode", None)
         ref = HETMM(config).fit(train[:60])
         a = ref.predict(test)
 

@@ -125,19 +125,29 @@ def _converted(extractor: nn.Module, taps: Sequence[str], identity: Hashable, he
     return model
 
 
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
 def _compile(
     extractor: nn.Module, taps: Sequence[str], identity: Hashable, height: int, width: int, threads: int
 ) -> Any:
     import openvino as ov
 
     model = _converted(extractor, taps, identity, height, width)
+    # One call uses the caller's torch thread count; enough streams that callers running at
+    # once (hetmm_ray.pipeline.map_in_workers: one thread each) fill the cores side by side.
+    streams = max(1, _cores() // threads)
     return ov.Core().compile_model(
         model,
         "CPU",
         {
-            "INFERENCE_NUM_THREADS": threads,
+            "NUM_STREAMS": streams,
+            "INFERENCE_NUM_THREADS": threads * streams,
             "INFERENCE_PRECISION_HINT": "f32",
-            "PERFORMANCE_HINT": "LATENCY",
             "ENABLE_CPU_PINNING": False,
         },
     )

@@ -30,10 +30,12 @@ silently padded) and converted to RGB ``uint8``:
 EXIF orientation is not applied: industrial cameras do not set it and the
 detector compares images pixel by pixel as the sensor delivered them.
 
-Pixels of 8-bit RGB PNGs (what line cameras and datasets mostly write) are decoded by libspng
-(``pyspng``) when it is installed: about 2x faster than Pillow's decoder, and the same pixels
-(lossless format; tests/test_decode.py compares them). Anything else, and any PNG libspng
-refuses, goes through Pillow, which then accepts or refuses it exactly as before.
+Pixels of intact 8-bit RGB PNGs (what line cameras and datasets mostly write) are decoded by
+libpng through ``imagecodecs`` when it is installed: about 2x faster than Pillow's decoder, the
+same pixels (a lossless format; tests/test_fast_runtime.py compares them), and the GIL released
+while it works, so the decode threads of ``predict`` really run beside the scoring (pyspng,
+as fast, holds the GIL: measured no gain from a second thread). Anything else, and any PNG
+libpng refuses, goes through Pillow, which then accepts or refuses it exactly as before.
 
 Pillow's global decompression-bomb limit (``Image.MAX_IMAGE_PIXELS``) is never
 modified; our own limit is checked first, and any ``DecompressionBombError``
@@ -181,9 +183,9 @@ def _check_dimensions(size: tuple[int, int], source: str, max_pixels: int, min_s
 
 # --- fast path -------------------------------------------------------------------
 try:  # optional: a faster decoder for the commonest input; Pillow decodes everything without it
-    import pyspng as _pyspng
-except ImportError:  # pragma: no cover - pyspng is a declared dependency
-    _pyspng = None
+    from imagecodecs import png_decode as _png_decode
+except ImportError:  # pragma: no cover - imagecodecs is a declared dependency
+    _png_decode = None
 
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -191,7 +193,7 @@ _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 def _is_plain_rgb8_png(raw: bytes) -> bool:
     """An 8-bit truecolour PNG without transparency: IHDR (always the first chunk) declares bit
     depth 8, colour type 2, and no tRNS chunk precedes the image data (Pillow keeps such
-    images' transparency apart, libspng would not)."""
+    images' transparency apart, libpng's default output would not)."""
     if len(raw) < 33 or not raw.startswith(_PNG_SIGNATURE) or raw[12:16] != b"IHDR":
         return False
     if raw[24] != 8 or raw[25] != 2:
@@ -201,9 +203,8 @@ def _is_plain_rgb8_png(raw: bytes) -> bool:
 
 
 def _chunks_intact(raw: bytes) -> bool:
-    """Every chunk's CRC matches and the file ends with IEND. pyspng ignores checksums, so a
-    damaged image data stream would decode into wrong pixels; Pillow checks them (~1 ms here
-    for a 900x900 image)."""
+    """Every chunk's CRC matches and the file ends with IEND, as Pillow checks before it decodes
+    (libpng checks the critical chunks only; ~1 ms here for a 900x900 image, GIL released)."""
     at, end = len(_PNG_SIGNATURE), len(raw)
     while at + 12 <= end:
         length = int.from_bytes(raw[at : at + 4], "big")
@@ -220,13 +221,13 @@ def _chunks_intact(raw: bytes) -> bool:
 
 
 def _fast_png_rgb(raw: bytes) -> np.ndarray | None:
-    """The pixels of a plain, intact 8-bit RGB PNG by libspng, or None (not one, or refused:
+    """The pixels of a plain, intact 8-bit RGB PNG by libpng, or None (not one, or refused:
     Pillow then decides, with its own messages)."""
-    if _pyspng is None or not _is_plain_rgb8_png(raw) or not _chunks_intact(raw):
+    if _png_decode is None or not _is_plain_rgb8_png(raw) or not _chunks_intact(raw):
         return None
     try:
-        rgb = _pyspng.load(raw, format="RGB")
-    except Exception:  # noqa: BLE001 - libspng's refusals are left to Pillow's decoder
+        rgb = _png_decode(raw)
+    except Exception:  # noqa: BLE001 - libpng's refusals are left to Pillow's decoder
         return None
     if rgb.dtype != np.uint8 or rgb.ndim != 3 or rgb.shape[2] != 3:
         return None
