@@ -38,11 +38,14 @@ def measure(backbone: str, runs: int, threads: int) -> float:
     from hetmm_ray.detector import HETMM
 
     torch.set_num_threads(threads)
-    config = DetectorConfig(backbone=BackboneConfig(name=backbone, weights="random"), templates=TemplateConfig(kind="all"))
+    config = DetectorConfig(
+        backbone=BackboneConfig(name=backbone, weights="random"), templates=TemplateConfig(kind="all")
+    )
     det = HETMM(config)
     g = torch.Generator().manual_seed(0)
     bank = {k: F.normalize(torch.randn(60, *s, generator=g), dim=1) for k, s in det.backbone.feature_shapes().items()}
-    det._install(TemplateSet(bank=bank, config=config, weights_id="random", image_digests=tuple(map(str, range(60)))), 0)
+    digests = tuple(map(str, range(60)))
+    det._install(TemplateSet(bank=bank, config=config, weights_id="random", image_digests=digests), 0)
     rng = np.random.default_rng(0)
     images = [rng.integers(0, 256, (256, 256, 3), dtype=np.uint8) for _ in range(16)]
     det.predict(images[:8])  # warm-up (and the backbone's conversion)
