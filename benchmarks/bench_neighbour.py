@@ -4,7 +4,8 @@ Scoring (``HETMM.predict`` of decoded images: backbone + ATMM at 60 sheets, rand
 bank) runs in a fresh child process with ``--threads`` torch threads, alone and next to a
 neighbour that keeps one core busy (a pure-Python spin loop in another process), under
 ``OMP_WAIT_POLICY=PASSIVE`` (what hetmm_ray sets before torch loads) and ``ACTIVE`` (spinning
-waits, the OpenMP default of some runtimes). Each cell is the median of ``--runs`` timed calls;
+waits, the OpenMP default of some runtimes), with ``score_workers`` 0 (the default: one
+single-threaded worker per thread, no parallel ops to wait in) and 1 (multi-threaded ops). Each cell is the median of ``--runs`` timed calls;
 the slow-down is "with neighbour" / "alone" in the same policy. On a 2-core box a neighbour
 holding one core can at best halve the speed (2x): graceful is close to that, the collapse the
 issue measured was 10x.
@@ -27,7 +28,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 
 
-def measure(backbone: str, runs: int, threads: int) -> float:
+def measure(backbone: str, runs: int, threads: int, workers: int) -> float:
     """ms per image of predict on 16 decoded 256x256 images, in this process."""
     import numpy as np
     import torch
@@ -39,7 +40,9 @@ def measure(backbone: str, runs: int, threads: int) -> float:
 
     torch.set_num_threads(threads)
     config = DetectorConfig(
-        backbone=BackboneConfig(name=backbone, weights="random"), templates=TemplateConfig(kind="all")
+        backbone=BackboneConfig(name=backbone, weights="random"),
+        templates=TemplateConfig(kind="all"),
+        score_workers=workers,
     )
     det = HETMM(config)
     g = torch.Generator().manual_seed(0)
@@ -68,16 +71,18 @@ def main() -> None:
     ap.add_argument("--backbone", default="mobilenet_v2")
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
+    ap.add_argument("--workers", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--_child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args._child:
-        print(json.dumps(measure(args.backbone, args.runs, args.threads)))
+        print(json.dumps(measure(args.backbone, args.runs, args.threads, args.workers)))
         return
     sys.path.insert(0, str(HERE))
     from common import table
 
     rows = []
-    for policy in ("PASSIVE", "ACTIVE"):
+    setups = [("PASSIVE", 0), ("PASSIVE", 1), ("ACTIVE", 1)]  # score_workers 0: one single-threaded worker per thread
+    for policy, workers in setups:
         env = {**os.environ, "OMP_WAIT_POLICY": policy}
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE.parent), os.environ.get("PYTHONPATH")]))
         cells = {}
@@ -88,19 +93,20 @@ def main() -> None:
                 spinner.start()
             try:
                 cmd = [sys.executable, __file__, "--_child", "--backbone", args.backbone]
-                cmd += ["--runs", str(args.runs), "--threads", str(args.threads)]
+                cmd += ["--runs", str(args.runs), "--threads", str(args.threads), "--workers", str(workers)]
                 done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
                 cells[neighbour] = float(done.stdout.strip().splitlines()[-1])
             finally:
                 if spinner:
                     stop.set()
                     spinner.join()
-        rows.append([policy, f"{cells[False]:.1f}", f"{cells[True]:.1f}", f"{cells[True] / cells[False]:.2f}x"])
+        how = f"{args.threads} single-threaded workers" if workers == 0 else f"{args.threads}-thread ops"
+        rows.append([policy, how, f"{cells[False]:.1f}", f"{cells[True]:.1f}", f"{cells[True] / cells[False]:.2f}x"])
     print(
         f"{args.backbone}, 60 sheets, {args.threads} torch threads, {os.cpu_count()} cores; predict of 16 decoded "
         f"256x256 images; median of {args.runs} calls; neighbour: one busy process"
     )
-    print(table(["OMP_WAIT_POLICY", "alone ms/img", "with neighbour ms/img", "slow-down"], rows))
+    print(table(["OMP_WAIT_POLICY", "score_workers", "alone ms/img", "with neighbour ms/img", "slow-down"], rows))
 
 
 if __name__ == "__main__":
