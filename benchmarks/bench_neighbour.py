@@ -5,7 +5,8 @@ bank) runs in a fresh child process with ``--threads`` torch threads, alone and 
 neighbour that keeps one core busy (a pure-Python spin loop in another process), under
 ``OMP_WAIT_POLICY=PASSIVE`` (what hetmm_ray sets before torch loads) and ``ACTIVE`` (spinning
 waits, the OpenMP default of some runtimes), with ``score_workers`` 0 (the default: one
-single-threaded worker per thread, no parallel ops to wait in) and 1 (multi-threaded ops). Each cell is the median of ``--runs`` timed calls;
+single-threaded worker per thread, no parallel ops to wait in) and 1 (multi-threaded ops).
+Each cell is the median of ``--runs`` timed calls;
 the slow-down is "with neighbour" / "alone" in the same policy. On a 2-core box a neighbour
 holding one core can at best halve the speed (2x): graceful is close to that, the collapse the
 issue measured was 10x.
