@@ -43,7 +43,7 @@ MODES = ("baseline", "current", "current+torch", "current+1worker", "current+bf1
 
 def measure(mode: str, backbones: list[str], sheets: list[int], n_images: int, runs: int, batch: int) -> dict:
     """In this process: ms per image for every (backbone, sheets) in ``mode``."""
-    import hetmm_ray  # noqa: F401 - first, as in the service: it sets the OpenMP wait policy before torch loads
+    import hetmm_ray  # noqa: F401, I001 - first, as in the service: it sets the OpenMP wait policy before torch loads
     import torch
     import torch.nn.functional as F
 
