@@ -22,7 +22,7 @@ from torch import Tensor
 from ..config import ConfigError, DetectorConfig, stored_config
 from ..errors import HetmmError
 from .pts import select_templates
-from .scoring import Calibration
+from .scoring import Calibration, calibration_json
 
 __all__ = ["FORMAT_VERSION", "TemplateError", "TemplateSet"]
 
@@ -126,7 +126,7 @@ class TemplateSet:
             "config": self.config.stored_dict(),
             "weights_id": self.weights_id,
             "image_digests": list(self.image_digests),
-            "calibration": None if self.calibration is None else self.calibration.to_json(),
+            "calibration": calibration_json(self.calibration),
             "meta": self.meta,
         }
         return st_save(tensors, metadata={"hetmm": json.dumps(header)})

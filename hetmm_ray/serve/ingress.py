@@ -252,7 +252,8 @@ class Ingress(ConsoleRoutes):
     @app.get("/v1/products")
     async def products(self, request: Request) -> Response:
         async def handler() -> Response:
-            return JSONResponse({"products": await self.registry.describe.remote()})
+            described = await self.registry.describe.remote()
+            return JSONResponse({"products": [d.to_json() for d in described]})
 
         return await self._timed(request, "products", handler)
 
