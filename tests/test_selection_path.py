@@ -138,7 +138,7 @@ def test_the_three_callers_choose_the_same_templates(kind: str) -> None:
         bank_dtype="float16",
     )
     ts = TemplateSet(bank=bank, config=config, weights_id="w", image_digests=tuple(f"d{i}" for i in range(10)))
-    detector = HETMM(config)._select(ts, tc)
+    detector = HETMM(config).pipeline._select(ts, tc)
     registry = select_layers(bank, kind, 4, 1, pts=partial(pts_indices_ray, num_cpus=TASK_CPUS))
     shards: tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]] = ({}, {})
     for layer, b in bank.items():

@@ -84,7 +84,7 @@ def _auto_selected(ts: TemplateSet) -> TemplateSet:
     from ..detector import HETMM
 
     torch.set_num_threads(max(1, round(ray.get_runtime_context().get_assigned_resources().get("CPU", 1))))
-    return HETMM(ts.config)._selected(ts)
+    return HETMM(ts.config).pipeline._selected(ts)
 
 
 def _weights_identity(config: Any) -> str:
