@@ -131,37 +131,17 @@ class HETMM:
         return persistence.save(self, store, product)
 
     @classmethod
-    def load(
-        cls,
-        store: Any,
-        product: str,
-        version: int | None = None,
-        *,
-        progress: bool = False,
-        steps: FitSteps | None = None,
-        **overrides: Any,
-    ) -> Self:
-        """A detector from a stored template set; ``overrides`` change run-time settings (device, dtype...)."""
-        return persistence.load(cls, store, product, version, progress=progress, steps=steps, **overrides)
+    def load(cls, store: Any, product: str, version: int | None = None, **options: Any) -> Self:
+        """A detector from a stored template set (:func:`persistence.load`): ``progress=``, ``steps=``,
+        and overrides of run-time settings (``device=``, ``dtype=``...)."""
+        return persistence.load(cls, store, product, version, **options)
 
     @classmethod
-    def serving(
-        cls,
-        config: DetectorConfig,
-        templates: dict[str, Tensor],
-        *,
-        weights_id: str,
-        calibration: Any,
-        version: int | None,
-        backbone: Backbone | None = None,
-    ) -> Self:
-        """A predict-only detector over a tiny set (layer -> (K, C, H, W)), as replicas hold it.
-
-        ``backbone`` shares one already-built backbone between products with the same one.
-        """
-        return persistence.serving(
-            cls, config, templates, weights_id=weights_id, calibration=calibration, version=version, backbone=backbone
-        )
+    def serving(cls, config: DetectorConfig, templates: dict[str, Tensor], **provenance: Any) -> Self:
+        """A predict-only detector over a tiny set (layer -> (K, C, H, W)), as replicas hold it
+        (:func:`persistence.serving`): ``weights_id=``, ``calibration=``, ``version=`` and an
+        optional shared ``backbone=``."""
+        return persistence.serving(cls, config, templates, **provenance)
 
     # --- pieces ------------------------------------------------------------------
     @property
