@@ -601,9 +601,18 @@ class ServiceConfig:
     # recent_max_mib in all (the oldest go first).
     recent_per_product: int = 200
     recent_max_mib: int = 128
+    # The host Serve's HTTP proxies bind, as the application is started (``hetmm serve`` sets it
+    # from --host): the ingress then refuses a non-loopback bind without an admin token. A
+    # ``serve run`` of a Serve config file should set it to its ``http_options.host``; left
+    # unset, the ingress cannot know the bind and logs that it did not check it.
+    http_host: str | None = None
 
     def __post_init__(self) -> None:
         _require(bool(self.store), "store: give a local directory or s3://bucket/prefix")
+        _require(
+            self.http_host is None or (isinstance(self.http_host, str) and bool(self.http_host)),
+            f"http_host: a host name or address, got {self.http_host!r}",
+        )
         for name in ("source_roots", "allowed_origins"):
             value = getattr(self, name)
             _require(

@@ -1,9 +1,11 @@
 """Single-process detector API: ``HETMM(config).fit(images).predict(images)``.
 
-``HETMM`` is three parts in three modules: the scorer over prepared templates (here: the
-backbone's features, ATMM, image scores and maps, verdicts), the fit pipeline
-(``fitting.py``: extract -> select -> calibrate, with injectable steps) and persistence
-(``persistence.py``: save / load through a store, serving copies). Nothing here imports Ray.
+``HETMM`` is three parts in three modules, composed: the scorer over prepared templates
+(this class: the backbone's features, ATMM, image scores and maps, verdicts), the fit
+pipeline it holds (``fitting.FitPipeline``: extract -> select -> calibrate, with injectable
+steps; a separate object over this scorer) and persistence (``persistence.py``: save / load
+through a store, serving copies; functions over a detector). ``fit``, ``update``, ``compress``,
+``save``, ``load`` and ``serving`` stay methods here, delegating. Nothing here imports Ray.
 """
 
 from __future__ import annotations
@@ -11,22 +13,24 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any, Self
 
 import numpy as np
 import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from .config import DetectorConfig, check_number
+from . import persistence
+from .config import DetectorConfig, TemplateConfig, check_number
 from .core.atmm import anomaly_maps, pixel_major
 from .core.backbone import Backbone
+from .core.calibration import OutOfFold
 from .core.device import TORCH_DTYPES, image_digest, resolve_device
 from .core.geometry import Box, canvas_box, scale_box, zero_padding
 from .core.scoring import OperatingPoint, content_maps, image_scores, operating_point
 from .core.templates import TemplateSet
 from .data.decode import images_to_tensor, resize_to_geometry
 from .fitting import FitPipeline, ImageInput, as_rgb
-from .persistence import Persistence
 from .pipeline import keep_memory_mapped, load_batch, map_in_workers, prefetched
 from .steps import FitSteps
 
@@ -58,7 +62,7 @@ class Prediction:
         return len(self.scores)
 
 
-class HETMM(FitPipeline, Persistence):
+class HETMM:
     """A HETMM detector for one product.
 
     ``fit`` extracts the good images' features into the bank and calibrates the
@@ -74,7 +78,6 @@ class HETMM(FitPipeline, Persistence):
         default in this process, ``hetmm_ray.distributed.steps.ray_steps()`` on a Ray cluster."""
         self.config = config or DetectorConfig()
         self.progress = progress
-        self.steps = steps or FitSteps()
         self.device = resolve_device(self.config.device)
         self.templates: TemplateSet | None = None
         self.version: int | None = None
@@ -83,6 +86,62 @@ class HETMM(FitPipeline, Persistence):
         self.skipped_duplicates = 0  # images the last update() skipped: already in the bank
         if self.device.type == "cpu":
             keep_memory_mapped(self.config.malloc_keep_mib)
+        self.pipeline = FitPipeline(self, steps=steps, progress=progress)  # extract -> select -> calibrate
+
+    # --- the fit pipeline (fitting.py) and persistence (persistence.py) ----------------------
+    @property
+    def steps(self) -> FitSteps:
+        return self.pipeline.steps
+
+    def fit(self, images: Sequence[ImageInput]) -> Self:
+        """Build the template set from good images, select the tiny set, calibrate the threshold."""
+        self.pipeline.fit(images)
+        return self
+
+    def update(self, images: Sequence[ImageInput]) -> Self:
+        """Hot update: append good images' features, re-select the tiny set, recalibrate.
+
+        Images already in the bank (same content digest) are skipped, so a retried update
+        changes nothing; ``self.skipped_duplicates`` says how many were skipped.
+        """
+        self.skipped_duplicates = self.pipeline.update(images)
+        return self
+
+    def compress(self, kind: str | None = None, sheets: int | None = None, *, seed: int | None = None) -> Self:
+        """Re-select the tiny set from the bank (PTS or an ablation baseline) and recalibrate."""
+        self.pipeline.compress(kind, sheets, seed=seed)
+        return self
+
+    def extract(
+        self, images: Sequence[ImageInput], *, desc: str = "features", bank: bool = False
+    ) -> tuple[dict[str, Tensor], list[str]]:
+        """Features of ``images`` (layer -> (N, C, h, w)) and their digests (:meth:`FitPipeline.extract`)."""
+        return self.pipeline.extract(images, desc=desc, bank=bank)
+
+    def out_of_fold(self, ts: TemplateSet, *, templates: TemplateConfig | None = None) -> OutOfFold:
+        """Out-of-fold scores of ``ts``'s training images (:meth:`FitPipeline.out_of_fold`)."""
+        return self.pipeline.out_of_fold(ts, templates=templates)
+
+    def calibrated(self, ts: TemplateSet) -> TemplateSet:
+        """``ts`` with its threshold calibration recomputed from its own bank (:meth:`FitPipeline.calibrated`)."""
+        return self.pipeline.calibrated(ts)
+
+    def save(self, store: Any, product: str) -> int:
+        """Publish the current template set to ``store``; returns the new version."""
+        return persistence.save(self, store, product)
+
+    @classmethod
+    def load(cls, store: Any, product: str, version: int | None = None, **options: Any) -> Self:
+        """A detector from a stored template set (:func:`persistence.load`): ``progress=``, ``steps=``,
+        and overrides of run-time settings (``device=``, ``dtype=``...)."""
+        return persistence.load(cls, store, product, version, **options)
+
+    @classmethod
+    def serving(cls, config: DetectorConfig, templates: dict[str, Tensor], **provenance: Any) -> Self:
+        """A predict-only detector over a tiny set (layer -> (K, C, H, W)), as replicas hold it
+        (:func:`persistence.serving`): ``weights_id=``, ``calibration=``, ``version=`` and an
+        optional shared ``backbone=``."""
+        return persistence.serving(cls, config, templates, **provenance)
 
     # --- pieces ------------------------------------------------------------------
     @property

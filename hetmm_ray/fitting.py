@@ -5,8 +5,10 @@
 verdict threshold on out-of-fold scores; ``update`` appends images (hot update) and
 ``compress`` re-selects. The extract and PTS steps are injected (``hetmm_ray/steps.py``):
 in this process by default, as Ray tasks with ``distributed.steps.ray_steps()``; this module
-never imports Ray. Scoring (backbone, ATMM over prepared templates) is the detector's own
-(``detector.py``); the pipeline calls it for the out-of-fold scores.
+never imports Ray. Scoring (backbone, ATMM over prepared templates) is the scorer's
+(:class:`Scorer`, the detector in ``detector.py``): the pipeline is a separate object that
+holds its scorer, reads its configuration and features, scores the out-of-fold images with
+it and installs the template sets it builds into it.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
@@ -38,7 +40,7 @@ if TYPE_CHECKING:
 
     from .core.backbone import Backbone
 
-__all__ = ["FitPipeline", "ImageInput"]
+__all__ = ["FitPipeline", "ImageInput", "Scorer"]
 
 ImageInput = str | Path | bytes | np.ndarray
 """A path, encoded bytes, or a decoded RGB uint8 array (H, W, 3)."""
@@ -47,32 +49,34 @@ _DTYPES = TORCH_DTYPES
 _digest = image_digest
 
 
-class FitPipeline:
-    """Extract -> select -> calibrate, mixed into :class:`~hetmm_ray.detector.HETMM` (which
-    provides the scoring methods used here: ``_batches``, ``features``, ``_score_features``,
-    ``_prepare``, ``_map_boxes``, ``_install``, ``_require_templates``)."""
+class Scorer(Protocol):
+    """What the fit pipeline needs of the scorer it fits (the detector, ``detector.py``)."""
 
-    config: DetectorConfig
-    progress: bool
-    steps: FitSteps
+    config: DetectorConfig  # the pipeline fixes K here (``sheets: auto``) and changes it in compress
     device: torch.device
     templates: TemplateSet | None
-    skipped_duplicates: int
     backbone: Backbone
 
-    if TYPE_CHECKING:  # provided by the detector
+    def _batches(
+        self, images: Sequence[ImageInput], desc: str
+    ) -> Iterator[tuple[list[np.ndarray], Tensor, list[Box] | None]]: ...
+    def features(self, batch: Tensor, boxes: Sequence[Box] | None) -> dict[str, Tensor]: ...
+    def _score_features(
+        self, feats: dict[str, Tensor], templates_pm: dict[str, Tensor], boxes: Sequence[Box] | None = None
+    ) -> Tensor: ...
+    def _prepare(self, ts: TemplateSet, held_out: Sequence[int] | None = None) -> dict[str, Tensor]: ...
+    def _map_boxes(self, boxes: Sequence[Box] | None) -> list[Box] | None: ...
+    def _install(self, ts: TemplateSet, version: int | None) -> None: ...
+    def _require_templates(self) -> TemplateSet: ...
 
-        def _batches(
-            self, images: Sequence[ImageInput], desc: str
-        ) -> Iterator[tuple[list[np.ndarray], Tensor, list[Box] | None]]: ...
-        def features(self, batch: Tensor, boxes: Sequence[Box] | None) -> dict[str, Tensor]: ...
-        def _score_features(
-            self, feats: dict[str, Tensor], templates_pm: dict[str, Tensor], boxes: Sequence[Box] | None = None
-        ) -> Tensor: ...
-        def _prepare(self, ts: TemplateSet, held_out: Sequence[int] | None = None) -> dict[str, Tensor]: ...
-        def _map_boxes(self, boxes: Sequence[Box] | None) -> list[Box] | None: ...
-        def _install(self, ts: TemplateSet, version: int | None) -> None: ...
-        def _require_templates(self) -> TemplateSet: ...
+
+class FitPipeline:
+    """Extract -> select -> calibrate for one :class:`Scorer`, with injectable steps."""
+
+    def __init__(self, scorer: Scorer, *, steps: FitSteps | None = None, progress: bool = False) -> None:
+        self.scorer = scorer
+        self.steps = steps or FitSteps()
+        self.progress = progress
 
     def extract(
         self, images: Sequence[ImageInput], *, desc: str = "features", bank: bool = False
@@ -94,34 +98,34 @@ class FitPipeline:
         if bank and self.steps.extract is not None:
             with tqdm(total=len(images), desc=desc, unit="img", disable=not self.progress, leave=False) as bar:
                 feats, digests = self.steps.extract(
-                    self.config, _as_items(images), progress=lambda done, _total: bar.update(done - bar.n)
+                    self.scorer.config, _as_items(images), progress=lambda done, _total: bar.update(done - bar.n)
                 )
-            bank_feats = {k: torch.from_numpy(v).to(_DTYPES[self.config.bank_dtype]) for k, v in feats.items()}
+            bank_feats = {k: torch.from_numpy(v).to(_DTYPES[self.scorer.config.bank_dtype]) for k, v in feats.items()}
             return bank_feats, digests, None
         parts: dict[str, list[Tensor]] = {}
         digests: list[str] = []
-        all_boxes: list[Box] | None = None if self.config.backbone.geometry == "squash" else []
-        for decoded, batch, boxes in self._batches(images, desc):
+        all_boxes: list[Box] | None = None if self.scorer.config.backbone.geometry == "squash" else []
+        for decoded, batch, boxes in self.scorer._batches(images, desc):
             digests.extend(_digest(x) for x in decoded)
             if all_boxes is not None and boxes is not None:
                 all_boxes.extend(boxes)
-            for k, v in self.features(batch, boxes).items():
-                parts.setdefault(k, []).append(v.to("cpu", _DTYPES[self.config.bank_dtype]) if bank else v)
+            for k, v in self.scorer.features(batch, boxes).items():
+                parts.setdefault(k, []).append(v.to("cpu", _DTYPES[self.scorer.config.bank_dtype]) if bank else v)
         return {k: torch.cat(v) for k, v in parts.items()}, digests, all_boxes
 
     def _bank_boxes(self, ts: TemplateSet, images: Sequence[int]) -> list[Box] | None:
         """Canvas boxes of bank images: kept in ``meta["image_boxes"]`` by fit/update, else
         recovered from the bank's zeroed pad cells (sets built by the service's feature tasks)."""
-        if self.config.backbone.geometry == "squash":
+        if self.scorer.config.backbone.geometry == "squash":
             return None
         kept = ts.meta.get("image_boxes")
         if kept is not None and len(kept) == ts.n_images:
             return [Box(*kept[i]) for i in images]
         idx = list(images)
-        return boxes_from_features({k: v[idx] for k, v in ts.bank.items()}, self.config.backbone.image_size)
+        return boxes_from_features({k: v[idx] for k, v in ts.bank.items()}, self.scorer.config.backbone.image_size)
 
     # --- fit / update / compress -----------------------------------------------------
-    def fit(self, images: Sequence[ImageInput]) -> Self:
+    def fit(self, images: Sequence[ImageInput]) -> None:
         """Build the template set from good images, select the tiny set, calibrate the threshold."""
         if len(images) < 2:
             raise ValueError(f"fit needs at least 2 good images, got {len(images)}")
@@ -131,26 +135,25 @@ class FitPipeline:
             meta["image_boxes"] = [list(b) for b in boxes]
         ts = TemplateSet(
             bank=feats,
-            config=self.config,
-            weights_id=self.backbone.weights_id,
+            config=self.scorer.config,
+            weights_id=self.scorer.backbone.weights_id,
             image_digests=tuple(digests),
             meta=meta,
         )
-        self._install(self.calibrated(self._selected(ts)), version=None)
-        return self
+        self.scorer._install(self.calibrated(self._selected(ts)), version=None)
 
-    def update(self, images: Sequence[ImageInput]) -> Self:
+    def update(self, images: Sequence[ImageInput]) -> int:
         """Hot update: append good images' features, re-select the tiny set, recalibrate.
 
         Images already in the bank (same content digest) are skipped, so a retried update
-        changes nothing; ``self.skipped_duplicates`` says how many were skipped.
+        changes nothing; returns how many were skipped.
         """
-        ts = self._require_templates()
+        ts = self.scorer._require_templates()
         feats, digests, boxes = self._extract(images, desc="update: features", bank=True)
         keep = unseen_positions(ts.image_digests, digests)
-        self.skipped_duplicates = len(digests) - len(keep)
+        skipped = len(digests) - len(keep)
         if not keep:
-            return self
+            return skipped
         if len(keep) < len(digests):
             feats = {k: v[keep] for k, v in feats.items()}
             digests = [digests[i] for i in keep]
@@ -160,29 +163,28 @@ class FitPipeline:
         if boxes is not None and old_boxes is not None and len(old_boxes) == ts.n_images:
             meta["image_boxes"] = [*old_boxes, *(list(b) for b in boxes)]
         grown = ts.appended(feats, tuple(digests), meta=meta)
-        self._install(self.calibrated(self._selected(grown)), version=None)
-        return self
+        self.scorer._install(self.calibrated(self._selected(grown)), version=None)
+        return skipped
 
-    def compress(self, kind: str | None = None, sheets: int | None = None, *, seed: int | None = None) -> Self:
+    def compress(self, kind: str | None = None, sheets: int | None = None, *, seed: int | None = None) -> None:
         """Re-select the tiny set from the bank (PTS or an ablation baseline) and recalibrate."""
-        ts = self._require_templates()
+        ts = self.scorer._require_templates()
         changes = {"kind": kind, "sheets": sheets, "seed": seed}
-        tc = replace(self.config.templates, **{k: v for k, v in changes.items() if v is not None})
-        self.config = replace(self.config, templates=tc)
-        self._install(self.calibrated(self._selected(replace(ts, config=self.config))), version=None)
-        return self
+        tc = replace(self.scorer.config.templates, **{k: v for k, v in changes.items() if v is not None})
+        self.scorer.config = replace(self.scorer.config, templates=tc)
+        self.scorer._install(self.calibrated(self._selected(replace(ts, config=self.scorer.config))), version=None)
 
     def _selected(self, ts: TemplateSet) -> TemplateSet:
         """``ts`` with the selection of ``config.templates`` (docs/algorithm.md §4) computed per layer;
-        ``sheets: auto`` measures K first (:meth:`_auto_selected`) and fixes it in ``self.config``."""
-        tc = self.config.templates
+        ``sheets: auto`` measures K first (:meth:`_auto_selected`) and fixes it in ``self.scorer.config``."""
+        tc = self.scorer.config.templates
         if tc.kind == "all":
             return replace(ts, indices=None, centres=None)
         if tc.sheets == "auto":
             return self._auto_selected(ts)
         indices, centres = self._select(ts, tc)
         meta = {k: v for k, v in ts.meta.items() if k != "sheets_auto"}  # a fixed K: no ladder to report
-        return replace(ts, config=self.config, indices=indices, centres=centres, meta=meta)
+        return replace(ts, config=self.scorer.config, indices=indices, centres=centres, meta=meta)
 
     def _select(self, ts: TemplateSet, tc: TemplateConfig) -> tuple[dict[str, Tensor] | None, dict[str, Tensor] | None]:
         """Per-layer (indices, centres) of selection ``tc`` (a fixed K) on ``ts``'s bank."""
@@ -194,7 +196,7 @@ class FitPipeline:
                 tc.kind,
                 tc.sheets,
                 tc.seed,
-                device=self.device,
+                device=self.scorer.device,
                 progress=lambda done, _total: bar.update(done - bar.n),
                 **pts,
             )
@@ -210,7 +212,7 @@ class FitPipeline:
     def _verdict_threshold(self, scores: Sequence[float]) -> float:
         """The verdict threshold the product's rule sets on out-of-fold ``scores`` (a labelled
         ``validation`` threshold does not exist yet while templates are being chosen: ``far``)."""
-        th = self.config.threshold
+        th = self.scorer.config.threshold
         rule = "far" if th.rule == "validation" else th.rule
         op = Calibration(scores=tuple(scores)).operating_point(
             rule, sigmas=th.sigmas, false_alarm_rate=th.false_alarm_rate
@@ -219,7 +221,7 @@ class FitPipeline:
 
     def _auto_selected(self, ts: TemplateSet) -> TemplateSet:
         """The selection at the smallest ladder K that agrees with ALL (``core.auto_sheets``)."""
-        tc = self.config.templates
+        tc = self.scorer.config.templates
         reference, all_ms = self._oof_scores(replace(ts, indices=None, centres=None), replace(tc, kind="all"))
         reference_threshold = self._verdict_threshold(reference)
         made: dict[int, TemplateSet] = {}
@@ -227,7 +229,7 @@ class FitPipeline:
         def evaluate(k: int) -> Rung:
             fixed = replace(tc, sheets=k)
             indices, centres = self._select(ts, fixed)
-            made[k] = replace(ts, config=replace(self.config, templates=fixed), indices=indices, centres=centres)
+            made[k] = replace(ts, config=replace(self.scorer.config, templates=fixed), indices=indices, centres=centres)
             scores, ms = self._oof_scores(made[k], fixed)
             return agreement(
                 k,
@@ -250,9 +252,9 @@ class FitPipeline:
                 )
 
         k, rungs, why = choose_sheets(ts.n_images, evaluate, max_ms_per_image=tc.auto_max_ms_per_image, report=report)
-        self.config = replace(self.config, templates=replace(tc, sheets=k))
+        self.scorer.config = replace(self.scorer.config, templates=replace(tc, sheets=k))
         if k not in made:
-            indices, centres = self._select(ts, self.config.templates)
+            indices, centres = self._select(ts, self.scorer.config.templates)
             made[k] = replace(ts, indices=indices, centres=centres)
         meta = {
             **ts.meta,
@@ -270,7 +272,7 @@ class FitPipeline:
                 },
             },
         }
-        return replace(made[k], config=self.config, meta=meta)
+        return replace(made[k], config=self.scorer.config, meta=meta)
 
     def out_of_fold(self, ts: TemplateSet, *, templates: TemplateConfig | None = None) -> OutOfFold:
         """Out-of-fold scores of ``ts``'s training images, each scored as a new part would be.
@@ -283,8 +285,8 @@ class FitPipeline:
         sheet. The held-out features come from the bank (no backbone pass).
         Cost: one selection per fold (none for ALL) + one ATMM scoring per held-out image.
         """
-        tc = self.config.threshold
-        sel = templates or self.config.templates
+        tc = self.scorer.config.threshold
+        sel = templates or self.scorer.config.templates
         n = ts.n_images
         images: list[int] = []
         scores: list[float] = []
@@ -296,20 +298,20 @@ class FitPipeline:
             kept_bank = {k: v[kept] for k, v in ts.bank.items()}
             fold_ts = TemplateSet(
                 bank=kept_bank,
-                config=self.config,
+                config=self.scorer.config,
                 weights_id=ts.weights_id,
                 image_digests=tuple(ts.image_digests[i] for i in kept),
             )
             if sel.kind != "all":
                 indices, centres = select_layers(
-                    kept_bank, sel.kind, sel.sheets, sel.seed, device=self.device, **self._pts_fanout()
+                    kept_bank, sel.kind, sel.sheets, sel.seed, device=self.scorer.device, **self._pts_fanout()
                 )
                 fold_ts = replace(fold_ts, indices=indices, centres=centres)
-            held_feats = {k: v[held].to(self.device) for k, v in ts.bank.items()}
+            held_feats = {k: v[held].to(self.scorer.device) for k, v in ts.bank.items()}
             held_boxes = self._bank_boxes(ts, held)  # letterbox: the pad never counts in a score
             start = time.perf_counter()
-            maps = self._score_features(held_feats, self._prepare(fold_ts), held_boxes)
-            fold_scores = image_scores(maps, self.config.scoring.score_sigma, self._map_boxes(held_boxes))
+            maps = self.scorer._score_features(held_feats, self.scorer._prepare(fold_ts), held_boxes)
+            fold_scores = image_scores(maps, self.scorer.config.scoring.score_sigma, self.scorer._map_boxes(held_boxes))
             scoring_seconds += time.perf_counter() - start
             images.extend(held)
             scores.extend(float(x) for x in fold_scores.tolist())

@@ -1,15 +1,19 @@
-"""Persistence of :class:`~hetmm_ray.detector.HETMM` through a template store, and serving copies.
+"""Persistence of a detector through a template store, and serving copies.
 
-``save`` publishes the current template set (a new version); ``load`` builds a detector from
-a stored version (``overrides`` change this run's settings only, config.RUN_TIME_SETTINGS) and
-refuses templates built with other backbone weights; ``serving`` builds a predict-only
-detector over a tiny set, as the service's replicas hold it.
+``save`` publishes a detector's current template set (a new version); ``load`` builds a
+detector from a stored version (``overrides`` change this run's settings only,
+config.RUN_TIME_SETTINGS) and refuses templates built with other backbone weights; ``serving``
+builds a predict-only detector over a tiny set, as the service's replicas hold it.
+
+Functions over a detector, not a part of it: :class:`~hetmm_ray.detector.HETMM`'s ``save``,
+``load`` and ``serving`` call them with itself (or its class, ``make``), so this module never
+imports the detector.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any, Protocol
 
 from torch import Tensor
 
@@ -20,84 +24,81 @@ from .steps import FitSteps
 if TYPE_CHECKING:
     from .core.backbone import Backbone
 
-__all__ = ["Persistence"]
+__all__ = ["Persisted", "load", "save", "serving"]
 
 
-class Persistence:
-    """``save`` / ``load`` / ``serving``, mixed into :class:`~hetmm_ray.detector.HETMM`."""
+class Persisted(Protocol):
+    """What persistence needs of a detector."""
 
     version: int | None
+    _backbone: Backbone | None
 
-    if TYPE_CHECKING:  # provided by the detector
+    @property
+    def backbone(self) -> Backbone: ...
+    def _install(self, ts: TemplateSet, version: int | None) -> None: ...
+    def _require_templates(self) -> TemplateSet: ...
 
-        def __init__(
-            self, config: DetectorConfig | None = None, *, progress: bool = False, steps: FitSteps | None = None
-        ) -> None: ...
-        @property
-        def backbone(self) -> Backbone: ...
-        def _install(self, ts: TemplateSet, version: int | None) -> None: ...
-        def _require_templates(self) -> TemplateSet: ...
 
-    def save(self, store: Any, product: str) -> int:
-        """Publish the current template set to ``store``; returns the new version."""
-        self.version = store.put(product, self._require_templates())
-        return self.version
+def save(detector: Persisted, store: Any, product: str) -> int:
+    """Publish ``detector``'s current template set to ``store``; returns the new version."""
+    detector.version = store.put(product, detector._require_templates())
+    return detector.version
 
-    @classmethod
-    def load(
-        cls,
-        store: Any,
-        product: str,
-        version: int | None = None,
-        *,
-        progress: bool = False,
-        steps: FitSteps | None = None,
-        **overrides: Any,
-    ) -> Self:
-        """A detector from a stored template set; ``overrides`` change run-time settings (device, dtype...)."""
-        if version is None:
-            version = store.head(product)
-        ts = store.get(product, version)
-        config = ts.config.replace(**overrides) if overrides else ts.config
-        det = cls(config, progress=progress, steps=steps)
-        if det.backbone.weights_id != ts.weights_id:
-            raise TemplateError(
-                f"product {product!r} v{version} was built with weights {ts.weights_id}, "
-                f"but the backbone now loads {det.backbone.weights_id}"
-            )
-        det._install(replace(ts, config=config), version=version)
-        return det
 
-    @classmethod
-    def serving(
-        cls,
-        config: DetectorConfig,
-        templates: dict[str, Tensor],
-        *,
-        weights_id: str,
-        calibration: Any,
-        version: int | None,
-        backbone: Backbone | None = None,
-    ) -> Self:
-        """A predict-only detector over a tiny set (layer -> (K, C, H, W)), as replicas hold it.
-
-        ``backbone`` shares one already-built backbone between products with the same one.
-        """
-        det = cls(config)
-        if backbone is not None:
-            det._backbone = backbone
-        if det.backbone.weights_id != weights_id:
-            raise TemplateError(
-                f"templates were built with weights {weights_id}, the backbone has {det.backbone.weights_id}"
-            )
-        k = next(iter(templates.values())).shape[0]
-        ts = TemplateSet(
-            bank=templates,
-            config=config,
-            weights_id=weights_id,
-            image_digests=tuple(f"sheet-{i}" for i in range(k)),  # sheets, not images: nothing to refit from
-            calibration=calibration,
-            meta={"tiny": True},
+def load(
+    make: Any,
+    store: Any,
+    product: str,
+    version: int | None = None,
+    *,
+    progress: bool = False,
+    steps: FitSteps | None = None,
+    **overrides: Any,
+) -> Any:
+    """A detector (``make(config, progress=, steps=)``) from a stored template set;
+    ``overrides`` change run-time settings (device, dtype...)."""
+    if version is None:
+        version = store.head(product)
+    ts = store.get(product, version)
+    config = ts.config.replace(**overrides) if overrides else ts.config
+    det = make(config, progress=progress, steps=steps)
+    if det.backbone.weights_id != ts.weights_id:
+        raise TemplateError(
+            f"product {product!r} v{version} was built with weights {ts.weights_id}, "
+            f"but the backbone now loads {det.backbone.weights_id}"
         )
-        det._install(ts, version=version)
-        return det
+    det._install(replace(ts, config=config), version=version)
+    return det
+
+
+def serving(
+    make: Any,
+    config: DetectorConfig,
+    templates: dict[str, Tensor],
+    *,
+    weights_id: str,
+    calibration: Any,
+    version: int | None,
+    backbone: Backbone | None = None,
+) -> Any:
+    """A predict-only detector (``make(config)``) over a tiny set (layer -> (K, C, H, W)), as
+    replicas hold it. ``backbone`` shares one already-built backbone between products with the same one.
+    """
+    det = make(config)
+    if backbone is not None:
+        det._backbone = backbone
+    if det.backbone.weights_id != weights_id:
+        raise TemplateError(
+            f"templates were built with weights {weights_id}, the backbone has {det.backbone.weights_id}"
+        )
+    k = next(iter(templates.values())).shape[0]
+    ts = TemplateSet(
+        bank=templates,
+        config=config,
+        weights_id=weights_id,
+        image_digests=tuple(f"sheet-{i}" for i in range(k)),  # sheets, not images: nothing to refit from
+        calibration=calibration,
+        meta={"tiny": True},
+    )
+    det._install(ts, version=version)
+    return det

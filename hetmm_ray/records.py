@@ -1,25 +1,36 @@
 """Typed records for what crosses processes: registry -> replicas, registry -> HTTP clients.
 
-- :class:`ProductSnapshot`: a product's published version as the detector replicas use it
-  (parsed once, by :meth:`ProductSnapshot.from_published`, from what the registry hands out:
-  the calibration a :class:`~hetmm_ray.core.scoring.Calibration`, the configuration a
-  ``DetectorConfig`` with this host's run-time settings).
-- :class:`ProductDescription`: one entry of ``GET /v1/products`` (JSON as it is sent).
+- :class:`ProductSnapshot`: a product's published version as the registry hands it to the
+  detector replicas (``ProductRegistry.snapshot``): the calibration a
+  :class:`~hetmm_ray.core.scoring.Calibration`, the configuration a ``DetectorConfig`` (the
+  product's stored settings; each replica applies its own run-time ones), built once by the
+  registry from the template set or the manifest it publishes.
+- :class:`ProductDescription` / :class:`UnreadableProduct`: one entry of ``GET /v1/products``,
+  as the registry describes it; ``to_json()`` is the JSON the HTTP API sends.
 - :class:`JobRecord`: a create / normals / calibrate job as ``GET /v1/jobs/{id}`` shows it.
 
-The JSON-bound records are ``TypedDict``s: they are sent as they are, and the keys are the
-HTTP API's (README), so a rename here is an API change.
+The keys of the JSON-bound records are the HTTP API's (README), so a rename here is an API
+change. Job records stay ``TypedDict``s: the job board updates them in place as the job runs
+(progress, notes such as ``skipped_duplicates`` that only some kinds have) and sends them as
+they are.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, TypedDict
 
 from .config import DetectorConfig, stored_config
 from .core.scoring import Calibration
 
-__all__ = ["JobError", "JobProgressRecord", "JobRecord", "ProductDescription", "ProductSnapshot"]
+__all__ = [
+    "JobError",
+    "JobProgressRecord",
+    "JobRecord",
+    "ProductDescription",
+    "ProductSnapshot",
+    "UnreadableProduct",
+]
 
 
 @dataclass(frozen=True)
@@ -35,20 +46,25 @@ class ProductSnapshot:
     tiny: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def from_published(cls, published: dict[str, Any]) -> ProductSnapshot:
-        """The record of what ``ProductRegistry.snapshot`` returns (plain JSON-able fields and the
-        tiny-set refs): the one place its configuration and calibration are parsed."""
+    def from_manifest(
+        cls, product: str, version: int, manifest: dict[str, Any], tiny: dict[str, Any]
+    ) -> ProductSnapshot:
+        """A stored version's snapshot from its manifest (no layer's bank is read): the one place a
+        published configuration and calibration are parsed."""
         return cls(
-            product=published["product"],
-            version=int(published["version"]),
-            config=stored_config(published["config"]),
-            weights_id=published["weights_id"],
-            calibration=Calibration.from_json(published["calibration"]),
-            tiny=dict(published["tiny"]),
+            product=product,
+            version=int(version),
+            config=stored_config(manifest["config"]),
+            weights_id=manifest["weights_id"],
+            calibration=Calibration.from_json(manifest.get("calibration")),
+            tiny=dict(tiny),
         )
 
 
-class ProductDescription(TypedDict):
+@dataclass(frozen=True)
+class ProductDescription:
+    """One product of ``GET /v1/products``: its head version, selection, backbone and threshold."""
+
     product: str
     version: int
     images: int
@@ -64,6 +80,22 @@ class ProductDescription(TypedDict):
     rule_target: float | None
     estimated_false_alarm_rate: float | None
     created: float | None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class UnreadableProduct:
+    """A product of ``GET /v1/products`` whose head could not be described (one bad product must
+    not break the list of all)."""
+
+    product: str
+    version: int
+    error: str  # "<exception type>: <message>"
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 class JobProgressRecord(TypedDict):

@@ -57,7 +57,7 @@ def test_hot_update_through_shards_equals_the_single_process_update(product) -> 
     assert ray.get(registry.update.remote("gear", feats, digests)) == 2
     assert ray.get(waiters) == [2, 2, 2]  # every subscriber hears of v2
     snapshot = ray.get(registry.snapshot.remote("gear"))  # what replicas score with from now on
-    assert snapshot["version"] == 2
+    assert snapshot.version == 2
 
     published = open_store(uri).get("gear")
     det.update(more[:2])  # the same update in one process
@@ -198,7 +198,7 @@ def test_a_restarted_registry_recovers_its_state_from_the_store(product) -> None
     feats, digests = features(det, more[:2])
     assert ray.get(registry.update.remote("gear", feats, digests)) == 2
     before = ray.get(registry.snapshot.remote("gear"))
-    before_tiny = {k: ray.get(v) for k, v in before["tiny"].items()}
+    before_tiny = {k: ray.get(v) for k, v in before.tiny.items()}
     ray.kill(registry, no_restart=False)  # a crash: Ray restarts it (max_restarts=-1)
     try:
         again = get_registry(uri, detached=True)
@@ -211,9 +211,9 @@ def test_a_restarted_registry_recovers_its_state_from_the_store(product) -> None
                 assert time.monotonic() < deadline
                 time.sleep(0.5)
         after = ray.get(again.snapshot.remote("gear"))
-        assert after["version"] == 2 and after["calibration"] == before["calibration"]
+        assert after.version == 2 and after.calibration == before.calibration
         for layer, tiny in before_tiny.items():
-            assert np.array_equal(ray.get(after["tiny"][layer]), tiny)
+            assert np.array_equal(ray.get(after.tiny[layer]), tiny)
     finally:
         ray.kill(get_registry(uri, detached=True), no_restart=True)
 

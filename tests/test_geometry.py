@@ -269,7 +269,7 @@ def test_out_of_fold_scores_use_the_same_boxes_as_predict(wide_detector, wide_im
         image_digests=ts.image_digests[1:],
     ), version=None)  # fmt: skip
     predicted = other.predict([wide_images[0]]).scores[0]
-    boxes = wide_detector._bank_boxes(ts, held)
+    boxes = wide_detector.pipeline._bank_boxes(ts, held)
     maps = wide_detector._score_features({k: v[held] for k, v in ts.bank.items()}, pm, boxes)
     oof = image_scores(maps, ts.config.scoring.score_sigma, wide_detector._map_boxes(boxes))[0]
     assert float(oof) == pytest.approx(float(predicted), rel=2e-3)  # the bank is stored in float16

@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from helpers import free_port
 from safetensors.torch import load as st_load
+from template_bytes import to_bytes
 
 from hetmm_ray.config import BackboneConfig, ConfigError, DetectorConfig, ScoringConfig, ThresholdConfig, stored_config
 from hetmm_ray.core.scoring import Calibration
@@ -108,7 +109,7 @@ def _plain(ts: TemplateSet) -> TemplateSet:
 
 
 def fingerprint(ts: TemplateSet) -> bytes:
-    return _plain(ts).to_bytes()
+    return to_bytes(_plain(ts))
 
 
 def assert_identical(got: TemplateSet, expected: TemplateSet, *, version: int | None = None) -> None:
@@ -806,7 +807,8 @@ def test_readers_never_see_a_mix(location):
 _KILLED_PUBLISHER = textwrap.dedent(
     """
     import os, signal, sys
-    from hetmm_ray.core.templates import TemplateSet
+    sys.path.insert(0, os.path.join(os.getcwd(), "tests"))  # the tests' helper modules
+    from template_bytes import from_bytes
     from hetmm_ray.store import open_store
 
     location, product, path = sys.argv[1:4]
@@ -820,7 +822,7 @@ _KILLED_PUBLISHER = textwrap.dedent(
 
     store.backend.write = write_then_die_before_head
     with open(path, "rb") as f:
-        template_set = TemplateSet.from_bytes(f.read())
+        template_set = from_bytes(f.read())
     store.put(product, template_set)
     sys.exit(3)  # not reached
     """
@@ -833,7 +835,7 @@ def test_process_killed_between_data_and_head(location, tmp_path):
     assert store.put("p", base) == 1
     grown = grow(base, 2, seed=3)
     blob = tmp_path / "grown.safetensors"
-    blob.write_bytes(grown.to_bytes())
+    blob.write_bytes(to_bytes(grown))
     proc = subprocess.run(
         [sys.executable, "-c", _KILLED_PUBLISHER, location, "p", str(blob)],
         cwd=REPO,

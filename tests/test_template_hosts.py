@@ -96,7 +96,7 @@ def registry(cluster, store_uri: str) -> Any:
 def tiny_sets(registry: Any, product: str) -> dict[str, np.ndarray]:
     """What a replica does on a cold load: the published snapshot, then its tiny sets by reference."""
     snap = ray.get(registry.snapshot.remote(product))
-    return dict(zip(snap["tiny"], ray.get(list(snap["tiny"].values())), strict=True))
+    return dict(zip(snap.tiny, ray.get(list(snap.tiny.values())), strict=True))
 
 
 def assert_bit_for_bit(registry: Any, store_uri: str, product: str) -> None:

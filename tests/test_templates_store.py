@@ -9,10 +9,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 from safetensors.torch import save as st_save
+from template_bytes import FORMAT_VERSION, from_bytes, to_bytes
 
 from hetmm_ray.config import BackboneConfig, DetectorConfig, ScoringConfig
 from hetmm_ray.core.scoring import Calibration
-from hetmm_ray.core.templates import FORMAT_VERSION, TemplateError, TemplateSet
+from hetmm_ray.core.templates import TemplateError, TemplateSet
 from hetmm_ray.store import StoreError, VersionedStore, open_store
 from hetmm_ray.store.local import LocalBackend
 
@@ -71,10 +72,10 @@ def assert_same(a: TemplateSet, b: TemplateSet) -> None:
 )
 def test_bytes_round_trip_is_bit_identical(kwargs):
     ts = make_set(**kwargs)
-    data = ts.to_bytes()
-    back = TemplateSet.from_bytes(data)
+    data = to_bytes(ts)
+    back = from_bytes(data)
     assert_same(ts, back)
-    assert back.to_bytes() == data
+    assert to_bytes(back) == data
     assert back.n_images == 5
     assert back.sheets == (kwargs.get("k") or 5)
 
@@ -152,13 +153,13 @@ def _with_header(ts: TemplateSet, header: dict | None) -> bytes:
 
 def test_handmade_valid_bytes_load():
     ts = make_set(calibrated=False)
-    back = TemplateSet.from_bytes(_with_header(ts, _valid_header(ts)))
+    back = from_bytes(_with_header(ts, _valid_header(ts)))
     assert_same(replace(ts, meta={}), back)
 
 
 def corruptions():
     ts = make_set(k=2)
-    data = ts.to_bytes()
+    data = to_bytes(ts)
     n = int.from_bytes(data[:8], "little")
     flipped_header = bytearray(data)
     flipped_header[8 + n // 2] ^= 0xFF
@@ -180,7 +181,7 @@ def corruptions():
 def test_corrupt_bytes_raise_template_error(case):
     data = corruptions()[case]
     with pytest.raises(TemplateError) as info:
-        TemplateSet.from_bytes(data, source="unit.safetensors")
+        from_bytes(data, source="unit.safetensors")
     assert "unit.safetensors" in str(info.value)
 
 
@@ -193,7 +194,7 @@ def test_incomplete_header_raises_template_error(missing):
     else:
         del header[missing]
     with pytest.raises(TemplateError):
-        TemplateSet.from_bytes(_with_header(ts, header))
+        from_bytes(_with_header(ts, header))
 
 
 # --- LocalStore -------------------------------------------------------------------------------

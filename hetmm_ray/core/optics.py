@@ -30,8 +30,8 @@ The Xi cluster extraction (``cluster_optics_xi``) is a per-set walk over the
 steep points of the reachability plot. It is ported statement for statement
 (:func:`_xi_labels_one`) onto Python lists, with the steepness flags computed
 for all sets at once in numpy: ~3-5x faster than calling scikit-learn per
-pixel, and the tests check it against scikit-learn (``method="sklearn"`` keeps
-the direct call). Labels equal ``OPTICS(metric="precomputed", ...).fit(D).labels_``.
+pixel, and the tests check it against scikit-learn's ``cluster_optics_xi`` called per
+set. Labels equal ``OPTICS(metric="precomputed", ...).fit(D).labels_``.
 
 A consequence of scikit-learn's Xi with ``max_eps=inf`` worth knowing: the
 plot starts at inf (the first point) and an inf is appended at its end, so the
@@ -210,16 +210,14 @@ def optics_graph(dist: Tensor, min_samples: int, *, overwrite: bool = False) -> 
     return OpticsGraph(ordering, reach, pred, core)
 
 
-def xi_labels(graph: OpticsGraph, min_samples: int, xi: float = 0.05, *, method: str = "port") -> Tensor:
+def xi_labels(graph: OpticsGraph, min_samples: int, xi: float = 0.05) -> Tensor:
     """Xi cluster labels (P, N) int64 (-1 = noise), as scikit-learn's ``cluster_optics_xi``.
 
     With scikit-learn's OPTICS defaults: ``min_cluster_size=None`` (= ``min_samples``),
-    ``predecessor_correction=True``. ``method="port"`` (default) runs
-    :func:`_xi_labels_one`, a line-by-line port of scikit-learn's
-    ``_xi_cluster`` / ``_extract_xi_labels`` on Python lists with the steepness
-    flags computed for all sets at once: several times faster than calling
-    scikit-learn per set, and checked equal to it by the tests.
-    ``method="sklearn"`` calls ``cluster_optics_xi`` per set.
+    ``predecessor_correction=True``. Runs :func:`_xi_labels_one`, a line-by-line port of
+    scikit-learn's ``_xi_cluster`` / ``_extract_xi_labels`` on Python lists with the steepness
+    flags computed for all sets at once: several times faster than calling scikit-learn per
+    set, and checked equal to ``cluster_optics_xi`` per set by the tests (tests/test_pts.py).
     """
     if not 0.0 <= xi <= 1.0:
         raise ValueError(f"xi must be in [0, 1], got {xi!r}")
@@ -230,25 +228,6 @@ def xi_labels(graph: OpticsGraph, min_samples: int, xi: float = 0.05, *, method:
     reach = graph.reachability.cpu().numpy()
     pred = graph.predecessor.cpu().numpy()
     out = np.empty((p, n), dtype=np.int64)
-    if method == "sklearn":
-        from sklearn.cluster import cluster_optics_xi  # deferred: a slow import, only this path needs it
-
-        # Duplicate points give zero reachabilities; the steepness ratios then
-        # divide by zero (harmlessly: inf compares as intended) and numpy would warn.
-        with np.errstate(divide="ignore", invalid="ignore"):
-            for i in range(p):
-                out[i], _ = cluster_optics_xi(
-                    reachability=reach[i],
-                    predecessor=pred[i],
-                    ordering=ordering[i],
-                    min_samples=min_samples,
-                    min_cluster_size=None,
-                    xi=xi,
-                    predecessor_correction=True,
-                )
-        return torch.from_numpy(out).to(graph.ordering.device)
-    if method != "port":
-        raise ValueError(f"method must be 'port' or 'sklearn', got {method!r}")
 
     # _xi_cluster's preamble for all sets at once: the plot with an inf appended,
     # and the four steepness flags (same float64 arithmetic, NaN compares false).

@@ -56,11 +56,14 @@ from .optics import cosine_distances, cosine_similarities, optics_graph, xi_labe
 __all__ = [
     "DEFAULT_CHUNK_BYTES",
     "SELECTION_KINDS",
+    "LayerSelection",
     "Selection",
     "kmeans_centres",
     "pixel_similarities",
     "pts_indices",
     "select",
+    "select_layer",
+    "select_layers",
     "select_templates",
 ]
 
@@ -317,6 +320,40 @@ def _pc_k(bank: Tensor, k: int, seed: int, progress: Progress | None) -> Tensor:
     return centres.to(bank.device, bank.dtype)
 
 
+def _chosen(
+    kind: str,
+    bank: Tensor,
+    k: int,
+    seed: int,
+    chunk_pixels: int | None,
+    progress: Progress | None,
+    pts: Callable[..., Tensor],
+) -> tuple[Tensor | None, Tensor | None]:
+    """``(indices, centres)`` of selection ``kind`` on one layer's ``bank``: the one place that
+    decides what a selection is (:func:`select` documents the kinds). Both None: the whole bank."""
+    if kind not in SELECTION_KINDS:
+        raise ValueError(f"unknown selection {kind!r}; choose one of {', '.join(SELECTION_KINDS)}")
+    _check_bank(bank, k)
+    n, _, h, w = bank.shape
+    kk = min(k, n)
+    if kind == "all":
+        return None, None
+    if kind == "pc_k":
+        if k >= n:
+            return None, None
+        return None, _pc_k(bank, k, seed, progress)
+    if kind in ("pts_k", "pts_o"):
+        init = "kmeans" if kind == "pts_k" else "optics"
+        extra = {} if chunk_pixels is None else {"chunk_pixels": chunk_pixels}
+        return pts(bank, k, init, seed=seed, progress=progress, **extra), None
+    gen = torch.Generator().manual_seed(int(seed))
+    if kind == "ir":
+        idx = torch.randperm(n, generator=gen)[:kk].view(kk, 1, 1).expand(kk, h, w).contiguous()
+    else:  # pr
+        idx = torch.rand((n, h, w), generator=gen).argsort(dim=0)[:kk]
+    return idx.to(bank.device), None
+
+
 def select(
     kind: str,
     bank: Tensor,
@@ -340,45 +377,71 @@ def select(
     Random draws use a CPU ``torch.Generator`` seeded with ``seed``, so they
     do not depend on the device or on global RNG state.
     """
-    if kind not in SELECTION_KINDS:
-        raise ValueError(f"unknown selection {kind!r}; choose one of {', '.join(SELECTION_KINDS)}")
-    _check_bank(bank, k)
-    n, _, h, w = bank.shape
-    kk = min(k, n)
-    if kind == "all":
-        return Selection(kind, bank, None)
-    if kind == "pc_k":
-        if k >= n:
-            return Selection(kind, bank, None)
-        centres = _pc_k(bank, k, seed, progress)
+    indices, centres = _chosen(kind, bank, k, seed, chunk_pixels, progress, pts)
+    if centres is not None:
         return Selection(kind, centres, None, centres)
-    if kind in ("pts_k", "pts_o"):
-        init = "kmeans" if kind == "pts_k" else "optics"
-        extra = {} if chunk_pixels is None else {"chunk_pixels": chunk_pixels}
-        idx = pts(bank, k, init, seed=seed, progress=progress, **extra)
-    else:
-        gen = torch.Generator().manual_seed(int(seed))
-        if kind == "ir":
-            idx = torch.randperm(n, generator=gen)[:kk].view(kk, 1, 1).expand(kk, h, w).contiguous()
-        else:  # pr
-            idx = torch.rand((n, h, w), generator=gen).argsort(dim=0)[:kk]
-        idx = idx.to(bank.device)
-    return Selection(kind, select_templates(bank, idx), idx)
+    if indices is None:
+        return Selection(kind, bank, None)
+    return Selection(kind, select_templates(bank, indices), indices)
+
+
+@dataclass(frozen=True)
+class LayerSelection:
+    """One layer's chosen tiny set as it is stored: bank ``indices`` (K, H, W) int64, or
+    ``centres`` (K, C, H, W) when the templates are not bank vectors; both None: the whole bank."""
+
+    indices: Tensor | None = None
+    centres: Tensor | None = None
+
+
+def select_layer(
+    bank: Tensor,
+    kind: str,
+    sheets: int | str,
+    seed: int = 0,
+    *,
+    pts: Callable[..., Tensor] = pts_indices,
+    device: torch.device | str | None = None,
+    chunk_pixels: int | None = None,
+    progress: Progress | None = None,
+) -> LayerSelection:
+    """Select the templates of one layer: THE selection path. The detector's fit pipeline
+    (``fitting.py``), the registry's create and the shards' hot update all call this; only
+    where PTS executes is injected (``pts``: in process by default, the Ray fan-out
+    ``distributed.pts_fanout.pts_indices_ray`` on a cluster, both with the contract of
+    :func:`pts_indices`).
+
+    ``bank`` (N, C, H, W) is moved to ``device`` for the work when given; the result is on the
+    CPU, centres in ``bank``'s dtype. ``kind == "all"`` selects nothing and ignores ``sheets``
+    (which may then still be ``"auto"``); every other kind needs an integer ``sheets`` (a
+    product's ``sheets: auto`` is resolved first, ``fitting.FitPipeline._auto_selected``).
+    ``progress(done, total)`` counts this layer's pixels.
+    """
+    if kind == "all":
+        if progress is not None:
+            progress(bank.shape[2] * bank.shape[3], bank.shape[2] * bank.shape[3])
+        return LayerSelection()
+    work = bank if device is None else bank.to(device)
+    indices, centres = _chosen(kind, work, sheets, seed, chunk_pixels, progress, pts)  # type: ignore[arg-type]
+    return LayerSelection(
+        indices=None if indices is None else indices.cpu(),
+        centres=None if centres is None else centres.to("cpu", bank.dtype),
+    )
 
 
 def select_layers(
     bank: dict[str, Tensor],
     kind: str,
-    k: int,
+    k: int | str,
     seed: int = 0,
     *,
     device: torch.device | str | None = None,
     progress: Progress | None = None,
     pts: Callable[..., Tensor] = pts_indices,
 ) -> tuple[dict[str, Tensor] | None, dict[str, Tensor] | None]:
-    """:func:`select` for every layer of a bank: CPU ``(indices, centres)``, each None when unused.
+    """:func:`select_layer` for every layer of a bank: CPU ``(indices, centres)``, each None when unused.
 
-    ``progress(done, total)`` counts pixels over all layers; ``pts`` as in :func:`select`.
+    ``progress(done, total)`` counts pixels over all layers; ``pts`` as in :func:`select_layer`.
     """
     total = sum(v.shape[2] * v.shape[3] for v in bank.values())
     indices, centres, done = {}, {}, 0
@@ -388,10 +451,10 @@ def select_layers(
             if progress is not None:
                 progress(base + d, total)
 
-        chosen = select(kind, b if device is None else b.to(device), k, seed, progress=report, pts=pts)
+        chosen = select_layer(b, kind, k, seed, pts=pts, device=device, progress=report)
         done += b.shape[2] * b.shape[3]
         if chosen.indices is not None:
-            indices[layer] = chosen.indices.cpu()
+            indices[layer] = chosen.indices
         if chosen.centres is not None:
-            centres[layer] = chosen.centres.to("cpu", b.dtype)
+            centres[layer] = chosen.centres
     return indices or None, centres or None

@@ -20,6 +20,7 @@ FoldScorer = Callable[[list[int], list[int]], Sequence[float]]
 __all__ = [
     "Calibration",
     "OperatingPoint",
+    "calibration_json",
     "operating_point",
     "calibrate",
     "gaussian_blur",
@@ -174,6 +175,13 @@ class Calibration:
     def threshold(self, sigmas: float) -> float:
         """``mean + sigmas * std`` of the good images' scores."""
         return self.mean + sigmas * self.std
+
+
+def calibration_json(calibration: Calibration | None) -> list[float] | dict[str, Any] | None:
+    """What every seam stores or sends for a calibration (manifest, template bytes, the registry's
+    published record): :meth:`Calibration.to_json`, None for none; :meth:`Calibration.from_json`
+    reads it back."""
+    return None if calibration is None else calibration.to_json()
 
 
 def calibrate(

@@ -5,28 +5,24 @@ A compressed tiny set is stored as per-pixel bank indices ``(K, H, W)`` per
 layer, so it is derivable, checkable and cheap to keep next to the bank; only
 selections that are not bank vectors (``pc_k`` k-means centres) keep their
 ``(K, C, H, W)`` centres instead.
-Serialised as safetensors (never pickle): tensors plus a JSON metadata header.
+The store (``store/``) keeps it as safetensors objects per layer plus a JSON manifest
+(never pickle).
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
-from safetensors.torch import load as st_load
-from safetensors.torch import save as st_save
 from torch import Tensor
 
-from ..config import ConfigError, DetectorConfig, stored_config
+from ..config import DetectorConfig
 from ..errors import HetmmError
 from .pts import select_templates
 from .scoring import Calibration
 
-__all__ = ["FORMAT_VERSION", "TemplateError", "TemplateSet"]
-
-FORMAT_VERSION = 1
+__all__ = ["TemplateError", "TemplateSet"]
 
 
 def unseen_positions(known: tuple[str, ...] | list[str], digests: list[str] | tuple[str, ...]) -> list[int]:
@@ -115,51 +111,3 @@ class TemplateSet:
             kind: {k: tensors[f"{kind}/{k}"] for k in layers} if f"{kind}/{layers[0]}" in tensors else None
             for kind in ("indices", "centres")
         }
-
-    # --- serialisation ---------------------------------------------------------
-    def to_bytes(self) -> bytes:
-        tensors = {f"bank/{k}": v.contiguous().cpu() for k, v in self.bank.items()}
-        tensors.update(self.selection_tensors())
-        header = {
-            "format": FORMAT_VERSION,
-            "layers": list(self.bank),
-            "config": self.config.stored_dict(),
-            "weights_id": self.weights_id,
-            "image_digests": list(self.image_digests),
-            "calibration": None if self.calibration is None else self.calibration.to_json(),
-            "meta": self.meta,
-        }
-        return st_save(tensors, metadata={"hetmm": json.dumps(header)})
-
-    @classmethod
-    def from_bytes(cls, data: bytes, *, source: str = "templates") -> TemplateSet:
-        try:
-            tensors = st_load(data)
-            header = json.loads(_metadata(data)["hetmm"])
-        except Exception as exc:  # noqa: BLE001 - any parse failure means unusable data
-            raise TemplateError(f"{source}: not a readable template set ({exc})") from None
-        if header.get("format") != FORMAT_VERSION:
-            raise TemplateError(f"{source}: unsupported template format {header.get('format')!r}")
-        try:
-            config = stored_config(header["config"])
-            layers = header["layers"]
-            cal = header.get("calibration")
-            return cls(
-                bank={k: tensors[f"bank/{k}"] for k in layers},
-                config=config,
-                weights_id=header["weights_id"],
-                image_digests=tuple(header["image_digests"]),
-                calibration=Calibration.from_json(cal),
-                meta=header.get("meta", {}),
-                **cls.parse_selection(tensors, layers),
-            )
-        except ConfigError as exc:
-            raise TemplateError(f"{source}: stored configuration is invalid: {exc}") from None
-        except (KeyError, IndexError, TypeError, AttributeError) as exc:
-            raise TemplateError(f"{source}: incomplete template set (missing or malformed {exc})") from None
-
-
-def _metadata(data: bytes) -> dict[str, str]:
-    """The safetensors JSON header's ``__metadata__`` (8-byte little-endian length prefix)."""
-    n = int.from_bytes(data[:8], "little")
-    return json.loads(data[8 : 8 + n])["__metadata__"]

@@ -38,8 +38,9 @@ import torch
 
 from ..config import TASK_CPUS, DetectorConfig, ServiceConfig, stored_config
 from ..core.pts import select_layers
+from ..core.scoring import Calibration
 from ..core.templates import TemplateSet, unseen_positions
-from ..records import ProductDescription
+from ..records import ProductDescription, ProductSnapshot, UnreadableProduct
 from ..store import ProductNotFound, StoreConflict, StoreError, check_product_name, open_store
 from .hosts import HostPool
 from .jobs import JobBoard, JobProgress
@@ -83,7 +84,7 @@ def _auto_selected(ts: TemplateSet) -> TemplateSet:
     from ..detector import HETMM
 
     torch.set_num_threads(max(1, round(ray.get_runtime_context().get_assigned_resources().get("CPU", 1))))
-    return HETMM(ts.config)._selected(ts)
+    return HETMM(ts.config).pipeline._selected(ts)
 
 
 def _weights_identity(config: Any) -> str:
@@ -94,7 +95,7 @@ def _weights_identity(config: Any) -> str:
 
 def _operating_point(calibration: Any, config: DetectorConfig) -> Any:
     """A stored calibration's operating point under the product's rule (None if uncalibrated)."""
-    from ..core.scoring import Calibration, operating_point
+    from ..core.scoring import operating_point
 
     return operating_point(Calibration.from_json(calibration), config)
 
@@ -103,17 +104,15 @@ def _features_to_bank(features: dict[str, np.ndarray]) -> dict[str, torch.Tensor
     return {k: torch.from_numpy(np.array(v)) for k, v in features.items()}
 
 
-def _scoring_meta(source: TemplateSet | dict[str, Any]) -> dict[str, Any]:
-    """What replicas need besides the tiny sets, from a template set or a stored manifest
-    (so publishing a stored version reads its manifest, not every layer's bank)."""
+def _snapshot(
+    product: str, version: int, source: TemplateSet | dict[str, Any], tiny: dict[str, Any]
+) -> ProductSnapshot:
+    """What replicas score ``version`` with: the tiny-set refs and the scoring metadata of a
+    template set or of a stored manifest (so publishing a stored version reads its manifest,
+    not every layer's bank)."""
     if isinstance(source, TemplateSet):
-        return {
-            "layers": list(source.layers),
-            "config": source.config.to_dict(),
-            "weights_id": source.weights_id,
-            "calibration": None if source.calibration is None else source.calibration.to_json(),
-        }
-    return {k: source[k] for k in ("config", "weights_id", "calibration")} | {"layers": list(source["layers"])}
+        return ProductSnapshot(product, version, source.config, source.weights_id, source.calibration, tiny)
+    return ProductSnapshot.from_manifest(product, version, source, tiny)
 
 
 @ray.remote
@@ -124,7 +123,7 @@ class ProductRegistry:
         self.placement = ShardPlacement(**(placement or {}))
         self.versions: dict[str, int] = {}
         self.shards: dict[str, dict[str, Any]] = {}
-        self.published: dict[str, dict[str, Any]] = {}  # product -> what replicas score with
+        self.published: dict[str, ProductSnapshot] = {}  # product -> what replicas score with
         self.locks: dict[str, asyncio.Lock] = {}
         self.changed: dict[str, asyncio.Condition] = {}
         self.jobs = JobBoard()
@@ -223,39 +222,39 @@ class ProductRegistry:
             self.versions[product] = await asyncio.to_thread(self.store.head, product)
         return self.versions[product]
 
-    async def describe(self) -> list[ProductDescription | dict[str, Any]]:
+    async def describe(self) -> list[ProductDescription | UnreadableProduct]:
         """Every product's head version, selection, backbone and threshold (for ``GET /v1/products``)."""
-        out = []
+        out: list[ProductDescription | UnreadableProduct] = []
         for product, version in (await self.products()).items():
             try:
                 out.append(await self._describe_one(product, version))
             except Exception as exc:  # noqa: BLE001 - one bad product must not break the list of all
-                out.append({"product": product, "version": version, "error": f"{type(exc).__name__}: {exc}"})
+                out.append(UnreadableProduct(product, version, f"{type(exc).__name__}: {exc}"))
         return out
 
     async def _describe_one(self, product: str, version: int) -> ProductDescription:
         m = await asyncio.to_thread(self.store.manifest, product, version)
         config = stored_config(m["config"])
         op = _operating_point(m.get("calibration"), config)
-        return {
-            "product": product,
-            "version": version,
-            "images": m["images"],
-            "templates": config.templates.kind,
-            "sheets": config.templates.sheets_of(m["images"]),  # what the selection holds, not the configured K
-            "backbone": config.backbone.name,
-            "weights_id": m["weights_id"],
-            "image_size": config.backbone.image_size,
-            "geometry": config.backbone.geometry,
+        return ProductDescription(
+            product=product,
+            version=version,
+            images=m["images"],
+            templates=config.templates.kind,
+            sheets=config.templates.sheets_of(m["images"]),  # what the selection holds, not the configured K
+            backbone=config.backbone.name,
+            weights_id=m["weights_id"],
+            image_size=config.backbone.image_size,
+            geometry=config.backbone.geometry,
             # How K was set: the sheets: auto record (chosen K, why, ladder) or None for a fixed K.
-            "sheets_auto": m.get("meta", {}).get("sheets_auto") if m.get("selection") else None,
-            "threshold": None if op is None else op.threshold,
+            sheets_auto=m.get("meta", {}).get("sheets_auto") if m.get("selection") else None,
+            threshold=None if op is None else op.threshold,
             # the rule that set it and the estimated share of good parts flagged (fraction)
-            "threshold_rule": None if op is None else op.rule,
-            "rule_target": None if op is None else op.target,
-            "estimated_false_alarm_rate": None if op is None else op.false_alarm_rate,
-            "created": m.get("created"),
-        }
+            threshold_rule=None if op is None else op.rule,
+            rule_target=None if op is None else op.target,
+            estimated_false_alarm_rate=None if op is None else op.false_alarm_rate,
+            created=m.get("created"),
+        )
 
     async def _load_shards(self, product: str) -> int:
         """Load the store head's layers on the product's template hosts and publish it; returns
@@ -277,21 +276,15 @@ class ProductRegistry:
         """Make ``version`` what replicas see: its tiny set (from the shards) and scoring metadata
         (``source``: the template set or the version's manifest)."""
         shards = self.shards[product]
-        meta = _scoring_meta(source)
-        tiny = {layer: shards[layer].tiny.remote() for layer in meta["layers"]}
+        layers = source.layers if isinstance(source, TemplateSet) else source["layers"]
+        tiny = {layer: shards[layer].tiny.remote() for layer in layers}
         futures = [asyncio.wrap_future(r.future()) for r in tiny.values()]
         await asyncio.wait(futures)
         for f in futures:
             if f.exception() is not None:  # a host lost under the publish: the old version keeps serving
                 raise f.exception()  # type: ignore[misc]
-        self.published[product] = {
-            "product": product,
-            "version": version,
-            "config": meta["config"],
-            "weights_id": meta["weights_id"],
-            "calibration": meta["calibration"],
-            "tiny": tiny,  # ObjectRefs owned by this actor: replicas read them from shared memory
-        }
+        # The tiny sets are ObjectRefs owned by this actor: replicas read them from shared memory.
+        self.published[product] = _snapshot(product, version, source, tiny)
         self.versions[product] = version
         async with self._condition(product):
             self._condition(product).notify_all()
@@ -302,7 +295,7 @@ class ProductRegistry:
                 await self._load_shards(product)
             return dict(self.shards[product])
 
-    async def snapshot(self, product: str) -> dict[str, Any]:
+    async def snapshot(self, product: str) -> ProductSnapshot:
         """The published version of ``product`` for replicas: metadata plus per-layer tiny-set refs."""
         self._ensure_watch()
         if product not in self.published:

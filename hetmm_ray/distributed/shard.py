@@ -33,7 +33,7 @@ import torch
 from torch import Tensor
 
 from ..config import PTS_CHUNK_PIXELS, TASK_CPUS
-from ..core.pts import select, select_templates
+from ..core.pts import select_layer, select_templates
 from .pts_fanout import pts_indices_ray
 
 __all__ = ["LayerShard", "ShardPlacement", "TemplateShard", "shard_options"]
@@ -126,9 +126,10 @@ class LayerShard:
     def select(
         self, kind: str, sheets: int, seed: int = 0, chunk_pixels: int = PTS_CHUNK_PIXELS, task_cpus: float = TASK_CPUS
     ) -> int:
-        """Re-select the tiny set; PTS runs as Ray tasks over pixel chunks."""
+        """Re-select the tiny set (``core.pts.select_layer``, the one selection path); PTS runs as
+        Ray tasks over pixel chunks."""
         pts = partial(pts_indices_ray, chunk_pixels=chunk_pixels, num_cpus=task_cpus)
-        chosen = select(kind, self.bank, sheets, seed, pts=pts)
+        chosen = select_layer(self.bank, kind, sheets, seed, pts=pts)
         self.indices, self.centres = chosen.indices, chosen.centres
         return self._tiny().shape[0]
 

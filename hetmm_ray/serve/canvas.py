@@ -18,12 +18,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 import numpy as np
 
-from ..config import stored_config
 from ..data.decode import decode_image, resize_to_geometry
+from ..records import ProductSnapshot
 
 __all__ = ["CanvasCache", "decode_to_canvas"]
 
@@ -31,7 +30,7 @@ __all__ = ["CanvasCache", "decode_to_canvas"]
 class CanvasCache:
     """product -> (image_size, geometry) of its published version, refreshed after ``ttl_s``."""
 
-    def __init__(self, snapshot: Callable[[str], Awaitable[dict[str, Any]]], ttl_s: float) -> None:
+    def __init__(self, snapshot: Callable[[str], Awaitable[ProductSnapshot]], ttl_s: float) -> None:
         self._snapshot = snapshot
         self._ttl_s = ttl_s
         self._cache: dict[str, tuple[float, tuple[int, str]]] = {}
@@ -44,7 +43,7 @@ class CanvasCache:
             return hit[1]
         try:
             snap = await self._snapshot(product)
-            bb = stored_config(snap["config"]).backbone
+            bb = snap.config.backbone
         except Exception:  # noqa: BLE001 - an optimisation only: the replica reports real errors
             return None
         value = (bb.image_size, bb.geometry)

@@ -10,6 +10,7 @@ rollback, jobs) goes to the product registry.
 # No `from __future__ import annotations`: FastAPI must see real types on the routes
 # that Serve re-wraps, or it takes `request: Request` for a query parameter.
 import asyncio
+import functools
 import hmac
 import logging
 import os
@@ -18,7 +19,6 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import numpy as np
-import ray
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
@@ -121,15 +121,6 @@ _content_type = bodies.content_type
 RAW_IMAGE_TYPES = bodies.RAW_IMAGE_TYPES
 
 
-def _proxy_host() -> str | None:
-    """The HTTP host Serve's proxies bind (the controller knows; private API, so best effort)."""
-    try:
-        controller = ray.get_actor("SERVE_CONTROLLER_ACTOR", namespace="serve")
-        return ray.get(controller.get_http_config.remote(), timeout=10).host
-    except Exception:  # noqa: BLE001 - an older/newer Serve without this call: the CLI checks instead
-        return None
-
-
 _merged = merge_product_config  # config.py: the request's settings over the service's defaults
 
 
@@ -145,6 +136,22 @@ def _labelled_folder(source: str) -> list[tuple[str, bytes, int]]:
     return [(str(p), p.read_bytes(), label) for p, label in found]
 
 
+def timed(route: str) -> Callable[[Callable[..., Awaitable[Response]]], Callable[..., Awaitable[Response]]]:
+    """A route's timing, metrics and error mapping, in one place: the decorated method runs under
+    :meth:`Ingress._timed` (any exception becomes its JSON error, every answer is counted under
+    ``route``). Goes below ``@app.get`` / ``@app.post``; the method takes ``request``.
+    ``functools.wraps`` keeps the name and signature Serve and FastAPI read the route from."""
+
+    def decorate(method: Callable[..., Awaitable[Response]]) -> Callable[..., Awaitable[Response]]:
+        @functools.wraps(method)
+        async def endpoint(self: Any, *args: Any, **kwargs: Any) -> Response:
+            return await self._timed(kwargs["request"], route, functools.partial(method, self, *args, **kwargs))
+
+        return endpoint
+
+    return decorate
+
+
 # Serve captures this module's globals when the class below is decorated: every helper
 # the routes use must be defined above this line.
 # max_ongoing_requests: a request holds its slot while its body arrives, so slow clients must not
@@ -155,9 +162,10 @@ class Ingress(ConsoleRoutes):
     def __init__(self, detector: Any, service: dict[str, Any]) -> None:
         self.service = ServiceConfig.from_dict(service)
         self.token = os.environ.get(self.service.admin_token_env) or None
-        host = _proxy_host()
-        if host is not None:
-            refuse_open_bind(host, self.token, self.service.admin_token_env)
+        if self.service.http_host is not None:  # the bind, as the application was started with it
+            refuse_open_bind(self.service.http_host, self.token, self.service.admin_token_env)
+        else:
+            logger.warning("ingress: the HTTP bind is not known (args.http_host unset); open-bind check skipped")
         self.detector = detector
         self.registry = get_registry(self.service.store, detached=True)
         self.registry.set_poll.remote(self.service.store_poll_s)  # follow other writers of the store
@@ -250,142 +258,130 @@ class Ingress(ConsoleRoutes):
         return Response(self.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/products")
+    @timed("products")
     async def products(self, request: Request) -> Response:
-        async def handler() -> Response:
-            return JSONResponse({"products": await self.registry.describe.remote()})
-
-        return await self._timed(request, "products", handler)
+        described = await self.registry.describe.remote()
+        return JSONResponse({"products": [d.to_json() for d in described]})
 
     @app.post("/v1/products/{product}/predict")
+    @timed("predict")
     async def predict(self, product: str, request: Request, map: str | None = None) -> Response:
-        async def handler() -> Response:
-            if map not in (None, "png"):
-                raise ApiError(400, "bad_request", f"map={map!r}: the only heat-map format is png")
-            await self._require_product(product)
-            uploads, _ = await self._uploads(request, max_images=self.service.max_images_per_request)
-            decode_start = time.perf_counter()
-            canvas = await self._canvas.canvas(product)
-            images = await asyncio.to_thread(decode_to_canvas, uploads, canvas)
-            decode_ms = round(1000 * (time.perf_counter() - decode_start), 3)
-            started = time.perf_counter()
-            with self.warm.request(product) as model_id:  # the product's id, or an alias while it is hot
-                handle = self.detector.options(multiplexed_model_id=model_id)
-                try:
-                    results = await handle.predict.remote(images, map == "png")
-                except RayActorError:  # the replica died under the request: scoring is idempotent, retry once
-                    results = await handle.predict.remote(images, map == "png")
-            self.metrics.observe_results(product, results)
-            self._remember(product, uploads, results)  # the console's recent ring; adds recent_id
-            total_ms = round(1000 * (time.perf_counter() - started), 3)
-            for (name, _), r in zip(uploads, results, strict=True):
-                t = r["timing"]
-                t["total_ms"] = total_ms
-                # the split: ingress decode + resize, Ray hop both ways (incl. serialisation), queue, score
-                t["decode_ms"] = decode_ms
-                t["transfer_ms"] = round(max(0.0, total_ms - t["queue_ms"] - t["score_ms"]), 3)
-                r["name"] = name
-            if len(results) == 1 and uploads[0][0] == "<body>":
-                return JSONResponse({"product": product, **{k: v for k, v in results[0].items() if k != "name"}})
-            return JSONResponse({"product": product, "version": results[0]["version"], "results": results})
-
-        return await self._timed(request, "predict", handler)
+        if map not in (None, "png"):
+            raise ApiError(400, "bad_request", f"map={map!r}: the only heat-map format is png")
+        await self._require_product(product)
+        uploads, _ = await self._uploads(request, max_images=self.service.max_images_per_request)
+        decode_start = time.perf_counter()
+        canvas = await self._canvas.canvas(product)
+        images = await asyncio.to_thread(decode_to_canvas, uploads, canvas)
+        decode_ms = round(1000 * (time.perf_counter() - decode_start), 3)
+        started = time.perf_counter()
+        with self.warm.request(product) as model_id:  # the product's id, or an alias while it is hot
+            handle = self.detector.options(multiplexed_model_id=model_id)
+            try:
+                results = await handle.predict.remote(images, map == "png")
+            except RayActorError:  # the replica died under the request: scoring is idempotent, retry once
+                results = await handle.predict.remote(images, map == "png")
+        self.metrics.observe_results(product, results)
+        self._remember(product, uploads, results)  # the console's recent ring; adds recent_id
+        total_ms = round(1000 * (time.perf_counter() - started), 3)
+        for (name, _), r in zip(uploads, results, strict=True):
+            t = r["timing"]
+            t["total_ms"] = total_ms
+            # the split: ingress decode + resize, Ray hop both ways (incl. serialisation), queue, score
+            t["decode_ms"] = decode_ms
+            t["transfer_ms"] = round(max(0.0, total_ms - t["queue_ms"] - t["score_ms"]), 3)
+            r["name"] = name
+        if len(results) == 1 and uploads[0][0] == "<body>":
+            return JSONResponse({"product": product, **{k: v for k, v in results[0].items() if k != "name"}})
+        return JSONResponse({"product": product, "version": results[0]["version"], "results": results})
 
     @app.post("/v1/products/{product}")
+    @timed("create")
     async def create(self, product: str, request: Request, wait: bool = False) -> Response:
-        async def handler() -> Response:
-            self._admin(request)
-            self._check_product(product)
-            ctype = _content_type(request)
-            if ctype == "application/json":
-                spec = await self._json(request)
-                unknown = set(spec) - {"config", "source"}
-                if unknown or "source" not in spec:
-                    raise ApiError(
-                        400, "bad_request", "JSON body: give 'source' (folder or s3:// prefix) and optional 'config'"
-                    )
-                uri, confine_to = resolve_source(spec["source"], self.service.source_roots)
-                uploads = await asyncio.to_thread(
-                    read_image_source, uri, max_images=self.service.max_images_per_job, confine_to=confine_to
+        self._admin(request)
+        self._check_product(product)
+        ctype = _content_type(request)
+        if ctype == "application/json":
+            spec = await self._json(request)
+            unknown = set(spec) - {"config", "source"}
+            if unknown or "source" not in spec:
+                raise ApiError(
+                    400, "bad_request", "JSON body: give 'source' (folder or s3:// prefix) and optional 'config'"
                 )
-                config_data = spec.get("config") or {}
-            else:
-                uploads, fields = await self._uploads(request, max_images=self.service.max_images_per_job)
-                config_data = parse_json_object(fields.get("config", "{}"), what="the 'config' field")
-            if not isinstance(config_data, dict):
-                raise ApiError(400, "bad_config", "'config' must be a JSON object")
-            config = _merged(self.service.product_defaults, config_data)
-            await self._decode(uploads)  # every bad image is a 400 now, not a failed job later
-            if len(uploads) < 2:
-                raise ApiError(400, "too_few_images", "a product needs at least 2 good images")
-            record = await self.registry.start_create.remote(product, config, [d for _, d in uploads])
-            return await self._job_response(record, wait)
-
-        return await self._timed(request, "create", handler)
+            uri, confine_to = resolve_source(spec["source"], self.service.source_roots)
+            uploads = await asyncio.to_thread(
+                read_image_source, uri, max_images=self.service.max_images_per_job, confine_to=confine_to
+            )
+            config_data = spec.get("config") or {}
+        else:
+            uploads, fields = await self._uploads(request, max_images=self.service.max_images_per_job)
+            config_data = parse_json_object(fields.get("config", "{}"), what="the 'config' field")
+        if not isinstance(config_data, dict):
+            raise ApiError(400, "bad_config", "'config' must be a JSON object")
+        config = _merged(self.service.product_defaults, config_data)
+        await self._decode(uploads)  # every bad image is a 400 now, not a failed job later
+        if len(uploads) < 2:
+            raise ApiError(400, "too_few_images", "a product needs at least 2 good images")
+        record = await self.registry.start_create.remote(product, config, [d for _, d in uploads])
+        return await self._job_response(record, wait)
 
     @app.post("/v1/products/{product}/normals")
+    @timed("normals")
     async def normals(self, product: str, request: Request, wait: bool = False) -> Response:
-        async def handler() -> Response:
-            self._admin(request)
-            await self._require_product(product)
-            uploads, _ = await self._uploads(request, max_images=self.service.max_images_per_job)
-            await self._decode(uploads)
-            record = await self.registry.start_normals.remote(product, [d for _, d in uploads])
-            return await self._job_response(record, wait)
-
-        return await self._timed(request, "normals", handler)
+        self._admin(request)
+        await self._require_product(product)
+        uploads, _ = await self._uploads(request, max_images=self.service.max_images_per_job)
+        await self._decode(uploads)
+        record = await self.registry.start_normals.remote(product, [d for _, d in uploads])
+        return await self._job_response(record, wait)
 
     @app.post("/v1/products/{product}/calibrate")
+    @timed("calibrate")
     async def calibrate(self, product: str, request: Request, wait: bool = False) -> Response:
         """Labelled validation (``hetmm calibrate``): multipart files under the field names ``good``
         and ``defective`` (text fields ``objective`` f1|recall, ``max_false_alarm_rate``), or JSON
         ``{"source": server-side folder, "objective", "max_false_alarm_rate"}``. A job (202)."""
-
-        async def handler() -> Response:
-            self._admin(request)
-            await self._require_product(product)
-            if _content_type(request) == "application/json":
-                spec = await self._json(request)
-                if "rule" in spec or "false_alarm_rate" in spec:  # the far rule at a rate (serve/ui.py)
-                    return await self._set_far_rule(product, spec, wait)
-                unknown = set(spec) - {"source", "objective", "max_false_alarm_rate"}
-                if unknown or "source" not in spec:
-                    raise ApiError(
-                        400,
-                        "bad_request",
-                        "JSON body: give 'source' (a labelled folder) and optional 'objective', 'max_false_alarm_rate'",
-                    )
-                if spec["source"] == STORED_LABELS:  # the console's labelled set (store/labels.py)
-                    labelled = await asyncio.to_thread(self._labels.labelled, product)
-                else:
-                    labelled = await asyncio.to_thread(_labelled_folder, str(spec["source"]))
-                if len(labelled) > self.service.max_images_per_job:
-                    raise ApiError(
-                        413,
-                        "too_many_images",
-                        f"{len(labelled)} images; the limit is {self.service.max_images_per_job}",
-                    )
-                uploads = [(name, data) for name, data, _ in labelled]
-                labels = [label for _, _, label in labelled]
-                fields = {k: spec[k] for k in ("objective", "max_false_alarm_rate") if k in spec}
+        self._admin(request)
+        await self._require_product(product)
+        if _content_type(request) == "application/json":
+            spec = await self._json(request)
+            if "rule" in spec or "false_alarm_rate" in spec:  # the far rule at a rate (serve/ui.py)
+                return await self._set_far_rule(product, spec, wait)
+            unknown = set(spec) - {"source", "objective", "max_false_alarm_rate"}
+            if unknown or "source" not in spec:
+                raise ApiError(
+                    400,
+                    "bad_request",
+                    "JSON body: give 'source' (a labelled folder) and optional 'objective', 'max_false_alarm_rate'",
+                )
+            if spec["source"] == STORED_LABELS:  # the console's labelled set (store/labels.py)
+                labelled = await asyncio.to_thread(self._labels.labelled, product)
             else:
-                uploads, labels, fields = await self._labelled_uploads(request)
-            objective = fields.get("objective", "f1")
-            if objective not in ("f1", "recall"):
-                raise ApiError(400, "bad_request", f"objective: choose f1 or recall, got {objective!r}")
-            try:
-                cap = float(fields.get("max_false_alarm_rate", 0.01))
-                check_rate(cap)
-            except (TypeError, ValueError) as exc:
-                raise ApiError(400, "bad_request", f"max_false_alarm_rate: {exc}") from None
-            if not 0 < sum(labels) < len(labels):
-                raise ApiError(400, "bad_request", "labelled validation needs good and defective images")
-            await self._decode(uploads)
-            record = await self.registry.start_calibrate.remote(
-                product, [d for _, d in uploads], labels, objective, cap
-            )
-            return await self._job_response(record, wait)
-
-        return await self._timed(request, "calibrate", handler)
+                labelled = await asyncio.to_thread(_labelled_folder, str(spec["source"]))
+            if len(labelled) > self.service.max_images_per_job:
+                raise ApiError(
+                    413,
+                    "too_many_images",
+                    f"{len(labelled)} images; the limit is {self.service.max_images_per_job}",
+                )
+            uploads = [(name, data) for name, data, _ in labelled]
+            labels = [label for _, _, label in labelled]
+            fields = {k: spec[k] for k in ("objective", "max_false_alarm_rate") if k in spec}
+        else:
+            uploads, labels, fields = await self._labelled_uploads(request)
+        objective = fields.get("objective", "f1")
+        if objective not in ("f1", "recall"):
+            raise ApiError(400, "bad_request", f"objective: choose f1 or recall, got {objective!r}")
+        try:
+            cap = float(fields.get("max_false_alarm_rate", 0.01))
+            check_rate(cap)
+        except (TypeError, ValueError) as exc:
+            raise ApiError(400, "bad_request", f"max_false_alarm_rate: {exc}") from None
+        if not 0 < sum(labels) < len(labels):
+            raise ApiError(400, "bad_request", "labelled validation needs good and defective images")
+        await self._decode(uploads)
+        record = await self.registry.start_calibrate.remote(product, [d for _, d in uploads], labels, objective, cap)
+        return await self._job_response(record, wait)
 
     async def _labelled_uploads(self, request: Request) -> tuple[list[tuple[str, bytes]], list[int], dict[str, str]]:
         return await bodies.labelled_uploads(
@@ -396,18 +392,16 @@ class Ingress(ConsoleRoutes):
         )
 
     @app.post("/v1/products/{product}/rollback")
+    @timed("rollback")
     async def rollback(self, product: str, request: Request) -> Response:
-        async def handler() -> Response:
-            self._admin(request)
-            await self._require_product(product)
-            spec = await self._json(request)
-            version = spec.get("version")
-            if not isinstance(version, int) or isinstance(version, bool):
-                raise ApiError(400, "bad_request", "JSON body: give the integer 'version' to roll back to")
-            done = await self.registry.rollback.remote(product, version)
-            return JSONResponse({"product": product, "version": done})
-
-        return await self._timed(request, "rollback", handler)
+        self._admin(request)
+        await self._require_product(product)
+        spec = await self._json(request)
+        version = spec.get("version")
+        if not isinstance(version, int) or isinstance(version, bool):
+            raise ApiError(400, "bad_request", "JSON body: give the integer 'version' to roll back to")
+        done = await self.registry.rollback.remote(product, version)
+        return JSONResponse({"product": product, "version": done})
 
     @app.delete("/v1/products/{product}")
     async def delete(self, product: str, request: Request) -> Response:
@@ -423,12 +417,10 @@ class Ingress(ConsoleRoutes):
         return await self._timed(request, "delete", handler)
 
     @app.get("/v1/jobs/{job_id}")
+    @timed("job")
     async def job(self, job_id: str, request: Request) -> Response:
-        async def handler() -> Response:
-            self._admin(request)
-            record = await self.registry.job.remote(job_id)
-            if record is None:
-                raise ApiError(404, "unknown_job", f"no job {job_id!r}")
-            return JSONResponse({"job": record})
-
-        return await self._timed(request, "job", handler)
+        self._admin(request)
+        record = await self.registry.job.remote(job_id)
+        if record is None:
+            raise ApiError(404, "unknown_job", f"no job {job_id!r}")
+        return JSONResponse({"job": record})

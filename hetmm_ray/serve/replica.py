@@ -148,7 +148,7 @@ class Detector:
         async with model.swap_lock:
             if model.version == head:
                 return
-            snapshot = ProductSnapshot.from_published(await self.registry.snapshot.remote(model.product))
+            snapshot: ProductSnapshot = await self.registry.snapshot.remote(model.product)
             model.detector = await asyncio.to_thread(self._build, snapshot)
             model.version = snapshot.version
 

@@ -61,6 +61,7 @@ def start_service(
     app_args = {**(entry.get("args") or {}), **(args or {})}
     if store is not None:
         app_args["store"] = store
+    app_args["http_host"] = host  # the ingress checks the bind it is served on (ServiceConfig.http_host)
     service = ServiceConfig.from_dict(app_args)
     token = os.environ.get(service.admin_token_env)
     refuse_open_bind(host, token, service.admin_token_env)

@@ -54,7 +54,7 @@ from safetensors.torch import save as st_save
 from torch import Tensor
 
 from ..config import ConfigError, stored_config
-from ..core.scoring import Calibration
+from ..core.scoring import Calibration, calibration_json
 from ..core.templates import TemplateSet
 from .base import Backend, ProductNotFound, StoreConflict, StoreCorrupt, StoreError, check_product_name
 from .layout import LayerData, layer_chunks, read_layer, selection_refs
@@ -262,7 +262,7 @@ class VersionedStore:
             "layers": _layout(ts),
             "images": ts.n_images,
             "image_digests": list(ts.image_digests),
-            "calibration": None if ts.calibration is None else ts.calibration.to_json(),
+            "calibration": calibration_json(ts.calibration),
             "meta": {k: v for k, v in ts.meta.items() if k not in ("version", "parent")},
             "chunks": self._chunks(product, ts, parent),
             "selection": self._selection_refs(product, ts),
