@@ -404,17 +404,15 @@ class Ingress(ConsoleRoutes):
         return JSONResponse({"product": product, "version": done})
 
     @app.delete("/v1/products/{product}")
+    @timed("delete")
     async def delete(self, product: str, request: Request) -> Response:
-        async def handler() -> Response:
-            self._admin(request)
-            self._check_product(product)
-            await self.registry.delete.remote(product)  # ProductNotFound -> 404
-            self._known.pop(product, None)
-            self._canvas.forget(product)
-            self.recent.forget(product)  # the console's recent ring (serve/recent.py)
-            return JSONResponse({"product": product, "deleted": True})
-
-        return await self._timed(request, "delete", handler)
+        self._admin(request)
+        self._check_product(product)
+        await self.registry.delete.remote(product)  # ProductNotFound -> 404
+        self._known.pop(product, None)
+        self._canvas.forget(product)
+        self.recent.forget(product)  # the console's recent ring (serve/recent.py)
+        return JSONResponse({"product": product, "deleted": True})
 
     @app.get("/v1/jobs/{job_id}")
     @timed("job")
