@@ -181,3 +181,32 @@ def test_fast_png_pixels_are_pillows_on_real_images(monkeypatch) -> None:
         fast_taken += decode._fast_png_rgb(raw) is not None
         assert np.array_equal(decode_image(raw), _pil_pixels(raw, monkeypatch)), path
     assert fast_taken > 0
+
+
+def test_a_process_forked_with_python_to_run_never_destroys_openvino_objects(model_cache: Path) -> None:
+    """Ray starts its processes with ``subprocess`` + ``preexec_fn``: the child deletes every other
+    thread's locals, and an OpenVINO object destroyed there waits forever for executor threads the
+    child does not have (ray.init hung in the suite). In a fresh interpreter: infer requests made by
+    live worker threads whose compiled model is gone from the cache, then such a fork. It must
+    finish (with the requests in thread-local storage it hangs: the outer timeout catches it)."""
+    import os
+    import subprocess
+    import sys
+
+    script = """
+import subprocess, sys, torch
+from hetmm_ray.config import BackboneConfig
+from hetmm_ray.core.backbone import Backbone
+import hetmm_ray.core.openvino_runtime as ovr
+from hetmm_ray.pipeline import map_in_workers
+fast = Backbone(BackboneConfig(name="resnet18", weights="random"), runtime="openvino")
+map_in_workers(lambda x: fast(x), [torch.rand(1, 3, 64, 64) for _ in range(4)], 2)
+ovr._compiled.clear()  # the workers' requests are the last users of their models
+done = subprocess.run([sys.executable, "-c", "print('ok')"], preexec_fn=lambda: None, capture_output=True)
+print(done.stdout.decode().strip())
+"""
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().endswith("ok")

@@ -23,7 +23,8 @@ OpenVINO, so a code or library change never reads a stale graph. A file is writt
 temporary name and renamed, so concurrent processes never read half a file; an unreadable
 cache entry is converted again. Compiled models are kept per process (also keyed by the thread
 count): every detector, replica or task in a process that uses the same backbone shares one.
-Infer requests are not thread-safe, so each thread gets its own.
+Infer requests are not thread-safe, so each thread gets its own (held in a module dict, not in
+thread-local storage: see ``_requests``).
 """
 
 from __future__ import annotations
@@ -76,7 +77,12 @@ class _TapsAsTuple(nn.Module):
 
 _compiled: OrderedDict[Hashable, Any] = OrderedDict()
 _compiled_lock = threading.Lock()
-_requests = threading.local()
+# (thread id, id(model)) -> (model, infer request). A module dict, never thread-local storage: a
+# process forked with Python code to run before exec (subprocess with preexec_fn, as Ray starts its
+# processes) deletes every other thread's locals in the child, and an OpenVINO object destroyed
+# there waits forever for executor threads the child does not have (seen: ray.init hung).
+_requests: dict[tuple[int, int], tuple[Any, Any]] = {}
+_requests_lock = threading.Lock()
 
 
 @functools.lru_cache(maxsize=1)
@@ -185,14 +191,13 @@ class OpenVinoTaps:
         if x.dtype != torch.float32 or x.device.type != "cpu":
             raise ValueError(f"OpenVINO backbone: expected a float32 CPU batch, got {x.dtype} on {x.device}")
         model = self.compiled(int(x.shape[2]), int(x.shape[3]))
-        per_thread = getattr(_requests, "by_model", None)
-        if per_thread is None:
-            per_thread = _requests.by_model = {}
-        request = per_thread.get(id(model))
-        if request is None or request[0] is not model:
-            if len(per_thread) >= COMPILED_MODELS_KEPT:  # let evicted models go
-                per_thread.clear()
-            request = per_thread[id(model)] = (model, model.create_infer_request())
+        key = (threading.get_ident(), id(model))
+        with _requests_lock:
+            request = _requests.get(key)
+            if request is None or request[0] is not model:
+                if len(_requests) >= 4 * COMPILED_MODELS_KEPT:  # let evicted models and dead threads' go
+                    _requests.clear()
+                request = _requests[key] = (model, model.create_infer_request())
         # share_inputs: OpenVINO reads the batch in place; outputs are copied out of the
         # request's buffers, which the next call on this thread overwrites.
         result = request[1].infer({0: x.contiguous().numpy()}, share_inputs=True)
