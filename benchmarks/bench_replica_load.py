@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import socket
 import statistics
 import sys
 import tempfile
@@ -32,7 +31,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import post_images, table
+from common import free_port, post_images, table
 
 from hetmm_ray.config import BackboneConfig, DetectorConfig, TemplateConfig, ThresholdConfig
 
@@ -142,9 +141,7 @@ def spread(store: str, args: argparse.Namespace) -> list[list[Any]]:
     gear = SyntheticProduct(seed=0, size=64)
     HETMM(config).fit([gear.good(i) for i in range(6)]).save(open_store(store), "hot")
     body = _png(64)
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     rows = []
     for label, inflight in (("pinned (today)", 100_000), ("warm set", 4)):
         running = start_service(

@@ -29,7 +29,6 @@ import argparse
 import io
 import json
 import os
-import socket
 import statistics
 import sys
 import tempfile
@@ -40,7 +39,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import table
+from common import free_port, table
 
 from hetmm_ray.config import BackboneConfig, DetectorConfig, TemplateConfig, ThresholdConfig
 
@@ -204,9 +203,7 @@ def predict_cold_warm(address: str, store: str, products: list[str], args: argpa
 
     from hetmm_ray.serve.run import start_service, stop_service
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     running = start_service(
         store=store,
         port=port,

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import io
 import os
-import socket
 import statistics
 import sys
 import tempfile
@@ -35,7 +34,7 @@ import numpy as np
 from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import post_images, table
+from common import free_port, post_images, table
 
 from hetmm_ray.config import BackboneConfig, DetectorConfig, TemplateConfig, ThresholdConfig
 from hetmm_ray.data.synthetic import SyntheticProduct
@@ -123,9 +122,7 @@ def main() -> None:
     products = [publish(store, b, args.device) for b in args.backbones]
     body, source = body_png()
     inproc = {p: in_process(store, p, body, args.inproc_images, args.runs, args.device) for p in products}
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     user = {"threads": threads}  # batching: the ReplicaSettings defaults (greedy)
     running = start_service(
         store=store,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import statistics
 import time
 from collections.abc import Callable
@@ -12,6 +13,13 @@ import torch
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 BOTTLE = SHARED / "data" / "mvtec_ad" / "bottle"
 MOBILENET_WEIGHTS = SHARED / "weights" / "mobilenet_v2_imagenet.pth"
+
+
+def free_port() -> int:
+    """A loopback TCP port that was free a moment ago (bound then closed: nothing listens there)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def sync(device: torch.device) -> None:

@@ -26,7 +26,6 @@ import argparse
 import io
 import json
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -38,6 +37,8 @@ import torch.nn.functional as F
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
+
+from common import median_time  # noqa: E402 - benchmarks/common.py: torch only, as this machine has
 
 from hetmm_ray.config import BackboneConfig, DetectorConfig, TemplateConfig, ThresholdConfig  # noqa: E402
 from hetmm_ray.core.atmm import atm_pair, pixel_major  # noqa: E402
@@ -53,23 +54,6 @@ def check(name: str, ok: bool, detail: str) -> None:
     print(f"  [{'ok' if ok else 'FAIL'}] {name}: {detail}", flush=True)
     if not ok:
         FAILURES.append(name)
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def timed(fn, device: torch.device, runs: int) -> float:
-    fn()
-    sync(device)
-    times = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        fn()
-        sync(device)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def unit(*shape: int, seed: int, device: torch.device | str = "cpu") -> torch.Tensor:
@@ -156,11 +140,13 @@ def speed(args: argparse.Namespace, device: torch.device) -> list[list[object]]:
                     images = [
                         np.random.default_rng(i).integers(0, 256, (size, size, 3), dtype=np.uint8) for i in range(n)
                     ]
-                    t = timed(lambda det=det, images=images: det.predict(images), device, args.runs)
+                    t = median_time(lambda det=det, images=images: det.predict(images), runs=args.runs, device=device)
                     # ATMM alone, on this batch's features
                     x = torch.rand(batch, 3, size, size, device=device)
                     feats = det.features(x, None)
-                    ta = timed(lambda det=det, f=feats: det._score_features(f, det._prepared), device, args.runs)
+                    ta = median_time(
+                        lambda det=det, f=feats: det._score_features(f, det._prepared), runs=args.runs, device=device
+                    )
                     rows.append(
                         [
                             name,
@@ -181,7 +167,7 @@ def speed(args: argparse.Namespace, device: torch.device) -> list[list[object]]:
 def pts_speed(device: torch.device, quick: bool, runs: int) -> str:
     n, c, h, w, k = (12, 8, 4, 4, 4) if quick else (209, 256, 64, 64, 60)
     bank = unit(n, c, h, w, seed=6).to(device)
-    t = timed(lambda: pts_indices(bank, k), device, max(1, runs // 2))
+    t = median_time(lambda: pts_indices(bank, k), runs=max(1, runs // 2), device=device)
     return f"PTS (OPTICS) {n} images -> {k} sheets on a {c}x{h}x{w} layer: {t:.2f} s ({1e6 * t / (h * w):.0f} us/pixel)"
 
 

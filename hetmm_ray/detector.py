@@ -331,14 +331,11 @@ class HETMM:
         if workers > 1:
             # Each batch split among single-threaded workers that decode, resize and score their
             # share (hetmm_ray.pipeline.map_in_workers: measured faster than parallel ops on a CPU).
+            # Shares of batch_size / workers images: scores do not depend on which images share a
+            # batch, and the workers take the next share as soon as they are free.
             self.backbone  # built once here, not by the first workers at the same time  # noqa: B018
-            bs = self.config.batch_size
-            share = -(-bs // workers)
-            parts = [
-                images[i : min(i + share, j + bs, len(images))]
-                for j in range(0, len(images), bs)
-                for i in range(j, min(j + bs, len(images)), share)
-            ]
+            share = -(-self.config.batch_size // workers)
+            parts = [images[i : i + share] for i in range(0, len(images), share)]
             for part_scores, part_maps in map_in_workers(self._score_images, parts, workers):  # type: ignore[misc]
                 scores.append(part_scores)
                 maps.extend(part_maps)

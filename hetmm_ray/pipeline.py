@@ -1,6 +1,7 @@
-"""CPU throughput plumbing for ``predict``: decode ahead, keep memory mapped, wait politely.
+"""CPU throughput plumbing for ``predict``: decode ahead, score in single-threaded workers, keep memory
+mapped, wait politely.
 
-Three things, each measured to matter on a 2-core machine (issue 15, BENCHMARKS.md "Throughput"):
+Four things, each measured to matter on a 2-core machine (issue 15, BENCHMARKS.md "Throughput"):
 
 * **Overlap.** :func:`prefetched` runs a batch producer (read, decode, resize, stack) one
   batch ahead in a background thread while the caller runs the backbone and ATMM on the
@@ -8,6 +9,10 @@ Three things, each measured to matter on a 2-core machine (issue 15, BENCHMARKS.
   once. :func:`load_batch` decodes and resizes the images of one batch in ``threads`` threads.
   The batches are exactly those of the sequential path (same pixels, same order), so scores
   are bit-identical (tests/test_throughput.py).
+* **Score workers.** :func:`map_in_workers` runs independent shares of a predict in threads
+  whose torch ops use one thread each: the default CPU path (``score_workers``), measured
+  faster than multi-threaded ops on few cores and graceful next to a busy neighbour. Equal to
+  the one-thread path to float32 rounding (another summation order in one-thread kernels).
 * **Memory kept mapped.** glibc hands every free of a block larger than its mmap threshold back
   to the kernel, and the next batch faults every page in again (a batch-8 predict took 13-15k
   minor faults, ~27 % of the CPU). :func:`keep_memory_mapped` raises glibc's mmap and trim

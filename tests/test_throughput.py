@@ -166,13 +166,25 @@ def test_overlapped_predict_is_bit_identical_to_the_sequential_one(geometry: str
         prefetch=0,
         decode_threads=1,
     )
-    slow = HETMM(base).fit(train)
-    fast = HETMM(replace(base, prefetch=2, decode_threads=3))
+    # one thread of multi-threaded ops, sequential, against that path overlapped (prefetch, decode threads)
+    slow = HETMM(replace(base, score_workers=1)).fit(train)
+    fast = HETMM(replace(base, score_workers=1, prefetch=2, decode_threads=3))
     fast._install(slow.templates, version=None)  # type: ignore[arg-type]
     a, b = slow.predict(tests), fast.predict(tests)
     np.testing.assert_array_equal(a.scores, b.scores)
     for x, y in zip(a.maps, b.maps, strict=True):
         np.testing.assert_array_equal(x, y)
+    # single-threaded score workers (2 and 3: shares of 2 and 1 images): the same images through
+    # one-thread kernels, equal to float32 rounding (single-thread and multi-thread reductions
+    # may add in another order)
+    for workers in (2, 3):
+        split = HETMM(replace(base, score_workers=workers))
+        split._install(slow.templates, version=None)  # type: ignore[arg-type]
+        assert split.score_workers() == workers
+        c = split.predict(tests)
+        np.testing.assert_allclose(c.scores, a.scores, rtol=1e-6, atol=1e-7)
+        for x, y in zip(c.maps, a.maps, strict=True):
+            np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-6)
 
 
 def test_a_bad_image_in_a_later_batch_is_the_same_error() -> None:
@@ -186,6 +198,10 @@ def test_a_bad_image_in_a_later_batch_is_the_same_error() -> None:
     det = HETMM(config).fit([gear.good(i) for i in range(4)])
     with pytest.raises(ValueError, match="not a recognised image format"):
         det.predict([gear.good(9), gear.good(10), gear.good(11), b"not an image at all"])
+    for workers in (1, 2):  # the one-thread path and the score workers alike
+        det.config = replace(config, score_workers=workers)
+        with pytest.raises(ValueError, match="not a recognised image format"):
+            det.predict([gear.good(9), gear.good(10), gear.good(11), b"not an image at all"])
 
 
 # --- real data: bf16 changes no verdict ------------------------------------------------------------

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..compat.torchvision import feature_extraction, models
-from ..config import PACKAGED_WEIGHTS, BackboneConfig
+from ..config import BACKBONE_RUNTIMES, PACKAGED_WEIGHTS, BackboneConfig
 from ..errors import HetmmError
 from .efficientnet_lite import (
     LITE_MEAN,
@@ -116,7 +116,8 @@ def resolve_runtime(runtime: str, device: torch.device | str, precision: str) ->
             )
             raise ValueError(f"backbone runtime openvino: {why}; use runtime auto or torch")
         return "openvino"
-    raise ValueError(f"backbone runtime: choose auto, torch or openvino, got {runtime!r}")
+    choices = f"{', '.join(BACKBONE_RUNTIMES[:-1])} or {BACKBONE_RUNTIMES[-1]}"
+    raise ValueError(f"backbone runtime: choose {choices}, got {runtime!r}")
 
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -324,6 +325,7 @@ class Backbone(nn.Module):
         self._runtime_setting = runtime
         # What the compiled network is: extractors with equal identities compute the same function.
         identity = (config.name, self.weights_id, config.taps, config.pre_relu, fold_bn)
+        # None where openvino is not installed: resolve_runtime never picks it there
         self._openvino = OpenVinoTaps(self.extractor, config.taps, identity) if openvino_available() else None
         self.precision = "float32"
         self.runtime = "torch"
@@ -367,7 +369,7 @@ class Backbone(nn.Module):
         x = (images.to(self.mean.device, self.mean.dtype) - self.mean) / self.std
         if self.precision == "bfloat16":
             x = x.to(dtype=torch.bfloat16, memory_format=torch.channels_last)
-        feats = self._openvino(x) if self.runtime == "openvino" and self._openvino else self.extractor(x)
+        feats = self._openvino(x) if self.runtime == "openvino" else self.extractor(x)
         return {tap: F.normalize(feats[tap].float(), dim=1) for tap in self.config.taps}
 
     def feature_shapes(self, image_size: int | None = None) -> dict[str, tuple[int, int, int]]:
