@@ -9,5 +9,6 @@ cd "$(dirname "$0")/.."
 export PYTHONPATH=.
 PY=${PYTHON:-python3}
 OUT=${OUT:-.}
+mkdir -p "$OUT"
 "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())"
 timeout "${TIMEOUT:-470}" "$PY" benchmarks/device_check.py --json "$OUT/device_check.json" "$@" 2>&1 | tee "$OUT/device_check.log"
