@@ -92,6 +92,13 @@ PTS_CHUNK_PIXELS = 512
 ``--address`` runs and the shards' hot-update selection alike. Each task is a few hundred ms of
 OPTICS at N=200 images, long enough to amortise Ray's scheduling."""
 
+# Ray Serve settings for the processes of a Ray this package starts (distributed.runtime.connect;
+# a cluster sets them in its own environment, cluster/rayservice.yaml). Measured with
+# benchmarks/bench_serve_floor.py (BENCHMARKS.md "Throughput"): deployment handle calls over
+# gRPC, not Ray actor calls through the object store, take a third less CPU per request in the
+# raylet, the ingress and the proxy. A value already in the environment wins.
+SERVE_ENVIRONMENT: dict[str, str] = {"RAY_SERVE_USE_GRPC_BY_DEFAULT": "1"}
+
 # --- files and stores ------------------------------------------------------------
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff")
 """File suffixes (lower case) read as images from folders: the CLI, server-side sources, datasets."""

@@ -31,7 +31,7 @@ from .core.scoring import OperatingPoint, content_maps, image_scores, operating_
 from .core.templates import TemplateSet
 from .data.decode import images_to_tensor, resize_to_geometry
 from .fitting import FitPipeline, ImageInput, as_rgb
-from .pipeline import keep_memory_mapped, load_batch, map_in_workers, prefetched
+from .pipeline import keep_memory_mapped, load_batch, map_in_workers, prefetched, worker_shares
 from .steps import FitSteps
 
 __all__ = ["HETMM", "ImageInput", "Prediction", "operating_point"]
@@ -311,12 +311,19 @@ class HETMM:
 
     # --- predict -------------------------------------------------------------------
     def predict(
-        self, images: Sequence[ImageInput], *, sigmas: float | None = None, false_alarm_rate: float | None = None
+        self,
+        images: Sequence[ImageInput],
+        *,
+        sigmas: float | None = None,
+        false_alarm_rate: float | None = None,
+        workers: int | None = None,
     ) -> Prediction:
         """Scores, maps and verdicts for ``images``.
 
         ``sigmas`` (mean + k std) or ``false_alarm_rate`` (estimated share of good parts
         flagged) overrides the product's threshold rule for this call; both are refused.
+        ``workers``: how many single-threaded workers share the images (None: ``score_workers()``;
+        1: this thread alone, as a replica's own score workers call it).
         """
         if sigmas is not None:
             check_number("threshold.sigmas", sigmas)  # NaN would judge every image "ok"
@@ -327,15 +334,14 @@ class HETMM:
         assert self._prepared is not None
         start = time.perf_counter()
         scores, maps = [], []
-        workers = self.score_workers()
-        if workers > 1:
+        workers = self.score_workers() if workers is None else workers
+        if workers > 1 and len(images) >= workers:
             # Each batch split among single-threaded workers that decode, resize and score their
             # share (hetmm_ray.pipeline.map_in_workers: measured faster than parallel ops on a CPU).
-            # Shares of batch_size / workers images: scores do not depend on which images share a
-            # batch, and the workers take the next share as soon as they are free.
+            # Scores do not depend on which images share a batch, and the workers take the next
+            # share as soon as they are free.
             self.backbone  # built once here, not by the first workers at the same time  # noqa: B018
-            share = -(-self.config.batch_size // workers)
-            parts = [images[i : i + share] for i in range(0, len(images), share)]
+            parts = worker_shares(images, workers=workers, batch_size=self.config.batch_size)
             for part_scores, part_maps in map_in_workers(self._score_images, parts, workers):  # type: ignore[misc]
                 scores.append(part_scores)
                 maps.extend(part_maps)

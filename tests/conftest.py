@@ -31,6 +31,9 @@ def local_ray() -> Iterator[None]:
     """A real local Ray (2 CPUs), started once for the tests that ask for it."""
     import ray
 
+    from hetmm_ray.distributed.runtime import serve_environment
+
+    serve_environment()  # the Serve settings the service's own local Ray runs with
     if not ray.is_initialized():
         ray.init(**LOCAL_RAY_ARGS)
     yield

@@ -93,6 +93,23 @@ def test_rayservice_cluster_shape() -> None:
     assert detector and all(d["ray_actor_options"]["num_gpus"] > 0 for d in detector)  # replicas on GPU workers
 
 
+def test_every_ray_node_runs_the_serve_environment() -> None:
+    from hetmm_ray.config import SERVE_ENVIRONMENT
+
+    cluster = load_yaml(CLUSTER / "rayservice.yaml")["spec"]["rayClusterConfig"]
+    pods = [cluster["headGroupSpec"]] + cluster["workerGroupSpecs"]
+    for pod in pods:
+        for container in pod["template"]["spec"]["containers"]:
+            env = {e["name"]: e["value"] for e in container.get("env", [])}
+            assert {k: env.get(k) for k in SERVE_ENVIRONMENT} == SERVE_ENVIRONMENT, container["name"]
+    aws = load_yaml(CLUSTER / "aws.yaml")
+    starts = [c for c in aws["head_start_ray_commands"] + aws["worker_start_ray_commands"] if "ray start" in c]
+    assert len(starts) == 2
+    for command in starts:
+        for name, value in SERVE_ENVIRONMENT.items():
+            assert f"{name}={value} ray start" in command or f"{name}={value} " in command, command
+
+
 def test_sync_rewrites_only_the_applications(sync: ModuleType) -> None:
     text = (CLUSTER / "rayservice.yaml").read_text()
     apps = load_yaml(ROOT / "deploy.yaml")["applications"]

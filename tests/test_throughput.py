@@ -25,7 +25,7 @@ from hetmm_ray.core.backbone import Backbone, _build_model, resolve_precision
 from hetmm_ray.core.fuse import fold_batch_norms
 from hetmm_ray.data.synthetic import SyntheticProduct
 from hetmm_ray.detector import HETMM
-from hetmm_ray.pipeline import compute_threads, keep_memory_mapped, load_batch, prefetched
+from hetmm_ray.pipeline import compute_threads, keep_memory_mapped, load_batch, prefetched, worker_shares
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 
@@ -142,6 +142,27 @@ def test_load_batch_keeps_order_and_the_first_error() -> None:
 
     with pytest.raises(ValueError, match="item 3"):
         load_batch(list(range(8)), load, threads=4)
+
+
+def test_worker_shares_are_balanced_bounded_and_in_order() -> None:
+    # a replica's greedy batch of 5 on 2 workers: 3 + 2, not 4 + 1 (one worker idle 3/4 of it)
+    assert [len(s) for s in worker_shares(list(range(5)), workers=2, batch_size=8)] == [3, 2]
+    assert [len(s) for s in worker_shares(list(range(24)), workers=2, batch_size=8)] == [4] * 6
+    assert [len(s) for s in worker_shares(list(range(2)), workers=3, batch_size=8)] == [1, 1]
+    for n in range(0, 40):
+        for workers in (1, 2, 3, 4):
+            for batch_size in (1, 3, 8):
+                items = list(range(n))
+                shares = worker_shares(items, workers=workers, batch_size=batch_size)
+                assert [x for s in shares for x in s] == items  # every item once, in order
+                cap = -(-batch_size // workers)
+                assert all(1 <= len(s) <= cap for s in shares)
+                # each round of `workers` shares differs by at most one image
+                for r in range(0, len(shares), workers):
+                    sizes = [len(s) for s in shares[r : r + workers]]
+                    assert max(sizes) - min(sizes) <= 1
+    with pytest.raises(ValueError):
+        worker_shares([1], workers=0, batch_size=8)
 
 
 def test_memory_and_threads() -> None:
@@ -299,6 +320,64 @@ def test_greedy_batcher_never_waits_when_idle_and_takes_all_queued_when_busy() -
         # oldest request first: a's queue up to the limit (4 images), a's rest, then b, then c
         assert seen[1:] == [("a", [1, 2, 3, 4]), ("a", [5]), ("b", [7]), ("c", [-1])]
         assert batcher.batches == 5
+
+    asyncio.run(scenario())
+
+
+def test_greedy_batcher_workers_run_side_by_side_without_a_barrier() -> None:
+    import asyncio
+
+    from hetmm_ray.serve.greedy import GreedyBatcher
+
+    async def scenario() -> None:
+        gates: dict[int, asyncio.Event] = {}
+        running: list[list[int]] = []
+        seen: list[list[int]] = []
+        alone: list[bool] = []  # may the batch use every thread? only with nothing else to do
+
+        async def run(key: str, items: list[int]) -> list[int]:
+            seen.append(list(items))
+            running.append(list(items))
+            alone.append(batcher.alone())
+            gate = gates.setdefault(items[0], asyncio.Event())
+            await gate.wait()
+            running.remove(list(items))
+            return [10 * i for i in items]
+
+        batcher: GreedyBatcher[int] = GreedyBatcher(run, max_batch_size=8, wait_s=0.0, workers=2)
+        assert batcher.worker_batch_size == 4
+        futures = {0: asyncio.ensure_future(batcher.submit("a", 0))}
+        await asyncio.sleep(0.01)
+        assert running == [[0]]  # a lone request starts at once on one worker
+        futures[1] = asyncio.ensure_future(batcher.submit("a", 1))
+        await asyncio.sleep(0.01)
+        assert running == [[0], [1]]  # the second worker takes the next at once: side by side
+        for i in range(2, 8):  # 6 images queue while both workers are busy
+            futures[i] = asyncio.ensure_future(batcher.submit("a", i))
+        await asyncio.sleep(0.01)
+        gates.setdefault(1, asyncio.Event()).set()  # worker of [1] is done; [0] still runs
+        await asyncio.sleep(0.01)
+        assert await futures[1] == 10 and not futures[0].done()  # no barrier: [1] answered alone
+        # the free worker took its fair part of the queue (6 queued, 1 idle worker: its cap, 4)
+        assert running == [[0], [2, 3, 4, 5]]
+        gates.setdefault(0, asyncio.Event()).set()
+        await asyncio.sleep(0.01)
+        assert running == [[2, 3, 4, 5], [6, 7]]
+        for key in (2, 6):
+            gates.setdefault(key, asyncio.Event()).set()
+        assert [await futures[i] for i in range(8)] == [10 * i for i in range(8)]
+        assert seen == [[0], [1], [2, 3, 4, 5], [6, 7]] and batcher.batches == 4
+        assert alone == [True, False, False, False]
+        # two idle workers share what queued: 6 images -> 3 + 3, not 4 + 2
+        batcher2: GreedyBatcher[int] = GreedyBatcher(run, max_batch_size=8, wait_s=0.0, workers=2)
+        seen.clear()
+        gates.clear()
+        more = [asyncio.ensure_future(batcher2.submit("b", i)) for i in range(10, 16)]
+        await asyncio.sleep(0.01)
+        assert seen == [[10, 11, 12], [13, 14, 15]]
+        for key in (10, 13):
+            gates.setdefault(key, asyncio.Event()).set()
+        assert [await f for f in more] == [10 * i for i in range(10, 16)]
 
     asyncio.run(scenario())
 

@@ -2,7 +2,8 @@
 
 ``connect()`` reuses a Ray this process already joined, else starts a local one
 (listening on 127.0.0.1 only, no dashboard, worker logs kept out of the driver's terminal, namespace
-``hetmm`` so named actors such as the registry are found again). Given an
+``hetmm`` so named actors such as the registry are found again, Ray Serve's settings of
+``config.SERVE_ENVIRONMENT`` in its processes' environment). Given an
 address (or ``RAY_ADDRESS``) it joins that cluster instead.
 
 Ray itself, given an address where nothing listens, retries for minutes before
@@ -17,9 +18,10 @@ import socket
 
 import ray
 
+from ..config import SERVE_ENVIRONMENT
 from ..errors import HetmmError
 
-__all__ = ["NAMESPACE", "ClusterUnavailable", "connect"]
+__all__ = ["NAMESPACE", "ClusterUnavailable", "connect", "serve_environment"]
 
 NAMESPACE = "hetmm"
 PROBE_TIMEOUT_S = 3.0
@@ -77,6 +79,14 @@ def _loopback_only() -> None:
     ray_constants.ENABLE_RAY_CLUSTER = False
 
 
+def serve_environment() -> None:
+    """Put ``config.SERVE_ENVIRONMENT`` in this process's environment (values already there win),
+    so the processes of a local Ray started next (raylet, Serve's controller, proxy and
+    replicas) inherit them. Call before ``ray.init``."""
+    for name, value in SERVE_ENVIRONMENT.items():
+        os.environ.setdefault(name, value)
+
+
 def connect(address: str | None = None, *, num_cpus: int | None = None) -> None:
     """Start or join Ray once for this process.
 
@@ -93,6 +103,7 @@ def connect(address: str | None = None, *, num_cpus: int | None = None) -> None:
         return  # one Ray per process: a second connect is a no-op
     if address is None:
         _loopback_only()
+        serve_environment()
         ray.init(
             num_cpus=num_cpus,
             include_dashboard=False,
