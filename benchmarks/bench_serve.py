@@ -141,6 +141,9 @@ def main() -> None:
             rows.append([product, "in-process", "-", f"{inproc[product]:.2f}", "100%", "", "", "", "", "", "", "", ""])
             for conc in args.concurrency:
                 n = max(2 * conc, int(args.seconds / single))
+                # warm-up at this concurrency: every score worker of the replica has run (a worker's
+                # first batch builds its one-thread backbone runtime), as the in-process warm-up did
+                post_images(running.url, product, body, conc, 4 * conc)
                 runs = [drive(running.url, product, body, conc, n) for _ in range(args.runs)]
                 med = {k: statistics.median(r[k] for r in runs) for k in ("rps", "p50", "p99", *SPLIT)}
                 fails = sum(r["failures"] for r in runs)
