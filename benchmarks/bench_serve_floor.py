@@ -97,7 +97,9 @@ def floor_app():
     @serve.ingress(app)
     class Front:
         def __init__(self, sink) -> None:
-            self.sink = sink
+            # as the service's ingress: by value over gRPC under the service's settings
+            by_value = os.environ.get("RAY_SERVE_USE_GRPC_BY_DEFAULT") == "1"
+            self.sink = sink.options(_by_reference=not by_value)
             self.image = np.zeros((256, 256, 3), np.uint8)  # what the service ships after resizing
 
         @app.post("/v1/products/{product}/predict")

@@ -166,7 +166,11 @@ class Ingress(ConsoleRoutes):
             refuse_open_bind(self.service.http_host, self.token, self.service.admin_token_env)
         else:
             logger.warning("ingress: the HTTP bind is not known (args.http_host unset); open-bind check skipped")
-        self.detector = detector
+        # Images go to the detector by value over gRPC, not by object reference through the object
+        # store: a third less CPU per request (benchmarks/bench_serve_floor.py). Set on the handle, as
+        # the process that built the application may have read Serve's default before
+        # config.SERVE_ENVIRONMENT was applied (that setting covers the proxy's hop to this replica).
+        self.detector = detector.options(_by_reference=False)
         self.registry = get_registry(self.service.store, detached=True)
         self.registry.set_poll.remote(self.service.store_poll_s)  # follow other writers of the store
         self.registry.set_hosts.remote(self.service.template_hosts)  # template host processes (issue 14)
