@@ -330,15 +330,51 @@ def test_update_skips_images_already_in_the_bank(capsys, location, good_folder, 
 
 
 # --- 8: the embedded Ray listens on loopback only -----------------------------------------------------
-LISTENERS = r"""
-import os, re, subprocess, sys, json
+START_RAY = r"""
 from hetmm_ray.distributed.runtime import connect
 import ray
 connect(num_cpus=1)
 @ray.remote
 def pid():
+    import os
     return os.getpid()
 ray.get([pid.remote() for _ in range(2)])
+extra = {}
+"""
+
+# The embedded service: one product, one predict over HTTP (ingress -> detector replica over Serve's
+# inter-deployment gRPC), then the same listener census, Serve's replicas included.
+START_SERVICE = r"""
+import io, socket, tempfile
+import httpx
+from PIL import Image
+import ray
+from hetmm_ray.config import BackboneConfig, DetectorConfig, TemplateConfig, ThresholdConfig
+from hetmm_ray.data.synthetic import SyntheticProduct
+from hetmm_ray.detector import HETMM
+from hetmm_ray.serve.run import start_service, stop_service
+from hetmm_ray.store import open_store
+store = tempfile.mkdtemp()
+gear = SyntheticProduct(seed=0, size=64)
+config = DetectorConfig(
+    backbone=BackboneConfig(name="resnet18", weights="random", image_size=64),
+    templates=TemplateConfig(kind="all"),
+    threshold=ThresholdConfig(max_images=4, folds=2),
+)
+HETMM(config).fit([gear.good(i) for i in range(4)]).save(open_store(store), "p")
+with socket.socket() as sock:
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+running = start_service(store=store, port=port, num_cpus=2)
+buf = io.BytesIO()
+Image.fromarray(gear.good(9)).save(buf, format="PNG")
+answer = httpx.post(f"{running.url}/v1/products/p/predict", content=buf.getvalue(),
+                    headers={"content-type": "image/png"}, timeout=120)
+extra = {"predict_status": answer.status_code}
+"""
+
+LISTENERS = r"""
+import json, os, re, subprocess, sys
 import psutil
 node = ray._private.worker.global_worker.node
 roots = [p.process.pid for procs in node.all_processes.values() for p in procs] + [os.getpid()]
@@ -353,26 +389,43 @@ found = []
 for line in out.splitlines():
     if any(int(p) in pids for p in re.findall(r"pid=(\d+)", line)):
         found.append((line.split()[3], re.search(r'\(\("([^"]+)"', line).group(1)))
-print(json.dumps({"node_ip": node.node_ip_address, "listeners": found}))
-ray.shutdown()
+print(json.dumps({"node_ip": node.node_ip_address, "listeners": found, **extra}))
 """
 
 
-def test_embedded_ray_listens_on_loopback_only() -> None:
-    """Every socket the embedded Ray's processes listen on (``ss -ltnp``) is bound to 127.0.0.1."""
+def listener_census(start: str) -> dict:
+    """Run ``start`` (it joins the embedded Ray) then list every socket its processes listen on."""
     if subprocess.run(["which", "ss"], capture_output=True).returncode != 0:
         pytest.skip("ss (iproute2) is not installed")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("RAY_ADDRESS", None)
+    script = start + LISTENERS + "ray.shutdown()\n"
     done = subprocess.run(
-        [sys.executable, "-c", LISTENERS], capture_output=True, text=True, env=env, timeout=180, cwd=ROOT
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300, cwd=ROOT
     )
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
-    names = {name for _, name in report["listeners"]}
-    print(f"\nembedded Ray listeners: {report}")
     assert report["node_ip"] == "127.0.0.1"
-    assert {"gcs_server", "raylet"} <= names, names
     for address, name in report["listeners"]:
         host = address.rsplit(":", 1)[0].strip("[]")
         assert host in ("127.0.0.1", "::ffff:127.0.0.1", "::1"), f"{name} listens on {address}"
+    return report
+
+
+def test_embedded_ray_listens_on_loopback_only() -> None:
+    """Every socket the embedded Ray's processes listen on (``ss -ltnp``) is bound to 127.0.0.1."""
+    report = listener_census(START_RAY)
+    print(f"\nembedded Ray listeners: {report}")
+    names = {name for _, name in report["listeners"]}
+    assert {"gcs_server", "raylet"} <= names, names
+
+
+def test_embedded_service_listens_on_loopback_only() -> None:
+    """The embedded service too: Serve's proxy and replicas, whose inter-deployment gRPC server Ray
+    binds to every interface unless told otherwise (distributed.runtime.serve_grpc_on_loopback),
+    after a predict has crossed it."""
+    report = listener_census(START_SERVICE)
+    print(f"\nembedded service listeners: {report}")
+    assert report["predict_status"] == 200
+    names = {name for _, name in report["listeners"]}
+    assert any(n.startswith("ray::ServeRepl") for n in names), names  # the replicas were counted

@@ -21,7 +21,7 @@ import ray
 from ..config import SERVE_ENVIRONMENT
 from ..errors import HetmmError
 
-__all__ = ["NAMESPACE", "ClusterUnavailable", "connect", "serve_environment"]
+__all__ = ["NAMESPACE", "ClusterUnavailable", "connect", "serve_environment", "serve_grpc_on_loopback"]
 
 NAMESPACE = "hetmm"
 PROBE_TIMEOUT_S = 3.0
@@ -77,6 +77,38 @@ def _loopback_only() -> None:
     from ray._private import ray_constants
 
     ray_constants.ENABLE_RAY_CLUSTER = False
+
+
+def serve_grpc_on_loopback() -> None:
+    """In a process of the embedded loopback Ray, bind Serve's inter-deployment gRPC server to
+    127.0.0.1 instead of every interface.
+
+    Ray 2.60 starts that server in every Serve replica on ``[::]:0`` whatever the node's address
+    (``ray/serve/_private/replica.py``), and deployment handle calls travel over it
+    (``config.SERVE_ENVIRONMENT``): on a laptop or line PC running the embedded service, a replica
+    would take requests from the network, past the ingress's checks. The embedded Ray's node
+    address is 127.0.0.1 (see :func:`_loopback_only`; its processes inherit ``LOOPBACK_ENV``), so
+    handles reach the replicas there. A cluster's replicas, which must be reachable from other
+    nodes, are left alone. Called when ``hetmm_ray.serve`` is imported, which every replica does
+    before Serve starts the server; ``tests/test_hardening.py`` lists the listeners.
+    """
+    if os.environ.get(LOOPBACK_ENV) != "0":
+        return
+    if ray.is_initialized() and ray.util.get_node_ip_address() != "127.0.0.1":
+        return  # a node others must reach (handles connect to the node's address)
+    from ray.serve._private import replica
+
+    bind = replica.add_port_to_grpc_server
+    if getattr(bind, "loopback_only", False):
+        return
+
+    def bind_loopback(server: object, address: str) -> int:
+        if address.startswith("[::]:"):
+            address = "127.0.0.1:" + address.rsplit(":", 1)[1]
+        return bind(server, address)
+
+    bind_loopback.loopback_only = True  # type: ignore[attr-defined]
+    replica.add_port_to_grpc_server = bind_loopback
 
 
 def serve_environment() -> None:
