@@ -333,12 +333,10 @@ def test_greedy_batcher_workers_run_side_by_side_without_a_barrier() -> None:
         gates: dict[int, asyncio.Event] = {}
         running: list[list[int]] = []
         seen: list[list[int]] = []
-        alone: list[bool] = []  # may the batch use every thread? only with nothing else to do
 
         async def run(key: str, items: list[int]) -> list[int]:
             seen.append(list(items))
             running.append(list(items))
-            alone.append(batcher.alone())
             gate = gates.setdefault(items[0], asyncio.Event())
             await gate.wait()
             running.remove(list(items))
@@ -367,7 +365,6 @@ def test_greedy_batcher_workers_run_side_by_side_without_a_barrier() -> None:
             gates.setdefault(key, asyncio.Event()).set()
         assert [await futures[i] for i in range(8)] == [10 * i for i in range(8)]
         assert seen == [[0], [1], [2, 3, 4, 5], [6, 7]] and batcher.batches == 4
-        assert alone == [True, False, False, False]
         # two idle workers share what queued: 6 images -> 3 + 3, not 4 + 2
         batcher2: GreedyBatcher[int] = GreedyBatcher(run, max_batch_size=8, wait_s=0.0, workers=2)
         seen.clear()

@@ -4,9 +4,10 @@ Each replica keeps the tiny sets of up to ``max_products_per_replica``
 products (``@serve.multiplexed``: Serve routes a product's requests to the
 replicas that hold it and evicts the least recently used). Requests for one
 product are batched greedily (``serve/greedy.py``: an idle replica starts at once, a busy
-one takes everything that queued meanwhile; batches never mix products). On a CPU the
-replica runs one single-threaded score worker per thread (``pipeline.single_threaded_pool``),
-each taking its own batches side by side; on a GPU one worker fills the device. Before
+one takes everything that queued meanwhile; batches never mix products). One batch runs at a
+time, split by ``predict`` among single-threaded workers (a batcher worker per core measured
+~20 % more images/s at concurrency 8, but replicas then hung inside OpenVINO's infer in 4 of 12
+demo runs: not used until that is understood; BENCHMARKS.md "Throughput"). Before
 each batch the replica asks the registry for the product's head version and
 swaps to it if it moved, so template versions change only between batches, a
 response is scored by exactly one version, and no client sees a version older
@@ -21,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import functools
 import io
 import time
 import weakref
@@ -39,7 +39,6 @@ from ..core.backbone import Backbone
 from ..data.decode import resize_to_geometry
 from ..detector import HETMM
 from ..distributed.registry import get_registry
-from ..pipeline import single_threaded_pool
 from ..records import ProductSnapshot
 from ..visualize import heatmap_overlay, heatmap_range
 from .greedy import GreedyBatcher
@@ -88,7 +87,7 @@ class Detector:
         self._backbones: dict[BackboneConfig, Backbone] = {}
         self._device = "cuda" if torch.cuda.is_available() else "cpu"
         self._fatal: BaseException | None = None
-        self._workers = self._set_threads(0)
+        self._set_threads(0)
         # One detector per product, shared by its model ids (aliases) that Serve's LRU holds here.
         self._by_product: weakref.WeakValueDictionary[str, ProductModel] = weakref.WeakValueDictionary()
         self._replica = _replica_id()
@@ -97,7 +96,6 @@ class Detector:
             self._score_batch,
             max_batch_size=self.settings.max_batch_size,
             wait_s=self.settings.batch_wait_timeout_s,
-            workers=self._workers,
         )
 
         async def load(model_id: str) -> ProductModel:
@@ -114,27 +112,14 @@ class Detector:
     # --- live settings and health ---------------------------------------------------------
     def reconfigure(self, user_config: dict[str, Any] | None) -> None:
         settings = ReplicaSettings.from_dict(user_config or {})
-        self._workers = self._set_threads(settings.threads)
-        self._batcher.configure(
-            max_batch_size=settings.max_batch_size, wait_s=settings.batch_wait_timeout_s, workers=self._workers
-        )
+        self._batcher.configure(max_batch_size=settings.max_batch_size, wait_s=settings.batch_wait_timeout_s)
+        self._set_threads(settings.threads)
         self.settings = settings
 
-    def _set_threads(self, threads: int) -> int:
-        """Set this replica's torch threads; returns how many score workers it runs.
-
-        On a CPU, one single-threaded score worker per thread, each scoring its own batches
-        (serve/greedy.py: no barrier between them; pipeline.single_threaded_pool); on a GPU one
-        worker whose batches fill the device.
-        """
+    def _set_threads(self, threads: int) -> None:
         # Ray sets OMP_NUM_THREADS=1 in workers: use the CPUs this replica was given.
         cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", 1.0)
-        count = threads or max(1, round(cpus))
-        torch.set_num_threads(count)
-        workers = count if self._device == "cpu" else 1
-        if workers > 1:
-            single_threaded_pool(workers)  # started now, not under the first request
-        return workers
+        torch.set_num_threads(threads or max(1, round(cpus)))
 
     def check_health(self) -> None:
         if self._fatal is not None:  # e.g. a CUDA error: let Serve replace this replica
@@ -188,21 +173,13 @@ class Detector:
         assert detector is not None
         images = [im for r in requests for im in r.images]
         started = time.perf_counter()
-        # Side by side with other batches: this one on a single-threaded worker. Alone on an idle
-        # replica (a line at concurrency 1): on every thread, for the shortest answer.
-        shared = self._workers > 1 and not self._batcher.alone()
-        score = functools.partial(
-            detector.predict,
-            images,
-            sigmas=self.settings.sigmas,
-            false_alarm_rate=self.settings.false_alarm_rate,
-            workers=1 if shared else None,
-        )
         try:
-            if shared:
-                pred = await asyncio.get_running_loop().run_in_executor(single_threaded_pool(self._workers), score)
-            else:
-                pred = await asyncio.to_thread(score)
+            pred = await asyncio.to_thread(
+                detector.predict,
+                images,
+                sigmas=self.settings.sigmas,
+                false_alarm_rate=self.settings.false_alarm_rate,
+            )
         except (RuntimeError, torch.cuda.OutOfMemoryError) as exc:
             if "CUDA" in str(exc):
                 self._fatal = exc
