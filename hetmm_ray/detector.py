@@ -311,19 +311,12 @@ class HETMM:
 
     # --- predict -------------------------------------------------------------------
     def predict(
-        self,
-        images: Sequence[ImageInput],
-        *,
-        sigmas: float | None = None,
-        false_alarm_rate: float | None = None,
-        workers: int | None = None,
+        self, images: Sequence[ImageInput], *, sigmas: float | None = None, false_alarm_rate: float | None = None
     ) -> Prediction:
         """Scores, maps and verdicts for ``images``.
 
         ``sigmas`` (mean + k std) or ``false_alarm_rate`` (estimated share of good parts
         flagged) overrides the product's threshold rule for this call; both are refused.
-        ``workers``: how many single-threaded workers share the images (None: ``score_workers()``;
-        1: this thread alone, as a replica's own score workers call it).
         """
         if sigmas is not None:
             check_number("threshold.sigmas", sigmas)  # NaN would judge every image "ok"
@@ -334,7 +327,7 @@ class HETMM:
         assert self._prepared is not None
         start = time.perf_counter()
         scores, maps = [], []
-        workers = self.score_workers() if workers is None else workers
+        workers = self.score_workers()
         if workers > 1 and len(images) >= workers:
             # Each batch split among single-threaded workers that decode, resize and score their
             # share (hetmm_ray.pipeline.map_in_workers: measured faster than parallel ops on a CPU).

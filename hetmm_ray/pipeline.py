@@ -42,7 +42,6 @@ __all__ = [
     "load_batch",
     "map_in_workers",
     "prefetched",
-    "single_threaded_pool",
     "worker_shares",
 ]
 
@@ -119,7 +118,7 @@ _pools: dict[int, ThreadPoolExecutor] = {}
 _pools_lock = threading.Lock()
 
 
-def single_threaded_pool(workers: int) -> ThreadPoolExecutor:
+def _single_threaded_pool(workers: int) -> ThreadPoolExecutor:
     """A process-wide pool of ``workers`` threads, each running torch ops on one intra-op thread.
 
     torch's thread count is per thread for OpenMP and MKL (``omp_set_num_threads`` and
@@ -163,7 +162,7 @@ def map_in_workers(fn: Callable[[T], object], items: Sequence[T], workers: int) 
     """
     if workers <= 1 or len(items) <= 1:
         return [fn(x) for x in items]
-    return list(single_threaded_pool(workers).map(fn, items))
+    return list(_single_threaded_pool(workers).map(fn, items))
 
 
 def worker_shares(items: Sequence[T], *, workers: int, batch_size: int) -> list[Sequence[T]]:
