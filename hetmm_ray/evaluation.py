@@ -1,4 +1,11 @@
-"""Evaluate a detector on an MVTec-layout folder (docs/design.md: ``hetmm evaluate``)."""
+"""Evaluate a detector on an MVTec-layout folder (docs/design.md: ``hetmm evaluate``).
+
+The layout is checked before any work (:meth:`MVTecCategory.measurable_samples`): good and
+defective test images, and masks for every defect type or for none. A set without masks (image
+labels only) is measured on its images: image AUROC, the operating point and the score
+summaries; ``pixel_auroc`` and ``pro`` are then ``None`` (JSON ``null``) and the table says
+"absent", never an error after the fit.
+"""
 
 from __future__ import annotations
 
@@ -40,8 +47,8 @@ class EvaluationResult:
     n_train: int
     n_test: int
     image_auroc: float  # percent
-    pixel_auroc: float  # percent
-    pro: float  # percent
+    pixel_auroc: float | None  # percent; None for a set without pixel masks
+    pro: float | None  # percent; None for a set without pixel masks
     images_per_s: float  # test images, decode + backbone + ATMM
     fit_seconds: float
     threshold: float
@@ -71,8 +78,8 @@ class EvaluationResult:
             ("templates", f"{self.templates}, {self.sheets} sheets"),
             ("images", f"{self.n_train} train / {self.n_test} test"),
             ("image AUROC", f"{self.image_auroc:.1f}"),
-            ("pixel AUROC", f"{self.pixel_auroc:.1f}"),
-            ("PRO", f"{self.pro:.1f}"),
+            ("pixel AUROC", _percent_or_absent(self.pixel_auroc)),
+            ("PRO", _percent_or_absent(self.pro)),
             ("images/s", f"{self.images_per_s:.2f}"),
             ("threshold", f"{self.threshold:.4f} ({self._rule()}, from good images only)"),
             (
@@ -101,6 +108,10 @@ class EvaluationResult:
         return f"rule {self.threshold_rule}{target}{tail}"
 
 
+def _percent_or_absent(value: float | None) -> str:
+    return "absent (no ground-truth masks: image labels only)" if value is None else f"{value:.1f}"
+
+
 def _summary_line(s: dict[str, float]) -> str:
     return f"n {int(s['n'])}  min {s['min']:.4f}  median {s['median']:.4f}  p90 {s['p90']:.4f}  max {s['max']:.4f}"
 
@@ -124,13 +135,13 @@ def evaluate(
 ) -> tuple[EvaluationResult, HETMM, list[Sample]]:
     """Fit on ``train/good``, score ``test/``, and measure AUROCs, PRO and speed."""
     category = MVTecCategory(data)
+    samples = category.measurable_samples()  # the layout, checked before minutes of fitting
     size, geometry = config.backbone.image_size, config.backbone.geometry
     det = HETMM(config, progress=progress)
     t0 = time.perf_counter()
     det.fit(load_images(category.train_paths(), size, progress=progress, desc="decode train", geometry=geometry))
     fit_s = time.perf_counter() - t0
 
-    samples = category.test_samples()
     t0 = time.perf_counter()
     test_images = load_images([s.path for s in samples], size, progress=progress, desc="decode test", geometry=geometry)
     pred = det.predict(test_images)
@@ -138,9 +149,12 @@ def evaluate(
 
     # Masks at each map's shape (the image's own aspect for letterbox), resized like the image.
     labels = np.array([s.label for s in samples])
-    masks = [category.load_mask(s, m.shape) for s, m in zip(samples, pred.maps, strict=True)]
-    if isinstance(pred.maps, np.ndarray):
-        masks = np.stack(masks)
+    pixel_auroc_pct = pro_pct = None
+    if category.has_pixel_masks:
+        masks = [category.load_mask(s, m.shape) for s, m in zip(samples, pred.maps, strict=True)]
+        if isinstance(pred.maps, np.ndarray):
+            masks = np.stack(masks)
+        pixel_auroc_pct, pro_pct = 100 * pixel_auroc(pred.maps, masks), 100 * pro_score(pred.maps, masks)
     verdict = pred.is_anomaly
     op = pred.operating_point
     cuts = labelled_cuts(pred.scores.tolist(), labels.tolist())
@@ -156,8 +170,8 @@ def evaluate(
         n_train=len(category.train_paths()),
         n_test=len(samples),
         image_auroc=100 * image_auroc(pred.scores, labels),
-        pixel_auroc=100 * pixel_auroc(pred.maps, masks),
-        pro=100 * pro_score(pred.maps, masks),
+        pixel_auroc=pixel_auroc_pct,
+        pro=pro_pct,
         images_per_s=len(samples) / elapsed,
         fit_seconds=fit_s,
         threshold=pred.threshold,

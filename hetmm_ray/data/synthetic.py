@@ -323,6 +323,7 @@ def write_mvtec_layout(
     seed: int = 0,
     size: int = 256,
     aspect: str = "square",
+    masks: bool = True,
 ) -> Path:
     """Write a synthetic category in the MVTec AD layout and return ``root``.
 
@@ -330,6 +331,7 @@ def write_mvtec_layout(
     ``ground_truth/<kind>/<stem>_mask.png`` (0/255). Every image uses its own
     index, so train and test never share an image. ``aspect="varied"``: every image
     (and its mask) is cut to a centred band of varied height (:func:`band_crop`).
+    ``masks=False``: no ``ground_truth/`` (an image-labels-only set).
     """
     if aspect not in ASPECTS:
         raise ValueError(f"aspect must be one of {', '.join(ASPECTS)}, got {aspect!r}")
@@ -357,6 +359,7 @@ def write_mvtec_layout(
             image, mask = shaped(index, *product.defective(index, kind))
             assert mask is not None
             save(image, root / "test" / kind / f"{i:03d}.png")
-            save(mask.astype(np.uint8) * 255, root / "ground_truth" / kind / f"{i:03d}_mask.png")
+            if masks:
+                save(mask.astype(np.uint8) * 255, root / "ground_truth" / kind / f"{i:03d}_mask.png")
             index += 1
     return root

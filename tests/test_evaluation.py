@@ -1,0 +1,83 @@
+"""``hetmm evaluate``'s layout rules: sets without pixel masks, and the layout checked before any work."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hetmm_ray.cli import main
+from hetmm_ray.data.mvtec import DatasetError, MVTecCategory
+from hetmm_ray.data.synthetic import write_mvtec_layout
+
+SIZE = 32
+# A tiny random resnet18 on a 32-px canvas: seconds per evaluate (the figures are not the point).
+FLAGS = [
+    "--backbone", "resnet18", "--weights", "random", "--device", "cpu",
+    "--set", f"backbone.image_size={SIZE}", "--set", 'backbone.layers=["layer2","layer3"]',
+    "--set", "scoring.forward_windows=[3,3]", "--set", "scoring.backward_windows=[3,3]",
+    "--set", "scoring.alphas=[0.5,0.5]", "--set", "scoring.layer_weights=[1,1]",
+]  # fmt: skip
+
+
+def _layout(root: Path, *, masks: bool = True) -> Path:
+    return write_mvtec_layout(root, n_train=6, n_test_good=3, n_test_per_defect=2, size=SIZE, masks=masks)
+
+
+def test_a_set_without_masks_is_measured_on_its_image_labels(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    with_masks, without = _layout(tmp_path / "masked"), _layout(tmp_path / "labels", masks=False)
+    assert not (without / "ground_truth").exists() and MVTecCategory(without).has_pixel_masks is False
+    results = {}
+    for name, data in (("masked", with_masks), ("labels", without)):
+        out = tmp_path / f"{name}.json"
+        assert main(["evaluate", "--data", str(data), "--json", str(out), *FLAGS]) == 0
+        results[name] = (json.loads(out.read_text()), capsys.readouterr().out)
+    (masked, _), (labels, table) = results["masked"], results["labels"]
+    assert labels["pixel_auroc"] is None and labels["pro"] is None
+    assert masked["pixel_auroc"] is not None and masked["pro"] is not None
+    # The same images, so the same image figures and operating point: only the pixel metrics are absent.
+    for key in ("image_auroc", "threshold", "true_positives", "false_positives", "recall", "false_alarm_rate"):
+        assert labels[key] == pytest.approx(masked[key], abs=1e-9), key
+    assert "pixel AUROC" in table and "absent (no ground-truth masks" in table
+
+
+def test_the_layout_is_checked_before_any_fitting(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    """A set that cannot be measured is refused at once: a corrupt training image would fail the fit, so
+    the layout error (not the image error) shows the check ran first."""
+    data = _layout(tmp_path / "data")
+    (data / "train" / "good" / "000.png").write_bytes(b"not a png")
+    for kind in [p.name for p in (data / "test").iterdir() if p.name != "good"]:
+        shutil.rmtree(data / "test" / kind)
+    assert main(["evaluate", "--data", str(data), *FLAGS]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "defective test images" in err[0] and "not a png" not in err[0]
+
+
+def test_masks_for_some_defect_types_only_are_refused(tmp_path: Path):
+    data = _layout(tmp_path / "data")
+    kinds = sorted(p.name for p in (data / "ground_truth").iterdir())
+    shutil.rmtree(data / "ground_truth" / kinds[0])
+    with pytest.raises(DatasetError, match=f"not for {kinds[0]}"):
+        MVTecCategory(data).test_samples()
+    # a missing mask inside a type that has masks is still named
+    shutil.rmtree(data / "ground_truth")
+    _layout(tmp_path / "fresh")
+    shutil.copytree(tmp_path / "fresh" / "ground_truth", data / "ground_truth")
+    next((data / "ground_truth" / kinds[1]).iterdir()).unlink()
+    with pytest.raises(DatasetError, match="has no ground-truth mask"):
+        MVTecCategory(data).test_samples()
+
+
+def test_sample_order_and_masks_are_unchanged_for_a_masked_set(tmp_path: Path):
+    data = _layout(tmp_path / "data")
+    samples = MVTecCategory(data).measurable_samples()
+    types = [s.defect_type for s in samples]
+    assert types == sorted(types) and types.count("good") == 3
+    for s in samples:
+        assert (s.mask_path is None) == (s.label == 0)
+        mask = MVTecCategory(data).load_mask(s, SIZE)
+        assert mask.shape == (SIZE, SIZE) and (mask.any() if s.label else not mask.any())
+    assert np.all([s.path.is_file() for s in samples])
