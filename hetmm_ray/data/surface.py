@@ -1,0 +1,188 @@
+"""A synthetic line frame: a textured surface of a stated size with defects of a stated size in pixels.
+
+:mod:`hetmm_ray.data.synthetic` draws a whole part on one canvas, its defects a fraction of the
+image. A line camera sees the opposite: a frame of megapixels, a surface whose texture varies from
+part to part, and defects of a few pixels that vanish when the frame is squeezed into one 256-px
+canvas. This module makes such frames, deterministic in ``(seed, index)``:
+
+- **Surface** (every part differs): brushing (white noise smeared along the rows by a box filter of
+  ``brush_px``, its strength per part), shading (a linear gradient of random direction, up to
+  ``shading`` grey levels across the frame) and a part-wide gain, plus Gaussian sensor noise of
+  standard deviation ``noise``, all around a mid-grey.
+- **Defects**, sizes in frame pixels, never a fraction of the frame:
+  ``scratch``: a straight hairline ``width_px`` wide (1-2 px by default) and ``length_px`` long, at a
+  random angle, ``contrast`` grey levels brighter or darker than the surface (moderate: about the
+  brushing's own amplitude, so it is plain only at the frame's own scale);
+  ``pit``: a dark disc of diameter ``pit_px`` (5-8 px by default) with a faint bright rim.
+- **Masks** are geometric: a pixel belongs to a defect when the defect covers at least half of it
+  (antialiased coverage >= 0.5), so a 1-px hairline has a 1-px mask whatever its contrast.
+
+:func:`write_surface_layout` writes the MVTec layout (``train/good``, ``test/good``,
+``test/<kind>``, ``ground_truth/<kind>/<stem>_mask.png``) as
+:func:`hetmm_ray.data.synthetic.write_mvtec_layout` does, so ``hetmm evaluate`` reads it.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+__all__ = ["SURFACE_DEFECTS", "SurfaceDefects", "SyntheticSurface", "write_surface_layout"]
+
+SURFACE_DEFECTS = ("scratch", "pit")
+
+
+@dataclass(frozen=True)
+class SurfaceDefects:
+    """Defect sizes in frame pixels: each defect draws its size uniformly from a (low, high) range."""
+
+    scratch_width_px: tuple[float, float] = (1.0, 2.0)
+    scratch_length_px: tuple[float, float] = (40.0, 120.0)
+    pit_px: tuple[float, float] = (5.0, 8.0)
+    contrast: tuple[float, float] = (22.0, 34.0)  # grey levels
+
+    def __post_init__(self) -> None:
+        for name in ("scratch_width_px", "scratch_length_px", "pit_px", "contrast"):
+            low, high = getattr(self, name)
+            if not (0 < low <= high):
+                raise ValueError(f"{name} must be a range 0 < low <= high, got {(low, high)}")
+
+
+class SyntheticSurface:
+    """Deterministic good and defective frames of ``height x width`` pixels (RGB ``uint8``)."""
+
+    def __init__(
+        self,
+        *,
+        height: int,
+        width: int,
+        seed: int = 0,
+        defects: SurfaceDefects | None = None,
+        brush_px: int = 48,
+        shading: float = 30.0,
+        noise: float = 2.0,
+    ) -> None:
+        if not (isinstance(height, int) and isinstance(width, int) and height >= 16 and width >= 16):
+            raise ValueError(f"frame size must be integers >= 16, got {height} x {width}")
+        self.height, self.width, self.seed = height, width, int(seed)
+        self.defects = defects or SurfaceDefects()
+        self.brush_px, self.shading, self.noise = max(1, int(brush_px)), float(shading), float(noise)
+
+    def good(self, index: int) -> np.ndarray:
+        """Good part ``index``."""
+        return self._finish(self._surface(index), index)
+
+    def defective(self, index: int, kind: str) -> tuple[np.ndarray, np.ndarray]:
+        """Part ``index`` (the same surface as :meth:`good`) with one defect, and its bool mask."""
+        if kind not in SURFACE_DEFECTS:
+            raise ValueError(f"unknown surface defect {kind!r}; choose one of {', '.join(SURFACE_DEFECTS)}")
+        surface = self._surface(index)
+        rng = np.random.default_rng([self.seed, int(index), 101 + SURFACE_DEFECTS.index(kind)])
+        d = self.defects
+        contrast = float(rng.uniform(*d.contrast)) * (1.0 if rng.random() < 0.5 else -1.0)
+        if kind == "scratch":
+            coverage = self._scratch(rng)
+            surface += contrast * coverage
+        else:
+            coverage, rim = self._pit(rng)
+            surface += -abs(contrast) * coverage + 0.4 * abs(contrast) * rim
+        return self._finish(surface, index), coverage >= 0.5
+
+    # --- rendering ------------------------------------------------------------------------------
+    def _surface(self, index: int) -> np.ndarray:
+        rng = np.random.default_rng([self.seed, int(index)])
+        h, w = self.height, self.width
+        # Brushing: white noise smeared along the rows (a box filter by cumulative sums), renormalised.
+        raw = rng.standard_normal((h, w + self.brush_px)).astype(np.float32)
+        c = np.cumsum(raw, axis=1)
+        streaks = (c[:, self.brush_px :] - c[:, : -self.brush_px]) / math.sqrt(self.brush_px)
+        strength = float(rng.uniform(6.0, 10.0))
+        angle = float(rng.uniform(0, 2 * math.pi))
+        yy = np.linspace(-0.5, 0.5, h, dtype=np.float32)[:, None]
+        xx = np.linspace(-0.5, 0.5, w, dtype=np.float32)[None, :]
+        shade = self.shading * float(rng.uniform(0.3, 1.0)) * (math.cos(angle) * xx + math.sin(angle) * yy)
+        gain = float(rng.uniform(0.95, 1.05))
+        return (128.0 + strength * streaks + shade) * gain
+
+    def _finish(self, surface: np.ndarray, index: int) -> np.ndarray:
+        rng = np.random.default_rng([self.seed, int(index), 1])
+        grey = surface + self.noise * rng.standard_normal(surface.shape).astype(np.float32)
+        grey = np.clip(np.rint(grey), 0, 255).astype(np.uint8)
+        return np.repeat(grey[..., None], 3, axis=2)
+
+    def _centre(self, rng: np.random.Generator, margin: float) -> tuple[float, float]:
+        m_y, m_x = min(margin, self.height / 2 - 1), min(margin, self.width / 2 - 1)
+        return float(rng.uniform(m_y, self.height - m_y)), float(rng.uniform(m_x, self.width - m_x))
+
+    def _scratch(self, rng: np.random.Generator) -> np.ndarray:
+        d = self.defects
+        width, length = float(rng.uniform(*d.scratch_width_px)), float(rng.uniform(*d.scratch_length_px))
+        length = min(length, 0.8 * min(self.height, self.width))
+        cy, cx = self._centre(rng, length / 2 + width + 2)
+        psi = float(rng.uniform(0, math.pi))
+        dy, dx = math.sin(psi) * length / 2, math.cos(psi) * length / 2
+        ay, ax = cy - dy, cx - dx  # segment from a to a + 2 (dy, dx)
+        reach = math.ceil(length / 2 + width + 2)
+        r0, r1 = max(0, int(cy) - reach), min(self.height, int(cy) + reach + 1)
+        c0, c1 = max(0, int(cx) - reach), min(self.width, int(cx) + reach + 1)
+        y, x = np.mgrid[r0:r1, c0:c1].astype(np.float32)
+        t = np.clip(((y - ay) * 2 * dy + (x - ax) * 2 * dx) / (4 * (dy * dy + dx * dx)), 0.0, 1.0)
+        dist = np.hypot(y - ay - t * 2 * dy, x - ax - t * 2 * dx) - width / 2
+        coverage = np.zeros((self.height, self.width), dtype=np.float32)
+        coverage[r0:r1, c0:c1] = np.clip(0.5 - dist, 0.0, 1.0)
+        return coverage
+
+    def _pit(self, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        radius = float(rng.uniform(*self.defects.pit_px)) / 2
+        cy, cx = self._centre(rng, radius + 4)
+        reach = math.ceil(radius + 4)
+        r0, r1 = max(0, int(cy) - reach), min(self.height, int(cy) + reach + 1)
+        c0, c1 = max(0, int(cx) - reach), min(self.width, int(cx) + reach + 1)
+        y, x = np.mgrid[r0:r1, c0:c1].astype(np.float32)
+        dist = np.hypot(y + 0.5 - cy, x + 0.5 - cx) - radius
+        coverage = np.zeros((self.height, self.width), dtype=np.float32)
+        rim = np.zeros_like(coverage)
+        coverage[r0:r1, c0:c1] = np.clip(0.5 - dist, 0.0, 1.0)
+        rim[r0:r1, c0:c1] = np.exp(-(((dist - 1.0) / 0.8) ** 2)) * ((dist > 0) & (dist < 3))  # 3 px at most
+        return coverage, rim
+
+
+def write_surface_layout(
+    root: str | os.PathLike,
+    *,
+    height: int,
+    width: int,
+    n_train: int = 40,
+    n_test_good: int = 10,
+    n_test_per_defect: int = 5,
+    seed: int = 0,
+    defects: SurfaceDefects | None = None,
+    masks: bool = True,
+) -> Path:
+    """Write frames of ``height x width`` in the MVTec layout (module docstring) and return ``root``.
+    Every frame uses its own index, so train and test never share a surface."""
+    root = Path(root)
+    surface = SyntheticSurface(height=height, width=width, seed=seed, defects=defects)
+
+    def save(array: np.ndarray, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(array).save(path, compress_level=1)
+
+    index = 0
+    for folder, count in (("train/good", n_train), ("test/good", n_test_good)):
+        for i in range(count):
+            save(surface.good(index), root / folder / f"{i:03d}.png")
+            index += 1
+    for kind in SURFACE_DEFECTS:
+        for i in range(n_test_per_defect):
+            image, mask = surface.defective(index, kind)
+            save(image, root / "test" / kind / f"{i:03d}.png")
+            if masks:
+                save(mask.astype(np.uint8) * 255, root / "ground_truth" / kind / f"{i:03d}_mask.png")
+            index += 1
+    return root
