@@ -23,6 +23,7 @@ from torch import nn
 from hetmm_ray.config import BackboneConfig, DetectorConfig, TemplateConfig, ThresholdConfig
 from hetmm_ray.core.backbone import Backbone, _build_model, resolve_precision
 from hetmm_ray.core.fuse import fold_batch_norms
+from hetmm_ray.core.openvino_runtime import openvino_available
 from hetmm_ray.data.synthetic import SyntheticProduct
 from hetmm_ray.detector import HETMM
 from hetmm_ray.pipeline import compute_threads, keep_memory_mapped, load_batch, prefetched, worker_shares
@@ -56,7 +57,9 @@ def test_folded_network_equals_the_unfolded_one(name: str) -> None:
     with torch.no_grad():
         expected, got = model(x), folded(x)
     scale = expected.abs().max().item()
-    torch.testing.assert_close(got, expected, atol=1e-5 * scale, rtol=1e-5)
+    # float32 rounding through ~50 layers of random BN: 1e-4 of the output's scale (an AVX-512 oneDNN
+    # measured 6e-5 for efficientnet_lite0; a wrong fold is off by the order of the scale itself).
+    torch.testing.assert_close(got, expected, atol=1e-4 * scale, rtol=1e-4)
 
 
 def test_fold_leaves_a_conv_output_read_elsewhere_alone() -> None:
@@ -84,7 +87,8 @@ def test_fold_leaves_a_conv_output_read_elsewhere_alone() -> None:
 def test_backbone_precision() -> None:
     assert resolve_precision("float32", "cpu") == "float32"
     assert resolve_precision("bfloat16", "cpu") == "bfloat16"
-    assert resolve_precision("auto", "cpu") in ("float32", "bfloat16")
+    # OpenVINO installed (a dependency): its float32 network is the fast CPU path, whatever bf16 units exist
+    assert openvino_available() and resolve_precision("auto", "cpu") == "float32"
     cfg = BackboneConfig(name="mobilenet_v2", weights="random", image_size=64)
     fp32, bf16 = Backbone(replace(cfg, precision="float32")), Backbone(replace(cfg, precision="bfloat16"))
     assert {p.dtype for p in bf16.extractor.parameters()} == {torch.bfloat16}

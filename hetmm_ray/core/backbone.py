@@ -79,9 +79,13 @@ def resolve_precision(precision: str, device: torch.device | str) -> str:
 
     ``auto`` is a fixed rule per machine (never a timing taken at start-up, so every process on a
     machine, driver and Ray workers alike, computes the same features): bfloat16 on CUDA devices
-    that support it and on CPUs with native bf16 (``cpu_has_native_bf16``), float32 elsewhere.
-    ``benchmarks/bench_e2e.py`` measures both side by side, to set it explicitly where the
-    measurement disagrees with the rule.
+    that support it; on a CPU float32 wherever OpenVINO is installed (it is a dependency: its
+    float32 network is the fast CPU path, ``backbone_runtime: auto``), else bfloat16 on CPUs with
+    native bf16 (``cpu_has_native_bf16``) and float32 elsewhere. Measured on an AMD EPYC with
+    ``avx512_bf16`` (BENCHMARKS.md, "Backbone precision on a CPU with native bf16"): OpenVINO
+    float32 ran efficientnet_lite0 about 10x faster than torch bfloat16, which the earlier rule
+    picked there. ``benchmarks/bench_e2e.py`` measures both side by side, to set it explicitly
+    where the measurement disagrees with the rule.
     """
     if precision != "auto":
         return precision
@@ -89,7 +93,7 @@ def resolve_precision(precision: str, device: torch.device | str) -> str:
     if dev.type == "cuda":
         return "bfloat16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "float32"
     if dev.type == "cpu":
-        return "bfloat16" if cpu_has_native_bf16() else "float32"
+        return "bfloat16" if cpu_has_native_bf16() and not openvino_available() else "float32"
     return "float32"
 
 
