@@ -13,7 +13,7 @@ Exact semantics:
 - :func:`labelled_uploads` is the same for the calibrate route: file parts named ``good``
   (label 0) or ``defective`` (label 1).
 
-Every refusal is an :class:`~hetmm_ray.serve.security.Refused` (status, code, one line).
+Every refusal is an :class:`~hetmm_ray.errors.Refused` (status, code, one line).
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from starlette.formparsers import MultiPartParser
 from starlette.requests import Request
 
 from ..config import MAX_IMAGE_BYTES
-from ..errors import one_line
-from .security import Refused, parse_json_object
+from ..errors import Refused, one_line
+from .security import parse_json_object
 
 __all__ = ["RAW_IMAGE_TYPES", "content_type", "json_object", "labelled_uploads", "parse_form", "read_body", "uploads"]
 

@@ -59,6 +59,7 @@ from ..core.templates import TemplateSet
 from .base import Backend, ProductNotFound, StoreConflict, StoreCorrupt, StoreError, check_product_name
 from .layout import LayerData, layer_chunks, read_layer, selection_refs
 from .layout import tensors_from as _tensors_from
+from .manifest import VersionRecord
 
 __all__ = ["VersionedStore"]
 
@@ -145,6 +146,11 @@ class VersionedStore:
         if manifest.get("format") not in READABLE_FORMATS:
             raise StoreError(f"{key}: unsupported manifest format {manifest.get('format')!r}")
         return manifest
+
+    def record(self, product: str, version: int | None = None) -> VersionRecord:
+        """A version's manifest (``None`` = head) as a typed record (store/manifest.py): what code
+        outside the store reads of a version. ConfigError if its stored configuration does not parse."""
+        return VersionRecord.parse(self.manifest(product, self.head(product) if version is None else version))
 
     def _read_object(self, product: str, ref: dict[str, Any]) -> bytearray:
         buffer = bytearray(int(ref["size"]))
