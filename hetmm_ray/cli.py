@@ -439,9 +439,7 @@ def cmd_versions(args: argparse.Namespace) -> int:
         if rec.sheets_auto:
             sheets, auto_seen = f"{sheets}a", True  # chosen by sheets: auto
         mark = "*" if v == head else " "
-        rows.append(
-            f"{mark}{v:>6}  {rec.parent or '-':>6}  {rec.images:>6}  {sheets:>6}  {created}  {rec.weights_id}"
-        )
+        rows.append(f"{mark}{v:>6}  {rec.parent or '-':>6}  {rec.images:>6}  {sheets:>6}  {created}  {rec.weights_id}")
     if auto_seen:
         print("(sheets 'Ka': K chosen by sheets: auto, the smallest K whose verdicts match ALL's)")
     print(f"{'version':>7}  {'parent':>6}  {'images':>6}  {'sheets':>6}  created              weights")

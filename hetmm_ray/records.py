@@ -92,6 +92,8 @@ class JobProgressRecord(TypedDict):
 class JobError(TypedDict):
     type: str
     message: str
+    status: int  # the HTTP status of the error in the one table (errors.py)
+    code: str  # its stable code
 
 
 class JobRecord(TypedDict, total=False):

@@ -96,9 +96,7 @@ def _features_to_bank(features: dict[str, np.ndarray]) -> dict[str, torch.Tensor
     return {k: torch.from_numpy(np.array(v)) for k, v in features.items()}
 
 
-def _snapshot(
-    product: str, version: int, source: TemplateSet | VersionRecord, tiny: dict[str, Any]
-) -> ProductSnapshot:
+def _snapshot(product: str, version: int, source: TemplateSet | VersionRecord, tiny: dict[str, Any]) -> ProductSnapshot:
     """What replicas score ``version`` with: the tiny-set refs and the scoring metadata of a
     template set or of a stored version's record (so publishing a stored version reads its
     manifest, not every layer's bank)."""

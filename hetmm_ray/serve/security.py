@@ -175,7 +175,6 @@ class CrossOriginGuard:
         await self.app(scope, receive, send)
 
 
-
 # --- server-side sources ------------------------------------------------------------------
 def _under(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
