@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import test_store
 import torch
+from store_format1 import put_format1
 from test_store import assert_identical, grow, make_set
 
 from hetmm_ray.cli import main
@@ -86,9 +87,8 @@ def test_one_layer_is_read_without_the_others(location) -> None:
 def test_old_layout_stays_readable_and_migrates(location, capsys: pytest.CaptureFixture[str]) -> None:
     base = make_set(6, seed=2, k=2)
     grown = grow(base, 2, seed=5)
-    old = VersionedStore(open_store(location).backend, write_format=1)  # a store written before issue 14
-    assert old.put("p", base) == 1 and old.put("p", grown) == 2
-    store = open_store(location)
+    store = open_store(location)  # a store written before issue 14:
+    assert put_format1(store, "p", base) == 1 and put_format1(store, "p", grown) == 2
     m2 = store.manifest("p", 2)
     assert m2["format"] == 1 and "layer" not in m2["chunks"][0]
 
