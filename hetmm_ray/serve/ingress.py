@@ -298,17 +298,16 @@ class Ingress:
         self._check_product(product)
         ctype = bodies.content_type(request)
         if ctype == "application/json":
-            spec = await self._json(request)
-            unknown = set(spec) - {"config", "source"}
-            if unknown or "source" not in spec:
-                raise Refused(
-                    400, "bad_request", "JSON body: give 'source' (folder or s3:// prefix) and optional 'config'"
-                )
-            uri, confine_to = resolve_source(spec["source"], self.service.source_roots)
+            body = bodies.typed(
+                bodies.SourceBody,
+                await self._json(request),
+                refusal="JSON body: give 'source' (folder or s3:// prefix) and optional 'config'",
+            )
+            uri, confine_to = resolve_source(body.source, self.service.source_roots)
             uploads = await asyncio.to_thread(
                 read_image_source, uri, max_images=self.service.max_images_per_job, confine_to=confine_to
             )
-            config_data = spec.get("config") or {}
+            config_data = body.config or {}
         else:
             uploads, fields = await self._uploads(request, max_images=self.service.max_images_per_job)
             config_data = parse_json_object(fields.get("config", "{}"), what="the 'config' field")
@@ -342,18 +341,17 @@ class Ingress:
         if bodies.content_type(request) == "application/json":
             spec = await self._json(request)
             if "rule" in spec or "false_alarm_rate" in spec:  # the far rule at a rate (serve/ui.py)
-                return await self._job_response(await self.console.set_far_rule(product, spec), wait)
-            unknown = set(spec) - {"source", "objective", "max_false_alarm_rate"}
-            if unknown or "source" not in spec:
-                raise Refused(
-                    400,
-                    "bad_request",
-                    "JSON body: give 'source' (a labelled folder) and optional 'objective', 'max_false_alarm_rate'",
-                )
-            if spec["source"] == STORED_LABELS:  # the console's labelled set (store/labels.py)
+                far = bodies.typed(bodies.FarRuleBody, spec, refusal="JSON body: give 'false_alarm_rate'")
+                return await self._job_response(await self.console.set_far_rule(product, far), wait)
+            body = bodies.typed(
+                bodies.LabelledSourceBody,
+                spec,
+                refusal="JSON body: give 'source' (a labelled folder) and optional 'objective', 'max_false_alarm_rate'",
+            )
+            if body.source == STORED_LABELS:  # the console's labelled set (store/labels.py)
                 labelled = await self.console.labelled(product)
             else:
-                labelled = await asyncio.to_thread(_labelled_folder, str(spec["source"]))
+                labelled = await asyncio.to_thread(_labelled_folder, str(body.source))
             if len(labelled) > self.service.max_images_per_job:
                 raise Refused(
                     413,
@@ -362,7 +360,7 @@ class Ingress:
                 )
             uploads = [(name, data) for name, data, _ in labelled]
             labels = [label for _, _, label in labelled]
-            fields = {k: spec[k] for k in ("objective", "max_false_alarm_rate") if k in spec}
+            fields = {"objective": body.objective, "max_false_alarm_rate": body.max_false_alarm_rate}
         else:
             uploads, labels, fields = await self._labelled_uploads(request)
         objective = fields.get("objective", "f1")
@@ -392,11 +390,12 @@ class Ingress:
     async def rollback(self, product: str, request: Request) -> Response:
         self._admin(request)
         await self._require_product(product)
-        spec = await self._json(request)
-        version = spec.get("version")
-        if not isinstance(version, int) or isinstance(version, bool):
-            raise Refused(400, "bad_request", "JSON body: give the integer 'version' to roll back to")
-        done = await self.registry.rollback.remote(product, version)
+        body = bodies.typed(
+            bodies.RollbackBody,
+            await self._json(request),
+            refusal="JSON body: give the integer 'version' to roll back to",
+        )
+        done = await self.registry.rollback.remote(product, body.version)
         return JSONResponse({"product": product, "version": done})
 
     @app.delete("/v1/products/{product}")

@@ -50,6 +50,7 @@ from ..data.decode import decode_image
 from ..errors import Refused
 from ..store import StoreError, VersionedStore, VersionRecord
 from ..store.labels import LABELS, LabelSet
+from .bodies import FarRuleBody
 from .recent import RecentPredictions, image_media_type
 from .security import JSONResponse
 
@@ -220,30 +221,14 @@ class Console:
             "changes": changes,
         }
 
-    async def set_far_rule(self, product: str, spec: dict[str, Any]) -> dict[str, Any]:
+    async def set_far_rule(self, product: str, body: FarRuleBody) -> dict[str, Any]:
         """``POST /v1/products/{p}/calibrate`` with JSON ``{"rule": "far", "false_alarm_rate": r}``
-        (``rule`` optional): the far rule at rate ``r`` as a new version, a job like the labelled
-        calibration (the console's Apply of the previewed far line); returns the job record. ``r``
-        is checked against the same range as the ``threshold.false_alarm_rate`` setting."""
-        unknown = set(spec) - {"rule", "false_alarm_rate"}
-        if unknown:
-            raise Refused(
-                400,
-                "bad_request",
-                f"JSON body: unknown field(s) {', '.join(sorted(map(str, unknown)))}; the far rule takes "
-                "'rule': 'far' and 'false_alarm_rate' (the labelled rule: 'source', 'objective', "
-                "'max_false_alarm_rate')",
-            )
-        if spec.get("rule", "far") != "far":
-            raise Refused(
-                400,
-                "bad_request",
-                f"rule: {spec['rule']!r} cannot be set by a rate; give 'far' (the labelled rule: give 'source')",
-            )
-        if "false_alarm_rate" not in spec:
-            raise Refused(400, "bad_request", "JSON body: give 'false_alarm_rate' for the far rule")
-        check_number("threshold.false_alarm_rate", spec["false_alarm_rate"])  # ConfigError: 400 bad_config
-        return await self.registry.start_far_rule.remote(product, float(spec["false_alarm_rate"]))
+        (``rule`` optional; its shape checked by :class:`~hetmm_ray.serve.bodies.FarRuleBody`): the
+        far rule at rate ``r`` as a new version, a job like the labelled calibration (the console's
+        Apply of the previewed far line); returns the job record. ``r`` is checked against the same
+        range as the ``threshold.false_alarm_rate`` setting."""
+        check_number("threshold.false_alarm_rate", body.false_alarm_rate)  # ConfigError: 400 bad_config
+        return await self.registry.start_far_rule.remote(product, float(body.false_alarm_rate))
 
     # --- labels ---------------------------------------------------------------------------------
     async def labels(self, product: str) -> Response:
