@@ -25,7 +25,6 @@ from .config import (
     DetectorConfig,
     check_number,
     load_config,
-    stored_config,
 )
 from .errors import HetmmError, describe
 
@@ -434,15 +433,13 @@ def cmd_versions(args: argparse.Namespace) -> int:
     head = store.head(args.product)
     rows, auto_seen = [], False
     for v in store.versions(args.product):
-        m = store.manifest(args.product, v)
-        created = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(m["created"]))
-        sheets = stored_config(m["config"]).templates.sheets_of(m["images"])  # held, not configured
-        if m.get("selection") and m.get("meta", {}).get("sheets_auto"):
+        rec = store.record(args.product, v)
+        created = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(rec.created))
+        sheets: int | str = rec.sheets  # held, not configured
+        if rec.sheets_auto:
             sheets, auto_seen = f"{sheets}a", True  # chosen by sheets: auto
         mark = "*" if v == head else " "
-        rows.append(
-            f"{mark}{v:>6}  {m['parent'] or '-':>6}  {m['images']:>6}  {sheets:>6}  {created}  {m['weights_id']}"
-        )
+        rows.append(f"{mark}{v:>6}  {rec.parent or '-':>6}  {rec.images:>6}  {sheets:>6}  {created}  {rec.weights_id}")
     if auto_seen:
         print("(sheets 'Ka': K chosen by sheets: auto, the smallest K whose verdicts match ALL's)")
     print(f"{'version':>7}  {'parent':>6}  {'images':>6}  {'sheets':>6}  created              weights")

@@ -6,8 +6,9 @@ Exact semantics:
   keeps its historical built-in base, e.g. ``ConfigError`` is still a ``ValueError``).
 - :data:`ERRORS` is the one table: class name -> (HTTP status, stable code). A subclass
   missing from it fails at import time (``TypeError``), so a new error class cannot reach a
-  surface unmapped. ``ApiError`` and ``Refused`` carry a per-instance status and code (HTTP
-  rules with many outcomes); their table entry is the default.
+  surface unmapped. :class:`Refused` (the HTTP service's refusals: one rule, many outcomes, such as
+  413 ``too_large`` or 401 ``unauthorized``) carries a per-instance status and code; its table
+  entry is the default.
 - Both surfaces map mechanically through :func:`describe`: the CLI prints
   ``hetmm: error: <one line>`` and exits 2; HTTP answers ``status`` with
   ``{"error": {"code", "message"}}``. A Ray task's re-raised error (a subclass of its cause)
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-__all__ = ["ERRORS", "HetmmError", "all_error_classes", "describe", "one_line"]
+__all__ = ["ERRORS", "HetmmError", "Refused", "all_error_classes", "describe", "one_line"]
 
 # class name -> (HTTP status, code). Client mistakes are 4xx, the server's or a dependency's 5xx.
 ERRORS: dict[str, tuple[int, str]] = {
@@ -32,7 +33,6 @@ ERRORS: dict[str, tuple[int, str]] = {
     "SourceError": (400, "bad_source"),
     "DatasetError": (400, "bad_dataset"),
     "CLIError": (400, "bad_request"),
-    "ApiError": (400, "bad_request"),  # per instance
     "Refused": (400, "bad_request"),  # per instance
     # a product's stored state
     "ProductNotFound": (404, "unknown_product"),
@@ -63,6 +63,18 @@ class HetmmError(Exception):
         if cls.__name__ not in ERRORS:
             raise TypeError(f"{cls.__module__}.{cls.__name__}: add it to hetmm_ray.errors.ERRORS (status, code)")
         cls.status, cls.code = ERRORS[cls.__name__]
+
+
+class Refused(HetmmError):
+    """A request the HTTP service refuses: an HTTP status, a stable code and a one-line message.
+
+    The one refusal class of the service (bodies, auth, sources, routes): :func:`describe` answers
+    its own status and code, and a JSON error is built from it like from any other error.
+    """
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message = status, code, message
 
 
 def one_line(exc: BaseException) -> str:

@@ -4,7 +4,7 @@
   detector replicas (``ProductRegistry.snapshot``): the calibration a
   :class:`~hetmm_ray.core.scoring.Calibration`, the configuration a ``DetectorConfig`` (the
   product's stored settings; each replica applies its own run-time ones), built once by the
-  registry from the template set or the manifest it publishes.
+  registry from the template set or the stored version's record (store/manifest.py) it publishes.
 - :class:`ProductDescription` / :class:`UnreadableProduct`: one entry of ``GET /v1/products``,
   as the registry describes it; ``to_json()`` is the JSON the HTTP API sends.
 - :class:`JobRecord`: a create / normals / calibrate job as ``GET /v1/jobs/{id}`` shows it.
@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, TypedDict
 
-from .config import DetectorConfig, stored_config
+from .config import DetectorConfig
 from .core.scoring import Calibration
 
 __all__ = [
@@ -44,21 +44,6 @@ class ProductSnapshot:
     calibration: Calibration | None
     # layer -> ObjectRef of the (K, C, H, W) tiny set, owned by the registry (shared memory)
     tiny: dict[str, Any] = field(default_factory=dict)
-
-    @classmethod
-    def from_manifest(
-        cls, product: str, version: int, manifest: dict[str, Any], tiny: dict[str, Any]
-    ) -> ProductSnapshot:
-        """A stored version's snapshot from its manifest (no layer's bank is read): the one place a
-        published configuration and calibration are parsed."""
-        return cls(
-            product=product,
-            version=int(version),
-            config=stored_config(manifest["config"]),
-            weights_id=manifest["weights_id"],
-            calibration=Calibration.from_json(manifest.get("calibration")),
-            tiny=dict(tiny),
-        )
 
 
 @dataclass(frozen=True)
@@ -107,6 +92,8 @@ class JobProgressRecord(TypedDict):
 class JobError(TypedDict):
     type: str
     message: str
+    status: int  # the HTTP status of the error in the one table (errors.py)
+    code: str  # its stable code
 
 
 class JobRecord(TypedDict, total=False):

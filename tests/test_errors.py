@@ -27,7 +27,7 @@ def _import_all() -> None:
 
 _import_all()
 CLASSES = all_error_classes()
-PER_INSTANCE = {"ApiError": (418, "teapot"), "Refused": (403, "forbidden")}
+PER_INSTANCE = {"Refused": (403, "forbidden")}
 
 
 def _instance(cls: type[HetmmError], message: str) -> HetmmError:
@@ -109,3 +109,36 @@ def test_other_exceptions_stay_internal() -> None:
     err = classify(ZeroDivisionError("x"))
     assert (err.status, err.code) == (500, "internal")
     assert cli.error_line(ZeroDivisionError("x")).startswith("unexpected ZeroDivisionError")
+
+
+def test_a_failed_job_is_answered_through_the_table() -> None:
+    """A create that loses the race for a product name fails its job with StoreConflict: the waiting
+    request answers 409 ``conflict`` (the table's), not 422 ``job_failed`` (before issue 26)."""
+    import asyncio
+
+    from hetmm_ray.distributed.jobs import JobBoard
+    from hetmm_ray.serve.ingress import job_answer
+    from hetmm_ray.store import StoreConflict, StoreUnavailable
+
+    async def failed(exc: BaseException) -> dict:
+        board = JobBoard()
+
+        async def work(_progress: object) -> int:
+            raise exc
+
+        record = board.start("create", "p", work)
+        return await board.wait(record["id"], 10.0)
+
+    cases = [
+        (StoreConflict("product 'p' already exists; add images with .../normals"), 409, "conflict"),
+        (StoreUnavailable("store at 127.0.0.1:1 unreachable"), 503, "store_unavailable"),
+        (ZeroDivisionError("division by zero"), 500, "internal"),
+    ]
+    for exc, status, code in cases:
+        record = asyncio.run(failed(exc))
+        assert record["state"] == "failed" and record["error"]["type"] == type(exc).__name__
+        response = job_answer(record)
+        body = json.loads(response.body)
+        assert response.status_code == status
+        assert body["error"] == {"code": code, "message": str(exc)}
+        assert body["job"]["id"] == record["id"]

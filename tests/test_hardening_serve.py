@@ -30,7 +30,8 @@ from test_store import aws_env, new_bucket, s3_endpoint  # noqa: F401 - fixtures
 from hetmm_ray.config import BackboneConfig, DetectorConfig, TemplateConfig, ThresholdConfig
 from hetmm_ray.data.synthetic import SyntheticProduct
 from hetmm_ray.detector import HETMM
-from hetmm_ray.serve.security import Refused, resolve_source
+from hetmm_ray.errors import Refused
+from hetmm_ray.serve.security import resolve_source
 from hetmm_ray.store import open_store
 
 SIZE = 64

@@ -91,7 +91,7 @@ def test_a_snapshot_is_the_same_from_the_template_set_and_from_its_manifest(tmp_
     version = store.put("gear", ts)
     tiny = {"layer2": "ref2", "layer3": "ref3"}
     written = _snapshot("gear", version, ts, tiny)
-    loaded = _snapshot("gear", version, store.manifest("gear", version), tiny)
+    loaded = _snapshot("gear", version, store.record("gear", version), tiny)
     assert isinstance(loaded, ProductSnapshot)
     assert loaded == written
     assert loaded.config.device == DetectorConfig().device  # run-time settings are the host's, never stored

@@ -300,6 +300,38 @@ def test_create_over_http_reports_progress_and_serves(client: httpx.Client, stor
     assert open_store(store).get("from-folder").n_images == 4
 
 
+def test_a_create_that_loses_the_race_for_a_name_is_a_409_conflict(client: httpx.Client) -> None:
+    """Two creates of one new name at once: both pass the name check, both jobs run, one publishes
+    and the other's job fails with StoreConflict. The waiting loser answers the README's 409
+    ``conflict`` (before issue 26: 422 ``job_failed``)."""
+    cfg = json.dumps(config().to_dict())
+
+    def create(seed: int) -> httpx.Response:
+        files = [("images", (f"g{i}.png", png(gear(seed).good(i)), "image/png")) for i in range(4)]
+        return client.post("/v1/products/raced?wait=true", files=files, data={"config": cfg}, headers=ADMIN)
+
+    with ThreadPoolExecutor(2) as pool:
+        answers = list(pool.map(create, (11, 12)))
+    answers = [finished_answer(client, r) for r in answers]
+    assert sorted(r.status_code for r in answers) == [200, 409], [r.text for r in answers]
+    lost = next(r for r in answers if r.status_code == 409).json()
+    assert lost["error"]["code"] == "conflict" and "already exists" in lost["error"]["message"]
+    if "job" in lost:  # lost inside its job (not at the name check): the job says why
+        assert lost["job"]["state"] == "failed" and lost["job"]["error"]["code"] == "conflict"
+
+
+def finished_answer(c: httpx.Client, r: httpx.Response, timeout: float = 600.0) -> httpx.Response:
+    """``r``, or once its job (still running when ``?wait=true`` answered 202) ended, the job's
+    answer as ``?wait=true`` gives it (polled through ``GET /v1/jobs/{id}``)."""
+    if r.status_code != 202:
+        return r
+    job = finished(c, r, timeout)
+    if job["state"] == "succeeded":
+        return httpx.Response(200, json={"job": job})
+    error = {"code": job["error"]["code"], "message": job["error"]["message"]}
+    return httpx.Response(job["error"]["status"], json={"error": error, "job": job})
+
+
 def test_normals_then_rollback(client: httpx.Client, store: str) -> None:
     files = [("images", (f"n{i}.png", png(gear(3).good(80 + i)), "image/png")) for i in range(2)]
     r = client.post("/v1/products/part-3/normals?wait=true", files=files, headers=ADMIN)

@@ -9,14 +9,17 @@ every call; nothing is faked). Old (format-1) stores stay readable and migrate w
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 from typing import Any
 
 import pytest
 import test_store
 import torch
+from store_format1 import put_format1
 from test_store import assert_identical, grow, make_set
 
 from hetmm_ray.cli import main
+from hetmm_ray.core.scoring import operating_point
 from hetmm_ray.store import VersionedStore, open_store
 from hetmm_ray.store.layout import selection_refs
 
@@ -86,9 +89,8 @@ def test_one_layer_is_read_without_the_others(location) -> None:
 def test_old_layout_stays_readable_and_migrates(location, capsys: pytest.CaptureFixture[str]) -> None:
     base = make_set(6, seed=2, k=2)
     grown = grow(base, 2, seed=5)
-    old = VersionedStore(open_store(location).backend, write_format=1)  # a store written before issue 14
-    assert old.put("p", base) == 1 and old.put("p", grown) == 2
-    store = open_store(location)
+    store = open_store(location)  # a store written before issue 14:
+    assert put_format1(store, "p", base) == 1 and put_format1(store, "p", grown) == 2
     m2 = store.manifest("p", 2)
     assert m2["format"] == 1 and "layer" not in m2["chunks"][0]
 
@@ -124,3 +126,38 @@ def test_old_layout_stays_readable_and_migrates(location, capsys: pytest.Capture
     m4 = store.manifest("p", 4)
     assert m4["chunks"][: len(m3["chunks"])] == m3["chunks"]
     assert_identical(store.get("p", 4), more, version=4)
+
+
+def test_the_record_reads_every_manifest_the_store_writes(location) -> None:
+    """``store.record`` (store/manifest.py) for each way a version is published (put with and
+    without a selection, an append, a republish, a migrated format-1 head) and for old format-1
+    versions: the same facts as the manifest and as the template set the version loads."""
+    from hetmm_ray.store import VersionRecord
+
+    store = open_store(location)
+    base = make_set(6, seed=3, k=2)
+    assert put_format1(store, "p", base) == 1  # an old store's version
+    assert store.migrate("p")["version"] == 2
+    assert store.put("p", grow(store.get("p"), 2, seed=6)) == 3  # an append resets the selection
+    auto = {"chosen": 2, "why": "verdicts match ALL", "ladder": [1, 2]}
+    assert store.put("p", replace(make_set(8, seed=7, k=2), meta={"sheets_auto": auto, "created": 1.0})) == 4
+    config = store.record("p").config.stored_dict()
+    config["threshold"] = {**config["threshold"], "rule": "far", "false_alarm_rate": 0.05}
+    assert store.republish("p", config=config, expect_head=4) == 5
+    for version in store.versions("p"):
+        rec, m, ts = store.record("p", version), store.manifest("p", version), store.get("p", version)
+        assert isinstance(rec, VersionRecord) and rec == VersionRecord.parse(m)
+        assert (rec.product, rec.version, rec.format) == ("p", version, m["format"])
+        assert rec.parent == (version - 1 or None) and rec.created == m["created"]
+        assert rec.images == ts.n_images == m["images"] and rec.layers == ts.layers
+        assert rec.config == ts.config and rec.weights_id == ts.weights_id and rec.calibration == ts.calibration
+        assert rec.selected == (ts.indices is not None or ts.centres is not None)
+        assert rec.sheets == ts.config.templates.sheets_of(ts.n_images) and rec.templates == ts.config.templates.kind
+        assert rec.operating_point() == operating_point(ts.calibration, ts.config)
+    formats = [store.record("p", v).format for v in store.versions("p")]
+    assert formats == [1, 2, 2, 2, 2]
+    assert store.record("p", 2).migrated_from == {"version": 1, "format": 1}
+    assert store.record("p", 3).sheets_auto is None  # no selection: no ladder to report
+    assert store.record("p", 4).sheets_auto == auto == store.record("p", 5).sheets_auto
+    assert store.record("p", 5).operating_point().rule == "far"  # type: ignore[union-attr]
+    assert store.record("p") == store.record("p", 5)

@@ -150,3 +150,18 @@ def test_docstrings_cite_the_shipped_spec() -> None:
                 assert n in sections, (path, n)
                 cited += 1
     assert cited >= 10
+
+
+def test_only_the_store_reads_raw_manifests() -> None:
+    """A stored version is read outside ``store/`` through its typed record (``store.record``:
+    store/manifest.py), never as the manifest dict (``store.manifest(...)``), so one parser
+    decides what a manifest means (issue 26: cli, registry and console indexed it by hand)."""
+    raw = {
+        name: sorted(
+            node.lineno
+            for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.Attribute) and node.attr == "manifest" and not name.startswith("hetmm_ray.store")
+        )
+        for name, path in MODULES.items()
+    }
+    assert {m: lines for m, lines in raw.items() if lines} == {}

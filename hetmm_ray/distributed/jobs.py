@@ -3,6 +3,11 @@
 A job is an asyncio task inside the registry actor; its record is plain JSON so
 ``GET /v1/jobs/{id}`` can show it from any ingress replica. Records of finished
 jobs are kept (bounded) so a client that polls late still sees the outcome.
+
+A failed job's ``error`` is ``{"type", "message", "status", "code"}``: the exception's class
+name and last line, and its HTTP status and stable code from the one error table
+(``errors.describe``; 500 ``internal`` for an unexpected exception), which an admin request
+that waited for the job answers with (serve/ingress.py ``job_answer``).
 """
 
 from __future__ import annotations
@@ -14,11 +19,19 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from ..records import JobRecord
+from ..errors import describe
+from ..records import JobError, JobRecord
 
 __all__ = ["JobBoard", "JobProgress"]
 
 KEEP_FINISHED = 200
+
+
+def _job_error(exc: BaseException) -> JobError:
+    """A failed job's error record (see the module docstring)."""
+    status, code, _ = describe(exc) or (500, "internal", "")
+    message = (str(exc).strip().splitlines() or [type(exc).__name__])[-1][:2000]
+    return {"type": type(exc).__name__, "message": message, "status": status, "code": code}
 
 
 class JobProgress:
@@ -69,7 +82,7 @@ class JobBoard:
             record["progress"]["stage"] = "published"
         except Exception as exc:  # noqa: BLE001 - any failure is the job's outcome, reported to the client
             record["state"] = "failed"
-            record["error"] = {"type": type(exc).__name__, "message": str(exc).strip().splitlines()[-1][:2000]}
+            record["error"] = _job_error(exc)
         finally:
             record["finished"] = time.time()
             self.tasks.pop(record["id"], None)

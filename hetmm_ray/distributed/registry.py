@@ -36,12 +36,11 @@ import numpy as np
 import ray
 import torch
 
-from ..config import TASK_CPUS, DetectorConfig, ServiceConfig, stored_config
+from ..config import TASK_CPUS, DetectorConfig, ServiceConfig
 from ..core.pts import select_layers
-from ..core.scoring import Calibration
 from ..core.templates import TemplateSet, unseen_positions
 from ..records import ProductDescription, ProductSnapshot, UnreadableProduct
-from ..store import ProductNotFound, StoreConflict, StoreError, check_product_name, open_store
+from ..store import ProductNotFound, StoreConflict, StoreError, VersionRecord, check_product_name, open_store
 from .hosts import HostPool
 from .jobs import JobBoard, JobProgress
 from .pts_fanout import pts_indices_ray
@@ -93,26 +92,15 @@ def _weights_identity(config: Any) -> str:
     return weights_identity(config)
 
 
-def _operating_point(calibration: Any, config: DetectorConfig) -> Any:
-    """A stored calibration's operating point under the product's rule (None if uncalibrated)."""
-    from ..core.scoring import operating_point
-
-    return operating_point(Calibration.from_json(calibration), config)
-
-
 def _features_to_bank(features: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
     return {k: torch.from_numpy(np.array(v)) for k, v in features.items()}
 
 
-def _snapshot(
-    product: str, version: int, source: TemplateSet | dict[str, Any], tiny: dict[str, Any]
-) -> ProductSnapshot:
+def _snapshot(product: str, version: int, source: TemplateSet | VersionRecord, tiny: dict[str, Any]) -> ProductSnapshot:
     """What replicas score ``version`` with: the tiny-set refs and the scoring metadata of a
-    template set or of a stored manifest (so publishing a stored version reads its manifest,
-    not every layer's bank)."""
-    if isinstance(source, TemplateSet):
-        return ProductSnapshot(product, version, source.config, source.weights_id, source.calibration, tiny)
-    return ProductSnapshot.from_manifest(product, version, source, tiny)
+    template set or of a stored version's record (so publishing a stored version reads its
+    manifest, not every layer's bank)."""
+    return ProductSnapshot(product, int(version), source.config, source.weights_id, source.calibration, dict(tiny))
 
 
 @ray.remote
@@ -233,27 +221,27 @@ class ProductRegistry:
         return out
 
     async def _describe_one(self, product: str, version: int) -> ProductDescription:
-        m = await asyncio.to_thread(self.store.manifest, product, version)
-        config = stored_config(m["config"])
-        op = _operating_point(m.get("calibration"), config)
+        rec = await asyncio.to_thread(self.store.record, product, version)
+        config = rec.config
+        op = rec.operating_point()
         return ProductDescription(
             product=product,
             version=version,
-            images=m["images"],
-            templates=config.templates.kind,
-            sheets=config.templates.sheets_of(m["images"]),  # what the selection holds, not the configured K
+            images=rec.images,
+            templates=rec.templates,
+            sheets=rec.sheets,  # what the selection holds, not the configured K
             backbone=config.backbone.name,
-            weights_id=m["weights_id"],
+            weights_id=rec.weights_id,
             image_size=config.backbone.image_size,
             geometry=config.backbone.geometry,
             # How K was set: the sheets: auto record (chosen K, why, ladder) or None for a fixed K.
-            sheets_auto=m.get("meta", {}).get("sheets_auto") if m.get("selection") else None,
+            sheets_auto=None if rec.sheets_auto is None else dict(rec.sheets_auto),
             threshold=None if op is None else op.threshold,
             # the rule that set it and the estimated share of good parts flagged (fraction)
             threshold_rule=None if op is None else op.rule,
             rule_target=None if op is None else op.target,
             estimated_false_alarm_rate=None if op is None else op.false_alarm_rate,
-            created=m.get("created"),
+            created=rec.created,
         )
 
     async def _load_shards(self, product: str) -> int:
@@ -262,22 +250,21 @@ class ProductRegistry:
         manifest. All layers load the same version (the head read here), so a head moving
         meanwhile is caught by the next store poll."""
         version = await asyncio.to_thread(self.store.head, product)
-        manifest = await asyncio.to_thread(self.store.manifest, product, version)
+        rec = await asyncio.to_thread(self.store.record, product, version)
         self.shards.pop(product, None)
-        self.shards[product] = await self.hosts.place(product, list(manifest["layers"]), version)
-        await self._publish(product, version, manifest)
+        self.shards[product] = await self.hosts.place(product, list(rec.layers), version)
+        await self._publish(product, version, rec)
         return version
 
     async def _reload_shards(self, product: str) -> None:
         """Load the store's head into the product's shards (on the hosts it is placed on) and publish it."""
         await self._load_shards(product)
 
-    async def _publish(self, product: str, version: int, source: TemplateSet | dict[str, Any]) -> None:
+    async def _publish(self, product: str, version: int, source: TemplateSet | VersionRecord) -> None:
         """Make ``version`` what replicas see: its tiny set (from the shards) and scoring metadata
-        (``source``: the template set or the version's manifest)."""
+        (``source``: the template set or the version's record)."""
         shards = self.shards[product]
-        layers = source.layers if isinstance(source, TemplateSet) else source["layers"]
-        tiny = {layer: shards[layer].tiny.remote() for layer in layers}
+        tiny = {layer: shards[layer].tiny.remote() for layer in source.layers}
         futures = [asyncio.wrap_future(r.future()) for r in tiny.values()]
         await asyncio.wait(futures)
         for f in futures:
@@ -469,8 +456,7 @@ class ProductRegistry:
     async def start_normals(self, product: str, images: list[bytes]) -> dict[str, Any]:
         """Hot-update ``product`` with encoded good images, as a job; returns the job record."""
         version = await self.head(product)  # ProductNotFound before any work starts
-        m = await asyncio.to_thread(self.store.manifest, product, version)
-        cfg = stored_config(m["config"])
+        cfg = (await asyncio.to_thread(self.store.record, product, version)).config
 
         async def work(progress: JobProgress) -> int:
             features, digests = await self._extract(cfg, images, progress)
@@ -506,9 +492,9 @@ class ProductRegistry:
         from ..core.templates import TemplateError
 
         version = await self.head(product)  # ProductNotFound before any work starts
-        m = await asyncio.to_thread(self.store.manifest, product, version)
-        cfg = stored_config(m["config"])
-        if m.get("calibration") is None:
+        rec = await asyncio.to_thread(self.store.record, product, version)
+        cfg = rec.config
+        if rec.calibration is None:
             raise TemplateError(f"product {product!r} v{version} has no out-of-fold scores: the far rule needs them")
         threshold = replace(cfg.threshold, rule="far", false_alarm_rate=false_alarm_rate)  # ConfigError if out of range
         config = replace(cfg, threshold=threshold).stored_dict()

@@ -12,23 +12,43 @@ Exact semantics:
   ``max_images`` files is a 413, a body without images a 400, another content type a 415.
 - :func:`labelled_uploads` is the same for the calibrate route: file parts named ``good``
   (label 0) or ``defective`` (label 1).
+- JSON bodies are typed (pydantic models: :class:`SourceBody`, :class:`LabelledSourceBody`,
+  :class:`FarRuleBody`, :class:`RollbackBody`), checked by :func:`typed` after :func:`json_object`
+  read them. Not as FastAPI body parameters: FastAPI would read the body unbounded (no 413 before
+  reading, no 408), accept ``NaN`` and any depth, and two routes take JSON or multipart.
+  A body that does not fit its model is a 400 ``bad_request`` with the route's one line.
 
-Every refusal is an :class:`~hetmm_ray.serve.security.Refused` (status, code, one line).
+Every refusal is an :class:`~hetmm_ray.errors.Refused` (status, code, one line).
 """
 
 from __future__ import annotations
 
 import asyncio
+from typing import Any, TypeVar
 
+from pydantic import BaseModel, ConfigDict, StrictInt, ValidationError, model_validator
 from starlette.datastructures import FormData
 from starlette.formparsers import MultiPartParser
 from starlette.requests import Request
 
 from ..config import MAX_IMAGE_BYTES
-from ..errors import one_line
-from .security import Refused, parse_json_object
+from ..errors import Refused, one_line
+from .security import parse_json_object
 
-__all__ = ["RAW_IMAGE_TYPES", "content_type", "json_object", "labelled_uploads", "parse_form", "read_body", "uploads"]
+__all__ = [
+    "RAW_IMAGE_TYPES",
+    "FarRuleBody",
+    "LabelledSourceBody",
+    "RollbackBody",
+    "SourceBody",
+    "content_type",
+    "json_object",
+    "labelled_uploads",
+    "parse_form",
+    "read_body",
+    "typed",
+    "uploads",
+]
 
 RAW_IMAGE_TYPES = ("image/png", "image/jpeg", "image/bmp", "image/tiff", "image/x-ms-bmp", "application/octet-stream")
 MAX_FORM_FIELDS = 16  # text fields of a multipart body (config, objective, ...)
@@ -131,3 +151,75 @@ async def json_object(request: Request, *, limit: int, timeout: float) -> dict:
     if ctype != "application/json":
         raise Refused(415, "unsupported_media_type", f"content type {ctype or '(none)'!r}; send application/json")
     return parse_json_object(await read_body(request, limit=limit, timeout=timeout))
+
+
+# --- typed JSON bodies --------------------------------------------------------------------
+class SourceBody(BaseModel):
+    """``POST /v1/products/{p}`` as JSON: a server-side ``source`` (checked by
+    ``security.resolve_source``) and an optional ``config`` object (checked by the route)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    source: Any
+    config: Any = None
+
+
+class LabelledSourceBody(BaseModel):
+    """``POST .../calibrate`` as JSON, labelled rule: a labelled folder (or ``store:labels``),
+    ``objective`` and ``max_false_alarm_rate`` (checked by the route, as the multipart fields)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    source: Any
+    objective: Any = "f1"
+    max_false_alarm_rate: Any = 0.01
+
+
+class FarRuleBody(BaseModel):
+    """``POST .../calibrate`` as JSON, far rule: ``{"rule": "far", "false_alarm_rate": r}``
+    (``rule`` optional); ``r`` is checked against the ``threshold.false_alarm_rate`` range by the
+    route (config.check_number). Each refusal names what to give."""
+
+    model_config = ConfigDict(frozen=True)
+    rule: str = "far"
+    false_alarm_rate: Any
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse(cls, data: Any) -> Any:
+        # Refused (not a ValueError) passes through pydantic unwrapped: the route's exact answers.
+        unknown = set(data) - {"rule", "false_alarm_rate"}
+        if unknown:
+            raise Refused(
+                400,
+                "bad_request",
+                f"JSON body: unknown field(s) {', '.join(sorted(map(str, unknown)))}; the far rule takes "
+                "'rule': 'far' and 'false_alarm_rate' (the labelled rule: 'source', 'objective', "
+                "'max_false_alarm_rate')",
+            )
+        if data.get("rule", "far") != "far":
+            raise Refused(
+                400,
+                "bad_request",
+                f"rule: {data['rule']!r} cannot be set by a rate; give 'far' (the labelled rule: give 'source')",
+            )
+        if "false_alarm_rate" not in data:
+            raise Refused(400, "bad_request", "JSON body: give 'false_alarm_rate' for the far rule")
+        return data
+
+
+class RollbackBody(BaseModel):
+    """``POST .../rollback``: ``{"version": n}``, an integer (not a bool, not 2.0); other keys ignored."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+    version: StrictInt
+
+
+Body = TypeVar("Body", bound=BaseModel)
+
+
+def typed(model: type[Body], spec: dict[str, Any], *, refusal: str) -> Body:
+    """``spec`` (a request's JSON object) as ``model``; 400 ``bad_request`` with ``refusal`` if it
+    does not fit (a model's own refusals pass through as they are)."""
+    try:
+        return model.model_validate(spec)
+    except ValidationError:
+        raise Refused(400, "bad_request", refusal) from None

@@ -5,6 +5,13 @@ are checked before bodies are read and images are checked before they are
 decoded (``data/decode.py``). Predictions go to the ``Detector`` deployment
 with the product as the multiplexed model id; admin work (create, normals,
 rollback, jobs) goes to the product registry.
+
+One way to add a route: a method of :class:`Ingress` under ``@app.<method>(path)`` and
+``@timed(name)`` (timing, metrics, the JSON error of any exception). The console's routes
+(serve/ui.py) are such methods too: each checks the request and calls the
+:class:`~hetmm_ray.serve.ui.Console` the ingress holds. A refusal is an
+:class:`~hetmm_ray.errors.Refused`; every error is answered through ``errors.describe``,
+a failed job's included (:func:`job_answer`).
 """
 
 # No `from __future__ import annotations`: FastAPI must see real types on the routes
@@ -33,95 +40,86 @@ from ..core.calibration import check_rate
 from ..data.decode import decode_image
 from ..data.sources import read_image_source
 from ..distributed.registry import get_registry
-from ..errors import HetmmError, describe, one_line
-from ..store import StoreError, check_product_name
+from ..errors import Refused, describe
+from ..store import StoreError, check_product_name, open_store
 from ..store.labels import STORED_LABELS
-from . import bodies, security
+from . import bodies
 from .canvas import CanvasCache, decode_to_canvas
 from .metrics import CONTENT_TYPE_LATEST, ServiceMetrics
-from .security import (  # InsecureBind, refuse_open_bind: importable from here as before
-    CrossOriginGuard,
-    InsecureBind,
-    JSONResponse,
-    parse_json_object,
-    refuse_open_bind,
-    resolve_source,
-)
-from .ui import ConsoleRoutes
-from .ui import router as console_router
+from .security import CrossOriginGuard, JSONResponse, parse_json_object, refuse_open_bind, resolve_source
+from .ui import Console
 from .warm_set import WarmSet
 
-__all__ = ["ApiError", "Ingress", "InsecureBind", "app", "classify", "refuse_open_bind"]
+__all__ = ["Ingress", "app", "classify", "job_answer", "timed"]
 
 logger = logging.getLogger("ray.serve")
 
 
-class ApiError(HetmmError):
-    """A client-visible error: HTTP status, a stable code and a one-line message."""
-
-    def __init__(self, status: int, code: str, message: str) -> None:
-        super().__init__(message)
-        self.status, self.code, self.message = status, code, message
-
-
-def classify(exc: BaseException) -> ApiError:
-    """The HTTP answer to ``exc``: project errors through the one table (``hetmm_ray/errors.py``),
-    transport errors (a client gone, no replica) here, anything else a logged 500."""
-    if isinstance(exc, ApiError):
-        return exc
+def classify(exc: BaseException) -> Refused:
+    """The HTTP answer to ``exc``: project errors (refusals included) through the one table
+    (``errors.describe``), transport errors (a client gone, no replica) here, anything else a
+    logged 500."""
     # The client went away mid-request: starlette says ClientDisconnect; Serve's proxy cancels the
     # replica's pull of the body (TaskCancelledError). Its doing, not a server error: 499, no log.
     if isinstance(exc, ClientDisconnect | TaskCancelledError):
-        return ApiError(499, "client_closed_request", "the client closed the connection before the body was sent")
+        return Refused(499, "client_closed_request", "the client closed the connection before the body was sent")
     if isinstance(exc, RayActorError | BackPressureError | DeploymentUnavailableError):
-        return ApiError(503, "unavailable", f"no replica could take the request now ({type(exc).__name__}); retry")
+        return Refused(503, "unavailable", f"no replica could take the request now ({type(exc).__name__}); retry")
     known = describe(exc)  # Ray re-raises a remote error as a subclass of its cause: describe reads the cause
     if known is not None:
-        return ApiError(*known)
+        return Refused(*known)
     cause = getattr(exc, "cause", None) or exc
-    return ApiError(500, "internal", f"internal error ({type(cause).__name__}); see the server log")
+    return Refused(500, "internal", f"internal error ({type(cause).__name__}); see the server log")
 
 
-_one_line = one_line  # the name the routes below use
-
-
-def _error(err: ApiError) -> JSONResponse:
+def _error(err: Refused) -> JSONResponse:
     return JSONResponse({"error": {"code": err.code, "message": err.message}}, status_code=err.status)
 
 
+def job_answer(record: dict[str, Any]) -> JSONResponse:
+    """The answer to an admin request that waited for its job (``?wait=true``): 202 while it runs,
+    200 once it succeeded, and for a failed job the status and code of its error in the one table
+    (``errors.describe``, recorded by the job board) with the job beside the error."""
+    if record["state"] == "running":
+        return JSONResponse({"job": record}, status_code=202)
+    if record["state"] == "failed":
+        err = record.get("error") or {}
+        status, code = int(err.get("status", 500)), str(err.get("code", "internal"))
+        body = {"error": {"code": code, "message": err.get("message", "")}, "job": record}
+        return JSONResponse(body, status_code=status)
+    return JSONResponse({"job": record}, status_code=200)
+
+
+def _serving_origins() -> tuple[str, ...]:
+    """The origin policy of the ingress this process serves (its ServiceConfig's ``allowed_origins``)."""
+    return serve.get_replica_context().servable_object.service.allowed_origins
+
+
 app = FastAPI(title="hetmm-ray", summary="Training-free visual anomaly detection (HETMM) over HTTP")
-app.add_middleware(CrossOriginGuard)
-app.include_router(console_router)  # the inspection console, GET /ui/ (serve/ui.py)
+app.add_middleware(CrossOriginGuard, allowed=_serving_origins)
 
 
-@app.exception_handler(ApiError)
-async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
+@app.exception_handler(Refused)
+async def _refused(_: Request, exc: Refused) -> JSONResponse:
     return _error(exc)
 
 
 @app.exception_handler(StarletteHTTPException)
 async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
     code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-    return _error(ApiError(exc.status_code, code, str(exc.detail)))
+    return _error(Refused(exc.status_code, code, str(exc.detail)))
 
 
 @app.exception_handler(RequestValidationError)
 async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
     first = exc.errors()[0] if exc.errors() else {}
     where = ".".join(str(p) for p in first.get("loc", ()))
-    return _error(ApiError(400, "bad_request", f"{where}: {first.get('msg', 'invalid request')}"))
+    return _error(Refused(400, "bad_request", f"{where}: {first.get('msg', 'invalid request')}"))
 
 
 @app.exception_handler(Exception)
 async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
     return _error(classify(exc))
-
-
-_content_type = bodies.content_type
-RAW_IMAGE_TYPES = bodies.RAW_IMAGE_TYPES
-
-
-_merged = merge_product_config  # config.py: the request's settings over the service's defaults
 
 
 def _labelled_folder(source: str) -> list[tuple[str, bytes, int]]:
@@ -132,7 +130,7 @@ def _labelled_folder(source: str) -> list[tuple[str, bytes, int]]:
     try:
         found = labelled_images(source)
     except DatasetError as exc:
-        raise ApiError(400, "bad_source", str(exc)) from None
+        raise Refused(400, "bad_source", str(exc)) from None
     return [(str(p), p.read_bytes(), label) for p, label in found]
 
 
@@ -158,7 +156,7 @@ def timed(route: str) -> Callable[[Callable[..., Awaitable[Response]]], Callable
 # be able to take every slot (bodies time out after ServiceConfig.body_timeout_s).
 @serve.deployment(name="Ingress", ray_actor_options={"num_cpus": 0.25}, max_ongoing_requests=1024)
 @serve.ingress(app)
-class Ingress(ConsoleRoutes):
+class Ingress:
     def __init__(self, detector: Any, service: dict[str, Any]) -> None:
         self.service = ServiceConfig.from_dict(service)
         self.token = os.environ.get(self.service.admin_token_env) or None
@@ -181,8 +179,10 @@ class Ingress(ConsoleRoutes):
         self._known: dict[str, float] = {}  # product -> until when its existence is cached
         # the canvas each product's replica needs: uploads are resized here (serve/canvas.py)
         self._canvas = CanvasCache(lambda p: self.registry.snapshot.remote(p), self.service.store_poll_s)
-        security.ALLOWED_ORIGINS = self.service.allowed_origins
-        self._setup_console()  # the recent-predictions ring and the labelled set (serve/ui.py)
+        # the console's state and answers (serve/ui.py): the recent-predictions ring, the labelled set
+        self.console = Console(
+            self.service, registry=self.registry, detector=self.detector, store=open_store(self.service.store)
+        )
 
     # --- plumbing -------------------------------------------------------------------------------
     async def _timed(self, request: Request, route: str, handler: Callable[[], Awaitable[Response]]) -> Response:
@@ -202,10 +202,10 @@ class Ingress(ConsoleRoutes):
             return  # loopback-only server without a token (checked at start-up)
         header = request.headers.get("authorization", "")
         if not header:
-            raise ApiError(401, "unauthorized", "admin route: send 'Authorization: Bearer <token>'")
+            raise Refused(401, "unauthorized", "admin route: send 'Authorization: Bearer <token>'")
         scheme, _, given = header.partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), self.token.encode()):
-            raise ApiError(403, "forbidden", "admin route: the bearer token is wrong")
+            raise Refused(403, "forbidden", "admin route: the bearer token is wrong")
 
     # --- bodies (serve/bodies.py), bounded by this service's limits -----------------------------
     async def _body(self, request: Request) -> bytes:
@@ -222,7 +222,7 @@ class Ingress(ConsoleRoutes):
         try:
             return check_product_name(product)
         except StoreError as exc:
-            raise ApiError(400, "bad_product_name", str(exc)) from None
+            raise Refused(400, "bad_product_name", str(exc)) from None
 
     async def _require_product(self, product: str) -> None:
         self._check_product(product)
@@ -242,15 +242,7 @@ class Ingress(ConsoleRoutes):
     async def _job_response(self, record: dict[str, Any], wait: bool) -> JSONResponse:
         if not wait:
             return JSONResponse({"job": record}, status_code=202)
-        final = await self.registry.job.remote(record["id"], self.service.job_wait_s)
-        if final["state"] == "running":
-            return JSONResponse({"job": final}, status_code=202)
-        if final["state"] == "failed":
-            err = final["error"] or {}
-            status = 503 if err.get("type") == "StoreUnavailable" else 422
-            body = {"error": {"code": "job_failed", "message": err.get("message", "")}, "job": final}
-            return JSONResponse(body, status_code=status)
-        return JSONResponse({"job": final}, status_code=200)
+        return job_answer(await self.registry.job.remote(record["id"], self.service.job_wait_s))
 
     # --- routes ---------------------------------------------------------------------------------
     @app.get("/healthz")
@@ -271,7 +263,7 @@ class Ingress(ConsoleRoutes):
     @timed("predict")
     async def predict(self, product: str, request: Request, map: str | None = None) -> Response:
         if map not in (None, "png"):
-            raise ApiError(400, "bad_request", f"map={map!r}: the only heat-map format is png")
+            raise Refused(400, "bad_request", f"map={map!r}: the only heat-map format is png")
         await self._require_product(product)
         uploads, _ = await self._uploads(request, max_images=self.service.max_images_per_request)
         decode_start = time.perf_counter()
@@ -286,7 +278,7 @@ class Ingress(ConsoleRoutes):
             except RayActorError:  # the replica died under the request: scoring is idempotent, retry once
                 results = await handle.predict.remote(images, map == "png")
         self.metrics.observe_results(product, results)
-        self._remember(product, uploads, results)  # the console's recent ring; adds recent_id
+        self.console.remember(product, uploads, results)  # the console's recent ring; adds recent_id
         total_ms = round(1000 * (time.perf_counter() - started), 3)
         for (name, _), r in zip(uploads, results, strict=True):
             t = r["timing"]
@@ -304,28 +296,27 @@ class Ingress(ConsoleRoutes):
     async def create(self, product: str, request: Request, wait: bool = False) -> Response:
         self._admin(request)
         self._check_product(product)
-        ctype = _content_type(request)
+        ctype = bodies.content_type(request)
         if ctype == "application/json":
-            spec = await self._json(request)
-            unknown = set(spec) - {"config", "source"}
-            if unknown or "source" not in spec:
-                raise ApiError(
-                    400, "bad_request", "JSON body: give 'source' (folder or s3:// prefix) and optional 'config'"
-                )
-            uri, confine_to = resolve_source(spec["source"], self.service.source_roots)
+            body = bodies.typed(
+                bodies.SourceBody,
+                await self._json(request),
+                refusal="JSON body: give 'source' (folder or s3:// prefix) and optional 'config'",
+            )
+            uri, confine_to = resolve_source(body.source, self.service.source_roots)
             uploads = await asyncio.to_thread(
                 read_image_source, uri, max_images=self.service.max_images_per_job, confine_to=confine_to
             )
-            config_data = spec.get("config") or {}
+            config_data = body.config or {}
         else:
             uploads, fields = await self._uploads(request, max_images=self.service.max_images_per_job)
             config_data = parse_json_object(fields.get("config", "{}"), what="the 'config' field")
         if not isinstance(config_data, dict):
-            raise ApiError(400, "bad_config", "'config' must be a JSON object")
-        config = _merged(self.service.product_defaults, config_data)
+            raise Refused(400, "bad_config", "'config' must be a JSON object")
+        config = merge_product_config(self.service.product_defaults, config_data)  # over the service's defaults
         await self._decode(uploads)  # every bad image is a 400 now, not a failed job later
         if len(uploads) < 2:
-            raise ApiError(400, "too_few_images", "a product needs at least 2 good images")
+            raise Refused(400, "too_few_images", "a product needs at least 2 good images")
         record = await self.registry.start_create.remote(product, config, [d for _, d in uploads])
         return await self._job_response(record, wait)
 
@@ -347,42 +338,41 @@ class Ingress(ConsoleRoutes):
         ``{"source": server-side folder, "objective", "max_false_alarm_rate"}``. A job (202)."""
         self._admin(request)
         await self._require_product(product)
-        if _content_type(request) == "application/json":
+        if bodies.content_type(request) == "application/json":
             spec = await self._json(request)
             if "rule" in spec or "false_alarm_rate" in spec:  # the far rule at a rate (serve/ui.py)
-                return await self._set_far_rule(product, spec, wait)
-            unknown = set(spec) - {"source", "objective", "max_false_alarm_rate"}
-            if unknown or "source" not in spec:
-                raise ApiError(
-                    400,
-                    "bad_request",
-                    "JSON body: give 'source' (a labelled folder) and optional 'objective', 'max_false_alarm_rate'",
-                )
-            if spec["source"] == STORED_LABELS:  # the console's labelled set (store/labels.py)
-                labelled = await asyncio.to_thread(self._labels.labelled, product)
+                far = bodies.typed(bodies.FarRuleBody, spec, refusal="JSON body: give 'false_alarm_rate'")
+                return await self._job_response(await self.console.set_far_rule(product, far), wait)
+            body = bodies.typed(
+                bodies.LabelledSourceBody,
+                spec,
+                refusal="JSON body: give 'source' (a labelled folder) and optional 'objective', 'max_false_alarm_rate'",
+            )
+            if body.source == STORED_LABELS:  # the console's labelled set (store/labels.py)
+                labelled = await self.console.labelled(product)
             else:
-                labelled = await asyncio.to_thread(_labelled_folder, str(spec["source"]))
+                labelled = await asyncio.to_thread(_labelled_folder, str(body.source))
             if len(labelled) > self.service.max_images_per_job:
-                raise ApiError(
+                raise Refused(
                     413,
                     "too_many_images",
                     f"{len(labelled)} images; the limit is {self.service.max_images_per_job}",
                 )
             uploads = [(name, data) for name, data, _ in labelled]
             labels = [label for _, _, label in labelled]
-            fields = {k: spec[k] for k in ("objective", "max_false_alarm_rate") if k in spec}
+            fields = {"objective": body.objective, "max_false_alarm_rate": body.max_false_alarm_rate}
         else:
             uploads, labels, fields = await self._labelled_uploads(request)
         objective = fields.get("objective", "f1")
         if objective not in ("f1", "recall"):
-            raise ApiError(400, "bad_request", f"objective: choose f1 or recall, got {objective!r}")
+            raise Refused(400, "bad_request", f"objective: choose f1 or recall, got {objective!r}")
         try:
             cap = float(fields.get("max_false_alarm_rate", 0.01))
             check_rate(cap)
         except (TypeError, ValueError) as exc:
-            raise ApiError(400, "bad_request", f"max_false_alarm_rate: {exc}") from None
+            raise Refused(400, "bad_request", f"max_false_alarm_rate: {exc}") from None
         if not 0 < sum(labels) < len(labels):
-            raise ApiError(400, "bad_request", "labelled validation needs good and defective images")
+            raise Refused(400, "bad_request", "labelled validation needs good and defective images")
         await self._decode(uploads)
         record = await self.registry.start_calibrate.remote(product, [d for _, d in uploads], labels, objective, cap)
         return await self._job_response(record, wait)
@@ -400,11 +390,12 @@ class Ingress(ConsoleRoutes):
     async def rollback(self, product: str, request: Request) -> Response:
         self._admin(request)
         await self._require_product(product)
-        spec = await self._json(request)
-        version = spec.get("version")
-        if not isinstance(version, int) or isinstance(version, bool):
-            raise ApiError(400, "bad_request", "JSON body: give the integer 'version' to roll back to")
-        done = await self.registry.rollback.remote(product, version)
+        body = bodies.typed(
+            bodies.RollbackBody,
+            await self._json(request),
+            refusal="JSON body: give the integer 'version' to roll back to",
+        )
+        done = await self.registry.rollback.remote(product, body.version)
         return JSONResponse({"product": product, "version": done})
 
     @app.delete("/v1/products/{product}")
@@ -415,7 +406,7 @@ class Ingress(ConsoleRoutes):
         await self.registry.delete.remote(product)  # ProductNotFound -> 404
         self._known.pop(product, None)
         self._canvas.forget(product)
-        self.recent.forget(product)  # the console's recent ring (serve/recent.py)
+        self.console.forget(product)  # the console's recent ring (serve/recent.py)
         return JSONResponse({"product": product, "deleted": True})
 
     @app.get("/v1/jobs/{job_id}")
@@ -424,5 +415,79 @@ class Ingress(ConsoleRoutes):
         self._admin(request)
         record = await self.registry.job.remote(job_id)
         if record is None:
-            raise ApiError(404, "unknown_job", f"no job {job_id!r}")
+            raise Refused(404, "unknown_job", f"no job {job_id!r}")
         return JSONResponse({"job": record})
+
+    # --- the console (serve/ui.py): the page, then the routes it reads and labels through --------
+    @app.get("/ui")
+    async def ui_redirect(self) -> Response:
+        return self.console.ui_redirect()
+
+    @app.get("/ui/")
+    async def ui_index(self) -> Response:
+        return self.console.ui_index()
+
+    @app.get("/ui/{name}")
+    async def ui_file(self, name: str) -> Response:
+        return self.console.ui_file(name)
+
+    @app.get("/v1/recent")
+    @timed("recent")
+    async def recent_counts(self, request: Request) -> Response:
+        return self.console.recent_counts()
+
+    @app.get("/v1/products/{product}/recent")
+    @timed("recent")
+    async def recent_items(self, product: str, request: Request, flagged: bool = False, limit: int = 0) -> Response:
+        await self._require_product(product)
+        return self.console.recent_items(product, flagged, limit)
+
+    @app.get("/v1/products/{product}/recent/{item_id}/image")
+    @timed("recent")
+    async def recent_image(self, product: str, item_id: str, request: Request) -> Response:
+        return self.console.recent_image(product, item_id)
+
+    @app.get("/v1/products/{product}/recent/{item_id}/heatmap.png")
+    @timed("recent")
+    async def recent_heatmap(self, product: str, item_id: str, request: Request) -> Response:
+        return await self.console.recent_heatmap(product, item_id)
+
+    @app.get("/v1/products/{product}/versions")
+    @timed("versions")
+    async def versions(self, product: str, request: Request) -> Response:
+        await self._require_product(product)
+        return await self.console.versions(product)
+
+    @app.get("/v1/products/{product}/labels")
+    @timed("labels")
+    async def labels(self, product: str, request: Request) -> Response:
+        self._check_product(product)
+        return await self.console.labels(product)
+
+    @app.post("/v1/products/{product}/labels")
+    @timed("labels")
+    async def add_label(self, product: str, request: Request, label: str = "", name: str = "") -> Response:
+        self._admin(request)
+        await self._require_product(product)
+        self.console.check_label(label)
+        uploads, _ = await self._uploads(request, max_images=1)
+        return await self.console.add_label(product, label, name, uploads[0])
+
+    @app.get("/v1/products/{product}/labels/{label_id}/image")
+    @timed("labels")
+    async def label_image(self, product: str, label_id: str, request: Request) -> Response:
+        self._check_product(product)
+        return await self.console.label_image(product, label_id)
+
+    @app.delete("/v1/products/{product}/labels/{label_id}")
+    @timed("labels")
+    async def delete_label(self, product: str, label_id: str, request: Request) -> Response:
+        self._admin(request)
+        self._check_product(product)
+        return await self.console.delete_label(product, label_id)
+
+    @app.get("/v1/products/{product}/calibration")
+    @timed("calibration")
+    async def calibration(self, product: str, request: Request, false_alarm_rate: float | None = None) -> Response:
+        await self._require_product(product)
+        return await self.console.calibration(product, false_alarm_rate)

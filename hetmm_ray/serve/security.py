@@ -8,7 +8,8 @@
   :class:`JSONResponse`, which renders through it with ``allow_nan=False``: a response
   is always valid JSON, whatever an older stored product holds.
 - :class:`CrossOriginGuard`: ASGI middleware refusing cross-origin non-GET requests
-  (403 ``cross_origin``). A browser marks every request a web page makes with ``Origin``
+  (403 ``cross_origin``), built with the origin policy (``allowed``, the service's
+  ``allowed_origins``) passed in. A browser marks every request a web page makes with ``Origin``
   and/or ``Sec-Fetch-Site``; a request whose ``Origin`` is not the service's own
   (the ``Host`` it was sent to) nor one of the configured ``allowed_origins``, or that a
   browser marks ``cross-site``/``same-site``, is refused. Requests without either
@@ -35,14 +36,13 @@ from urllib.parse import urlsplit
 from starlette.responses import JSONResponse as _StarletteJSONResponse
 
 from ..config import ConfigError
-from ..errors import HetmmError
+from ..errors import Refused
 
 __all__ = [
     "MAX_JSON_DEPTH",
     "CrossOriginGuard",
     "InsecureBind",
     "JSONResponse",
-    "Refused",
     "finite_json",
     "origin_allowed",
     "parse_json_object",
@@ -54,14 +54,6 @@ MAX_JSON_DEPTH = 32
 """Deepest nesting accepted in a request's JSON (a configuration needs 3)."""
 
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
-
-
-class Refused(HetmmError):
-    """A request refused by a rule here: HTTP status, stable code, one-line message."""
-
-    def __init__(self, status: int, code: str, message: str) -> None:
-        super().__init__(message)
-        self.status, self.code, self.message = status, code, message
 
 
 # --- JSON in ------------------------------------------------------------------------------
@@ -153,17 +145,20 @@ ASGIApp = Callable[[Scope, Callable[[], Awaitable[Any]], Callable[[Any], Awaitab
 class CrossOriginGuard:
     """ASGI middleware: non-GET requests from another origin get 403 ``cross_origin``.
 
-    ``allowed`` is read at each request from :data:`ALLOWED_ORIGINS`, which the ingress sets
-    from its ServiceConfig when it starts (one ingress per process).
+    ``allowed``: the origins allowed besides the service's own, as a function called at each
+    request. The app is built at import time (Serve binds the ingress class to it) and the
+    service's configuration reaches the replica later, so the builder passes a function that
+    reads the serving ingress's configuration (serve/ingress.py).
     """
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, *, allowed: Callable[[], tuple[str, ...]]) -> None:
         self.app = app
+        self.allowed = allowed
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         if scope["type"] == "http" and scope["method"] not in SAFE_METHODS:
             headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
-            if not origin_allowed(headers, scope.get("scheme", "http"), ALLOWED_ORIGINS):
+            if not origin_allowed(headers, scope.get("scheme", "http"), self.allowed()):
                 response = JSONResponse(
                     {
                         "error": {
@@ -178,9 +173,6 @@ class CrossOriginGuard:
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)
-
-
-ALLOWED_ORIGINS: tuple[str, ...] = ()
 
 
 # --- server-side sources ------------------------------------------------------------------

@@ -5,12 +5,15 @@ fetched from elsewhere) is served by the ingress itself and does everything thro
 HTTP API with the API's own checks: predictions through ``/predict``, "good part" through
 the ``/normals`` hot-update job and ``/v1/jobs/{id}``, calibration through ``/calibrate``
 (``{"rule": "far", "false_alarm_rate": r}``: the previewed far line, handled here by
-:meth:`ConsoleRoutes._set_far_rule`; or ``{"source": "store:labels"}``: the labelled set
+:meth:`Console.set_far_rule`; or ``{"source": "store:labels"}``: the labelled set
 below), rollback through ``/rollback`` (the store records the move, ``VersionedStore.moves``).
 Routes that change something need the admin token (the page asks once and keeps it in the
 tab's ``sessionStorage``); reads need nothing, like ``GET /v1/products``.
 
-Routes added here (methods of :class:`ConsoleRoutes`, a base class of ``Ingress``):
+The console is an object (:class:`Console`) handed what it needs: the service's settings, the
+registry and detector handles, the store. Its routes are ``Ingress`` methods like every other
+route (serve/ingress.py: ``@app.get(...)`` over ``@timed(...)``): each checks the request (auth,
+product) and calls the console method of the same name, which answers it. The routes:
 
 ====== ================================================ ======================================
 GET    ``/ui/``, ``/ui/app.js``, ``/ui/app.css``         the console
@@ -30,26 +33,28 @@ GET    ``/v1/products/{p}/calibration[?false_alarm_rate]`` out-of-fold good scor
 ====== ================================================ ======================================
 """
 
-# No `from __future__ import annotations`: FastAPI must see real types on these routes (see ingress.py).
+from __future__ import annotations
+
 import asyncio
 import base64
 import time
 from pathlib import Path
 from typing import Any
 
-from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, RedirectResponse, Response
 
-from ..config import HEATMAP_VMAX_OVER_THRESHOLD, check_number, stored_config
+from ..config import HEATMAP_VMAX_OVER_THRESHOLD, ServiceConfig, check_number
 from ..core.calibration import check_rate
-from ..core.scoring import Calibration, operating_point
+from ..core.scoring import Calibration
 from ..data.decode import decode_image
-from ..store import StoreError, open_store
+from ..errors import Refused
+from ..store import StoreError, VersionedStore, VersionRecord
 from ..store.labels import LABELS, LabelSet
+from .bodies import FarRuleBody
 from .recent import RecentPredictions, image_media_type
-from .security import JSONResponse, Refused
+from .security import JSONResponse
 
-__all__ = ["STATIC", "ConsoleRoutes", "router"]
+__all__ = ["STATIC", "Console"]
 
 STATIC = Path(__file__).resolve().parent / "static"
 _FILES = {"app.js": "text/javascript", "app.css": "text/css"}
@@ -62,10 +67,8 @@ _PAGE_HEADERS = {
 }
 MAX_VERSIONS_SHOWN = 50
 
-router = APIRouter()
 
-
-def _change(manifest: dict[str, Any], parent: dict[str, Any] | None) -> str:
+def _change(record: VersionRecord, parent: VersionRecord | None) -> str:
     """What a version changed relative to its parent: create, normals, calibration or update.
 
     calibration: a new labelled validation result, or other threshold settings (the far rule's
@@ -74,90 +77,79 @@ def _change(manifest: dict[str, Any], parent: dict[str, Any] | None) -> str:
     """
     if parent is None:
         return "create"
-    if manifest["images"] > parent["images"]:
+    if record.images > parent.images:
         return "normals"
-    cal, old = manifest.get("calibration"), parent.get("calibration")
-    if isinstance(cal, dict) and cal.get("validation") and cal != old:
+    cal, old = record.calibration, parent.calibration
+    if cal is not None and cal.validation and cal != old:
         return "calibration"
-    if manifest["config"].get("threshold") != parent["config"].get("threshold"):
+    if record.config.threshold != parent.config.threshold:
         return "calibration"
     return "update"
 
 
-class ConsoleRoutes:
-    """Console routes, mixed into ``Ingress`` (Serve binds them to the ingress instance).
+class Console:
+    """The console's state (the recent ring, the labelled set, label scores) and its answers.
 
-    Uses the ingress's ``service``, ``detector``, ``_timed``, ``_admin``, ``_require_product``
-    and ``_body``; keeps ``recent`` (set up by :meth:`_setup_console`).
+    ``registry`` and ``detector``: the ingress's handles (the product registry actor, the
+    ``Detector`` deployment); ``store``: the service's template store.
     """
 
-    recent: RecentPredictions
-
-    def _setup_console(self) -> None:
-        service = self.service  # type: ignore[attr-defined]
+    def __init__(self, service: ServiceConfig, *, registry: Any, detector: Any, store: VersionedStore) -> None:
+        self.service = service
+        self.registry = registry
+        self.detector = detector
+        self.store = store
         self.recent = RecentPredictions(service.recent_per_product, service.recent_max_mib * 2**20)
-        self._store = open_store(service.store)
-        self._labels = LabelSet(self._store.backend)
+        self.labels_set = LabelSet(store.backend)
         self._label_scores: dict[tuple[str, int, str], float] = {}  # (product, version, label id) -> score
 
-    def _remember(self, product: str, uploads: list[tuple[str, bytes]], results: list[dict[str, Any]]) -> None:
+    def remember(self, product: str, uploads: list[tuple[str, bytes]], results: list[dict[str, Any]]) -> None:
         """Record a predict request's results in the recent ring (called by the predict route)."""
         for (name, data), r in zip(uploads, results, strict=True):
             heat = r.get("heatmap_png")
             r["recent_id"] = self.recent.record(product, name, data, r, base64.b64decode(heat) if heat else None)
 
+    def forget(self, product: str) -> None:
+        """A deleted product's recent predictions."""
+        self.recent.forget(product)
+
     async def _score(self, product: str, images: list[bytes], want_maps: bool = False) -> list[dict[str, Any]]:
         """Score encoded images with ``product``'s head through the detector replicas (not recorded)."""
         decoded = await asyncio.to_thread(lambda: [decode_image(d) for d in images])
-        handle = self.detector.options(multiplexed_model_id=product)  # type: ignore[attr-defined]
-        step = self.service.max_images_per_request  # type: ignore[attr-defined]
+        handle = self.detector.options(multiplexed_model_id=product)
+        step = self.service.max_images_per_request
         out: list[dict[str, Any]] = []
         for i in range(0, len(decoded), step):
             out.extend(await handle.predict.remote(decoded[i : i + step], want_maps))
         return out
 
-    async def _run(self, request: Request, route: str, handler: Any) -> Response:
-        return await self._timed(request, route, handler)  # type: ignore[attr-defined]
-
     # --- the page -------------------------------------------------------------------------------
-    @router.get("/ui")
-    async def ui_redirect(self) -> Response:
+    @staticmethod
+    def ui_redirect() -> Response:
         return RedirectResponse("/ui/", status_code=308)
 
-    @router.get("/ui/")
-    async def ui_index(self) -> Response:
+    @staticmethod
+    def ui_index() -> Response:
         return FileResponse(STATIC / "index.html", media_type="text/html", headers=_PAGE_HEADERS)
 
-    @router.get("/ui/{name}")
-    async def ui_file(self, name: str) -> Response:
+    @staticmethod
+    def ui_file(name: str) -> Response:
+        """``app.js`` or ``app.css``; anything else is a 404."""
         if name not in _FILES:
             raise Refused(404, "not_found", f"/ui/{name}: no such file (the console is /ui/)")
         return FileResponse(STATIC / name, media_type=_FILES[name], headers=_PAGE_HEADERS)
 
     # --- recent predictions ---------------------------------------------------------------------
-    @router.get("/v1/recent")
-    async def recent_counts(self, request: Request) -> Response:
-        async def handler() -> Response:
-            return JSONResponse(
-                {
-                    "since": self.recent.started,
-                    "per_product": self.recent.per_product,
-                    "products": self.recent.counts(),
-                }
-            )
+    def recent_counts(self) -> Response:
+        return JSONResponse(
+            {"since": self.recent.started, "per_product": self.recent.per_product, "products": self.recent.counts()}
+        )
 
-        return await self._run(request, "recent", handler)
-
-    @router.get("/v1/products/{product}/recent")
-    async def recent_items(self, product: str, request: Request, flagged: bool = False, limit: int = 0) -> Response:
-        async def handler() -> Response:
-            await self._require_product(product)  # type: ignore[attr-defined]
-            if limit < 0:
-                raise Refused(400, "bad_request", "limit: must be >= 0 (0: all held)")
-            items = self.recent.items(product, flagged_only=flagged, limit=limit or None)
-            return JSONResponse({"product": product, "items": items, "per_product": self.recent.per_product})
-
-        return await self._run(request, "recent", handler)
+    def recent_items(self, product: str, flagged: bool, limit: int) -> Response:
+        if limit < 0:
+            raise Refused(400, "bad_request", "limit: must be >= 0 (0: all held)")
+        items = self.recent.items(product, flagged_only=flagged, limit=limit or None)
+        return JSONResponse({"product": product, "items": items, "per_product": self.recent.per_product})
 
     def _recent_item(self, product: str, item_id: str) -> Any:
         item = self.recent.get(product, item_id)
@@ -167,66 +159,52 @@ class ConsoleRoutes:
             )
         return item
 
-    @router.get("/v1/products/{product}/recent/{item_id}/image")
-    async def recent_image(self, product: str, item_id: str, request: Request) -> Response:
-        async def handler() -> Response:
-            item = self._recent_item(product, item_id)
-            return Response(item.image, media_type=image_media_type(item.image), headers={"Cache-Control": "no-cache"})
+    def recent_image(self, product: str, item_id: str) -> Response:
+        item = self._recent_item(product, item_id)
+        return Response(item.image, media_type=image_media_type(item.image), headers={"Cache-Control": "no-cache"})
 
-        return await self._run(request, "recent", handler)
-
-    @router.get("/v1/products/{product}/recent/{item_id}/heatmap.png")
-    async def recent_heatmap(self, product: str, item_id: str, request: Request) -> Response:
-        async def handler() -> Response:
-            item = self._recent_item(product, item_id)
-            if item.heatmap_png is None:  # the request did not ask for one: draw it with the head now
-                result = (await self._score(product, [item.image], want_maps=True))[0]
-                png = base64.b64decode(result["heatmap_png"])
-                self.recent.set_heatmap(item, png, result["version"], result.get("heatmap_scale"))
-            assert item.heatmap_png is not None
-            headers = {"Cache-Control": "no-cache", "X-Heatmap-Version": str(item.heatmap_version)}
-            return Response(item.heatmap_png, media_type="image/png", headers=headers)
-
-        return await self._run(request, "recent", handler)
+    async def recent_heatmap(self, product: str, item_id: str) -> Response:
+        item = self._recent_item(product, item_id)
+        if item.heatmap_png is None:  # the request did not ask for one: draw it with the head now
+            result = (await self._score(product, [item.image], want_maps=True))[0]
+            png = base64.b64decode(result["heatmap_png"])
+            self.recent.set_heatmap(item, png, result["version"], result.get("heatmap_scale"))
+        assert item.heatmap_png is not None
+        headers = {"Cache-Control": "no-cache", "X-Heatmap-Version": str(item.heatmap_version)}
+        return Response(item.heatmap_png, media_type="image/png", headers=headers)
 
     # --- versions -------------------------------------------------------------------------------
-    @router.get("/v1/products/{product}/versions")
-    async def versions(self, product: str, request: Request) -> Response:
-        async def handler() -> Response:
-            await self._require_product(product)  # type: ignore[attr-defined]
-            return JSONResponse(await asyncio.to_thread(self._history, product))
-
-        return await self._run(request, "versions", handler)
+    async def versions(self, product: str) -> Response:
+        return JSONResponse(await asyncio.to_thread(self._history, product))
 
     def _history(self, product: str) -> dict[str, Any]:
-        head = self._store.head(product)
-        kept = self._store.versions(product)[-MAX_VERSIONS_SHOWN:]
-        manifests = {v: self._store.manifest(product, v) for v in kept}
+        head = self.store.head(product)
+        kept = self.store.versions(product)[-MAX_VERSIONS_SHOWN:]
+        records = {v: self.store.record(product, v) for v in kept}
         rows = []
         for v in kept:
-            m = manifests[v]
-            parent_no = m.get("parent")
-            parent = manifests.get(parent_no) if parent_no else None
+            rec = records[v]
+            parent_no = rec.parent
+            parent = records.get(parent_no) if parent_no else None
             if parent_no and parent is None:
                 try:
-                    parent = self._store.manifest(product, parent_no)
+                    parent = self.store.record(product, parent_no)
                 except StoreError:
                     parent = None
-            config = stored_config(m["config"])
-            op = operating_point(Calibration.from_json(m.get("calibration")), config)
+            op = rec.operating_point()
             rows.append(
                 {
                     "version": v,
                     "parent": parent_no,
-                    "created": m.get("created"),
-                    "images": m["images"],
-                    "change": _change(m, parent) if parent is not None or not parent_no else "update",
+                    "created": rec.created,
+                    "images": rec.images,
+                    "change": _change(rec, parent) if parent is not None or not parent_no else "update",
                     "threshold": None if op is None else op.threshold,
                     "threshold_rule": None if op is None else op.rule,
                     "head": v == head,
                 }
             )
-        moves = self._store.moves(product, last=MAX_VERSIONS_SHOWN)
+        moves = self.store.moves(product, last=MAX_VERSIONS_SHOWN)
         # One time line, newest first: each version as published, each recorded HEAD move.
         changes = [
             {"change": r["change"], "version": r["version"], "from": r["parent"], "at": r["created"]} for r in rows
@@ -243,125 +221,85 @@ class ConsoleRoutes:
             "changes": changes,
         }
 
-    async def _set_far_rule(self, product: str, spec: dict[str, Any], wait: bool) -> Response:
+    async def set_far_rule(self, product: str, body: FarRuleBody) -> dict[str, Any]:
         """``POST /v1/products/{p}/calibrate`` with JSON ``{"rule": "far", "false_alarm_rate": r}``
-        (``rule`` optional): the far rule at rate ``r`` as a new version, a job like the labelled
-        calibration (the console's Apply of the previewed far line). ``r`` is checked against the
-        same range as the ``threshold.false_alarm_rate`` setting (config.NUMERIC_RANGES)."""
-        unknown = set(spec) - {"rule", "false_alarm_rate"}
-        if unknown:
-            raise Refused(
-                400,
-                "bad_request",
-                f"JSON body: unknown field(s) {', '.join(sorted(map(str, unknown)))}; the far rule takes "
-                "'rule': 'far' and 'false_alarm_rate' (the labelled rule: 'source', 'objective', "
-                "'max_false_alarm_rate')",
-            )
-        if spec.get("rule", "far") != "far":
-            raise Refused(
-                400,
-                "bad_request",
-                f"rule: {spec['rule']!r} cannot be set by a rate; give 'far' (the labelled rule: give 'source')",
-            )
-        if "false_alarm_rate" not in spec:
-            raise Refused(400, "bad_request", "JSON body: give 'false_alarm_rate' for the far rule")
-        check_number("threshold.false_alarm_rate", spec["false_alarm_rate"])  # ConfigError: 400 bad_config
-        record = await self.registry.start_far_rule.remote(product, float(spec["false_alarm_rate"]))  # type: ignore[attr-defined]
-        return await self._job_response(record, wait)  # type: ignore[attr-defined]
+        (``rule`` optional; its shape checked by :class:`~hetmm_ray.serve.bodies.FarRuleBody`): the
+        far rule at rate ``r`` as a new version, a job like the labelled calibration (the console's
+        Apply of the previewed far line); returns the job record. ``r`` is checked against the same
+        range as the ``threshold.false_alarm_rate`` setting."""
+        check_number("threshold.false_alarm_rate", body.false_alarm_rate)  # ConfigError: 400 bad_config
+        return await self.registry.start_far_rule.remote(product, float(body.false_alarm_rate))
 
     # --- labels ---------------------------------------------------------------------------------
-    @router.get("/v1/products/{product}/labels")
-    async def labels(self, product: str, request: Request) -> Response:
-        async def handler() -> Response:
-            self._check_product(product)  # type: ignore[attr-defined]
-            return JSONResponse({"product": product, "labels": await asyncio.to_thread(self._labels.records, product)})
+    async def labels(self, product: str) -> Response:
+        return JSONResponse({"product": product, "labels": await asyncio.to_thread(self.labels_set.records, product)})
 
-        return await self._run(request, "labels", handler)
+    async def labelled(self, product: str) -> list[tuple[str, bytes, int]]:
+        """The labelled set as (name, bytes, label) for a calibration job (``store:labels``)."""
+        return await asyncio.to_thread(self.labels_set.labelled, product)
 
-    @router.post("/v1/products/{product}/labels")
-    async def add_label(self, product: str, request: Request, label: str = "", name: str = "") -> Response:
-        async def handler() -> Response:
-            self._admin(request)  # type: ignore[attr-defined]
-            await self._require_product(product)  # type: ignore[attr-defined]
-            if label not in LABELS:
-                raise Refused(400, "bad_request", f"label={label!r}: choose one of {', '.join(LABELS)}")
-            uploads, _ = await self._uploads(request, max_images=1)  # type: ignore[attr-defined]
-            data = uploads[0][1]
-            await asyncio.to_thread(decode_image, data)  # a bad image is a 400 now, not a broken set later
-            version = await self.registry.head.remote(product)  # type: ignore[attr-defined]
-            record = await asyncio.to_thread(
-                self._labels.add, product, data, label, name=name or uploads[0][0], version=version
-            )
-            return JSONResponse({"product": product, "label": record}, status_code=201)
+    @staticmethod
+    def check_label(label: str) -> None:
+        if label not in LABELS:
+            raise Refused(400, "bad_request", f"label={label!r}: choose one of {', '.join(LABELS)}")
 
-        return await self._run(request, "labels", handler)
+    async def add_label(self, product: str, label: str, name: str, upload: tuple[str, bytes]) -> Response:
+        data = upload[1]
+        await asyncio.to_thread(decode_image, data)  # a bad image is a 400 now, not a broken set later
+        version = await self.registry.head.remote(product)
+        record = await asyncio.to_thread(
+            self.labels_set.add, product, data, label, name=name or upload[0], version=version
+        )
+        return JSONResponse({"product": product, "label": record}, status_code=201)
 
-    @router.get("/v1/products/{product}/labels/{label_id}/image")
-    async def label_image(self, product: str, label_id: str, request: Request) -> Response:
-        async def handler() -> Response:
-            self._check_product(product)  # type: ignore[attr-defined]
-            try:
-                data = await asyncio.to_thread(self._labels.image, product, label_id)
-            except (KeyError, StoreError):
-                raise Refused(404, "unknown_label", f"no label {label_id!r} of {product!r}") from None
-            return Response(data, media_type=image_media_type(data))
+    async def label_image(self, product: str, label_id: str) -> Response:
+        try:
+            data = await asyncio.to_thread(self.labels_set.image, product, label_id)
+        except (KeyError, StoreError):
+            raise Refused(404, "unknown_label", f"no label {label_id!r} of {product!r}") from None
+        return Response(data, media_type=image_media_type(data))
 
-        return await self._run(request, "labels", handler)
-
-    @router.delete("/v1/products/{product}/labels/{label_id}")
-    async def delete_label(self, product: str, label_id: str, request: Request) -> Response:
-        async def handler() -> Response:
-            self._admin(request)  # type: ignore[attr-defined]
-            self._check_product(product)  # type: ignore[attr-defined]
-            try:
-                await asyncio.to_thread(self._labels.delete, product, label_id)
-            except StoreError as exc:
-                raise Refused(400, "bad_request", str(exc)) from None
-            return JSONResponse({"product": product, "deleted": label_id})
-
-        return await self._run(request, "labels", handler)
+    async def delete_label(self, product: str, label_id: str) -> Response:
+        try:
+            await asyncio.to_thread(self.labels_set.delete, product, label_id)
+        except StoreError as exc:
+            raise Refused(400, "bad_request", str(exc)) from None
+        return JSONResponse({"product": product, "deleted": label_id})
 
     # --- calibration view -----------------------------------------------------------------------
-    @router.get("/v1/products/{product}/calibration")
-    async def calibration(self, product: str, request: Request, false_alarm_rate: float | None = None) -> Response:
+    async def calibration(self, product: str, false_alarm_rate: float | None) -> Response:
         """Out-of-fold good scores, the labelled set scored by the head, the threshold in force, and
         (``false_alarm_rate``) what the far rule and the labelled recall rule would choose at that rate."""
-
-        async def handler() -> Response:
-            await self._require_product(product)  # type: ignore[attr-defined]
-            if false_alarm_rate is not None:
-                try:
-                    check_rate(false_alarm_rate)
-                except ValueError as exc:
-                    raise Refused(400, "bad_request", f"false_alarm_rate: {exc}") from None
-            version = await self.registry.head.remote(product)  # type: ignore[attr-defined]
-            manifest = await asyncio.to_thread(self._store.manifest, product, version)
-            config = stored_config(manifest["config"])
-            cal = Calibration.from_json(manifest.get("calibration"))
-            op = operating_point(cal, config)
-            labelled = await self._scored_labels(product, version)
-            body: dict[str, Any] = {
-                "product": product,
-                "version": version,
-                "oof_scores": [] if cal is None else list(cal.scores),
-                "threshold": None if op is None else op.threshold,
-                "threshold_rule": None if op is None else op.rule,
-                "estimated_false_alarm_rate": None if op is None else op.false_alarm_rate,
-                "heatmap_vmax": None if op is None else HEATMAP_VMAX_OVER_THRESHOLD * op.threshold,
-                "labels": labelled,
-            }
-            if false_alarm_rate is not None and cal is not None:
-                body["preview"] = _preview(cal, labelled, false_alarm_rate)
-            return JSONResponse(body)
-
-        return await self._run(request, "calibration", handler)
+        if false_alarm_rate is not None:
+            try:
+                check_rate(false_alarm_rate)
+            except ValueError as exc:
+                raise Refused(400, "bad_request", f"false_alarm_rate: {exc}") from None
+        version = await self.registry.head.remote(product)
+        rec = await asyncio.to_thread(self.store.record, product, version)
+        cal = rec.calibration
+        op = rec.operating_point()
+        labelled = await self._scored_labels(product, version)
+        body: dict[str, Any] = {
+            "product": product,
+            "version": version,
+            "oof_scores": [] if cal is None else list(cal.scores),
+            "threshold": None if op is None else op.threshold,
+            "threshold_rule": None if op is None else op.rule,
+            "estimated_false_alarm_rate": None if op is None else op.false_alarm_rate,
+            "heatmap_vmax": None if op is None else HEATMAP_VMAX_OVER_THRESHOLD * op.threshold,
+            "labels": labelled,
+        }
+        if false_alarm_rate is not None and cal is not None:
+            body["preview"] = _preview(cal, labelled, false_alarm_rate)
+        return JSONResponse(body)
 
     async def _scored_labels(self, product: str, version: int) -> list[dict[str, Any]]:
         """Every label of ``product`` with its score at ``version`` (cached per version and label)."""
-        records = await asyncio.to_thread(self._labels.records, product)
+        records = await asyncio.to_thread(self.labels_set.records, product)
         missing = [r for r in records if (product, version, r["id"]) not in self._label_scores]
         if missing:
-            images = await asyncio.to_thread(lambda: [self._labels.image(product, r["id"]) for r in missing])
+            images = await asyncio.to_thread(lambda: [self.labels_set.image(product, r["id"]) for r in missing])
             for r, result in zip(missing, await self._score(product, images), strict=True):
                 self._label_scores[(product, version, r["id"])] = float(result["score"])
         return [{**r, "score": self._label_scores[(product, version, r["id"])]} for r in records]

@@ -21,6 +21,7 @@ from .base import (
     check_product_name,
 )
 from .local import LocalBackend
+from .manifest import VersionRecord
 from .versioned import VersionedStore
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
     "StoreCorrupt",
     "StoreError",
     "StoreUnavailable",
+    "VersionRecord",
     "VersionedStore",
     "check_product_name",
     "open_backend",

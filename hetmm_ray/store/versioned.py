@@ -20,8 +20,9 @@ reuses the parent's chunk objects and uploads only the new images.
 
 Manifest formats (``"format"``):
 
-- 1 (before issue 14): each chunk object holds every layer's rows of an image range, and one
-  selection object holds every layer's indices/centres. Reading one layer reads them all.
+- 1 (before issue 14; read, never written): each chunk object holds every layer's rows of an
+  image range, and one selection object holds every layer's indices/centres. Reading one layer
+  reads them all. (tests/store_format1.py writes it, to test reading and migrating old stores.)
 - 2 (written now): one chunk object per (layer, image range), each ref carrying ``"layer"``,
   and ``"selection"`` is ``{layer: ref}``. :meth:`VersionedStore.get_layer` reads one layer of
   one version and touches no other layer's object (store/layout.py; tests count the bytes).
@@ -59,10 +60,11 @@ from ..core.templates import TemplateSet
 from .base import Backend, ProductNotFound, StoreConflict, StoreCorrupt, StoreError, check_product_name
 from .layout import LayerData, layer_chunks, read_layer, selection_refs
 from .layout import tensors_from as _tensors_from
+from .manifest import VersionRecord
 
 __all__ = ["VersionedStore"]
 
-FORMAT = 2  # what put() writes
+FORMAT = 2  # what put() writes (the only format written)
 READABLE_FORMATS = (1, 2)
 CHUNK_BYTES = 256 * 2**20  # bank bytes per chunk object: bounds memory on save and load
 CLEANUP_STALE_S = 600.0  # a retention clean-up mark older than this was left by a crash
@@ -85,13 +87,9 @@ def _layout(ts: TemplateSet) -> dict[str, dict[str, Any]]:
 class VersionedStore:
     """The template store of docs/design.md: ``put``/``get``/``versions``/``products`` and more."""
 
-    def __init__(self, backend: Backend, *, chunk_bytes: int = CHUNK_BYTES, write_format: int = FORMAT) -> None:
-        """``write_format``: the manifest format ``put`` writes (1 only to make old-layout stores in tests)."""
-        if write_format not in READABLE_FORMATS:
-            raise StoreError(f"write_format must be one of {READABLE_FORMATS}, got {write_format!r}")
+    def __init__(self, backend: Backend, *, chunk_bytes: int = CHUNK_BYTES) -> None:
         self.backend = backend
         self.chunk_bytes = chunk_bytes
-        self.write_format = write_format
 
     def __repr__(self) -> str:
         return f"VersionedStore({self.backend.describe()})"
@@ -145,6 +143,11 @@ class VersionedStore:
         if manifest.get("format") not in READABLE_FORMATS:
             raise StoreError(f"{key}: unsupported manifest format {manifest.get('format')!r}")
         return manifest
+
+    def record(self, product: str, version: int | None = None) -> VersionRecord:
+        """A version's manifest (``None`` = head) as a typed record (store/manifest.py): what code
+        outside the store reads of a version. ConfigError if its stored configuration does not parse."""
+        return VersionRecord.parse(self.manifest(product, self.head(product) if version is None else version))
 
     def _read_object(self, product: str, ref: dict[str, Any]) -> bytearray:
         buffer = bytearray(int(ref["size"]))
@@ -207,27 +210,6 @@ class VersionedStore:
             self.backend.upload(f"{product}/{key}", io.BytesIO(data), len(data))
         return {"key": key, "sha256": digest, "size": len(data)}
 
-    def _chunks(self, product: str, ts: TemplateSet, parent: dict[str, Any] | None) -> list[dict[str, Any]]:
-        if self.write_format == 2:
-            return layer_chunks(self, product, ts, parent)
-        return self._chunks_v1(product, ts, parent)
-
-    def _chunks_v1(self, product: str, ts: TemplateSet, parent: dict[str, Any] | None) -> list[dict[str, Any]]:
-        """Format-1 chunk refs for the bank (every layer in one object). An append keeps the
-        parent's chunk boundaries, so the unchanged images hash to the parent's objects and are
-        not uploaded again; changed features (same images, new settings) hash differently and are stored."""
-        per_image = sum(v[0].numel() * v.element_size() for v in ts.bank.values())
-        step = max(1, self.chunk_bytes // max(per_image, 1))
-        ranges: list[tuple[int, int]] = []
-        if parent is not None and parent["format"] == 1 and self._extends(parent, ts):
-            ranges = [tuple(ref["images"]) for ref in parent["chunks"]]  # type: ignore[misc]
-        start = ranges[-1][1] if ranges else 0
-        ranges += [(lo, min(ts.n_images, lo + step)) for lo in range(start, ts.n_images, step)]
-        return [
-            {**self._put_object(product, {k: v[lo:hi].cpu() for k, v in ts.bank.items()}), "images": [lo, hi]}
-            for lo, hi in ranges
-        ]
-
     @staticmethod
     def _extends(parent: dict[str, Any], ts: TemplateSet) -> bool:
         n = int(parent["images"])
@@ -251,7 +233,7 @@ class VersionedStore:
 
         ts = template_set
         manifest = {
-            "format": self.write_format,
+            "format": FORMAT,
             "product": product,
             "version": version,
             "parent": int(head["version"]) or None,
@@ -264,7 +246,7 @@ class VersionedStore:
             "image_digests": list(ts.image_digests),
             "calibration": calibration_json(ts.calibration),
             "meta": {k: v for k, v in ts.meta.items() if k not in ("version", "parent")},
-            "chunks": self._chunks(product, ts, parent),
+            "chunks": layer_chunks(self, product, ts, parent),
             "selection": self._selection_refs(product, ts),
         }
         sealed = {**manifest, "sha256": _sha256(_canonical(manifest))}
@@ -328,8 +310,6 @@ class VersionedStore:
         sel = ts.selection_tensors()
         if not sel:
             return None
-        if self.write_format == 1:
-            return self._put_object(product, sel)
         return {
             layer: self._put_object(product, {k: v for k, v in sel.items() if k.split("/", 1)[1] == layer})
             for layer in ts.layers
@@ -344,7 +324,7 @@ class VersionedStore:
         return read_layer(self, product, layer, version)
 
     def migrate(self, product: str) -> dict[str, Any]:
-        """Republish a format-1 head in this writer's format, as a new version with the same content.
+        """Republish a format-1 head in the current format, as a new version with the same content.
 
         Returns ``{"product", "from_version", "version", "format", "migrated"}``; a head already in
         the current format is left alone (``migrated`` False). Another writer moving HEAD meanwhile
@@ -352,13 +332,13 @@ class VersionedStore:
         """
         head = self.head(product)
         m = self.manifest(product, head)
-        if m["format"] == self.write_format:
+        if m["format"] == FORMAT:
             return {"product": product, "from_version": head, "version": head, "format": m["format"], "migrated": False}
         ts = self.get(product, head)
         meta = {k: v for k, v in ts.meta.items() if k not in ("version", "parent")}
         ts = replace(ts, meta={**meta, "migrated_from": {"version": head, "format": m["format"]}})
         version = self.put(product, ts, expect_head=head)
-        out = {"product": product, "from_version": head, "version": version, "format": self.write_format}
+        out = {"product": product, "from_version": head, "version": version, "format": FORMAT}
         return {**out, "migrated": True}
 
     def rollback(self, product: str, version: int) -> int:
