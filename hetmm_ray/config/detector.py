@@ -30,21 +30,23 @@ __all__ = ["RUN_TIME_SETTINGS", "DetectorConfig", "load_config", "merge_product_
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class DetectorConfig(Settings):
-    """Everything that defines one product's detector."""
+    """Everything that defines one product's detector.
+
+    A field is the product's (stored in every version's manifest) unless it is declared
+    ``run_time=True``. The field order is the key order of :meth:`to_dict` and of the manifest
+    (:meth:`stored_dict`), so ``bank_dtype`` stays where it always was, among the run-time settings.
+    """
 
     _prefix: ClassVar[str] = ""
 
-    # --- the product's (stored in every version's manifest) ---------------------
     backbone: BackboneConfig = dataclasses.field(default_factory=BackboneConfig)
     scoring: ScoringConfig = dataclasses.field(default_factory=ScoringConfig)
     templates: TemplateConfig = dataclasses.field(default_factory=TemplateConfig)
     threshold: ThresholdConfig = dataclasses.field(default_factory=ThresholdConfig)
-    # (bank_dtype, stored, sits among the run-time settings: the field order is the manifest's key order)
-    # --- this run's (run_time=True: never stored) --------------------------------
     # "auto" = cuda when available, else cpu
     device: str = setting("auto", Check(is_device, "use auto, cpu, cuda or cuda:N"), run_time=True)
     dtype: str = setting("float32", OneOf(DTYPES, "dtype"), run_time=True)  # compute dtype of ATMM
-    # storage dtype of the feature bank (measured lossless on bottle); the product's, stored
+    # storage dtype of the feature bank (measured lossless on bottle): the product's, stored
     bank_dtype: str = setting("float16", OneOf(DTYPES, "dtype"))
     batch_size: int = setting(8, Range(1, 4096, int), run_time=True)  # images per backbone/ATMM batch
     # ATMM working block; None: 4 MiB on CPU (cache-sized), 256 MiB on CUDA
