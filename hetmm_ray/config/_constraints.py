@@ -45,6 +45,7 @@ __all__ = [
     "is_run_time",
     "ranges_of",
     "setting",
+    "spec_of",
     "validate",
 ]
 
@@ -156,6 +157,7 @@ def setting(
 
 
 def spec_of(f: dataclasses.Field[Any]) -> Spec:
+    """What was declared about ``f`` (nothing, for a plain field)."""
     return f.metadata.get(_SPEC) or Spec()
 
 
@@ -229,7 +231,7 @@ def build(cls: type, data: Any, prefix: str) -> Any:
             raise ConfigError(f"unknown setting {prefix + str(key)!r}{extra}")
         section = known[key].default_factory
         if isinstance(section, type) and issubclass(section, Settings):
-            value = build(section, value, f"{key}.")
+            value = build(section, value, f"{prefix}{key}.")
         kwargs[key] = value
     try:
         return cls(**kwargs)
