@@ -396,7 +396,7 @@ def test_image_suffixes_selection_kinds_and_store_have_one_home() -> None:
 
 def test_deploy_yaml_states_the_config_defaults() -> None:
     """deploy.yaml writes the replicas' batch settings and the service's args out for operators:
-    they must be config.py's defaults (the decorators read them from there)."""
+    they must be hetmm_ray.config's defaults (the decorators read them from there)."""
     from hetmm_ray.config import ReplicaSettings, ServiceConfig
 
     app = yaml.safe_load((Path(__file__).resolve().parents[1] / "deploy.yaml").read_text())["applications"][0]
