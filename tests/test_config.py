@@ -396,7 +396,7 @@ def test_image_suffixes_selection_kinds_and_store_have_one_home() -> None:
 
 def test_deploy_yaml_states_the_config_defaults() -> None:
     """deploy.yaml writes the replicas' batch settings and the service's args out for operators:
-    they must be config.py's defaults (the decorators read them from there)."""
+    they must be hetmm_ray.config's defaults (the decorators read them from there)."""
     from hetmm_ray.config import ReplicaSettings, ServiceConfig
 
     app = yaml.safe_load((Path(__file__).resolve().parents[1] / "deploy.yaml").read_text())["applications"][0]
@@ -425,3 +425,81 @@ def test_deployment_decorators_match_deploy_yaml() -> None:
         d = stated[deployment.name]
         assert deployment.max_ongoing_requests == d["max_ongoing_requests"]
         assert deployment.ray_actor_options["num_cpus"] == d["ray_actor_options"]["num_cpus"]
+
+
+# --- issue 26: each constraint declared once, beside its field -------------------------------
+def _owner(key: str) -> tuple[type, str]:
+    """The settings class that declares the numeric setting ``key``, and the field's name."""
+    from hetmm_ray.config import ReplicaSettings, ServiceConfig
+
+    owners = {
+        "backbone.": BackboneConfig,
+        "scoring.": ScoringConfig,
+        "templates.": TemplateConfig,
+        "threshold.": ThresholdConfig,
+        "service.": ServiceConfig,
+        "user_config.": ReplicaSettings,
+    }
+    for prefix, cls in owners.items():
+        if key.startswith(prefix):
+            return cls, key[len(prefix) :]
+    return DetectorConfig, key
+
+
+def test_run_time_settings_are_the_fields_marked_run_time() -> None:
+    """The stored/run-time split is declared on the fields; the compatibility tuple and the
+    manifest's keys follow from it (and are what they were before the markers)."""
+    import dataclasses
+
+    from hetmm_ray.config import RUN_TIME_SETTINGS
+    from hetmm_ray.config._constraints import is_run_time
+
+    marked = tuple(f.name for f in dataclasses.fields(DetectorConfig) if is_run_time(f))
+    assert RUN_TIME_SETTINGS == marked == (
+        "device", "dtype", "batch_size", "chunk_mib", "prefetch", "decode_threads", "malloc_keep_mib",
+        "backbone_runtime", "score_workers",
+    )  # fmt: skip
+    assert list(DetectorConfig().stored_dict()) == ["backbone", "scoring", "templates", "threshold", "bank_dtype"]
+    # the sections hold no run-time setting: everything in them is the product's
+    for section in (BackboneConfig, ScoringConfig, TemplateConfig, ThresholdConfig):
+        assert not any(is_run_time(f) for f in dataclasses.fields(section))
+
+
+def test_every_declared_range_is_the_one_validation_uses() -> None:
+    """For each numeric setting, its owner accepts both ends of NUMERIC_RANGES and refuses just
+    beyond them, NaN and a boolean, naming the setting: one declaration, no second copy to drift."""
+    from hetmm_ray.config import NUMERIC_RANGES
+
+    for key, (lo, hi, kind) in NUMERIC_RANGES.items():
+        cls, name = _owner(key)
+        listed = name in ("forward_windows", "backward_windows", "alphas", "layer_weights")
+
+        def make(value, cls=cls, name=name, listed=listed):
+            return cls(**{name: (value, value, value) if listed else value})
+
+        for ok in (lo, hi):
+            if name.endswith("windows") and ok % 2 == 0:
+                ok -= 1  # windows are odd
+            make(kind(ok))
+        step = 1 if kind is int else max(abs(hi), 1) * 1e-6
+        for bad in (lo - step, hi + step, float("nan"), True):
+            raises_config_error(lambda bad=bad: make(bad), key)
+
+
+def test_scalar_settings_refuse_lists_and_list_settings_refuse_scalars() -> None:
+    raises_config_error(lambda: DetectorConfig.from_dict({"threshold": {"sigmas": [2]}}), "threshold.sigmas")
+    raises_config_error(lambda: DetectorConfig.from_dict({"scoring": {"alphas": 0.5}}), "scoring.alphas", "list")
+    raises_config_error(lambda: DetectorConfig.from_dict({"backbone": {"layers": "layer1"}}), "backbone.layers")
+
+
+def test_service_and_replica_messages_use_the_documented_names() -> None:
+    from hetmm_ray.config import ReplicaSettings, ServiceConfig
+
+    raises_config_error(lambda: ServiceConfig(max_body_mib=0), "service.max_body_mib", "[1, 4096]")
+    raises_config_error(lambda: ServiceConfig(source_roots=[""]), "service.source_roots", "non-empty strings")
+    raises_config_error(lambda: ServiceConfig(product_defaults={"backbone": {"nme": 1}}), "did you mean 'name'")
+    assert ServiceConfig(allowed_origins=["http://a"]).allowed_origins == ("http://a",)
+    raises_config_error(lambda: ReplicaSettings(max_batch_size=0), "user_config.max_batch_size", "[1, 256]")
+    raises_config_error(lambda: ReplicaSettings(sigmas=1.0, false_alarm_rate=0.1), "set at most one")
+    raises_config_error(lambda: ReplicaSettings.from_dict({"max_batch_siz": 1}), "'user_config.max_batch_siz'")
+    raises_config_error(lambda: ServiceConfig.from_dict({"stor": "x"}), "'stor'", "did you mean 'store'")

@@ -1,0 +1,86 @@
+"""Typed, validated configuration: the one place where defaults live.
+
+Exact semantics: every setting is a field of a frozen dataclass, built from keyword arguments or
+from a plain mapping (JSON/YAML); unknown keys and bad values raise :class:`ConfigError` with a
+message that names the setting and what is allowed. Each setting's default and constraints
+(range, choices, list, nullable, run-time) are declared once, on its field, and read by one
+validator (:mod:`._constraints`). Settings live by who owns them:
+
+- :mod:`.product`: the product's stored sections (backbone, scoring, templates, threshold) and
+  the tables they choose from (backbones, packaged weights, selection kinds, threshold rules);
+- :mod:`.detector`: :class:`DetectorConfig`, those sections plus ``bank_dtype`` (stored in every
+  manifest) and this run's settings (declared ``run_time=True``: never stored), and how a
+  manifest's config is read back (:func:`stored_config`);
+- :mod:`.run_time`: the choices and machine-wide constants of a run (backbone runtimes, the
+  model cache, Ray tasks' CPU share and PTS chunk);
+- :mod:`.service`: the HTTP service's settings (:class:`ServiceConfig`, ``deploy.yaml`` args);
+- :mod:`.replica`: the detector replicas' live settings (:class:`ReplicaSettings`, ``user_config``);
+- :mod:`.limits`: input limits checked before any pixel is decoded, and image file suffixes;
+- :mod:`.numeric`: :data:`NUMERIC_RANGES`, every numeric setting's range by its dotted name,
+  derived from the fields, and :func:`check_number` for values that arrive outside a config
+  (``--sigmas``, HTTP).
+"""
+
+from __future__ import annotations
+
+from ._constraints import ConfigError, is_finite_number
+from .detector import RUN_TIME_SETTINGS, DetectorConfig, load_config, merge_product_config, stored_config
+from .limits import IMAGE_SUFFIXES, MAX_IMAGE_BYTES, MAX_IMAGE_PIXELS, MIN_IMAGE_SIDE
+from .numeric import NUMERIC_RANGES, check_number
+from .product import (
+    BACKBONE_PRECISIONS,
+    BACKBONES,
+    DEFAULT_LAYERS,
+    DTYPES,
+    GEOMETRIES,
+    PACKAGED_WEIGHTS,
+    TEMPLATE_KINDS,
+    THRESHOLD_RULES,
+    BackboneConfig,
+    PackagedWeights,
+    ScoringConfig,
+    TemplateConfig,
+    ThresholdConfig,
+)
+from .replica import ReplicaSettings
+from .run_time import BACKBONE_RUNTIMES, MODEL_CACHE_ENV, PTS_CHUNK_PIXELS, TASK_CPUS, model_cache_dir
+from .service import DEFAULT_STORE, HEATMAP_VMAX_OVER_THRESHOLD, SERVE_ENVIRONMENT, ServiceConfig
+
+__all__ = [
+    "BACKBONES",
+    "BACKBONE_PRECISIONS",
+    "BACKBONE_RUNTIMES",
+    "DEFAULT_LAYERS",
+    "DEFAULT_STORE",
+    "DTYPES",
+    "GEOMETRIES",
+    "HEATMAP_VMAX_OVER_THRESHOLD",
+    "IMAGE_SUFFIXES",
+    "MAX_IMAGE_BYTES",
+    "MAX_IMAGE_PIXELS",
+    "MIN_IMAGE_SIDE",
+    "MODEL_CACHE_ENV",
+    "NUMERIC_RANGES",
+    "PACKAGED_WEIGHTS",
+    "PTS_CHUNK_PIXELS",
+    "RUN_TIME_SETTINGS",
+    "SERVE_ENVIRONMENT",
+    "TASK_CPUS",
+    "TEMPLATE_KINDS",
+    "THRESHOLD_RULES",
+    "BackboneConfig",
+    "ConfigError",
+    "DetectorConfig",
+    "PackagedWeights",
+    "ReplicaSettings",
+    "ScoringConfig",
+    "ServiceConfig",
+    "TemplateConfig",
+    "ThresholdConfig",
+    "check_number",
+    "is_finite_number",
+    "load_config",
+    "merge_product_config",
+    "model_cache_dir",
+    "stored_config",
+]

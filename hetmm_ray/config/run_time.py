@@ -1,0 +1,53 @@
+"""Settings of this run and this machine: how fast a product is computed, never what it is.
+
+Exact semantics: nothing here is stored with a product. The run-time fields of
+:class:`~hetmm_ray.config.DetectorConfig` (``device``, ``dtype``, batch and memory settings,
+``backbone_runtime``, ``score_workers``) are declared there with ``run_time=True``; this module
+holds the choices they validate against and the machine-wide constants of a run: where
+machine-local caches live, and the CPU share and PTS chunk of the Ray tasks a run starts.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "BACKBONE_RUNTIMES",
+    "MODEL_CACHE_ENV",
+    "PTS_CHUNK_PIXELS",
+    "TASK_CPUS",
+    "is_device",
+    "model_cache_dir",
+]
+
+BACKBONE_RUNTIMES = ("auto", "torch", "openvino")  # see DetectorConfig.backbone_runtime
+
+
+def is_device(value: Any) -> bool:
+    """``auto``, ``cpu``, ``cuda``, ``cuda:N`` or ``mps`` (the device a run computes on)."""
+    return isinstance(value, str) and (value == "auto" or value.split(":")[0] in ("cpu", "cuda", "mps"))
+
+
+# --- machine-local caches --------------------------------------------------------
+MODEL_CACHE_ENV = "HETMM_CACHE_DIR"
+"""Environment variable naming the folder of machine-local caches (converted backbone models);
+default ``~/.cache/hetmm``. Safe to delete: everything in it is rebuilt on demand."""
+
+
+def model_cache_dir() -> Path:
+    """The folder of machine-local caches (see :data:`MODEL_CACHE_ENV`)."""
+
+    return Path(os.environ.get(MODEL_CACHE_ENV) or Path.home() / ".cache" / "hetmm")
+
+
+# --- Ray placement -------------------------------------------------------------
+TASK_CPUS = 0.5
+"""CPUs a service-side Ray task reserves (PTS chunk, feature batch, calibration). Fractional so
+that tasks still fit beside the resident actors (ingress, detector replicas, registry, shards)
+on a small node; each task runs max(1, round(cpus)) torch threads."""
+PTS_CHUNK_PIXELS = 512
+"""Pixels per PTS task when PTS fans out over Ray (``distributed/pts_fanout.py``): the CLI's
+``--address`` runs and the shards' hot-update selection alike. Each task is a few hundred ms of
+OPTICS at N=200 images, long enough to amortise Ray's scheduling."""

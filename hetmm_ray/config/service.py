@@ -1,0 +1,97 @@
+"""The HTTP service's settings (``deploy.yaml`` application ``args``, ``hetmm serve`` flags).
+
+Exact semantics: a :class:`ServiceConfig` is read once when the application is built; its
+settings are named ``service.<field>`` in messages and in README's validation table, each range
+declared on its field. ``product_defaults`` is checked as a :class:`~hetmm_ray.config.DetectorConfig`
+at start-up, so a bad default fails then, not at the first create. Also here: the default store,
+the Serve environment of a Ray this package starts, and the served heat-maps' colour scale.
+"""
+
+from __future__ import annotations
+
+from dataclasses import MISSING, dataclass
+from typing import Any, ClassVar
+
+from ._constraints import Check, Range, Settings, setting
+from .detector import DetectorConfig
+
+__all__ = ["DEFAULT_STORE", "HEATMAP_VMAX_OVER_THRESHOLD", "SERVE_ENVIRONMENT", "ServiceConfig"]
+
+DEFAULT_STORE = "hetmm-store"
+"""The template store when none is named: a folder in the working directory (CLI and service)."""
+
+HEATMAP_VMAX_OVER_THRESHOLD = 2.0
+"""Served heat-maps colour anomaly values from 0 to this multiple of the product's threshold, the
+same fixed scale for every image of a product version (the threshold sits mid-scale: cyan to
+green; above it yellow to red). Values beyond the top are drawn as the top colour."""
+
+# Ray Serve settings for the processes of a Ray this package starts (distributed.runtime.connect;
+# a cluster sets them in its own environment, cluster/rayservice.yaml). Measured with
+# benchmarks/bench_serve_floor.py (BENCHMARKS.md "Throughput"): deployment handle calls over
+# gRPC, not Ray actor calls through the object store, take a third less CPU per request in the
+# raylet, the ingress and the proxy. A value already in the environment wins.
+SERVE_ENVIRONMENT: dict[str, str] = {"RAY_SERVE_USE_GRPC_BY_DEFAULT": "1"}
+
+_STRINGS = Check(lambda v: all(isinstance(s, str) and s for s in v), "must be a list of non-empty strings")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServiceConfig(Settings):
+    """The HTTP service (``deploy.yaml`` application ``args``, ``hetmm serve`` flags)."""
+
+    _prefix: ClassVar[str] = "service."
+    _mapping_prefix: ClassVar[str | None] = ""  # unknown args are named as deploy.yaml writes them
+
+    # local directory or s3://bucket/prefix[?endpoint=...]
+    store: str = setting(f"./{DEFAULT_STORE}", Check(bool, "give a local directory or s3://bucket/prefix"))
+    admin_token_env: str = "HETMM_ADMIN_TOKEN"  # environment variable holding the admin bearer token
+    # tiny sets a detector replica keeps (LRU beyond that)
+    max_products_per_replica: int = setting(4, Range(1, 1024, int))
+    # largest request body; larger uploads get 413 before being read
+    max_body_mib: int = setting(64, Range(1, 4096, int))
+    max_images_per_request: int = setting(16, Range(1, 1024, int))  # images in one multipart predict
+    max_images_per_job: int = setting(2000, Range(1, 100_000, int))  # good images in one create / normals job
+    # Longest ``?wait=true`` on an admin job before answering 202 with the running job; keep it
+    # under the proxy's http_options.request_timeout_s (deploy.yaml: 120 s).
+    job_wait_s: float = setting(100.0, Range(0.1, 3600.0))
+    # Settings of products created over HTTP that the request leaves out
+    # (e.g. {"backbone": {"name": "mobilenet_v2", "weights": "/weights/mnv2.pth"}}).
+    product_defaults: dict[str, Any] = setting(  # noqa: RUF009 - a field specifier, as dataclasses.field
+        MISSING, Check(lambda v: isinstance(v, dict), "must be a mapping"), factory=dict
+    )
+    # How often the registry re-reads the HEAD of every product it serves, so a rollback,
+    # delete or new version written by another writer (the CLI, another cluster) is served
+    # within about 2 * store_poll_s plus the time to load the new version.
+    store_poll_s: float = setting(2.0, Range(0.1, 60.0))
+    # Longest time to receive a request body; a slower client gets a JSON 408 and its slot back.
+    body_timeout_s: float = setting(60.0, Range(0.5, 600.0))
+    # Where a create request's server-side ``source`` may read: local folders and/or
+    # s3://bucket/prefix[?endpoint=...] roots. None by default (sources refused); an S3
+    # endpoint comes only from here, never from the client's URI.
+    source_roots: tuple[str, ...] = setting((), _STRINGS, many=True)
+    # Origins (scheme://host[:port]) besides the service's own that may send non-GET requests
+    # from a browser; every other cross-origin write is refused (403).
+    allowed_origins: tuple[str, ...] = setting((), _STRINGS, many=True)
+    # Template host processes holding the (product, layer) shards (distributed/hosts.py), e.g.
+    # one per GPU or node: processes grow with this, not with the number of products.
+    template_hosts: int = setting(2, Range(1, 1024, int))
+    # Warm set (serve/warm_set.py): once this many predicts of one product are in flight at an
+    # ingress, its further requests cycle over model-id aliases, so Serve spreads them over
+    # several replicas (each loads the product once) instead of pinning it to one.
+    hot_product_inflight: int = setting(8, Range(1, 100_000, int))
+    # Model ids (the product's own and aliases) a hot product cycles over: replicas it can spread
+    # over (set it to the Detector's autoscaling max_replicas); 1 pins every product to one replica.
+    hot_product_spread: int = setting(4, Range(1, 1024, int))
+    # The console's recent predictions (serve/recent.py): the last this many per product, kept in
+    # the ingress process's memory (lost on restart), the uploaded images and heat-maps within
+    # recent_max_mib in all (the oldest go first).
+    recent_per_product: int = setting(200, Range(1, 100_000, int))
+    recent_max_mib: int = setting(128, Range(1, 65_536, int))
+    # The host Serve's HTTP proxies bind, as the application is started (``hetmm serve`` sets it
+    # from --host): the ingress then refuses a non-loopback bind without an admin token. A
+    # ``serve run`` of a Serve config file should set it to its ``http_options.host``; left
+    # unset, the ingress cannot know the bind and logs that it did not check it.
+    http_host: str | None = setting(None, Check(lambda v: isinstance(v, str) and v != "", "a host name or address"))
+
+    def _check(self) -> None:
+        DetectorConfig.from_dict(self.product_defaults)  # fail at start-up, not at the first create
