@@ -22,10 +22,11 @@ from torch import nn
 
 from hetmm_ray.config import BackboneConfig, DetectorConfig, TemplateConfig, ThresholdConfig
 from hetmm_ray.core.backbone import Backbone, _build_model, resolve_precision
+from hetmm_ray.core.device import compute_threads, usable_cores
 from hetmm_ray.core.fuse import fold_batch_norms
 from hetmm_ray.data.synthetic import SyntheticProduct
 from hetmm_ray.detector import HETMM
-from hetmm_ray.pipeline import compute_threads, keep_memory_mapped, load_batch, prefetched, worker_shares
+from hetmm_ray.pipeline import keep_memory_mapped, load_batch, prefetched, worker_shares
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 
@@ -168,7 +169,9 @@ def test_worker_shares_are_balanced_bounded_and_in_order() -> None:
 def test_memory_and_threads() -> None:
     assert keep_memory_mapped(0) is False
     assert keep_memory_mapped(64) in (True, False)  # False only where glibc is not the allocator
-    assert compute_threads(0.5) == 1 and compute_threads(2) == 2 and compute_threads() >= 1
+    # the one thread-count rule (core/device.py): at least one thread, a fraction rounds up
+    assert [compute_threads(c) for c in (0.05, 0.5, 1, 1.5, 2, 2.5)] == [1, 1, 1, 2, 2, 3]
+    assert compute_threads() == usable_cores() >= 1
 
 
 @pytest.mark.parametrize("geometry", ["squash", "letterbox"])

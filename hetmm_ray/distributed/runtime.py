@@ -21,7 +21,14 @@ import ray
 from ..config import SERVE_ENVIRONMENT
 from ..errors import HetmmError
 
-__all__ = ["NAMESPACE", "ClusterUnavailable", "connect", "serve_environment", "serve_grpc_on_loopback"]
+__all__ = [
+    "NAMESPACE",
+    "ClusterUnavailable",
+    "connect",
+    "serve_environment",
+    "serve_grpc_on_loopback",
+    "use_assigned_cpus",
+]
 
 NAMESPACE = "hetmm"
 PROBE_TIMEOUT_S = 3.0
@@ -154,3 +161,17 @@ def connect(address: str | None = None, *, num_cpus: int | None = None) -> None:
     except ConnectionError as exc:  # "auto" with no cluster on this machine, a stale address file...
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ClusterUnavailable(f"ray cluster at {address} is unreachable ({first})") from None
+
+
+def use_assigned_cpus(threads: int = 0) -> int:
+    """Set this Ray worker's torch threads: ``threads`` when > 0, else the rule of
+    ``core.device.compute_threads`` on the CPUs Ray assigned to the running task or actor.
+    Ray sets ``OMP_NUM_THREADS=1`` in its workers, so every task and replica that computes calls
+    this first. Returns the count set."""
+    import torch
+
+    from ..core.device import compute_threads
+
+    n = threads if threads > 0 else compute_threads(ray.get_runtime_context().get_assigned_resources().get("CPU", 1.0))
+    torch.set_num_threads(n)
+    return n
