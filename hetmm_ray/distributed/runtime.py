@@ -18,6 +18,7 @@ import socket
 
 import ray
 
+from ..compat.ray import disable_cluster_mode, serve_replica_module
 from ..config import SERVE_ENVIRONMENT
 from ..errors import HetmmError
 
@@ -81,9 +82,7 @@ def _loopback_only() -> None:
     the constant is patched because Ray read the variable when it was imported.
     """
     os.environ[LOOPBACK_ENV] = "0"
-    from ray._private import ray_constants
-
-    ray_constants.ENABLE_RAY_CLUSTER = False
+    disable_cluster_mode()
 
 
 def serve_grpc_on_loopback() -> None:
@@ -103,8 +102,7 @@ def serve_grpc_on_loopback() -> None:
         return
     if ray.is_initialized() and ray.util.get_node_ip_address() != "127.0.0.1":
         return  # a node others must reach (handles connect to the node's address)
-    from ray.serve._private import replica
-
+    replica = serve_replica_module()
     bind = replica.add_port_to_grpc_server
     if getattr(bind, "loopback_only", False):
         return
