@@ -1,7 +1,8 @@
 """One place that starts or joins Ray, for the CLI, the Python API and the service.
 
-``connect()`` reuses a Ray this process already joined, else starts a local one
-(listening on 127.0.0.1 only, no dashboard, worker logs kept out of the driver's terminal, namespace
+``connect()`` reuses a Ray this process already joined, else starts a local one of its own
+(never the cluster a ``ray start`` on this machine left in Ray's ``ray_current_cluster`` file;
+listening on 127.0.0.1 only, no dashboard, worker logs kept out of the driver's terminal, namespace
 ``hetmm`` so named actors such as the registry are found again, Ray Serve's settings of
 ``config.SERVE_ENVIRONMENT`` in its processes' environment). Given an
 address (or ``RAY_ADDRESS``) it joins that cluster instead.
@@ -129,7 +130,9 @@ def connect(address: str | None = None, *, num_cpus: int | None = None) -> None:
 
     ``address``: None (or empty) -> ``RAY_ADDRESS`` if set, else reuse a Ray this
     process already joined, else start a local one with ``num_cpus`` CPUs (all
-    by default). ``"auto"`` joins the cluster started on this machine by
+    by default), always a new one: a cluster that ``ray start`` (or ``cluster/local_cluster.sh``)
+    left running on this machine is joined only when asked for (``"auto"`` or its address),
+    never by default (Ray's own ``ray.init()`` would join it). ``"auto"`` joins the cluster started on this machine by
     ``ray start``; ``"host:port"`` (the GCS) or ``"ray://host:port"`` (Ray
     Client) join that cluster. ``num_cpus`` only applies to a local Ray.
 
@@ -142,6 +145,7 @@ def connect(address: str | None = None, *, num_cpus: int | None = None) -> None:
         _loopback_only()
         serve_environment()
         ray.init(
+            address="local",  # a new Ray of our own, not the one /tmp/ray/ray_current_cluster names
             num_cpus=num_cpus,
             include_dashboard=False,
             log_to_driver=False,
