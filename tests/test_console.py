@@ -242,8 +242,10 @@ def fresh_product(request: pytest.FixtureRequest, store: str, gear: HETMM, api: 
 
 
 def use_product(page: Any, product: str) -> None:
-    """Select ``product`` in the page (the Products view re-reads the list, so a new one is there)."""
-    goto(page, "inspect")
+    """Select ``product`` in the page: reloaded, so the product list is read again (the token is kept:
+    the tab's sessionStorage), on the Products view."""
+    page.reload()
+    until(page, "() => !!document.body.dataset.ready")  # the first render after the load is done
     goto(page, "products")
     if page.evaluate("() => document.getElementById('product').value") != product:
         page.evaluate("() => { document.body.dataset.ready = ''; }")
