@@ -60,7 +60,7 @@ def bottle_features(batch: int, sheets: tuple[int, ...]) -> tuple[dict, dict[int
     if cached["batch"] == batch and all(k in cached["templates"] for k in sheets):
         return cached["query"], {k: cached["templates"][k] for k in sheets}
     from hetmm_ray.config import BackboneConfig, DetectorConfig
-    from hetmm_ray.core.pts import select
+    from hetmm_ray.core.pts import pts_indices, select_templates
     from hetmm_ray.data.mvtec import MVTecCategory
     from hetmm_ray.detector import HETMM
     from hetmm_ray.evaluation import load_images
@@ -72,7 +72,9 @@ def bottle_features(batch: int, sheets: tuple[int, ...]) -> tuple[dict, dict[int
     templates = cached["templates"] if cached["batch"] == batch else {}
     for k in sheets:
         if k not in templates:
-            templates[k] = {n: select("pts_o", b, k, 0).templates.float() for n, b in bank.items()}
+            templates[k] = {
+                n: select_templates(b, pts_indices(b, k, "optics", seed=0)).float() for n, b in bank.items()
+            }
     torch.save({"batch": batch, "query": query, "templates": templates}, CACHE)
     return query, {k: templates[k] for k in sheets}
 

@@ -26,13 +26,21 @@ from common import BOTTLE, MOBILENET_WEIGHTS, describe, table
 from hetmm_ray.config import BackboneConfig, DetectorConfig
 from hetmm_ray.core.atmm import anomaly_maps, pixel_major
 from hetmm_ray.core.metrics import image_auroc, pixel_auroc, pro_score
-from hetmm_ray.core.pts import select
+from hetmm_ray.core.pts import select_layer, select_templates
 from hetmm_ray.core.scoring import gaussian_blur, image_scores
 from hetmm_ray.data.mvtec import MVTecCategory
 from hetmm_ray.detector import HETMM
 from hetmm_ray.evaluation import load_images
 
 KINDS = ("all", "ir", "pr", "pc_k", "pts_k", "pts_o")
+
+
+def _templates(bank: torch.Tensor, kind: str, k: int) -> torch.Tensor:
+    """The templates of selection ``kind`` (K sheets, seed 0) of one layer's bank."""
+    chosen = select_layer(bank, kind, k, 0)
+    if chosen.centres is not None:
+        return chosen.centres
+    return bank if chosen.indices is None else select_templates(bank, chosen.indices)
 
 
 def main() -> None:
@@ -62,7 +70,7 @@ def main() -> None:
 
     def run(kind: str, k: int) -> list[object]:
         t0 = time.perf_counter()
-        chosen = {layer: select(kind, b.float(), k, 0).templates for layer, b in bank.items()}
+        chosen = {layer: _templates(b.float(), kind, k) for layer, b in bank.items()}
         select_s = time.perf_counter() - t0
         pm = {layer: pixel_major(t.float()) for layer, t in chosen.items()}
         t0 = time.perf_counter()

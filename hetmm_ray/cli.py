@@ -341,12 +341,6 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
-def HETMM_load(store: Any, product: str, version: int | None) -> Any:
-    from .detector import HETMM
-
-    return HETMM.load(store, product, version, progress=True)
-
-
 def _ladder_table(auto: dict[str, Any]) -> str:
     """The ``sheets: auto`` ladder as printed by ``hetmm compress``."""
     tol = auto["tolerance"]

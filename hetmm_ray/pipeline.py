@@ -22,14 +22,13 @@ Four things, each measured to matter on a 2-core machine (issue 15, BENCHMARKS.m
   a core (ATMM 21 -> 553 ms with 2 threads and one core busy). hetmm_ray sets
   ``OMP_WAIT_POLICY=PASSIVE`` before torch is first imported (``hetmm_ray/__init__.py``; a
   value already in the environment wins), so a busy neighbour slows the service in proportion
-  instead of tenfold. :func:`compute_threads` is the thread count a process uses.
+  instead of tenfold. (The thread count a process uses is ``core.device.compute_threads``.)
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import os
 import queue
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -37,7 +36,6 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 __all__ = [
-    "compute_threads",
     "keep_memory_mapped",
     "load_batch",
     "map_in_workers",
@@ -87,20 +85,6 @@ def keep_memory_mapped(mib: int) -> bool:
         if ok:
             _mapped_bytes = size
         return ok
-
-
-def compute_threads(cpus: float | None = None) -> int:
-    """Torch intra-op threads for ``cpus`` CPUs (None: the cores this process may run on).
-
-    At least 1; a fraction rounds up (half a CPU still needs a thread, and with passive waiting
-    a thread that finds its core taken sleeps instead of spinning).
-    """
-    if cpus is None:
-        try:
-            cpus = len(os.sched_getaffinity(0))
-        except AttributeError:  # not Linux
-            cpus = os.cpu_count() or 1
-    return max(1, int(-(-cpus // 1)))
 
 
 def load_batch(items: Sequence[T], load: Callable[[T], object], threads: int) -> list[object]:

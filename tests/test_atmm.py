@@ -7,6 +7,7 @@ import itertools
 import pytest
 import torch
 import torch.nn.functional as F
+from reference_impls import window_max_similarity
 
 from hetmm_ray.core.atmm import (
     anomaly_maps,
@@ -15,7 +16,6 @@ from hetmm_ray.core.atmm import (
     forward_atm,
     fuse_layer_maps,
     pixel_major,
-    window_max_similarity,
 )
 
 

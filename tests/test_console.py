@@ -13,6 +13,12 @@ Missing browser or Playwright: the module is skipped with the reason, except und
 
 Screenshots of the main views go to ``out/ui/`` (linked from the README); the time to
 first render with 20 products and 500 recent predictions goes to ``out/ui/timings.json``.
+
+Every test sets up what it needs and runs alone or in any subset (``-k``): the module builds
+the store, the service, the browser and the page once; a test that changes a product works on
+a product of its own (:func:`fresh_product`: v1 of the same fitted gear under a new name) and
+brings it to the state it starts from through the API, never through another test. Waits poll
+a condition with bounds sized for a loaded 2-core CI machine.
 """
 
 from __future__ import annotations
@@ -41,7 +47,7 @@ SHOTS = Path(__file__).resolve().parents[1] / "out" / "ui"
 TOKEN_ENV = "HETMM_CONSOLE_TEST_TOKEN"
 TOKEN = "console-token-81d3"
 ADMIN = {"Authorization": f"Bearer {TOKEN}"}
-PRODUCT = "gear"
+PRODUCT = "gear"  # read-only: its v1 is never changed (tests that change a product make their own)
 EXTRA_PRODUCTS = [f"line-{i:02d}" for i in range(19)]  # 20 products in all
 RECENT = 500  # predictions of PRODUCT recorded before the load measurement
 SIZE = 64
@@ -52,6 +58,8 @@ CONFIRMED = GEAR.defective(2, "hole")[0]
 
 # Every request the page sent that needs the admin token (writes, job progress), replayed without it.
 _requests: list[dict[str, Any]] = []
+UI_WAIT_S = 120.0  # a condition in the page (a loaded 2-core CI machine renders slowly)
+JOB_WAIT_S = 300.0  # a hot update or calibration job (a fit of new images on that machine)
 _console: list[str] = []  # the page's console errors (a Content-Security-Policy violation would be one)
 
 
@@ -87,10 +95,16 @@ def config() -> DetectorConfig:
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory: pytest.TempPathFactory) -> str:
+def gear() -> HETMM:
+    """The gear product's v1, fitted once: saved as PRODUCT and as every test's own product."""
+    return HETMM(config()).fit([GEAR.good(j) for j in range(6)])
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory, gear: HETMM) -> str:
     uri = str(tmp_path_factory.mktemp("console") / "store")
     s = open_store(uri)
-    HETMM(config()).fit([GEAR.good(j) for j in range(6)]).save(s, PRODUCT)
+    gear.save(s, PRODUCT)
     other = HETMM(config()).fit([SyntheticProduct(seed=3, size=SIZE).good(j) for j in range(4)])
     for name in EXTRA_PRODUCTS:  # the Products view with 20 rows (scoring them is not the point)
         other.save(s, name)
@@ -142,7 +156,7 @@ def browser(service: str) -> Iterator[Any]:
 def page(browser: Any, service: str) -> Iterator[Any]:
     context = browser.new_context(viewport={"width": 1280, "height": 900})
     pg = context.new_page()
-    pg.set_default_timeout(30_000)
+    pg.set_default_timeout(1000 * UI_WAIT_S)
 
     def keep(request: Any) -> None:
         if (request.method != "GET" and "/v1/" in request.url) or "/v1/jobs/" in request.url:
@@ -163,7 +177,7 @@ def page(browser: Any, service: str) -> Iterator[Any]:
     context.close()
 
 
-def until(page: Any, js: str, arg: Any = None, timeout: float = 60.0) -> None:
+def until(page: Any, js: str, arg: Any = None, timeout: float = UI_WAIT_S) -> None:
     """Poll ``js`` (a function of ``arg``) in the page until it is truthy. Not wait_for_function: that
     evaluates strings with eval inside the page, which the console's Content-Security-Policy refuses."""
     deadline = time.monotonic() + timeout
@@ -208,24 +222,83 @@ def head(api: httpx.Client, product: str = PRODUCT) -> int:
     return next(p["version"] for p in api.get("/v1/products").json()["products"] if p["product"] == product)
 
 
-def score(api: httpx.Client, image: np.ndarray) -> dict:
-    r = api.post(f"/v1/products/{PRODUCT}/predict", content=png(image), headers={"content-type": "image/png"})
+def score(api: httpx.Client, image: np.ndarray, product: str = PRODUCT) -> dict:
+    r = api.post(f"/v1/products/{product}/predict", content=png(image), headers={"content-type": "image/png"})
     assert r.status_code == 200, r.text
     return r.json()
 
 
-# --- tests, in the order a person would go (they share the service and the page) ---------------
-def test_products_view_lists_every_product(page: Any) -> None:
+def product_names(api: httpx.Client) -> list[str]:
+    return [p["product"] for p in api.get("/v1/products").json()["products"]]
+
+
+@pytest.fixture
+def fresh_product(request: pytest.FixtureRequest, store: str, gear: HETMM, api: httpx.Client) -> str:
+    """A product of this test's own at v1 (the gear's v1 under the test's name), listed by the service."""
+    name = "t-" + request.node.name.removeprefix("test_").replace("_", "-")[:40].rstrip("-")
+    gear.save(open_store(store), name)
+    assert name in product_names(api)  # the registry lists what the store holds
+    return name
+
+
+def use_product(page: Any, product: str) -> None:
+    """Select ``product`` in the page: reloaded, so the product list is read again (the token is kept:
+    the tab's sessionStorage), on the Products view."""
+    page.reload()
+    until(page, "() => !!document.body.dataset.ready")  # the first render after the load is done
+    goto(page, "products")
+    if page.evaluate("() => document.getElementById('product').value") != product:
+        page.evaluate("() => { document.body.dataset.ready = ''; }")
+        page.select_option("#product", product)  # its change event selects it and renders the view again
+        page.wait_for_selector("body[data-ready=products]")
+
+
+def teach_good_by_api(api: httpx.Client, product: str, image: np.ndarray) -> None:
+    """What the page's "Good part" does, through the API: a hot update with ``image``, then its label."""
+    body, kind = png(image), {"content-type": "image/png"}
+    finished(api, api.post(f"/v1/products/{product}/normals?wait=true", content=body, headers={**ADMIN, **kind}))
+    label_by_api(api, product, image, "good")
+
+
+def finished(api: httpx.Client, started: httpx.Response) -> dict[str, Any]:
+    """The job ``started`` answered, once it succeeded (``?wait=true`` answers 202 while it still runs)."""
+    assert started.status_code in (200, 202), started.text
+    job = started.json()["job"]
+    deadline = time.monotonic() + JOB_WAIT_S
+    while job["state"] == "running":
+        assert time.monotonic() < deadline, f"job still running after {JOB_WAIT_S} s: {job}"
+        time.sleep(0.5)
+        job = api.get(f"/v1/jobs/{job['id']}", headers=ADMIN).json()["job"]
+    assert job["state"] == "succeeded", job
+    return job
+
+
+def label_by_api(api: httpx.Client, product: str, image: np.ndarray, label: str) -> None:
+    """Store ``image`` in ``product``'s labelled set (what the page's teach buttons do)."""
+    url = f"/v1/products/{product}/labels?label={label}&name={label}.png"
+    r = api.post(url, content=png(image), headers={**ADMIN, "content-type": "image/png"})
+    assert r.status_code in (200, 201), r.text
+
+
+# --- tests: each sets up its own product state (they share the service and the page) ----------
+def test_products_view_lists_every_product(page: Any, api: httpx.Client) -> None:
+    use_product(page, PRODUCT)
     rows = page.locator("[data-testid=products-body] tr")
-    assert rows.count() == 1 + len(EXTRA_PRODUCTS)
+    names = product_names(api)
+    assert len(names) >= 1 + len(EXTRA_PRODUCTS)
+    assert [rows.nth(i).get_attribute("data-product") for i in range(rows.count())] == names
     row = page.locator(f"[data-testid=products-body] tr[data-product={PRODUCT}]")
     text = row.inner_text()
     assert "v1" in text and "resnet18" in text and "far" in text
     shot(page, "products")
 
 
-def test_wrong_token_is_a_readable_error_and_changes_nothing(page: Any, api: httpx.Client, tmp_path: Path) -> None:
-    labels_before = api.get(f"/v1/products/{PRODUCT}/labels").json()["labels"]
+def test_wrong_token_is_a_readable_error_and_changes_nothing(
+    page: Any, api: httpx.Client, tmp_path: Path, fresh_product: str
+) -> None:
+    product = fresh_product
+    use_product(page, product)
+    labels_before = api.get(f"/v1/products/{product}/labels").json()["labels"]
     card = upload(page, tmp_path, "wrong.png", FLAGGED)
     set_token(page, "not-the-token")
     card.locator("[data-testid=good-part]").click()
@@ -233,22 +306,24 @@ def test_wrong_token_is_a_readable_error_and_changes_nothing(page: Any, api: htt
     error.wait_for(state="visible")
     assert "bearer token is wrong" in error.inner_text() and "403" in error.inner_text()
     card.locator("[data-testid=confirm-defect]").click()
-    until(page, "document.querySelectorAll('[data-testid=action-error]').length > 0")
+    until(page, "(card) => card.querySelectorAll('[data-testid=action-error]').length > 0", arg=card.element_handle())
     assert "bearer token is wrong" in card.locator("[data-testid=teach]").inner_text()
     page.click("[data-testid=token-forget]")  # no token at all: 401, said as the API says it
     card.locator("[data-testid=confirm-defect]").click()
     until(page, "document.querySelector('[data-testid=error]').textContent.includes('401')")
     assert "send 'Authorization: Bearer <token>'" in error.inner_text()
-    assert head(api) == 1
-    assert api.get(f"/v1/products/{PRODUCT}/labels").json()["labels"] == labels_before
+    assert head(api, product) == 1
+    assert api.get(f"/v1/products/{product}/labels").json()["labels"] == labels_before
 
 
 def test_flagged_good_part_job_progress_then_below_threshold_at_new_version(
-    page: Any, api: httpx.Client, tmp_path: Path
+    page: Any, api: httpx.Client, tmp_path: Path, fresh_product: str
 ) -> None:
-    before = score(api, FLAGGED)
+    product = fresh_product
+    before = score(api, FLAGGED, product)
     assert before["is_anomaly"] and before["version"] == 1, before  # the chosen image is a false alarm at v1
     set_token(page, TOKEN)
+    use_product(page, product)
     card = upload(page, tmp_path, "flagged.png", FLAGGED)
     assert card.get_attribute("data-flagged") == "true"
     assert card.locator("[data-testid=verdict]").inner_text() == "FLAGGED"
@@ -262,32 +337,36 @@ def test_flagged_good_part_job_progress_then_below_threshold_at_new_version(
     card.locator("[data-testid=good-part]").click()
     card.locator("[data-testid=job-progress]").wait_for()  # live progress of the hot-update job
     rescored = card.locator("[data-testid=rescored]")
-    rescored.wait_for(timeout=120_000)
+    rescored.wait_for(timeout=1000 * JOB_WAIT_S)
     assert rescored.get_attribute("data-version") == "2"
     assert rescored.get_attribute("data-flagged") == "false"
     assert float(rescored.get_attribute("data-score")) < float(rescored.get_attribute("data-threshold"))
     assert "succeeded: new version v2" in card.locator("[data-testid=job-stage]").inner_text()
     shot(page, "teach")
-    after = score(api, FLAGGED)  # the service agrees, outside the page
+    after = score(api, FLAGGED, product)  # the service agrees, outside the page
     assert after["version"] == 2 and not after["is_anomaly"] and after["score"] < after["threshold"]
-    assert [x["label"] for x in api.get(f"/v1/products/{PRODUCT}/labels").json()["labels"]] == ["good"]
+    assert [x["label"] for x in api.get(f"/v1/products/{product}/labels").json()["labels"]] == ["good"]
 
 
 def test_confirmed_defect_is_stored_and_shown_on_the_calibration_histogram(
-    page: Any, api: httpx.Client, tmp_path: Path
+    page: Any, api: httpx.Client, tmp_path: Path, fresh_product: str
 ) -> None:
+    product = fresh_product
+    teach_good_by_api(api, product, FLAGGED)  # v2 and a "good part" label, as the page's Good part makes them
+    set_token(page, TOKEN)
+    use_product(page, product)
     card = upload(page, tmp_path, "defect.png", CONFIRMED)
     card.locator("[data-testid=confirm-defect]").click()
     card.locator("[data-testid=label-stored]").wait_for()
-    stored = api.get(f"/v1/products/{PRODUCT}/labels").json()["labels"]
+    stored = api.get(f"/v1/products/{product}/labels").json()["labels"]
     assert sorted(x["label"] for x in stored) == ["defective", "good"]
     defect = next(x for x in stored if x["label"] == "defective")
-    assert api.get(f"/v1/products/{PRODUCT}/labels/{defect['id']}/image").content == png(CONFIRMED)
+    assert api.get(f"/v1/products/{product}/labels/{defect['id']}/image").content == png(CONFIRMED)
 
     goto(page, "calibration")
     mark = page.locator("[data-testid=mark-defective]")
     assert mark.count() == 1 and page.locator("[data-testid=mark-good]").count() == 1
-    expected = score(api, CONFIRMED)["score"]  # scored by the head (v2)
+    expected = score(api, CONFIRMED, product)["score"]  # scored by the head (v2)
     assert float(mark.get_attribute("data-score")) == pytest.approx(expected, rel=1e-5)
     assert page.locator("[data-testid=threshold-line]").count() == 1
     assert page.locator("[data-testid=label-row]").count() == 2
@@ -298,7 +377,7 @@ def test_confirmed_defect_is_stored_and_shown_on_the_calibration_histogram(
     preview = page.locator("[data-testid=preview-text]").inner_text()
     assert "recall on 1 labelled defects" in preview and "labelled recall rule" in preview
     assert page.locator("[data-testid=preview-line]").count() == 1
-    assert head(api) == 2
+    assert head(api, product) == 2
     shot(page, "calibration")
     # Apply (far line): the previewed rate as a new version whose threshold is the previewed far threshold.
     text = page.locator("[data-testid=preview-text]")
@@ -306,42 +385,55 @@ def test_confirmed_defect_is_stored_and_shown_on_the_calibration_histogram(
     page.click("[data-testid=apply-far]")
     page.locator("[data-testid=calibration-job] [data-testid=job-stage]").wait_for()
     job_says = "document.querySelector('[data-testid=calibration-job]').innerText.includes(arguments_0)"
-    until(page, f"(arguments_0) => {job_says}", arg="new version v3", timeout=120)
-    listed = next(p for p in api.get("/v1/products").json()["products"] if p["product"] == PRODUCT)
+    until(page, f"(arguments_0) => {job_says}", arg="new version v3", timeout=JOB_WAIT_S)
+    listed = next(p for p in api.get("/v1/products").json()["products"] if p["product"] == product)
     assert listed["version"] == 3 and listed["threshold_rule"] == "far", listed
     assert listed["rule_target"] == rate and listed["threshold"] == pytest.approx(far_previewed, rel=1e-9)
-    assert score(api, CONFIRMED)["threshold"] == pytest.approx(far_previewed, rel=1e-9)  # what predictions use
+    assert score(api, CONFIRMED, product)["threshold"] == pytest.approx(far_previewed, rel=1e-9)  # what predictions use
     # Apply (labelled line, offered explicitly): the labelled recall rule at the same rate.
     until(page, "() => document.querySelector('[data-testid=preview-text]').innerText.includes('In force at v3')")
     previewed = float(text.get_attribute("data-labelled-threshold"))
     page.click("[data-testid=apply-calibration]")
-    until(page, f"(arguments_0) => {job_says}", arg="new version v4", timeout=120)
-    listed = next(p for p in api.get("/v1/products").json()["products"] if p["product"] == PRODUCT)
+    until(page, f"(arguments_0) => {job_says}", arg="new version v4", timeout=JOB_WAIT_S)
+    listed = next(p for p in api.get("/v1/products").json()["products"] if p["product"] == product)
     assert listed["version"] == 4 and listed["threshold_rule"] == "validation"
     assert listed["threshold"] == pytest.approx(previewed, rel=1e-5)
 
 
-def test_rollback_serves_the_old_version_again(page: Any, api: httpx.Client) -> None:
+def test_rollback_serves_the_old_version_again(page: Any, api: httpx.Client, fresh_product: str) -> None:
+    product = fresh_product
+    # Its own four versions, made through the API as the console makes them: a good part taught
+    # (v2), a confirmed defect labelled, the far rule applied (v3), the labelled rule applied (v4).
+    teach_good_by_api(api, product, FLAGGED)
+    label_by_api(api, product, CONFIRMED, "defective")
+    for body in (
+        {"rule": "far", "false_alarm_rate": 0.05},
+        {"source": "store:labels", "objective": "recall", "max_false_alarm_rate": 0.05},
+    ):
+        finished(api, api.post(f"/v1/products/{product}/calibrate?wait=true", json=body, headers=ADMIN))
+    assert head(api, product) == 4
+    set_token(page, TOKEN)
+    use_product(page, product)
     goto(page, "versions")
     rows = page.locator("[data-testid=version-row]")
     assert [rows.nth(i).get_attribute("data-change") for i in range(rows.count())] == [
         "calibration",  # v4: the labelled rule
-        "calibration",  # v3: the far rule at the previewed rate
+        "calibration",  # v3: the far rule
         "normals",
         "create",
     ]
     page.click("[data-testid=rollback-1]")
-    until(page, "!document.getElementById('notice').hidden || !document.getElementById('error').hidden", timeout=120)
+    until(page, "!document.getElementById('notice').hidden || !document.getElementById('error').hidden")
     assert page.locator("[data-testid=error]").is_hidden(), page.locator("[data-testid=error]").inner_text()
     assert "v1 is head again" in page.locator("[data-testid=notice]").inner_text()
-    assert head(api) == 1
+    assert head(api, product) == 1
     # The rollback is a change in the history: first in the page's time line and in the API's.
     first = page.locator("[data-testid=versions-body] tr").first
     assert first.get_attribute("data-testid") == "move-row" and first.get_attribute("data-change") == "rollback"
     assert (first.get_attribute("data-from"), first.get_attribute("data-to")) == ("4", "1")
     assert "rolled back" in page.locator("#versions-hint").inner_text()
     shot(page, "versions")
-    history = api.get(f"/v1/products/{PRODUCT}/versions").json()
+    history = api.get(f"/v1/products/{product}/versions").json()
     assert {k: history["changes"][0][k] for k in ("change", "from", "version")} == {
         "change": "rollback",
         "from": 4,
@@ -349,8 +441,8 @@ def test_rollback_serves_the_old_version_again(page: Any, api: httpx.Client) -> 
     }
     assert [c["change"] for c in history["changes"][1:]] == ["calibration", "calibration", "normals", "create"]
     assert history["rolled_back"] and [(m["from"], m["to"]) for m in history["moves"]] == [(4, 1)]
-    deadline = time.monotonic() + 60
-    while (r := score(api, FLAGGED))["version"] != 1 and time.monotonic() < deadline:
+    deadline = time.monotonic() + JOB_WAIT_S  # replicas swap between batches
+    while (r := score(api, FLAGGED, product))["version"] != 1 and time.monotonic() < deadline:
         time.sleep(0.2)
     assert r["version"] == 1 and r["is_anomaly"]  # the old version serves: the false alarm is back
 
@@ -378,7 +470,12 @@ def test_far_rule_route_refuses_bad_input_with_json_errors(api: httpx.Client) ->
     assert head(api) == version
 
 
-def test_recent_view_filters_flagged_with_heatmaps(page: Any) -> None:
+def test_recent_view_filters_flagged_with_heatmaps(page: Any, api: httpx.Client, fresh_product: str) -> None:
+    product = fresh_product
+    for image in (FLAGGED, CONFIRMED, GEAR.good(60)):  # two flagged at v1 among its recent predictions
+        score(api, image, product)
+    assert sum(x["is_anomaly"] for x in api.get(f"/v1/products/{product}/recent").json()["items"]) >= 2
+    use_product(page, product)
     goto(page, "recent")
     page.check("[data-testid=flagged-only]")
     until(
@@ -395,21 +492,41 @@ def test_recent_view_filters_flagged_with_heatmaps(page: Any) -> None:
     assert not [m for m in _console if "Content Security Policy" in m], _console  # the page obeys its own CSP
 
 
-def test_the_pages_own_requests_without_the_token_get_401(api: httpx.Client) -> None:
-    """Every write the page sent, replayed without its Authorization header, is refused."""
-    admin = [r for r in _requests if "/predict" not in r["url"]]
+def test_the_pages_own_requests_without_the_token_get_401(
+    page: Any, api: httpx.Client, tmp_path: Path, fresh_product: str
+) -> None:
+    """Every write the page sends (and its job polls), replayed without its Authorization header, is refused."""
+    product = fresh_product
+    start = len(_requests)
+    set_token(page, TOKEN)
+    use_product(page, product)
+    card = upload(page, tmp_path, "replay.png", FLAGGED)
+    card.locator("[data-testid=good-part]").click()  # normals (a job), then labels
+    card.locator("[data-testid=rescored]").wait_for(timeout=1000 * JOB_WAIT_S)
+    goto(page, "calibration")
+    until(page, "() => document.querySelector('[data-testid=preview-text]').dataset.rate !== undefined")
+    page.click("[data-testid=apply-far]")  # calibrate (a job)
+    until(
+        page,
+        "() => document.querySelector('[data-testid=calibration-job]').innerText.includes('new version v3')",
+        timeout=JOB_WAIT_S,
+    )
+    goto(page, "versions")
+    page.click("[data-testid=rollback-1]")  # rollback
+    until(page, "!document.getElementById('notice').hidden || !document.getElementById('error').hidden")
+    admin = [r for r in _requests[start:] if "/predict" not in r["url"]]
     kinds = {r["url"].split("?")[0].rsplit("/", 1)[1] for r in admin}
     assert {"normals", "labels", "calibrate", "rollback"} <= kinds, kinds
-    version, labels = head(api), api.get(f"/v1/products/{PRODUCT}/labels").json()["labels"]
+    version, labels = head(api, product), api.get(f"/v1/products/{product}/labels").json()["labels"]
     for r in admin:
         headers = {k: v for k, v in r["headers"].items() if k.lower() != "authorization"}
         got = api.request(r["method"], r["url"], headers=headers, content=r["body"])
         assert got.status_code == 401, (r["url"], got.text)
         assert got.json()["error"]["code"] == "unauthorized"
-    assert head(api) == version and api.get(f"/v1/products/{PRODUCT}/labels").json()["labels"] == labels
+    assert head(api, product) == version and api.get(f"/v1/products/{product}/labels").json()["labels"] == labels
 
 
-def _render_times(browser: Any, service: str, cards: int, runs: int = 3) -> dict[str, list[float]]:
+def _render_times(browser: Any, service: str, cards: int, products: int, runs: int = 3) -> dict[str, list[float]]:
     """Wall time (ms) from opening /ui/ to the Products view rendered, then to the Recent view rendered
     (with ``cards`` result cards: the first page)."""
     times: dict[str, list[float]] = {"products_ms": [], "recent_ms": []}
@@ -420,7 +537,8 @@ def _render_times(browser: Any, service: str, cards: int, runs: int = 3) -> dict
         pg.goto(f"{service}/ui/#products")
         pg.wait_for_selector("body[data-ready=products]")
         times["products_ms"].append(1000 * (time.perf_counter() - t0))
-        assert pg.locator("[data-testid=products-body] tr").count() == 1 + len(EXTRA_PRODUCTS)
+        assert pg.locator("[data-testid=products-body] tr").count() == products
+        assert pg.evaluate("() => document.getElementById('product').value") == PRODUCT  # the first: recent below
         t0 = time.perf_counter()
         goto(pg, "recent")
         times["recent_ms"].append(1000 * (time.perf_counter() - t0))
@@ -432,8 +550,11 @@ def _render_times(browser: Any, service: str, cards: int, runs: int = 3) -> dict
 def test_first_render_with_20_products_and_500_recent_predictions(
     browser: Any, service: str, api: httpx.Client
 ) -> None:
+    for image in (FLAGGED, CONFIRMED):  # a few predictions before the load (the ring may hold more already)
+        score(api, image)
     held = len(api.get(f"/v1/products/{PRODUCT}/recent").json()["items"])
-    baseline = _render_times(browser, service, min(60, held))  # same run, same page: the few predictions the flow made
+    products = len(product_names(api))
+    baseline = _render_times(browser, service, min(60, held), products)  # same run, same page: few predictions
     images = [png(GEAR.good(100 + i % 10)) for i in range(50)]
     sent = 0
     while sent < RECENT:
@@ -442,13 +563,13 @@ def test_first_render_with_20_products_and_500_recent_predictions(
         assert api.post(f"/v1/products/{PRODUCT}/predict", files=files).status_code == 200
         sent += n
     assert len(api.get(f"/v1/products/{PRODUCT}/recent").json()["items"]) == RECENT
-    loaded = _render_times(browser, service, 60)  # the page shows 60 at first ("show more")
+    loaded = _render_times(browser, service, 60, products)  # the page shows 60 at first ("show more")
     median = lambda v: sorted(v)[len(v) // 2]  # noqa: E731
     report = {
         "baseline": {"recent_held": held, **{k: median(v) for k, v in baseline.items()}},
         "loaded": {"recent_held": RECENT, **{k: median(v) for k, v in loaded.items()}},
         "runs": {"baseline": baseline, "loaded": loaded},
-        "products": 1 + len(EXTRA_PRODUCTS),
+        "products": products,
     }
     SHOTS.mkdir(parents=True, exist_ok=True)
     (SHOTS / "timings.json").write_text(json.dumps(report, indent=1))
@@ -456,9 +577,9 @@ def test_first_render_with_20_products_and_500_recent_predictions(
     assert report["loaded"]["products_ms"] < 5000 and report["loaded"]["recent_ms"] < 5000, report
 
 
-def test_deleting_a_product_forgets_its_recent_predictions(api: httpx.Client) -> None:
-    gone = EXTRA_PRODUCTS[-1]
-    image = png(SyntheticProduct(seed=3, size=SIZE).good(50))
+def test_deleting_a_product_forgets_its_recent_predictions(api: httpx.Client, fresh_product: str) -> None:
+    gone = fresh_product
+    image = png(GEAR.good(50))
     r = api.post(f"/v1/products/{gone}/predict", content=image, headers={"content-type": "image/png"})
     assert r.status_code == 200, r.text
     item = r.json()["recent_id"]

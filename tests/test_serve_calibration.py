@@ -1,6 +1,10 @@
 """Calibration over real HTTP (Ray Serve on 127.0.0.1, a local store): a product created with
 the default threshold settings reports the same threshold and rule as the CLI, predictions
-carry the rule, and labelled validation runs as an admin job."""
+carry the rule, and labelled validation runs as an admin job.
+
+The module creates ``weld`` over HTTP once (:func:`weld`); a test that changes a product's
+threshold works on a copy of its own, so every test runs alone or in any order.
+"""
 
 from __future__ import annotations
 
@@ -71,17 +75,31 @@ def client(service_info: dict[str, Any]) -> Iterator[httpx.Client]:
         yield c
 
 
+@pytest.fixture(scope="module")
+def weld(client: httpx.Client, product: SyntheticProduct) -> list:
+    """The ``weld`` product created over HTTP with the default threshold settings; its training images."""
+    train = [product.good(i) for i in range(12)]
+    files = [("images", (f"{i}.png", png(a), "image/png")) for i, a in enumerate(train)]
+    r = client.post("/v1/products/weld?wait=true", files=files, data={"config": json.dumps(SMALL)}, headers=ADMIN)
+    assert r.status_code == 200, r.text
+    return train
+
+
+def _copy_of_weld(store: str, name: str) -> str:
+    """``weld``'s head saved as product ``name`` (v1), for a test that changes it."""
+    s = open_store(store)
+    s.put(name, s.get("weld"))
+    return name
+
+
 def _describe(client: httpx.Client, name: str) -> dict:
     r = client.get("/v1/products")
     assert r.status_code == 200
     return next(p for p in r.json()["products"] if p["product"] == name)
 
 
-def test_http_create_reports_the_cli_threshold_and_rule(client, product, tmp_path: Path):
-    train = [product.good(i) for i in range(12)]
-    files = [("images", (f"{i}.png", png(a), "image/png")) for i, a in enumerate(train)]
-    r = client.post("/v1/products/weld?wait=true", files=files, data={"config": json.dumps(SMALL)}, headers=ADMIN)
-    assert r.status_code == 200, r.text
+def test_http_create_reports_the_cli_threshold_and_rule(client, product, weld, tmp_path: Path):
+    train = weld  # created over HTTP by the fixture
     # the same images and settings through the CLI
     folder = tmp_path / "train"
     folder.mkdir()
@@ -108,34 +126,38 @@ def test_http_create_reports_the_cli_threshold_and_rule(client, product, tmp_pat
     assert body["estimated_false_alarm_rate"] == pytest.approx(cli_op.false_alarm_rate, rel=1e-4)
 
 
-def test_http_calibrate_with_labelled_uploads(client, product):
+def test_http_calibrate_with_labelled_uploads(client, product, weld, service_info):
+    name = _copy_of_weld(service_info["store"], "weld-labelled")
     good = [png(product.good(600 + i)) for i in range(3)]
     bad = [png(product.defective(700 + i, "hole")[0]) for i in range(3)]
     files = [("good", (f"g{i}.png", g, "image/png")) for i, g in enumerate(good)]
     files += [("defective", (f"d{i}.png", b, "image/png")) for i, b in enumerate(bad)]
     # client mistakes: 4xx with a JSON error, before any job starts
-    r = client.post("/v1/products/weld/calibrate", files=files, data={"objective": "precision"}, headers=ADMIN)
+    r = client.post(f"/v1/products/{name}/calibrate", files=files, data={"objective": "precision"}, headers=ADMIN)
     assert r.status_code == 400 and r.json()["error"]["code"] == "bad_request"
-    r = client.post("/v1/products/weld/calibrate", files=files, data={"max_false_alarm_rate": "nan"}, headers=ADMIN)
+    r = client.post(f"/v1/products/{name}/calibrate", files=files, data={"max_false_alarm_rate": "nan"}, headers=ADMIN)
     assert r.status_code == 400 and "max_false_alarm_rate" in r.json()["error"]["message"]
-    r = client.post("/v1/products/weld/calibrate", files=files[:3], headers=ADMIN)
+    r = client.post(f"/v1/products/{name}/calibrate", files=files[:3], headers=ADMIN)
     assert r.status_code == 400
-    r = client.post("/v1/products/weld/calibrate", files=files)
+    r = client.post(f"/v1/products/{name}/calibrate", files=files)
     assert r.status_code == 401
-    before = _describe(client, "weld")
-    r = client.post("/v1/products/weld/calibrate?wait=true", files=files, data={"objective": "recall"}, headers=ADMIN)
+    before = _describe(client, name)
+    r = client.post(
+        f"/v1/products/{name}/calibrate?wait=true", files=files, data={"objective": "recall"}, headers=ADMIN
+    )
     assert r.status_code == 200, r.text
     version = r.json()["job"]["version"]
-    after = _describe(client, "weld")
+    after = _describe(client, name)
     assert after["version"] == version == before["version"] + 1
     assert after["threshold_rule"] == "validation" and after["rule_target"] is None
-    r = client.post("/v1/products/weld/predict", content=good[0], headers={"content-type": "image/png"})
+    r = client.post(f"/v1/products/{name}/predict", content=good[0], headers={"content-type": "image/png"})
     assert r.json()["threshold_rule"] == "validation" and r.json()["version"] == version
     assert r.json()["threshold"] == pytest.approx(after["threshold"])
 
 
-def test_live_false_alarm_rate_setting_overrides_every_product(client, service_info, product):
+def test_live_false_alarm_rate_setting_overrides_every_product(client, service_info, product, weld):
     """The replicas' user_config ``false_alarm_rate`` applies live (reconfigure, no refit)."""
+    before = _describe(client, "weld")
     scores = open_store(service_info["store"]).get("weld").calibration.scores
     service_info["running"] = deploy(service_info["store"], service_info["port"], {"false_alarm_rate": 0.2})
     try:
@@ -148,4 +170,5 @@ def test_live_false_alarm_rate_setting_overrides_every_product(client, service_i
     finally:
         service_info["running"] = deploy(service_info["store"], service_info["port"], {})
     r = client.post("/v1/products/weld/predict", content=png(product.good(501)), headers={"content-type": "image/png"})
-    assert r.json()["threshold_rule"] == "validation"  # the product's own rule again
+    own = (before["threshold_rule"], before["rule_target"])
+    assert (r.json()["threshold_rule"], r.json()["rule_target"]) == own != ("far", 0.2)  # the product's own rule again

@@ -165,3 +165,43 @@ def test_only_the_store_reads_raw_manifests() -> None:
         for name, path in MODULES.items()
     }
     assert {m: lines for m, lines in raw.items() if lines} == {}
+
+
+ROOT = PACKAGE.parent
+RAY_COMPAT = PACKAGE / "compat" / "ray.py"
+
+
+def _private_uses(path: Path) -> list[str]:
+    """``_private`` module paths in ``path``'s imports and ``_private`` attributes (``ray._private.x``)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            names = [f"{node.module or ''}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Attribute):
+            names = [node.attr]
+        else:
+            continue
+        found += [f"{n} (line {node.lineno})" for n in names if "_private" in n.split(".")]
+    return found
+
+
+def test_private_ray_apis_only_through_compat() -> None:
+    """Ray's private modules (``ray._private``, ``ray.serve._private``) are reached only in
+    ``hetmm_ray/compat/ray.py``, which checks them against the supported Ray versions."""
+    files = [*MODULES.values(), *sorted((ROOT / "benchmarks").rglob("*.py")), *sorted((ROOT / "tests").rglob("*.py"))]
+    offenders = {str(f.relative_to(ROOT)): uses for f in files if f != RAY_COMPAT and (uses := _private_uses(f))}
+    assert offenders == {}
+    assert _private_uses(RAY_COMPAT) == []  # even there only by name, through importlib (the version check)
+
+
+def test_ray_compat_names_the_supported_versions_when_a_symbol_moved() -> None:
+    pytest.importorskip("ray")
+    from hetmm_ray.compat import ray as compat
+
+    with pytest.raises(ImportError, match=r"ray\._private\.nowhere\.thing.*supported: Ray 2\.60"):
+        compat._symbol("ray._private.nowhere", "thing")
+    with pytest.raises(ImportError, match="add_port_to_grpc_server_moved"):
+        compat._symbol("ray.serve._private.replica", "add_port_to_grpc_server_moved")
+    assert hasattr(compat.serve_replica_module(), "add_port_to_grpc_server")  # the installed Ray is supported

@@ -22,11 +22,12 @@ from torch import nn
 
 from hetmm_ray.config import BackboneConfig, DetectorConfig, TemplateConfig, ThresholdConfig
 from hetmm_ray.core.backbone import Backbone, _build_model, resolve_precision
+from hetmm_ray.core.device import compute_threads, usable_cores
 from hetmm_ray.core.fuse import fold_batch_norms
 from hetmm_ray.core.openvino_runtime import openvino_available
 from hetmm_ray.data.synthetic import SyntheticProduct
 from hetmm_ray.detector import HETMM
-from hetmm_ray.pipeline import compute_threads, keep_memory_mapped, load_batch, prefetched, worker_shares
+from hetmm_ray.pipeline import keep_memory_mapped, load_batch, prefetched, worker_shares
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 
@@ -172,7 +173,9 @@ def test_worker_shares_are_balanced_bounded_and_in_order() -> None:
 def test_memory_and_threads() -> None:
     assert keep_memory_mapped(0) is False
     assert keep_memory_mapped(64) in (True, False)  # False only where glibc is not the allocator
-    assert compute_threads(0.5) == 1 and compute_threads(2) == 2 and compute_threads() >= 1
+    # the one thread-count rule (core/device.py): at least one thread, a fraction rounds up
+    assert [compute_threads(c) for c in (0.05, 0.5, 1, 1.5, 2, 2.5)] == [1, 1, 1, 2, 2, 3]
+    assert compute_threads() == usable_cores() >= 1
 
 
 @pytest.mark.parametrize("geometry", ["squash", "letterbox"])
@@ -324,61 +327,6 @@ def test_greedy_batcher_never_waits_when_idle_and_takes_all_queued_when_busy() -
         # oldest request first: a's queue up to the limit (4 images), a's rest, then b, then c
         assert seen[1:] == [("a", [1, 2, 3, 4]), ("a", [5]), ("b", [7]), ("c", [-1])]
         assert batcher.batches == 5
-
-    asyncio.run(scenario())
-
-
-def test_greedy_batcher_workers_run_side_by_side_without_a_barrier() -> None:
-    import asyncio
-
-    from hetmm_ray.serve.greedy import GreedyBatcher
-
-    async def scenario() -> None:
-        gates: dict[int, asyncio.Event] = {}
-        running: list[list[int]] = []
-        seen: list[list[int]] = []
-
-        async def run(key: str, items: list[int]) -> list[int]:
-            seen.append(list(items))
-            running.append(list(items))
-            gate = gates.setdefault(items[0], asyncio.Event())
-            await gate.wait()
-            running.remove(list(items))
-            return [10 * i for i in items]
-
-        batcher: GreedyBatcher[int] = GreedyBatcher(run, max_batch_size=8, wait_s=0.0, workers=2)
-        assert batcher.worker_batch_size == 4
-        futures = {0: asyncio.ensure_future(batcher.submit("a", 0))}
-        await asyncio.sleep(0.01)
-        assert running == [[0]]  # a lone request starts at once on one worker
-        futures[1] = asyncio.ensure_future(batcher.submit("a", 1))
-        await asyncio.sleep(0.01)
-        assert running == [[0], [1]]  # the second worker takes the next at once: side by side
-        for i in range(2, 8):  # 6 images queue while both workers are busy
-            futures[i] = asyncio.ensure_future(batcher.submit("a", i))
-        await asyncio.sleep(0.01)
-        gates.setdefault(1, asyncio.Event()).set()  # worker of [1] is done; [0] still runs
-        await asyncio.sleep(0.01)
-        assert await futures[1] == 10 and not futures[0].done()  # no barrier: [1] answered alone
-        # the free worker took its fair part of the queue (6 queued, 1 idle worker: its cap, 4)
-        assert running == [[0], [2, 3, 4, 5]]
-        gates.setdefault(0, asyncio.Event()).set()
-        await asyncio.sleep(0.01)
-        assert running == [[2, 3, 4, 5], [6, 7]]
-        for key in (2, 6):
-            gates.setdefault(key, asyncio.Event()).set()
-        assert [await futures[i] for i in range(8)] == [10 * i for i in range(8)]
-        assert seen == [[0], [1], [2, 3, 4, 5], [6, 7]] and batcher.batches == 4
-        # two idle workers share what queued: 6 images -> 3 + 3, not 4 + 2
-        batcher2: GreedyBatcher[int] = GreedyBatcher(run, max_batch_size=8, wait_s=0.0, workers=2)
-        seen.clear()
-        gates.clear()
-        more = [asyncio.ensure_future(batcher2.submit("b", i)) for i in range(10, 16)]
-        await asyncio.sleep(0.01)
-        assert seen == [[10, 11, 12], [13, 14, 15]]
-        for key in (10, 13):
-            gates.setdefault(key, asyncio.Event()).set()
-        assert [await f for f in more] == [10 * i for i in range(10, 16)]
 
     asyncio.run(scenario())
 

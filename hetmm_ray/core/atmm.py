@@ -37,7 +37,6 @@ __all__ = [
     "forward_atm",
     "fuse_layer_maps",
     "pixel_major",
-    "window_max_similarity",
 ]
 
 
@@ -188,28 +187,6 @@ def _mask_off_map_(m: Tensor) -> None:
             m[a, :, :, : min(-dx, w)].fill_(float("-inf"))
         elif dx > 0:
             m[a, :, :, max(w - dx, 0) :].fill_(float("-inf"))
-
-
-def window_max_similarity(
-    query: Tensor,
-    t_pm: Tensor,
-    window: int,
-    *,
-    chunk_bytes: int | None = None,
-) -> Tensor:
-    """``M[b, d, y] = max_k <Q[b, y + d], T[k, y]>`` over a ``window``-square of offsets.
-
-    ``query`` (B, C, H, W); ``t_pm`` (H*W, K, C) from :func:`pixel_major`.
-    Returns (B, window*window, H, W), offsets ``d = (dy, dx)`` row-major, ``-inf``
-    where ``y + d`` is off the map. ``chunk_bytes`` bounds both the row-unfolded
-    query slab and the similarity block of one matmul (default
-    :func:`default_chunk_bytes`).
-    """
-    b, _, h, w = query.shape
-    m = _interior(_window_max(query, t_pm, window, chunk_bytes), h, w)  # (dx, dy, H, W, B), in scratch
-    out = query.new_empty(b, window, window, h, w)
-    out.copy_(m.permute(4, 1, 0, 2, 3))
-    return out.view(b, window * window, h, w)
 
 
 def _backward_from(m: Tensor, h: int, w: int, sub: int) -> Tensor:

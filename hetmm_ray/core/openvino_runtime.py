@@ -43,6 +43,7 @@ import torch
 from torch import Tensor, nn
 
 from ..config import model_cache_dir
+from .device import usable_cores
 
 __all__ = ["OpenVinoTaps", "openvino_available"]
 
@@ -131,13 +132,6 @@ def _converted(extractor: nn.Module, taps: Sequence[str], identity: Hashable, he
     return model
 
 
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
-
-
 def _compile(
     extractor: nn.Module, taps: Sequence[str], identity: Hashable, height: int, width: int, threads: int
 ) -> Any:
@@ -146,7 +140,7 @@ def _compile(
     model = _converted(extractor, taps, identity, height, width)
     # One call uses the caller's torch thread count; enough streams that callers running at
     # once (hetmm_ray.pipeline.map_in_workers: one thread each) fill the cores side by side.
-    streams = max(1, _cores() // threads)
+    streams = max(1, usable_cores() // threads)
     return ov.Core().compile_model(
         model,
         "CPU",

@@ -57,11 +57,9 @@ __all__ = [
     "DEFAULT_CHUNK_BYTES",
     "SELECTION_KINDS",
     "LayerSelection",
-    "Selection",
     "kmeans_centres",
     "pixel_similarities",
     "pts_indices",
-    "select",
     "select_layer",
     "select_layers",
     "select_templates",
@@ -295,16 +293,6 @@ def select_templates(bank: Tensor, indices: Tensor) -> Tensor:
 
 
 # --- the ablation variants ----------------------------------------------------------
-@dataclass(frozen=True)
-class Selection:
-    """A selection's templates and, where they are bank vectors, their indices."""
-
-    kind: str
-    templates: Tensor  # (K', C, H, W)
-    indices: Tensor | None  # (K', H, W) bank indices; None for "all" (the bank itself) and "pc_k" (centres)
-    centres: Tensor | None = None  # the templates when they are not bank vectors (pc_k below N sheets)
-
-
 def _pc_k(bank: Tensor, k: int, seed: int, progress: Progress | None) -> Tensor:
     n, c, h, w = bank.shape
     flat = bank.detach().reshape(n, c, h * w).to(torch.float64)
@@ -330,7 +318,7 @@ def _chosen(
     pts: Callable[..., Tensor],
 ) -> tuple[Tensor | None, Tensor | None]:
     """``(indices, centres)`` of selection ``kind`` on one layer's ``bank``: the one place that
-    decides what a selection is (:func:`select` documents the kinds). Both None: the whole bank."""
+    decides what a selection is (:func:`select_layer` documents the kinds). Both None: the whole bank."""
     if kind not in SELECTION_KINDS:
         raise ValueError(f"unknown selection {kind!r}; choose one of {', '.join(SELECTION_KINDS)}")
     _check_bank(bank, k)
@@ -352,37 +340,6 @@ def _chosen(
     else:  # pr
         idx = torch.rand((n, h, w), generator=gen).argsort(dim=0)[:kk]
     return idx.to(bank.device), None
-
-
-def select(
-    kind: str,
-    bank: Tensor,
-    k: int,
-    seed: int = 0,
-    *,
-    chunk_pixels: int | None = None,
-    progress: Progress | None = None,
-    pts: Callable[..., Tensor] = pts_indices,
-) -> Selection:
-    """Templates of one selection ``kind`` (docs/algorithm.md §4, the paper's Table RTMM).
-
-    - ``all``: the whole bank (``indices`` None).
-    - ``ir``: the same ``min(k, N)`` random images at every pixel (seeded).
-    - ``pr``: ``min(k, N)`` random images drawn independently per pixel (seeded).
-    - ``pc_k``: per-pixel spherical k-means centres (faiss, seeded), unit
-      vectors, not bank members (``indices`` None); ``k >= N`` gives the bank.
-    - ``pts_k`` / ``pts_o``: :func:`pts_indices` with ``init="kmeans"`` / ``"optics"``;
-      ``pts`` swaps in another implementation of the same contract (the Ray fan-out).
-
-    Random draws use a CPU ``torch.Generator`` seeded with ``seed``, so they
-    do not depend on the device or on global RNG state.
-    """
-    indices, centres = _chosen(kind, bank, k, seed, chunk_pixels, progress, pts)
-    if centres is not None:
-        return Selection(kind, centres, None, centres)
-    if indices is None:
-        return Selection(kind, bank, None)
-    return Selection(kind, select_templates(bank, indices), indices)
 
 
 @dataclass(frozen=True)
@@ -416,6 +373,19 @@ def select_layer(
     (which may then still be ``"auto"``); every other kind needs an integer ``sheets`` (a
     product's ``sheets: auto`` is resolved first, ``fitting.FitPipeline._auto_selected``).
     ``progress(done, total)`` counts this layer's pixels.
+
+    The kinds (docs/algorithm.md §4, the paper's Table RTMM), with ``k = sheets``:
+
+    - ``all``: the whole bank (neither indices nor centres).
+    - ``ir``: the same ``min(k, N)`` random images at every pixel (seeded).
+    - ``pr``: ``min(k, N)`` random images drawn independently per pixel (seeded).
+    - ``pc_k``: per-pixel spherical k-means centres (faiss, seeded), unit vectors, not bank
+      members (``centres``); ``k >= N`` gives the bank.
+    - ``pts_k`` / ``pts_o``: :func:`pts_indices` with ``init="kmeans"`` / ``"optics"``; ``pts``
+      swaps in another implementation of the same contract (the Ray fan-out).
+
+    Random draws use a CPU ``torch.Generator`` seeded with ``seed``, so they do not depend on
+    the device or on global RNG state.
     """
     if kind == "all":
         if progress is not None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,15 +14,11 @@ from torch import Tensor
 from ..config import THRESHOLD_RULES, DetectorConfig
 from .geometry import Box, crop
 
-FoldScorer = Callable[[list[int], list[int]], Sequence[float]]
-"""``score_fold(held_out, kept)``: scores of the held-out images against templates of the kept ones."""
-
 __all__ = [
     "Calibration",
     "OperatingPoint",
     "calibration_json",
     "operating_point",
-    "calibrate",
     "gaussian_blur",
     "gaussian_kernel",
     "image_scores",
@@ -182,31 +178,6 @@ def calibration_json(calibration: Calibration | None) -> list[float] | dict[str,
     published record): :meth:`Calibration.to_json`, None for none; :meth:`Calibration.from_json`
     reads it back."""
     return None if calibration is None else calibration.to_json()
-
-
-def calibrate(
-    n_images: int,
-    *,
-    folds: int,
-    max_images: int,
-    seed: int,
-    score_fold: FoldScorer,
-    keys: Sequence[str] | None = None,
-) -> Calibration:
-    """Leave-some-out scores of good images.
-
-    Up to ``max_images`` training images are drawn (seeded) and split into
-    ``folds``; ``score_fold(held_out, kept)`` scores the held-out indices against
-    templates built from the kept indices (every training image not held out).
-    """
-    from .calibration import fold_plan
-
-    scores: list[float] = []
-    for held in fold_plan(n_images, folds=folds, max_images=max_images, seed=seed, keys=keys):
-        held_set = set(held)
-        kept = [i for i in range(n_images) if i not in held_set]
-        scores.extend(float(s) for s in score_fold(held, kept))
-    return Calibration(scores=tuple(scores))
 
 
 def operating_point(

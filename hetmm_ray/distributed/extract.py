@@ -25,6 +25,7 @@ import torch
 from ..config import BackboneConfig, DetectorConfig
 from ..core.device import TORCH_DTYPES, image_digest, resolve_device
 from ..data.decode import ImageError, decode_image, images_to_tensor
+from .runtime import use_assigned_cpus
 
 if TYPE_CHECKING:
     from ..core.backbone import Backbone
@@ -56,10 +57,9 @@ def _decode(item: ImageItem, index: int) -> np.ndarray:
 
 @ray.remote
 def _extract_batch(
-    config: DetectorConfig, start: int, items: list[ImageItem], threads: int, use_gpu: bool
+    config: DetectorConfig, start: int, items: list[ImageItem], use_gpu: bool
 ) -> tuple[dict[str, np.ndarray], list[str]]:
-    # Ray sets OMP_NUM_THREADS=1 in workers: use the CPUs this task was given.
-    torch.set_num_threads(max(1, threads))
+    use_assigned_cpus()  # Ray sets OMP_NUM_THREADS=1 in workers: use the CPUs this task was given
     decoded = [_decode(x, start + i) for i, x in enumerate(items)]
     # A CPU-only task must not grab a GPU it was not given, whatever config.device says.
     device = resolve_device(config.device) if use_gpu else torch.device("cpu")
@@ -115,9 +115,7 @@ def extract_features_ray(
         connect()
     total = len(images)
     task = _extract_batch.options(num_cpus=num_cpus, num_gpus=num_gpus)
-    starts = {
-        task.remote(config, s, list(images[s : s + bs]), int(num_cpus), num_gpus > 0): s for s in range(0, total, bs)
-    }
+    starts = {task.remote(config, s, list(images[s : s + bs]), num_gpus > 0): s for s in range(0, total, bs)}
     layers: dict[str, np.ndarray] = {}
     digests: list[str] = [""] * total
     pending, done = list(starts), 0

@@ -18,6 +18,7 @@ from torch import Tensor
 
 from ..config import PTS_CHUNK_PIXELS
 from ..core.pts import pts_indices
+from .runtime import use_assigned_cpus
 
 __all__ = ["pts_indices_ray"]
 
@@ -25,9 +26,8 @@ DEFAULT_CHUNK_PIXELS = PTS_CHUNK_PIXELS  # the one default lives in config.py
 
 
 @ray.remote
-def _pts_chunk(bank: np.ndarray, p0: int, p1: int, k: int, init: str, seed: int, threads: int) -> np.ndarray:
-    # Ray sets OMP_NUM_THREADS=1 in workers: use the CPUs this task was given.
-    torch.set_num_threads(max(1, threads))
+def _pts_chunk(bank: np.ndarray, p0: int, p1: int, k: int, init: str, seed: int) -> np.ndarray:
+    use_assigned_cpus()  # Ray sets OMP_NUM_THREADS=1 in workers: use the CPUs this task was given
     n, c = bank.shape[:2]
     # The shared bank is read-only; copy just this chunk's pixels: (N, C, P, 1).
     pixels = torch.from_numpy(np.array(bank.reshape(n, c, -1)[:, :, p0:p1]))[..., None]
@@ -62,8 +62,7 @@ def pts_indices_ray(
     ref = ray.put(np.ascontiguousarray(bank.detach().cpu().numpy()))
     task = _pts_chunk.options(num_cpus=num_cpus, num_gpus=num_gpus)
     ranges = {
-        task.remote(ref, p0, min(total, p0 + chunk_pixels), k, init, seed, max(1, round(num_cpus))): p0
-        for p0 in range(0, total, chunk_pixels)
+        task.remote(ref, p0, min(total, p0 + chunk_pixels), k, init, seed): p0 for p0 in range(0, total, chunk_pixels)
     }
     out = np.empty((min(k, n), total), dtype=np.int64)
     pending, done = list(ranges), 0

@@ -44,6 +44,7 @@ from ..store import ProductNotFound, StoreConflict, StoreError, VersionRecord, c
 from .hosts import HostPool
 from .jobs import JobBoard, JobProgress
 from .pts_fanout import pts_indices_ray
+from .runtime import use_assigned_cpus
 from .shard import ShardPlacement
 from .store_watch import follow_store
 
@@ -57,7 +58,7 @@ def _calibrated(ts: TemplateSet) -> TemplateSet:
     """Recalibrate on a full CPU: the registry itself runs on a sliver of one."""
     from ..detector import HETMM
 
-    torch.set_num_threads(max(1, round(ray.get_runtime_context().get_assigned_resources().get("CPU", 1))))
+    use_assigned_cpus()
     return HETMM(ts.config).calibrated(ts)
 
 
@@ -70,7 +71,7 @@ def _labelled_calibration(
     from ..detector import HETMM
     from ..validation import calibrate_with_labels
 
-    torch.set_num_threads(max(1, round(ray.get_runtime_context().get_assigned_resources().get("CPU", 1))))
+    use_assigned_cpus()
     det = HETMM.load(open_store(store_uri), product, version)
     decoded = [decode_image(data) for data in images]
     return calibrate_with_labels(det, decoded, labels, objective=objective, max_false_alarm_rate=cap)
@@ -82,7 +83,7 @@ def _auto_selected(ts: TemplateSet) -> TemplateSet:
     out-of-fold scorings; the result's config holds the chosen K (hot updates keep it)."""
     from ..detector import HETMM
 
-    torch.set_num_threads(max(1, round(ray.get_runtime_context().get_assigned_resources().get("CPU", 1))))
+    use_assigned_cpus()
     return HETMM(ts.config).pipeline._selected(ts)
 
 

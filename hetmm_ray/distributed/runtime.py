@@ -1,7 +1,8 @@
 """One place that starts or joins Ray, for the CLI, the Python API and the service.
 
-``connect()`` reuses a Ray this process already joined, else starts a local one
-(listening on 127.0.0.1 only, no dashboard, worker logs kept out of the driver's terminal, namespace
+``connect()`` reuses a Ray this process already joined, else starts a local one of its own
+(never the cluster a ``ray start`` on this machine left in Ray's ``ray_current_cluster`` file;
+listening on 127.0.0.1 only, no dashboard, worker logs kept out of the driver's terminal, namespace
 ``hetmm`` so named actors such as the registry are found again, Ray Serve's settings of
 ``config.SERVE_ENVIRONMENT`` in its processes' environment). Given an
 address (or ``RAY_ADDRESS``) it joins that cluster instead.
@@ -18,10 +19,18 @@ import socket
 
 import ray
 
+from ..compat.ray import disable_cluster_mode, serve_replica_module
 from ..config import SERVE_ENVIRONMENT
 from ..errors import HetmmError
 
-__all__ = ["NAMESPACE", "ClusterUnavailable", "connect", "serve_environment", "serve_grpc_on_loopback"]
+__all__ = [
+    "NAMESPACE",
+    "ClusterUnavailable",
+    "connect",
+    "serve_environment",
+    "serve_grpc_on_loopback",
+    "use_assigned_cpus",
+]
 
 NAMESPACE = "hetmm"
 PROBE_TIMEOUT_S = 3.0
@@ -74,9 +83,7 @@ def _loopback_only() -> None:
     the constant is patched because Ray read the variable when it was imported.
     """
     os.environ[LOOPBACK_ENV] = "0"
-    from ray._private import ray_constants
-
-    ray_constants.ENABLE_RAY_CLUSTER = False
+    disable_cluster_mode()
 
 
 def serve_grpc_on_loopback() -> None:
@@ -96,8 +103,7 @@ def serve_grpc_on_loopback() -> None:
         return
     if ray.is_initialized() and ray.util.get_node_ip_address() != "127.0.0.1":
         return  # a node others must reach (handles connect to the node's address)
-    from ray.serve._private import replica
-
+    replica = serve_replica_module()
     bind = replica.add_port_to_grpc_server
     if getattr(bind, "loopback_only", False):
         return
@@ -124,7 +130,9 @@ def connect(address: str | None = None, *, num_cpus: int | None = None) -> None:
 
     ``address``: None (or empty) -> ``RAY_ADDRESS`` if set, else reuse a Ray this
     process already joined, else start a local one with ``num_cpus`` CPUs (all
-    by default). ``"auto"`` joins the cluster started on this machine by
+    by default), always a new one: a cluster that ``ray start`` (or ``cluster/local_cluster.sh``)
+    left running on this machine is joined only when asked for (``"auto"`` or its address),
+    never by default (Ray's own ``ray.init()`` would join it). ``"auto"`` joins the cluster started on this machine by
     ``ray start``; ``"host:port"`` (the GCS) or ``"ray://host:port"`` (Ray
     Client) join that cluster. ``num_cpus`` only applies to a local Ray.
 
@@ -137,6 +145,7 @@ def connect(address: str | None = None, *, num_cpus: int | None = None) -> None:
         _loopback_only()
         serve_environment()
         ray.init(
+            address="local",  # a new Ray of our own, not the one /tmp/ray/ray_current_cluster names
             num_cpus=num_cpus,
             include_dashboard=False,
             log_to_driver=False,
@@ -154,3 +163,17 @@ def connect(address: str | None = None, *, num_cpus: int | None = None) -> None:
     except ConnectionError as exc:  # "auto" with no cluster on this machine, a stale address file...
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ClusterUnavailable(f"ray cluster at {address} is unreachable ({first})") from None
+
+
+def use_assigned_cpus(threads: int = 0) -> int:
+    """Set this Ray worker's torch threads: ``threads`` when > 0, else the rule of
+    ``core.device.compute_threads`` on the CPUs Ray assigned to the running task or actor.
+    Ray sets ``OMP_NUM_THREADS=1`` in its workers, so every task and replica that computes calls
+    this first. Returns the count set."""
+    import torch
+
+    from ..core.device import compute_threads
+
+    n = threads if threads > 0 else compute_threads(ray.get_runtime_context().get_assigned_resources().get("CPU", 1.0))
+    torch.set_num_threads(n)
+    return n

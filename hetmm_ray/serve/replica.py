@@ -39,6 +39,7 @@ from ..core.backbone import Backbone
 from ..data.decode import resize_to_geometry
 from ..detector import HETMM
 from ..distributed.registry import get_registry
+from ..distributed.runtime import use_assigned_cpus
 from ..records import ProductSnapshot
 from ..visualize import heatmap_overlay, heatmap_range
 from .greedy import GreedyBatcher
@@ -117,9 +118,7 @@ class Detector:
         self.settings = settings
 
     def _set_threads(self, threads: int) -> None:
-        # Ray sets OMP_NUM_THREADS=1 in workers: use the CPUs this replica was given.
-        cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", 1.0)
-        torch.set_num_threads(threads or max(1, round(cpus)))
+        use_assigned_cpus(threads)  # Ray sets OMP_NUM_THREADS=1 in workers: the CPUs this replica was given
 
     def check_health(self) -> None:
         if self._fatal is not None:  # e.g. a CUDA error: let Serve replace this replica
