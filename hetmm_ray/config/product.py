@@ -194,7 +194,7 @@ class TemplateConfig(Settings):
     def sheets_of(self, n_images: int) -> int:
         """The sheets a selection of this kind really holds over a bank of ``n_images`` images:
         every image for ``all`` (and for an ``auto`` K not chosen yet), else ``min(sheets, n_images)``
-        (every selection keeps at most the bank, ``core.pts.select``)."""
+        (every selection keeps at most the bank, ``core.pts.select_layer``)."""
         if self.kind == "all" or not isinstance(self.sheets, int):
             return n_images
         return min(self.sheets, n_images)

@@ -27,7 +27,7 @@ from ..config import DTYPES
 __all__ = ["TORCH_DTYPES", "compute_threads", "image_digest", "resolve_device", "usable_cores"]
 
 TORCH_DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-assert tuple(TORCH_DTYPES) == DTYPES  # one list of names (config.py), one mapping (here)
+assert tuple(TORCH_DTYPES) == DTYPES  # one list of names (hetmm_ray.config), one mapping (here)
 
 
 def resolve_device(name: str) -> torch.device:

@@ -65,7 +65,7 @@ __all__ = [
     "select_templates",
 ]
 
-SELECTION_KINDS = TEMPLATE_KINDS  # the one list lives in config.py
+SELECTION_KINDS = TEMPLATE_KINDS  # the one list lives in hetmm_ray.config
 DEFAULT_CHUNK_BYTES = 256 * 2**20  # float64 work per pixel chunk: two (P, N, N) matrices and the (P, N, C) vectors
 
 Progress = Callable[[int, int], object]

@@ -34,7 +34,7 @@ from ..errors import HetmmError
 
 __all__ = ["IMAGE_EXTENSIONS", "DatasetError", "MVTecCategory", "Sample"]
 
-IMAGE_EXTENSIONS = IMAGE_SUFFIXES  # the one list lives in config.py
+IMAGE_EXTENSIONS = IMAGE_SUFFIXES  # the one list lives in hetmm_ray.config
 _LAYOUT = "expected an MVTec AD category folder with train/good, test/<type>, ground_truth/<type>"
 
 

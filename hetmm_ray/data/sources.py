@@ -17,7 +17,7 @@ from ..store import StoreError, open_backend
 
 __all__ = ["IMAGE_SUFFIXES", "SourceError", "read_image_source"]
 
-IMAGE_SUFFIXES = config.IMAGE_SUFFIXES  # re-exported: the one list lives in config.py
+IMAGE_SUFFIXES = config.IMAGE_SUFFIXES  # re-exported: the one list lives in hetmm_ray.config
 
 
 class SourceError(HetmmError, ValueError):

@@ -22,7 +22,7 @@ from .runtime import use_assigned_cpus
 
 __all__ = ["pts_indices_ray"]
 
-DEFAULT_CHUNK_PIXELS = PTS_CHUNK_PIXELS  # the one default lives in config.py
+DEFAULT_CHUNK_PIXELS = PTS_CHUNK_PIXELS  # the one default lives in hetmm_ray.config
 
 
 @ray.remote
