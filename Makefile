@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint bench clean
+.PHONY: setup demo test test-unit test-integration lint bench clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -18,8 +18,16 @@ setup: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/hetmm demo --out out/demo
 
+# tests/unit: no Ray, no network server, seconds (the loop of a day's work); tests/integration: real
+# Ray, Serve over HTTP, a moto S3 server, a browser. `make test` runs both, unit first.
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q tests/unit tests/integration
+
+test-unit: $(STAMP)
+	$(PY) -m pytest -q tests/unit
+
+test-integration: $(STAMP)
+	$(PY) -m pytest -q tests/integration
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check hetmm_ray tests benchmarks

@@ -5,7 +5,7 @@ one (B, 3, S, S) batch: ms per image of the network alone (normalised input -> t
 median of ``--runs`` calls, the runtimes interleaved call by call so that load from other jobs
 falls on all alike; and each runtime's largest difference from torch's features, relative to
 the largest feature value. The tolerance the project adopts a runtime under: 1e-5
-(tests/test_fast_runtime.py).
+(tests/unit/core/test_fast_runtime.py).
 
     python benchmarks/bench_backbone_runtimes.py                     # mobilenet_v2, efficientnet_lite0
     python benchmarks/bench_backbone_runtimes.py --backbones resnet18 --batch 1

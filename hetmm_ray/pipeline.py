@@ -8,7 +8,7 @@ Four things, each measured to matter on a 2-core machine (issue 15, BENCHMARKS.m
   current batch. PNG decoding and Pillow's resize release the GIL, so the two really run at
   once. :func:`load_batch` decodes and resizes the images of one batch in ``threads`` threads.
   The batches are exactly those of the sequential path (same pixels, same order), so scores
-  are bit-identical (tests/test_throughput.py).
+  are bit-identical (tests/unit/test_throughput.py).
 * **Score workers.** :func:`map_in_workers` runs independent shares of a predict in threads
   whose torch ops use one thread each: the default CPU path (``score_workers``), measured
   faster than multi-threaded ops on few cores and graceful next to a busy neighbour. Equal to

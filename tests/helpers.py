@@ -1,12 +1,21 @@
-"""Small helpers shared by the test modules (tests/ is on sys.path under pytest's default import mode)."""
+"""Small helpers shared by the test modules (tests/ is on sys.path under pytest's default import mode:
+tests/conftest.py's folder), and the paths every module uses."""
 
 from __future__ import annotations
 
 import io
 import socket
+from pathlib import Path
 
 import numpy as np
+import torch
 from PIL import Image
+from torch import nn
+
+REPO = Path(__file__).resolve().parents[1]
+"""The repository's root."""
+SHARED = REPO.parent / "shared"
+"""``../shared`` beside the repository: real data and weights (tests that need it skip without it)."""
 
 
 def png(array: np.ndarray) -> bytes:
@@ -21,3 +30,16 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def randomise_bn(model: nn.Module, seed: int = 0) -> None:
+    """Non-trivial BN statistics (a fresh model's are mean 0, var 1: folding them is a no-op)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                n = m.num_features
+                m.running_mean.copy_(torch.randn(n, generator=g) * 0.5)
+                m.running_var.copy_(torch.rand(n, generator=g) * 2 + 0.1)
+                m.weight.copy_(torch.randn(n, generator=g))
+                m.bias.copy_(torch.randn(n, generator=g) * 0.3)

@@ -1,7 +1,7 @@
 """The one place that reaches into Ray's private modules (``ray._private``, ``ray.serve._private``).
 
 Ray has no public API for three things the embedded service and its tests need, so they are
-reached here, each through :func:`_symbol` (tests/test_structure.py forbids ``_private``
+reached here, each through :func:`_symbol` (tests/unit/test_structure.py forbids ``_private``
 imports and attributes everywhere else in hetmm_ray, benchmarks and tests):
 
 - :func:`disable_cluster_mode`: Ray's single-machine mode, so a local Ray binds 127.0.0.1

@@ -6,7 +6,7 @@ settings as in :class:`~hetmm_ray.config.DetectorConfig` (``backbone.image_size`
 ``batch_size``), the service's as ``service.<field>``, the replicas' live settings as
 ``user_config.<field>``. Every value must be finite (no NaN, no Infinity), ``int`` ranges refuse
 non-integers, booleans are never numbers; lists are checked element by element, and a setting
-whose default is None may be null. tests/test_hardening.py keeps README's validation table equal
+whose default is None may be null. tests/integration/test_hardening.py keeps README's validation table equal
 to this one.
 """
 

@@ -10,7 +10,7 @@ maps them onto timm's names, and the mapping is checked, not assumed:
 
 - every reference key must map to exactly one timm key of the same shape and
   every timm key must be covered (else :class:`KeyMappingError`);
-- ``tests/test_efficientnet_lite.py`` runs the reference package
+- ``tests/unit/core/test_efficientnet_lite.py`` runs the reference package
   (``efficientnet-lite-pytorch``) and this network on random input and
   requires equal stage outputs to 1e-5.
 
@@ -30,7 +30,7 @@ TF Lite models were trained (the TF Lite builder's preprocessing is
 ``(pixel - 127) / 128``; timm's pretrained config for these models says mean =
 std = 0.5). The reference package's own usage example normalises with ImageNet
 mean/std instead; the packaged weights disagree with it. Checked in
-tests/test_efficientnet_lite.py on two photographs that ship with scikit-learn:
+tests/unit/core/test_efficientnet_lite.py on two photographs that ship with scikit-learn:
 with [-1, 1] the daisy photograph is classified as "daisy" and not with
 ImageNet mean/std, and the stem's activation variances match its BatchNorm
 running variances (median ratio within e^0.5) only with [-1, 1].

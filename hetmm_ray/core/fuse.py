@@ -7,7 +7,7 @@ Right after a convolution it folds into the convolution's weights and bias:
 
 so the network runs one op where it ran two (about 30 % of a mobilenet-class backbone's CPU
 time was batch norms and activations run as separate passes over memory). In float32 the
-folded network equals the unfolded one up to rounding (tests/test_throughput.py: 1e-5).
+folded network equals the unfolded one up to rounding (tests/unit/test_throughput.py: 1e-4 of the output scale).
 
 Which BatchNorm follows which convolution is found by running the network once on a small
 input and recording, for every BatchNorm, whether its input tensor *is* (same object) the

@@ -4,7 +4,7 @@ Semantics: ``OpenVinoTaps(extractor, taps, identity)(x)`` returns what ``extract
 (``{tap: (B, C, h, w) float32}``, ``x`` a float32 (B, 3, H, W) batch already normalised),
 computed by an OpenVINO model converted from the same network with inference precision f32.
 Equal to the torch network within float32 rounding: relative differences ~1e-6 on
-mobilenet_v2, ResNets and EfficientNet-Lite (tests/test_openvino_runtime.py bounds them at
+mobilenet_v2, ResNets and EfficientNet-Lite (tests/unit/core/test_fast_runtime.py bounds them at
 1e-5 and checks that no verdict moves; BENCHMARKS.md "Throughput" has the timings).
 
 Why: on this project's AVX2 CPUs torch runs mobilenet-class backbones as a chain of small,

@@ -217,7 +217,7 @@ def xi_labels(graph: OpticsGraph, min_samples: int, xi: float = 0.05) -> Tensor:
     ``predecessor_correction=True``. Runs :func:`_xi_labels_one`, a line-by-line port of
     scikit-learn's ``_xi_cluster`` / ``_extract_xi_labels`` on Python lists with the steepness
     flags computed for all sets at once: several times faster than calling scikit-learn per
-    set, and checked equal to ``cluster_optics_xi`` per set by the tests (tests/test_pts.py).
+    set, and checked equal to ``cluster_optics_xi`` per set by the tests (tests/unit/core/test_pts.py).
     """
     if not 0.0 <= xi <= 1.0:
         raise ValueError(f"xi must be in [0, 1], got {xi!r}")

@@ -32,7 +32,7 @@ detector compares images pixel by pixel as the sensor delivered them.
 
 Pixels of intact 8-bit RGB PNGs (what line cameras and datasets mostly write) are decoded by
 libpng through ``imagecodecs`` when it is installed: about 2x faster than Pillow's decoder, the
-same pixels (a lossless format; tests/test_fast_runtime.py compares them), and the GIL released
+same pixels (a lossless format; tests/unit/core/test_fast_runtime.py compares them), and the GIL released
 while it works, so the decode threads of ``predict`` really run beside the scoring (pyspng,
 as fast, holds the GIL: measured no gain from a second thread). Anything else, and any PNG
 libpng refuses, goes through Pillow, which then accepts or refuses it exactly as before.

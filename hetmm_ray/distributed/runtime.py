@@ -78,7 +78,7 @@ def _loopback_only() -> None:
     turns a ``_node_ip_address`` of 127.0.0.1 back into the machine's reachable address.
     Its single-machine mode (what ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` selects; on
     Linux it changes nothing else) takes 127.0.0.1 as the node IP, and then every Ray
-    process binds loopback (checked with ``ss -ltnp`` in tests/test_hardening.py). The
+    process binds loopback (checked with ``ss -ltnp`` in tests/integration/test_hardening.py). The
     variable is set in this process's environment so Ray's child processes see it too;
     the constant is patched because Ray read the variable when it was imported.
     """
@@ -97,7 +97,7 @@ def serve_grpc_on_loopback() -> None:
     address is 127.0.0.1 (see :func:`_loopback_only`; its processes inherit ``LOOPBACK_ENV``), so
     handles reach the replicas there. A cluster's replicas, which must be reachable from other
     nodes, are left alone. Called when ``hetmm_ray.serve`` is imported, which every replica does
-    before Serve starts the server; ``tests/test_hardening.py`` lists the listeners.
+    before Serve starts the server; ``tests/integration/test_hardening.py`` lists the listeners.
     """
     if os.environ.get(LOOPBACK_ENV) != "0":
         return

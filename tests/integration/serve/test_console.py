@@ -33,7 +33,7 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
-from helpers import free_port, png
+from helpers import REPO, free_port, png
 
 from hetmm_ray.config import BackboneConfig, DetectorConfig, TemplateConfig, ThresholdConfig
 from hetmm_ray.data.synthetic import SyntheticProduct
@@ -43,7 +43,7 @@ from hetmm_ray.store import open_store
 pytestmark = pytest.mark.usefixtures("local_ray")
 
 CHROMIUM = os.environ.get("HETMM_CHROMIUM", "/usr/bin/chromium")
-SHOTS = Path(__file__).resolve().parents[1] / "out" / "ui"
+SHOTS = REPO / "out" / "ui"
 TOKEN_ENV = "HETMM_CONSOLE_TEST_TOKEN"
 TOKEN = "console-token-81d3"
 ADMIN = {"Authorization": f"Bearer {TOKEN}"}

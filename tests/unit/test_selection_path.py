@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import ast
 from functools import partial
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import REPO
 
 from hetmm_ray.config import TASK_CPUS, BackboneConfig, DetectorConfig, ScoringConfig, TemplateConfig
 from hetmm_ray.core.pts import kmeans_centres, pts_indices, select_layer, select_layers
@@ -22,7 +22,7 @@ from hetmm_ray.detector import HETMM
 from hetmm_ray.distributed.pts_fanout import pts_indices_ray
 from hetmm_ray.distributed.shard import LayerShard
 
-PACKAGE = Path(__file__).resolve().parents[1] / "hetmm_ray"
+PACKAGE = REPO / "hetmm_ray"
 
 
 def _bank(n: int, seed: int, c: int = 6, h: int = 3, w: int = 4, dtype: torch.dtype = torch.float16) -> torch.Tensor:

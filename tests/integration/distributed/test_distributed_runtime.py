@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import ray
-from helpers import free_port
+from helpers import REPO, free_port
 
 from hetmm_ray.distributed.runtime import ClusterUnavailable, connect
 
@@ -91,7 +91,7 @@ def test_the_embedded_default_never_joins_a_cluster_ray_start_left_running() -> 
     own (a plain ``hetmm serve`` inside a foreign cluster would die when that cluster stops).
     The foreign head runs in a private Ray temp dir (``RAY_TMPDIR``) so no other Ray on the
     machine sees it, and only its own processes are stopped afterwards."""
-    root = Path(__file__).resolve().parents[1]
+    root = REPO
     tmp = tempfile.mkdtemp(prefix="hr-", dir="/tmp")  # short: Ray's socket paths live under it
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env.update(RAY_TMPDIR=tmp, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", PYTHONPATH=str(root))

@@ -5,7 +5,7 @@ outside what the operator allowed, endpoints of its choosing) and a careless one
 (retries, too many images). The service runs without an admin token (the loopback
 default) so the cross-origin rule is tested where it matters most. Ray is started
 here with dummy AWS credentials in its environment, so its workers reach the moto
-S3 server (tests/test_store.py's fixtures) for S3 sources.
+S3 server (tests/integration/store/test_store.py's fixtures) for S3 sources.
 """
 
 from __future__ import annotations
@@ -24,8 +24,7 @@ import httpx
 import numpy as np
 import pytest
 from helpers import free_port, png
-from test_store import _admin as s3_admin
-from test_store import aws_env, new_bucket, s3_endpoint  # noqa: F401 - fixtures
+from s3_server import new_bucket, s3_admin
 
 from hetmm_ray.config import BackboneConfig, DetectorConfig, TemplateConfig, ThresholdConfig
 from hetmm_ray.data.synthetic import SyntheticProduct
@@ -58,7 +57,7 @@ def strict_json(text: str) -> object:
 
 
 @pytest.fixture(scope="module")
-def ray_with_aws(own_ray, aws_env) -> Iterator[None]:  # noqa: F811 - the fixture imported above
+def ray_with_aws(own_ray, aws_env) -> Iterator[None]:
     import ray
     from conftest import LOCAL_RAY_ARGS
 
@@ -67,7 +66,7 @@ def ray_with_aws(own_ray, aws_env) -> Iterator[None]:  # noqa: F811 - the fixtur
 
 
 @pytest.fixture(scope="module")
-def roots(tmp_path_factory, s3_endpoint) -> dict[str, str]:  # noqa: F811
+def roots(tmp_path_factory, s3_endpoint) -> dict[str, str]:
     local = tmp_path_factory.mktemp("allowed")
     bucket = new_bucket(s3_endpoint)
     for i in range(3):

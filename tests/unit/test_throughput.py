@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import png
+from helpers import SHARED, png, randomise_bn
 from torch import nn
 
 from hetmm_ray.config import BackboneConfig, DetectorConfig, TemplateConfig, ThresholdConfig
@@ -29,27 +29,12 @@ from hetmm_ray.data.synthetic import SyntheticProduct
 from hetmm_ray.detector import HETMM
 from hetmm_ray.pipeline import keep_memory_mapped, load_batch, prefetched, worker_shares
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared"
-
-
-def _randomise_bn(model: nn.Module, seed: int = 0) -> None:
-    """Non-trivial BN statistics (a fresh model's are mean 0, var 1: folding them is a no-op)."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for m in model.modules():
-            if isinstance(m, nn.BatchNorm2d):
-                n = m.num_features
-                m.running_mean.copy_(torch.randn(n, generator=g) * 0.5)
-                m.running_var.copy_(torch.rand(n, generator=g) * 2 + 0.1)
-                m.weight.copy_(torch.randn(n, generator=g))
-                m.bias.copy_(torch.randn(n, generator=g) * 0.3)
-
 
 # --- BN folding ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", ["mobilenet_v2", "resnet18", "efficientnet_lite0"])
 def test_folded_network_equals_the_unfolded_one(name: str) -> None:
     model = _build_model(BackboneConfig(name=name, weights="random")).eval()
-    _randomise_bn(model)
+    randomise_bn(model)
     folded = copy.deepcopy(model)
     n = fold_batch_norms(folded, torch.zeros(1, 3, 64, 64))
     bns_left = [m for m in folded.modules() if isinstance(m, nn.BatchNorm2d)]
@@ -76,7 +61,7 @@ def test_fold_leaves_a_conv_output_read_elsewhere_alone() -> None:
             return self.bn(y) + self.other(y)  # the conv output is read twice: folding would be wrong
 
     model = Tapped().eval()
-    _randomise_bn(model)
+    randomise_bn(model)
     x = torch.rand(1, 3, 8, 8)
     expected = model(x)
     assert fold_batch_norms(model, x) == 0

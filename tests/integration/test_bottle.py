@@ -11,10 +11,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from helpers import SHARED
 
 from hetmm_ray.cli import main
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 BOTTLE = SHARED / "data" / "mvtec_ad" / "bottle"
 WEIGHTS = SHARED / "weights" / "mobilenet_v2_imagenet.pth"
 

@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 import yaml
+from helpers import REPO
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO
 CLUSTER = ROOT / "cluster"
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 from helpers import free_port, png
-from test_store import aws_env, new_bucket, s3_endpoint  # noqa: F401 - fixtures
+from s3_server import new_bucket
 
 from hetmm_ray.cli import main
 from hetmm_ray.data.synthetic import SyntheticProduct
@@ -48,7 +48,7 @@ def folder_of(root: Path, name: str, indices: range) -> Path:
 
 
 @pytest.fixture(scope="module")
-def ray_with_aws(own_ray, aws_env) -> Iterator[None]:  # noqa: F811
+def ray_with_aws(own_ray, aws_env) -> Iterator[None]:
     import ray
     from conftest import LOCAL_RAY_ARGS
 

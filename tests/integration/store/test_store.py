@@ -11,10 +11,8 @@ endpoint; each checks that the previous head still loads bit-identically.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
-import logging
 import os
 import signal
 import socket
@@ -25,13 +23,13 @@ import threading
 import time
 import uuid
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import free_port
+from helpers import REPO, free_port
+from s3_server import new_bucket, port_is_free, start_moto
 from safetensors.torch import load as st_load
 from template_bytes import to_bytes
 
@@ -50,7 +48,6 @@ from hetmm_ray.store import (
 )
 from hetmm_ray.store.layout import selection_refs
 
-REPO = Path(__file__).resolve().parents[1]
 LAYERS = {"layer1": (8, 6, 5), "layer2": (16, 3, 3)}  # (C, H, W)
 CONFIG = DetectorConfig(
     backbone=BackboneConfig(name="resnet18", weights="random", image_size=64, layers=tuple(LAYERS)),
@@ -142,101 +139,6 @@ def refs(manifest: dict) -> list[dict]:
 
 def version_files(store: VersionedStore, product: str) -> list[int]:
     return sorted(int(k.rsplit("/", 1)[1].split(".")[0]) for k in store.backend.list(f"{product}/versions/"))
-
-
-# --- the S3 endpoint --------------------------------------------------------------------------
-_AWS_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
-_AWS_UNSET = ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3")
-
-
-@pytest.fixture(scope="module")
-def aws_env():
-    """Dummy credentials for boto3 (and the subprocesses), restored afterwards; no proxy for 127.0.0.1."""
-    saved = {k: os.environ.get(k) for k in (*_AWS_ENV, *_AWS_UNSET, "NO_PROXY", "no_proxy")}
-    os.environ.update(_AWS_ENV)
-    for k in _AWS_UNSET:
-        os.environ.pop(k, None)
-    for k in ("NO_PROXY", "no_proxy"):
-        os.environ[k] = ",".join(x for x in (os.environ.get(k), "127.0.0.1", "localhost") if x)
-    werkzeug = logging.getLogger("werkzeug")
-    level = werkzeug.level
-    werkzeug.setLevel(logging.WARNING)  # no access log line per request
-    yield
-    werkzeug.setLevel(level)
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
-
-
-def start_moto(port: int = 0):
-    """A moto S3 server on 127.0.0.1 (``port`` 0: any free port); returns it and its endpoint URL."""
-    moto_server = pytest.importorskip("moto.server")
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    _one_request_at_a_time(server)
-    host, port = server.get_host_and_port()
-    return server, f"http://{host}:{port}"
-
-
-def _one_request_at_a_time(server) -> None:
-    """Make moto's conditional writes atomic, as a real S3 endpoint's are.
-
-    moto checks ``If-None-Match``/``If-Match`` and then stores the object in two
-    steps, while its server handles each connection in its own thread, so two
-    racing conditional PUTs could both pass the check. Serving one request at a
-    time (still over HTTP, interleaved request by request) closes that window;
-    it changes nothing else.
-    """
-    wsgi = server._server  # the werkzeug server behind ThreadedMotoServer
-    app = wsgi.app
-    lock = threading.Lock()
-
-    def serialised(environ, start_response):
-        with lock:
-            return list(app(environ, start_response))
-
-    wsgi.app = serialised
-
-
-@functools.cache
-def _admin(endpoint: str):
-    import boto3
-
-    return boto3.session.Session().client("s3", endpoint_url=endpoint)
-
-
-def new_bucket(endpoint: str) -> str:
-    name = f"hetmm-{uuid.uuid4().hex[:12]}"
-    _admin(endpoint).create_bucket(Bucket=name)
-    return name
-
-
-def port_is_free(port: int) -> bool:
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
-@pytest.fixture(scope="module")
-def s3_endpoint(aws_env):
-    server, endpoint = start_moto()
-    yield endpoint
-    server.stop()
-
-
-@pytest.fixture(params=["local", "s3"])
-def location(request, tmp_path):
-    """Where a fresh, empty store lives: a local folder, or a fresh bucket on the moto server."""
-    if request.param == "local":
-        return str(tmp_path / "store")
-    endpoint = request.getfixturevalue("s3_endpoint")
-    return f"s3://{new_bucket(endpoint)}/templates?endpoint={endpoint}"
 
 
 @pytest.fixture
@@ -1000,7 +902,6 @@ def test_detector_saved_to_s3_loads_and_scores_identically(s3_endpoint):
 
 # --- a slow endpoint: accepts connections, never answers ------------------------------------------
 def test_slow_endpoint_times_out_with_a_clear_error(monkeypatch):
-    import socket
 
     from hetmm_ray.store.s3 import S3Backend
     from hetmm_ray.store.versioned import VersionedStore

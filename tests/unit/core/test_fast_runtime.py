@@ -7,7 +7,7 @@
   it does not take goes to Pillow unchanged.
 
 On real data (bottle, battery_weld) the fast path changes no verdict:
-tests/test_throughput.py::test_fast_paths_change_no_verdict.
+tests/unit/test_throughput.py::test_fast_paths_change_no_verdict.
 """
 
 from __future__ import annotations
@@ -19,16 +19,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import REPO, SHARED, randomise_bn
 from PIL import Image
-from test_throughput import _randomise_bn
 
 import hetmm_ray.core.openvino_runtime as ovr
 import hetmm_ray.data.decode as decode
 from hetmm_ray.config import MODEL_CACHE_ENV, BackboneConfig, ConfigError, DetectorConfig
 from hetmm_ray.core.backbone import Backbone, resolve_runtime
 from hetmm_ray.data.decode import ImageError, decode_image
-
-SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 
 pytestmark = pytest.mark.skipif(not ovr.openvino_available(), reason="the openvino package is not installed")
 
@@ -68,7 +66,7 @@ def test_openvino_with_batch_norm_statistics_equals_the_unfolded_torch_network(m
     """Folding then converting a network with real BN statistics: still torch's features."""
     config = BackboneConfig(name="mobilenet_v2", weights="random", seed=3)
     plain = Backbone(config, fold_bn=False, runtime="torch")
-    _randomise_bn(plain.extractor)
+    randomise_bn(plain.extractor)
     fast = Backbone(config, fold_bn=False, runtime="openvino")
     fast.extractor.load_state_dict(plain.extractor.state_dict())
     # the BN statistics are no longer the seed's: a new identity, so no cached graph is reused
@@ -205,7 +203,7 @@ ovr._compiled.clear()  # the workers' requests are the last users of their model
 done = subprocess.run([sys.executable, "-c", "print('ok')"], preexec_fn=lambda: None, capture_output=True)
 print(done.stdout.decode().strip())
 """
-    root = Path(__file__).resolve().parents[1]
+    root = REPO
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr[-2000:]

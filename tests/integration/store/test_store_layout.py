@@ -1,6 +1,6 @@
 """Per-layer store layout (issue 14): one layer of one version is read without the others.
 
-Locally and on a real HTTP S3 endpoint (moto server), as tests/test_store.py. The bytes and
+Locally and on a real HTTP S3 endpoint (moto server), as tests/integration/store/test_store.py. The bytes and
 objects a read fetches are counted by a thin wrapper over the real backend (it forwards
 every call; nothing is faked). Old (format-1) stores stay readable and migrate with
 ``hetmm migrate``.
@@ -13,7 +13,6 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-import test_store
 import torch
 from store_format1 import put_format1
 from test_store import assert_identical, grow, make_set
@@ -22,9 +21,6 @@ from hetmm_ray.cli import main
 from hetmm_ray.core.scoring import operating_point
 from hetmm_ray.store import VersionedStore, open_store
 from hetmm_ray.store.layout import selection_refs
-
-# test_store.py's fixtures: a local folder or a fresh bucket on a moto S3 server.
-aws_env, s3_endpoint, location = test_store.aws_env, test_store.s3_endpoint, test_store.location
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

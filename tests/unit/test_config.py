@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import yaml
+from helpers import REPO
 
 from hetmm_ray.config import (
     BACKBONES,
@@ -399,7 +399,7 @@ def test_deploy_yaml_states_the_config_defaults() -> None:
     they must be hetmm_ray.config's defaults (the decorators read them from there)."""
     from hetmm_ray.config import ReplicaSettings, ServiceConfig
 
-    app = yaml.safe_load((Path(__file__).resolve().parents[1] / "deploy.yaml").read_text())["applications"][0]
+    app = yaml.safe_load((REPO / "deploy.yaml").read_text())["applications"][0]
     detector = next(d for d in app["deployments"] if d["name"] == "Detector")
     defaults = ReplicaSettings()
     assert detector["user_config"] == {k: getattr(defaults, k) for k in detector["user_config"]}
@@ -419,7 +419,7 @@ def test_deployment_decorators_match_deploy_yaml() -> None:
     from hetmm_ray.serve.ingress import Ingress
     from hetmm_ray.serve.replica import Detector
 
-    app = yaml.safe_load((Path(__file__).resolve().parents[1] / "deploy.yaml").read_text())["applications"][0]
+    app = yaml.safe_load((REPO / "deploy.yaml").read_text())["applications"][0]
     stated = {d["name"]: d for d in app["deployments"]}
     for deployment in (Ingress, Detector):
         d = stated[deployment.name]

@@ -13,8 +13,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import REPO
 
-PACKAGE = Path(__file__).resolve().parents[1] / "hetmm_ray"
+PACKAGE = REPO / "hetmm_ray"
 FORBIDDEN = ("ray", "boto3", "botocore", "fastapi", "starlette")
 
 

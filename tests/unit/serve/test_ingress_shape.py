@@ -66,7 +66,7 @@ def _names_used(tree: ast.AST) -> set[str]:
 
 
 def test_no_private_serve_or_starlette_internals() -> None:
-    # Ray's private modules are fenced by tests/test_structure.py (only hetmm_ray/compat/ray.py)
+    # Ray's private modules are fenced by tests/unit/test_structure.py (only hetmm_ray/compat/ray.py)
     used = _names_used(ast.parse(SOURCE))
     assert not used & {"SERVE_CONTROLLER_ACTOR", "get_http_config", "_body"}
 

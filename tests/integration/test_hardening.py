@@ -4,7 +4,7 @@ What a careless operator can do: non-finite or absurd settings, a product name w
 a trailing newline, a garbage or deleted HEAD, a writer killed mid-object, folders
 holding things that are not images, retried updates, and an embedded Ray that
 listened on every interface. Each test failed before the fix. Store tests run on a
-local folder and on the moto S3 server (tests/test_store.py's fixtures).
+local folder and on the moto S3 server (tests/integration/store/test_store.py's fixtures).
 """
 
 from __future__ import annotations
@@ -20,8 +20,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import REPO
 from PIL import Image
-from test_store import aws_env, new_bucket, s3_endpoint  # noqa: F401 - fixtures
+from s3_server import new_bucket
 
 from hetmm_ray.cli import main
 from hetmm_ray.config import (
@@ -36,7 +37,7 @@ from hetmm_ray.config import (
 from hetmm_ray.data.synthetic import SyntheticProduct
 from hetmm_ray.store import StoreCorrupt, StoreError, check_product_name, open_store
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO
 SIZE = 64
 FLAGS = ["--backbone", "resnet18", "--weights", "random", "--set", f"backbone.image_size={SIZE}"]
 FLAGS += ["--set", "threshold.max_images=4", "--set", "threshold.folds=2"]
