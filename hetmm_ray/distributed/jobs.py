@@ -27,6 +27,10 @@ class JobProgress:
     def __init__(self, record: JobRecord) -> None:
         self._record = record
 
+    @property
+    def job_id(self) -> str:
+        return self._record["id"]
+
     def stage(self, name: str, total: int = 0) -> None:
         self._record["progress"] = {"stage": name, "done": 0, "total": total}
 
