@@ -71,6 +71,10 @@ class HETMM:
     def version(self) -> int | None:
         return self.scorer.version
 
+    @version.setter
+    def version(self, version: int | None) -> None:
+        self.scorer.version = version
+
     @property
     def backbone(self) -> Backbone:
         return self.scorer.backbone

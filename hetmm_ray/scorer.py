@@ -109,6 +109,13 @@ class Scorer:
         self.version = version
         self._prepared = self.prepare(ts)
 
+    @property
+    def prepared(self) -> dict[str, Tensor]:
+        """The installed templates as ATMM matches against them (:meth:`prepare`)."""
+        if self._prepared is None:
+            raise RuntimeError("this detector has no templates yet: call fit() or load() first")
+        return self._prepared
+
     def require_templates(self) -> TemplateSet:
         """The installed template set; RuntimeError before fit() or load()."""
         if self.templates is None:
@@ -263,9 +270,7 @@ class Scorer:
     def score_batch(self, batch: Tensor, boxes: list[Box] | None) -> tuple[Tensor, list[np.ndarray]]:
         """Image scores and content maps of a canvas batch against the installed templates."""
         sc = self.config.scoring
-        if self._prepared is None:
-            raise RuntimeError("this detector has no templates yet: call fit() or load() first")
-        m = self.score_maps(self.features(batch, boxes), self._prepared, boxes)
+        m = self.score_maps(self.features(batch, boxes), self.prepared, boxes)
         in_map = self.map_boxes(boxes)
         return image_scores(m, sc.score_sigma, in_map).cpu(), [
             x.cpu().numpy() for x in content_maps(m, sc.map_sigma, in_map)
