@@ -78,6 +78,11 @@ class JobBoard:
             record["finished"] = time.time()
             self.tasks.pop(record["id"], None)
 
+    def progress_of(self, job_id: str) -> JobProgress | None:
+        """The progress of a running job (work reporting from elsewhere, e.g. a task); None once it ended."""
+        record = self.records.get(job_id)
+        return None if record is None or record["state"] != "running" else JobProgress(record)
+
     def get(self, job_id: str) -> JobRecord | None:
         record = self.records.get(job_id)
         return None if record is None else {**record, "progress": dict(record["progress"])}

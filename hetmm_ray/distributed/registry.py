@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import time
 from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -42,16 +41,15 @@ import numpy as np
 import ray
 import torch
 
-from ..config import TASK_CPUS, DetectorConfig, ServiceConfig, TemplateConfig, stored_config
+from ..config import TASK_CPUS, DetectorConfig, ServiceConfig, stored_config
 from ..core.scoring import Calibration
 from ..core.templates import TemplateSet
 from ..records import ProductDescription, ProductSnapshot, UnreadableProduct
-from ..steps import FitSteps, Progress
 from ..store import ProductNotFound, StoreConflict, StoreError, check_product_name, open_store
 from .hosts import HostPool
 from .jobs import JobBoard, JobProgress
-from .pts_fanout import pts_indices_ray
 from .shard import ShardPlacement
+from .steps import JobReport, service_steps
 from .store_watch import follow_store
 
 if TYPE_CHECKING:
@@ -60,40 +58,6 @@ if TYPE_CHECKING:
 __all__ = ["REGISTRY_NAME", "ProductRegistry", "get_registry", "registry_name"]
 
 REGISTRY_NAME = "hetmm-registry"
-
-
-class _JobReport:
-    """A fit's progress from a task to its job in the registry (``ProductRegistry.job_report``);
-    counts at most every ``every_s`` seconds (and the last), stages always."""
-
-    def __init__(self, registry: Any, job_id: str, every_s: float = 0.5) -> None:
-        self.registry, self.job_id, self.every_s = registry, job_id, every_s
-        self._last = 0.0
-
-    def stage(self, name: str, total: int = 0) -> None:
-        self.registry.job_report.remote(self.job_id, name, 0, total)
-
-    def __call__(self, done: int, total: int) -> None:
-        now = time.monotonic()
-        if done >= total or now - self._last >= self.every_s:
-            self._last = now
-            self.registry.job_report.remote(self.job_id, None, done, total)
-
-
-def _task_pipeline(ts: TemplateSet, report: _JobReport | None) -> FitPipeline:
-    """The in-process fit pipeline inside a task, on the task's full CPUs (the registry itself
-    runs on a sliver of one)."""
-    from ..detector import HETMM
-    from ..fitting import FitPipeline
-
-    torch.set_num_threads(max(1, round(ray.get_runtime_context().get_assigned_resources().get("CPU", 1))))
-    return FitPipeline(HETMM(ts.config).scorer, report=report)
-
-
-@ray.remote(num_cpus=TASK_CPUS)
-def _calibrated(ts: TemplateSet, report: _JobReport | None = None) -> TemplateSet:
-    """The out-of-fold calibration (``FitPipeline.calibrated``) in a task."""
-    return _task_pipeline(ts, report).calibrated(ts)
 
 
 @ray.remote(num_cpus=TASK_CPUS)
@@ -109,28 +73,6 @@ def _labelled_calibration(
     det = HETMM.load(open_store(store_uri), product, version)
     decoded = [decode_image(data) for data in images]
     return calibrate_with_labels(det, decoded, labels, objective=objective, max_false_alarm_rate=cap)
-
-
-@ray.remote(num_cpus=TASK_CPUS)
-def _auto_selected(ts: TemplateSet, report: _JobReport | None = None) -> TemplateSet:
-    """``templates.sheets: auto`` (``FitPipeline.auto_selected``) in one task: the ladder's
-    selections and out-of-fold scorings; the result's config holds the chosen K (hot updates keep it)."""
-    return _task_pipeline(ts, report).auto_selected(ts)
-
-
-def _shard_select(
-    shards: dict[str, Any], ts: TemplateSet, tc: TemplateConfig, *, progress: Progress | None = None
-) -> tuple[dict[str, torch.Tensor] | None, dict[str, torch.Tensor] | None]:
-    """The fixed-K selection step of a hot update, on the product's shards (which already hold
-    the grown bank): each re-selects its layer (``LayerShard.select``), then hands it back."""
-    tc_args = (tc.kind, tc.sheets, tc.seed)
-    ray.get([s.select.remote(*tc_args) for s in shards.values()])
-    chosen = dict(zip(ts.layers, ray.get([shards[k].selection.remote() for k in ts.layers]), strict=True))
-    indices, centres = (
-        {k: torch.from_numpy(np.array(c[part])) for k, c in chosen.items() if c[part] is not None} or None
-        for part in ("indices", "centres")
-    )
-    return indices, centres
 
 
 def _weights_identity(config: Any) -> str:
@@ -361,21 +303,14 @@ class ProductRegistry:
         from ..scorer import Scorer
 
         me = ray.get_runtime_context().current_actor
-        report = None if progress is None else _JobReport(me, progress.job_id)
-        steps = FitSteps(
-            pts=partial(pts_indices_ray, num_cpus=TASK_CPUS),
-            select=None if shards is None else partial(_shard_select, shards),
-            auto_select=lambda ts: ray.get(_auto_selected.remote(ts, report)),
-            calibrate=lambda ts: ray.get(_calibrated.remote(ts, report)),
-        )
-        return FitPipeline(Scorer(config), steps=steps, report=progress)
+        report = None if progress is None else JobReport(me, progress.job_id)
+        return FitPipeline(Scorer(config), steps=service_steps(shards, report), report=progress)
 
     async def job_report(self, job_id: str, stage: str | None, done: int, total: int) -> None:
-        """Progress of a job's work running in a task (:class:`_JobReport`): a new stage, or counts."""
-        record = self.jobs.records.get(job_id)
-        if record is None or record["state"] != "running":
+        """Progress of a job's work running in a task (``distributed.steps.JobReport``): a new stage, or counts."""
+        progress = self.jobs.progress_of(job_id)
+        if progress is None:
             return
-        progress = JobProgress(record)
         if stage is not None:
             progress.stage(stage, total)
         else:
@@ -433,8 +368,8 @@ class ProductRegistry:
             if grown is None:
                 return self.versions[product]  # the head ``base`` was read at
             tc = grown.config.templates
-            # sheets: auto runs in a task, not on the shards: they load its selection from the store.
-            shards_select = tc.kind != "all" and tc.sheets != "auto"
+            # sheets: auto is measured in a task, not on the shards: they load its selection from the store.
+            auto = tc.kind != "all" and tc.sheets == "auto"
             try:
                 await asyncio.gather(*(shards[k].append.remote(np.asarray(v)[keep]) for k, v in features.items()))
                 calibrated = await asyncio.to_thread(pipeline.refit, grown)
@@ -444,7 +379,7 @@ class ProductRegistry:
             except BaseException:
                 await self._load_shards(product)  # back to the old head everywhere
                 raise
-            if not shards_select and tc.kind != "all":
+            if auto:
                 await self._load_shards(product)
                 return version
             await asyncio.gather(*(s.mark_published.remote(version) for s in shards.values()))
