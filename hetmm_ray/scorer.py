@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -103,7 +103,7 @@ class Scorer:
         this scorer's run-time settings (``config.RUN_TIME_SETTINGS``: device, dtype, batch sizes).
         """
         if config is None:
-            config = ts.config.replace(**{k: getattr(self.config, k) for k in RUN_TIME_SETTINGS})
+            config = replace(ts.config, **{k: getattr(self.config, k) for k in RUN_TIME_SETTINGS})
         self.config = config
         self.templates = ts
         self.version = version
