@@ -52,9 +52,10 @@ def detector_with_random_bank(backbone: str, n_templates: int, device: str, dtyp
         k: F.normalize(torch.randn(n_templates, *shape, generator=g), dim=1)
         for k, shape in det.backbone.feature_shapes().items()
     }
-    det._install(
+    det.scorer.install(
         TemplateSet(bank=bank, config=config, weights_id="random", image_digests=tuple(map(str, range(n_templates)))),
-        version=0,
+        0,
+        config=det.config,
     )
     return det
 

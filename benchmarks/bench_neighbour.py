@@ -49,7 +49,9 @@ def measure(backbone: str, runs: int, threads: int, workers: int) -> float:
     g = torch.Generator().manual_seed(0)
     bank = {k: F.normalize(torch.randn(60, *s, generator=g), dim=1) for k, s in det.backbone.feature_shapes().items()}
     digests = tuple(map(str, range(60)))
-    det._install(TemplateSet(bank=bank, config=config, weights_id="random", image_digests=digests), 0)
+    det.scorer.install(
+        TemplateSet(bank=bank, config=config, weights_id="random", image_digests=digests), 0, config=det.config
+    )
     rng = np.random.default_rng(0)
     images = [rng.integers(0, 256, (256, 256, 3), dtype=np.uint8) for _ in range(16)]
     det.predict(images[:8])  # warm-up (and the backbone's conversion)

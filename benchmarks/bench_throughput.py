@@ -79,10 +79,10 @@ def measure(mode: str, backbones: list[str], sheets: list[int], n_images: int, r
         shapes = backbone.feature_shapes()
         for k in sheets:
             det = HETMM(config)
-            det._backbone = backbone
+            det.scorer.backbone = backbone
             bank = {layer: F.normalize(torch.randn(k, *shape, generator=g), dim=1) for layer, shape in shapes.items()}
             ts = TemplateSet(bank=bank, config=config, weights_id="random", image_digests=tuple(map(str, range(k))))
-            det._install(ts, version=0)
+            det.scorer.install(ts, 0, config=det.config)
             det.predict(images[:batch])  # warm-up
             times = []
             for _ in range(runs):

@@ -106,7 +106,7 @@ def check_predict(device: torch.device, size: int) -> None:
     )
     cpu = HETMM(config).fit(train)
     dev = HETMM(config.replace(device=str(device)))
-    dev._install(cpu.templates, version=None)  # type: ignore[arg-type]
+    dev.scorer.install(cpu.templates, None, config=dev.config)  # type: ignore[arg-type]
     a, b = cpu.predict(test).scores, dev.predict(test).scores
     rel = float(np.max(np.abs(a - b) / np.maximum(np.abs(a), 1e-6)))
     check("predict scores", rel <= 1e-3, f"max relative |device - cpu| = {rel:.2e} (<= 1e-3)")
@@ -124,7 +124,7 @@ def detector(name: str, sheets: int, precision: str, batch: int, size: int, devi
     shapes = det.backbone.feature_shapes()
     bank = {layer: unit(sheets, *shape, seed=5) for layer, shape in shapes.items()}
     ts = TemplateSet(bank=bank, config=config, weights_id="random", image_digests=tuple(map(str, range(sheets))))
-    det._install(ts, version=0)
+    det.scorer.install(ts, 0, config=det.config)
     return det
 
 
@@ -145,7 +145,9 @@ def speed(args: argparse.Namespace, device: torch.device) -> list[list[object]]:
                     x = torch.rand(batch, 3, size, size, device=device)
                     feats = det.features(x, None)
                     ta = median_time(
-                        lambda det=det, f=feats: det._score_features(f, det._prepared), runs=args.runs, device=device
+                        lambda det=det, f=feats: det.scorer.score_maps(f, det.scorer.prepared),
+                        runs=args.runs,
+                        device=device,
                     )
                     rows.append(
                         [

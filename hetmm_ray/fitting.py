@@ -1,23 +1,38 @@
-"""The fit pipeline of :class:`~hetmm_ray.detector.HETMM`: extract -> select -> calibrate.
+"""The fit pipeline: extract -> select -> calibrate, returning template sets.
 
-``fit`` extracts the good images' features into the bank, selects the tiny set
-(``config.templates``: ALL, PTS or a baseline; ``sheets: auto`` measures K) and calibrates the
-verdict threshold on out-of-fold scores; ``update`` appends images (hot update) and
-``compress`` re-selects. The extract and PTS steps are injected (``hetmm_ray/steps.py``):
-in this process by default, as Ray tasks with ``distributed.steps.ray_steps()``; this module
-never imports Ray. Scoring (backbone, ATMM over prepared templates) is the scorer's
-(:class:`Scorer`, the detector in ``detector.py``): the pipeline is a separate object that
-holds its scorer, reads its configuration and features, scores the out-of-fold images with
-it and installs the template sets it builds into it.
+One orchestration of a fit for one process and for the cluster. :class:`FitPipeline` builds
+:class:`~hetmm_ray.core.templates.TemplateSet` values and never installs them, nor changes its
+scorer's configuration: the caller decides what to do with the set (``HETMM`` installs it,
+the service's registry publishes it).
+
+- :meth:`FitPipeline.fit` / :meth:`~FitPipeline.fit_features`: a new set from good images (or
+  their features): ``meta.created``, ``meta.image_boxes`` (letterbox, when the boxes are known),
+  then :meth:`~FitPipeline.refit`.
+- :meth:`FitPipeline.update` / :meth:`~FitPipeline.grown`: images already in the bank (same
+  content digest) are skipped; the rest are appended (``meta.image_boxes`` kept only when every
+  image's box is known), then :meth:`~FitPipeline.refit`. Nothing new: None.
+- :meth:`FitPipeline.compress`: the same bank under another ``templates`` selection, refit.
+- :meth:`FitPipeline.refit` = :meth:`~FitPipeline.calibrated` of :meth:`~FitPipeline.selected`.
+  ``selected`` dispatches on the set's own ``config.templates``: ``kind: all`` clears the
+  selection; ``sheets: auto`` measures K (``core/auto_sheets.py``; the result's config holds the
+  chosen K and ``meta.sheets_auto`` the ladder); a fixed K selects every layer (and drops a
+  ladder: a K that was given has none to report).
+
+Where the work runs is injected (``hetmm_ray/steps.py``, ``FitSteps``): extraction, PTS, the
+fixed-K selection, the sheets-auto measurement and the calibration each default to this
+process and may run elsewhere (Ray tasks, the service's template shards) with the same results.
+Every stage reports progress: a tqdm bar when ``progress`` is on, and ``report`` (a job's
+progress on the service) gets each stage's name and done/total counts. This module never
+imports Ray.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
@@ -30,54 +45,46 @@ from .core.calibration import OutOfFold, fold_plan
 from .core.device import TORCH_DTYPES, image_digest
 from .core.geometry import Box, boxes_from_features
 from .core.pts import select_layers
-from .core.scoring import Calibration, image_scores
-from .core.templates import TemplateSet, unseen_positions
-from .data.decode import decode_image
-from .steps import FitSteps
+from .core.scoring import Calibration
+from .core.templates import SheetsAuto, TemplateMeta, TemplateSet, unseen_positions
+from .scorer import ImageInput, Scorer, as_rgb
+from .steps import FitSteps, Progress, Report
 
-if TYPE_CHECKING:
-    from collections.abc import Iterator
-
-    from .core.backbone import Backbone
-
-__all__ = ["FitPipeline", "ImageInput", "Scorer"]
-
-ImageInput = str | Path | bytes | np.ndarray
-"""A path, encoded bytes, or a decoded RGB uint8 array (H, W, 3)."""
-
-_DTYPES = TORCH_DTYPES
-_digest = image_digest
-
-
-class Scorer(Protocol):
-    """What the fit pipeline needs of the scorer it fits (the detector, ``detector.py``)."""
-
-    config: DetectorConfig  # the pipeline fixes K here (``sheets: auto``) and changes it in compress
-    device: torch.device
-    templates: TemplateSet | None
-    backbone: Backbone
-
-    def _batches(
-        self, images: Sequence[ImageInput], desc: str
-    ) -> Iterator[tuple[list[np.ndarray], Tensor, list[Box] | None]]: ...
-    def features(self, batch: Tensor, boxes: Sequence[Box] | None) -> dict[str, Tensor]: ...
-    def _score_features(
-        self, feats: dict[str, Tensor], templates_pm: dict[str, Tensor], boxes: Sequence[Box] | None = None
-    ) -> Tensor: ...
-    def _prepare(self, ts: TemplateSet, held_out: Sequence[int] | None = None) -> dict[str, Tensor]: ...
-    def _map_boxes(self, boxes: Sequence[Box] | None) -> list[Box] | None: ...
-    def _install(self, ts: TemplateSet, version: int | None) -> None: ...
-    def _require_templates(self) -> TemplateSet: ...
+__all__ = ["FitPipeline", "ImageInput"]
 
 
 class FitPipeline:
-    """Extract -> select -> calibrate for one :class:`Scorer`, with injectable steps."""
+    """Extract -> select -> calibrate over a :class:`~hetmm_ray.scorer.Scorer` (see the module docstring).
 
-    def __init__(self, scorer: Scorer, *, steps: FitSteps | None = None, progress: bool = False) -> None:
+    The scorer supplies features (its backbone) and out-of-fold scoring, and its configuration
+    is read for this run's settings (device, dtype, batch sizes) and as the default product
+    configuration of :meth:`fit`; the product settings of every other step are the template
+    set's own (``ts.config``).
+    """
+
+    def __init__(
+        self, scorer: Scorer, *, steps: FitSteps | None = None, progress: bool = False, report: Report | None = None
+    ) -> None:
         self.scorer = scorer
         self.steps = steps or FitSteps()
         self.progress = progress
+        self.report = report
 
+    @contextmanager
+    def _stage(self, name: str, total: int, *, unit: str = "img", leave: bool = True) -> Iterator[Progress]:
+        """A progress bar (when ``progress`` is on) and a reported stage; yields ``progress(done, total)``."""
+        if self.report is not None:
+            self.report.stage(name, total)
+        with tqdm(total=total, desc=name, unit=unit, disable=not self.progress, leave=leave) as bar:
+
+            def progress(done: int, _total: int) -> None:
+                bar.update(done - bar.n)
+                if self.report is not None:
+                    self.report(done, total)
+
+            yield progress
+
+    # --- extract ----------------------------------------------------------------------
     def extract(
         self, images: Sequence[ImageInput], *, desc: str = "features", bank: bool = False
     ) -> tuple[dict[str, Tensor], list[str]]:
@@ -95,112 +102,143 @@ class FitPipeline:
         """:meth:`extract` plus the images' canvas boxes (None: squash, or not known)."""
         if len(images) == 0:
             raise ValueError("no images given")
+        config = self.scorer.config
         if bank and self.steps.extract is not None:
-            with tqdm(total=len(images), desc=desc, unit="img", disable=not self.progress, leave=False) as bar:
-                feats, digests = self.steps.extract(
-                    self.scorer.config, _as_items(images), progress=lambda done, _total: bar.update(done - bar.n)
-                )
-            bank_feats = {k: torch.from_numpy(v).to(_DTYPES[self.scorer.config.bank_dtype]) for k, v in feats.items()}
+            with self._stage(desc, len(images), leave=False) as progress:
+                feats, digests = self.steps.extract(config, _as_items(images), progress=progress)
+            bank_feats = {k: torch.from_numpy(v).to(TORCH_DTYPES[config.bank_dtype]) for k, v in feats.items()}
             return bank_feats, digests, None
         parts: dict[str, list[Tensor]] = {}
         digests: list[str] = []
-        all_boxes: list[Box] | None = None if self.scorer.config.backbone.geometry == "squash" else []
-        for decoded, batch, boxes in self.scorer._batches(images, desc):
-            digests.extend(_digest(x) for x in decoded)
+        all_boxes: list[Box] | None = None if config.backbone.geometry == "squash" else []
+        if self.report is not None:
+            self.report.stage(desc, len(images))
+        for decoded, batch, boxes in self.scorer.decoded_batches(images, desc):
+            digests.extend(image_digest(x) for x in decoded)
             if all_boxes is not None and boxes is not None:
                 all_boxes.extend(boxes)
             for k, v in self.scorer.features(batch, boxes).items():
-                parts.setdefault(k, []).append(v.to("cpu", _DTYPES[self.scorer.config.bank_dtype]) if bank else v)
+                parts.setdefault(k, []).append(v.to("cpu", TORCH_DTYPES[config.bank_dtype]) if bank else v)
+            if self.report is not None:
+                self.report(len(digests), len(images))
         return {k: torch.cat(v) for k, v in parts.items()}, digests, all_boxes
 
-    def _bank_boxes(self, ts: TemplateSet, images: Sequence[int]) -> list[Box] | None:
-        """Canvas boxes of bank images: kept in ``meta["image_boxes"]`` by fit/update, else
+    def bank_boxes(self, ts: TemplateSet, images: Sequence[int]) -> list[Box] | None:
+        """Canvas boxes of bank images: kept in ``meta.image_boxes`` by fit/update, else
         recovered from the bank's zeroed pad cells (sets built by the service's feature tasks)."""
-        if self.scorer.config.backbone.geometry == "squash":
+        if ts.config.backbone.geometry == "squash":
             return None
-        kept = ts.meta.get("image_boxes")
+        kept = ts.meta.image_boxes
         if kept is not None and len(kept) == ts.n_images:
             return [Box(*kept[i]) for i in images]
         idx = list(images)
-        return boxes_from_features({k: v[idx] for k, v in ts.bank.items()}, self.scorer.config.backbone.image_size)
+        return boxes_from_features({k: v[idx] for k, v in ts.bank.items()}, ts.config.backbone.image_size)
 
     # --- fit / update / compress -----------------------------------------------------
-    def fit(self, images: Sequence[ImageInput]) -> None:
-        """Build the template set from good images, select the tiny set, calibrate the threshold."""
+    def fit(self, images: Sequence[ImageInput], config: DetectorConfig | None = None) -> TemplateSet:
+        """A template set from good images under ``config`` (default: the scorer's): the bank,
+        the tiny set and the threshold calibration."""
         if len(images) < 2:
             raise ValueError(f"fit needs at least 2 good images, got {len(images)}")
         feats, digests, boxes = self._extract(images, desc="fit: features", bank=True)
-        meta: dict[str, Any] = {"created": time.time()}
+        return self.fit_features(feats, digests, config=config, weights_id=self.scorer.backbone.weights_id, boxes=boxes)
+
+    def fit_features(
+        self,
+        feats: dict[str, Tensor],
+        digests: Sequence[str],
+        *,
+        weights_id: str,
+        config: DetectorConfig | None = None,
+        boxes: Sequence[Box] | None = None,
+    ) -> TemplateSet:
+        """:meth:`fit` from the images' bank features (layer -> (N, C, h, w)) and digests."""
+        meta = TemplateMeta().with_(created=time.time())
         if boxes is not None:
-            meta["image_boxes"] = [list(b) for b in boxes]
+            meta = meta.with_(image_boxes=boxes)
         ts = TemplateSet(
             bank=feats,
-            config=self.scorer.config,
-            weights_id=self.scorer.backbone.weights_id,
+            config=config or self.scorer.config,
+            weights_id=weights_id,
             image_digests=tuple(digests),
             meta=meta,
         )
-        self.scorer._install(self.calibrated(self._selected(ts)), version=None)
+        return self.refit(ts)
 
-    def update(self, images: Sequence[ImageInput]) -> int:
-        """Hot update: append good images' features, re-select the tiny set, recalibrate.
-
-        Images already in the bank (same content digest) are skipped, so a retried update
-        changes nothing; returns how many were skipped.
-        """
-        ts = self.scorer._require_templates()
+    def update(self, ts: TemplateSet, images: Sequence[ImageInput]) -> tuple[TemplateSet | None, int]:
+        """Hot update of ``ts`` with good images: (the refit set, or None when every image was
+        already in the bank; how many were skipped as already there)."""
         feats, digests, boxes = self._extract(images, desc="update: features", bank=True)
-        keep = unseen_positions(ts.image_digests, digests)
-        skipped = len(digests) - len(keep)
+        grown, keep = self.grown(ts, feats, digests, boxes)
+        return (None if grown is None else self.refit(grown)), len(digests) - len(keep)
+
+    def grown(
+        self,
+        ts: TemplateSet,
+        feats: dict[str, Tensor],
+        digests: Sequence[str],
+        boxes: Sequence[Box] | None = None,
+    ) -> tuple[TemplateSet | None, list[int]]:
+        """``ts`` with the new images' features appended (selection reset, not yet refit; None
+        when there is nothing new), and the positions in ``digests`` kept: the others have the
+        content digest of a bank image or of an earlier new one."""
+        keep = unseen_positions(ts.image_digests, list(digests))
         if not keep:
-            return skipped
+            return None, keep
         if len(keep) < len(digests):
             feats = {k: v[keep] for k, v in feats.items()}
             digests = [digests[i] for i in keep]
             boxes = None if boxes is None else [boxes[i] for i in keep]
-        old_boxes = ts.meta.get("image_boxes")
-        meta = {k: v for k, v in ts.meta.items() if k != "image_boxes"}
+        old_boxes = ts.meta.image_boxes
+        meta = ts.meta.without("image_boxes")
         if boxes is not None and old_boxes is not None and len(old_boxes) == ts.n_images:
-            meta["image_boxes"] = [*old_boxes, *(list(b) for b in boxes)]
-        grown = ts.appended(feats, tuple(digests), meta=meta)
-        self.scorer._install(self.calibrated(self._selected(grown)), version=None)
-        return skipped
+            meta = meta.with_(image_boxes=[*old_boxes, *boxes])
+        return ts.appended(feats, tuple(digests), meta=meta), keep
 
-    def compress(self, kind: str | None = None, sheets: int | None = None, *, seed: int | None = None) -> None:
-        """Re-select the tiny set from the bank (PTS or an ablation baseline) and recalibrate."""
-        ts = self.scorer._require_templates()
+    def compress(
+        self, ts: TemplateSet, kind: str | None = None, sheets: int | None = None, *, seed: int | None = None
+    ) -> TemplateSet:
+        """``ts``'s bank under another selection (``kind``, ``sheets``, ``seed``; None keeps
+        the set's own), refit."""
         changes = {"kind": kind, "sheets": sheets, "seed": seed}
-        tc = replace(self.scorer.config.templates, **{k: v for k, v in changes.items() if v is not None})
-        self.scorer.config = replace(self.scorer.config, templates=tc)
-        self.scorer._install(self.calibrated(self._selected(replace(ts, config=self.scorer.config))), version=None)
+        tc = replace(ts.config.templates, **{k: v for k, v in changes.items() if v is not None})
+        return self.refit(replace(ts, config=replace(ts.config, templates=tc)))
 
-    def _selected(self, ts: TemplateSet) -> TemplateSet:
-        """``ts`` with the selection of ``config.templates`` (docs/algorithm.md §4) computed per layer;
-        ``sheets: auto`` measures K first (:meth:`_auto_selected`) and fixes it in ``self.scorer.config``."""
-        tc = self.scorer.config.templates
+    def refit(self, ts: TemplateSet) -> TemplateSet:
+        """``ts`` selected (:meth:`selected`) and calibrated (:meth:`calibrated`)."""
+        return self.calibrated(self.selected(ts))
+
+    # --- select ---------------------------------------------------------------------------
+    def selected(self, ts: TemplateSet) -> TemplateSet:
+        """``ts`` with the selection of its ``config.templates`` (docs/algorithm.md §4) computed
+        per layer; ``sheets: auto`` measures K first (the ``auto_select`` step)."""
+        tc = ts.config.templates
         if tc.kind == "all":
             return replace(ts, indices=None, centres=None)
         if tc.sheets == "auto":
-            return self._auto_selected(ts)
-        indices, centres = self._select(ts, tc)
-        meta = {k: v for k, v in ts.meta.items() if k != "sheets_auto"}  # a fixed K: no ladder to report
-        return replace(ts, config=self.scorer.config, indices=indices, centres=centres, meta=meta)
+            if self.steps.auto_select is None:
+                return self.auto_selected(ts)
+            if self.report is not None:
+                self.report.stage(f"select {tc.kind}: sheets auto")
+            return self.steps.auto_select(ts)
+        indices, centres = self.select(ts, tc)
+        meta = ts.meta.without("sheets_auto")  # a fixed K: no ladder to report
+        return replace(ts, indices=indices, centres=centres, meta=meta)
 
-    def _select(self, ts: TemplateSet, tc: TemplateConfig) -> tuple[dict[str, Tensor] | None, dict[str, Tensor] | None]:
-        """Per-layer (indices, centres) of selection ``tc`` (a fixed K) on ``ts``'s bank."""
+    def select(self, ts: TemplateSet, tc: TemplateConfig) -> tuple[dict[str, Tensor] | None, dict[str, Tensor] | None]:
+        """Per-layer (indices, centres) of selection ``tc`` (a fixed K) on ``ts``'s bank (the
+        ``select`` step; by default ``core.pts.select_layers`` here, PTS by the ``pts`` step)."""
         total = sum(v.shape[2] * v.shape[3] for v in ts.bank.values())
-        pts = self._pts_fanout()
-        with tqdm(total=total, desc=f"{tc.kind}: {tc.sheets} sheets", unit="px", disable=not self.progress) as bar:
-            indices, centres = select_layers(
-                ts.bank,
-                tc.kind,
-                tc.sheets,
-                tc.seed,
-                device=self.scorer.device,
-                progress=lambda done, _total: bar.update(done - bar.n),
-                **pts,
+        with self._stage(f"select {tc.kind}: {tc.sheets} sheets", total, unit="px") as progress:
+            if self.steps.select is not None:
+                return self.steps.select(ts, tc, progress=progress)
+            return select_layers(
+                ts.bank, tc.kind, tc.sheets, tc.seed, device=self.scorer.device, progress=progress, **self._pts()
             )
-        return indices, centres
+
+    def _pts(self) -> dict[str, Callable[..., Tensor]]:
+        """``select_layers`` keyword: the injected PTS step, if any (``FitSteps.pts``)."""
+        return {} if self.steps.pts is None else {"pts": self.steps.pts}
 
     # --- sheets: auto (core/auto_sheets.py) ---------------------------------------------
     def _oof_scores(self, ts: TemplateSet, templates: TemplateConfig) -> tuple[list[float], float]:
@@ -209,32 +247,35 @@ class FitPipeline:
         oof = self.out_of_fold(ts, templates=templates)
         return list(oof.scores), 1000 * oof.scoring_seconds / max(len(oof.scores), 1)
 
-    def _verdict_threshold(self, scores: Sequence[float]) -> float:
+    @staticmethod
+    def _verdict_threshold(config: DetectorConfig, scores: Sequence[float]) -> float:
         """The verdict threshold the product's rule sets on out-of-fold ``scores`` (a labelled
         ``validation`` threshold does not exist yet while templates are being chosen: ``far``)."""
-        th = self.scorer.config.threshold
+        th = config.threshold
         rule = "far" if th.rule == "validation" else th.rule
         op = Calibration(scores=tuple(scores)).operating_point(
             rule, sigmas=th.sigmas, false_alarm_rate=th.false_alarm_rate
         )
         return op.threshold
 
-    def _auto_selected(self, ts: TemplateSet) -> TemplateSet:
-        """The selection at the smallest ladder K that agrees with ALL (``core.auto_sheets``)."""
-        tc = self.scorer.config.templates
+    def auto_selected(self, ts: TemplateSet) -> TemplateSet:
+        """The selection at the smallest ladder K that agrees with ALL (``core.auto_sheets``), in
+        this process; the result's config holds the chosen K, ``meta.sheets_auto`` the ladder."""
+        config = ts.config
+        tc = config.templates
         reference, all_ms = self._oof_scores(replace(ts, indices=None, centres=None), replace(tc, kind="all"))
-        reference_threshold = self._verdict_threshold(reference)
+        reference_threshold = self._verdict_threshold(config, reference)
         made: dict[int, TemplateSet] = {}
 
         def evaluate(k: int) -> Rung:
             fixed = replace(tc, sheets=k)
-            indices, centres = self._select(ts, fixed)
-            made[k] = replace(ts, config=replace(self.scorer.config, templates=fixed), indices=indices, centres=centres)
+            indices, centres = self.select(ts, fixed)
+            made[k] = replace(ts, config=replace(config, templates=fixed), indices=indices, centres=centres)
             scores, ms = self._oof_scores(made[k], fixed)
             return agreement(
                 k,
                 scores,
-                self._verdict_threshold(scores),
+                self._verdict_threshold(config, scores),
                 reference,
                 reference_threshold,
                 ms,
@@ -252,78 +293,87 @@ class FitPipeline:
                 )
 
         k, rungs, why = choose_sheets(ts.n_images, evaluate, max_ms_per_image=tc.auto_max_ms_per_image, report=report)
-        self.scorer.config = replace(self.scorer.config, templates=replace(tc, sheets=k))
+        chosen = replace(config, templates=replace(tc, sheets=k))
         if k not in made:
-            indices, centres = self._select(ts, self.scorer.config.templates)
+            indices, centres = self.select(ts, chosen.templates)
             made[k] = replace(ts, indices=indices, centres=centres)
-        meta = {
-            **ts.meta,
-            "sheets_auto": {
-                "chosen": k,
-                "images": ts.n_images,
-                "why": why,
-                "all_ms_per_image": round(all_ms, 3),
-                "ladder": [r.to_dict() for r in rungs],
-                "tolerance": {
-                    "min_rank_corr": tc.auto_min_rank_corr,
-                    "max_rel_diff": tc.auto_max_rel_diff,
-                    "min_verdict_agreement": tc.auto_min_verdict_agreement,
-                    "max_ms_per_image": tc.auto_max_ms_per_image,
-                },
+        record = SheetsAuto(
+            chosen=k,
+            images=ts.n_images,
+            why=why,
+            all_ms_per_image=round(all_ms, 3),
+            ladder=tuple(r.to_dict() for r in rungs),
+            tolerance={
+                "min_rank_corr": tc.auto_min_rank_corr,
+                "max_rel_diff": tc.auto_max_rel_diff,
+                "min_verdict_agreement": tc.auto_min_verdict_agreement,
+                "max_ms_per_image": tc.auto_max_ms_per_image,
             },
-        }
-        return replace(made[k], config=self.scorer.config, meta=meta)
+        )
+        return replace(made[k], config=chosen, meta=ts.meta.with_(sheets_auto=record))
 
+    # --- calibrate ------------------------------------------------------------------------
     def out_of_fold(self, ts: TemplateSet, *, templates: TemplateConfig | None = None) -> OutOfFold:
         """Out-of-fold scores of ``ts``'s training images, each scored as a new part would be.
 
-        The folds come from ``threshold`` (:func:`~hetmm_ray.core.calibration.fold_plan`: up to
-        ``max_images`` images in ``folds`` folds). For each fold the templates are selected
-        afresh from the *other* training images only, with ``templates`` (default: this
-        detector's ``config.templates``): ALL is the kept images' bank; a compressed selection
+        The folds come from ``ts.config.threshold`` (:func:`~hetmm_ray.core.calibration.fold_plan`:
+        up to ``max_images`` images in ``folds`` folds). For each fold the templates are selected
+        afresh from the *other* training images only, with ``templates`` (default: the set's
+        own ``config.templates``): ALL is the kept images' bank; a compressed selection
         (PTS, IR, PR, PC_K) re-runs on the kept images, so a held-out image never contributes a
         sheet. The held-out features come from the bank (no backbone pass).
-        Cost: one selection per fold (none for ALL) + one ATMM scoring per held-out image.
+        Cost: one selection per fold (none for ALL) + one ATMM scoring per held-out image;
+        progress counts the scored images.
         """
-        tc = self.scorer.config.threshold
-        sel = templates or self.scorer.config.templates
+        config = ts.config
+        th = config.threshold
+        sel = templates or config.templates
         n = ts.n_images
         images: list[int] = []
         scores: list[float] = []
         scoring_seconds = 0.0
-        plan = fold_plan(n, folds=tc.folds, max_images=tc.max_images, seed=tc.seed, keys=ts.image_digests)
-        for held in plan:
-            held_set = set(held)
-            kept = [i for i in range(n) if i not in held_set]
-            kept_bank = {k: v[kept] for k, v in ts.bank.items()}
-            fold_ts = TemplateSet(
-                bank=kept_bank,
-                config=self.scorer.config,
-                weights_id=ts.weights_id,
-                image_digests=tuple(ts.image_digests[i] for i in kept),
-            )
-            if sel.kind != "all":
-                indices, centres = select_layers(
-                    kept_bank, sel.kind, sel.sheets, sel.seed, device=self.scorer.device, **self._pts_fanout()
+        device = self.scorer.device
+        plan = fold_plan(n, folds=th.folds, max_images=th.max_images, seed=th.seed, keys=ts.image_digests)
+        total = sum(len(held) for held in plan)
+        with self._stage("calibrate: out-of-fold", total, leave=False) as progress:
+            for held in plan:
+                held_set = set(held)
+                kept = [i for i in range(n) if i not in held_set]
+                kept_bank = {k: v[kept] for k, v in ts.bank.items()}
+                fold_ts = TemplateSet(
+                    bank=kept_bank,
+                    config=config,
+                    weights_id=ts.weights_id,
+                    image_digests=tuple(ts.image_digests[i] for i in kept),
                 )
-                fold_ts = replace(fold_ts, indices=indices, centres=centres)
-            held_feats = {k: v[held].to(self.scorer.device) for k, v in ts.bank.items()}
-            held_boxes = self._bank_boxes(ts, held)  # letterbox: the pad never counts in a score
-            start = time.perf_counter()
-            maps = self.scorer._score_features(held_feats, self.scorer._prepare(fold_ts), held_boxes)
-            fold_scores = image_scores(maps, self.scorer.config.scoring.score_sigma, self.scorer._map_boxes(held_boxes))
-            scoring_seconds += time.perf_counter() - start
-            images.extend(held)
-            scores.extend(float(x) for x in fold_scores.tolist())
+                if sel.kind != "all":
+                    indices, centres = select_layers(
+                        kept_bank, sel.kind, sel.sheets, sel.seed, device=device, **self._pts()
+                    )
+                    fold_ts = replace(fold_ts, indices=indices, centres=centres)
+                held_feats = {k: v[held].to(device) for k, v in ts.bank.items()}
+                held_boxes = self.bank_boxes(ts, held)  # letterbox: the pad never counts in a score
+                start = time.perf_counter()
+                done = len(images)
+                fold_scores = self.scorer.score(
+                    held_feats,
+                    self.scorer.prepare(fold_ts),
+                    held_boxes,
+                    progress=lambda d, _n, done=done: progress(done + d, total),
+                )
+                scoring_seconds += time.perf_counter() - start
+                images.extend(held)
+                scores.extend(float(x) for x in fold_scores.tolist())
         return OutOfFold(images=tuple(images), scores=tuple(scores), folds=len(plan), scoring_seconds=scoring_seconds)
-
-    def _pts_fanout(self) -> dict[str, Any]:
-        """``select_layers`` keyword: the injected PTS step, if any (``FitSteps.pts``)."""
-        return {} if self.steps.pts is None else {"pts": self.steps.pts}
 
     def calibrated(self, ts: TemplateSet) -> TemplateSet:
         """``ts`` with its threshold calibration recomputed from its own bank (no backbone needed):
-        the out-of-fold scores of :meth:`out_of_fold` under ``ts``'s own template selection."""
+        the out-of-fold scores of :meth:`out_of_fold` under ``ts``'s own template selection
+        (the ``calibrate`` step; by default here)."""
+        if self.steps.calibrate is not None:
+            if self.report is not None:
+                self.report.stage("calibrate")
+            return self.steps.calibrate(ts)
         oof = self.out_of_fold(ts, templates=ts.config.templates)
         return replace(ts, calibration=Calibration(scores=oof.scores))
 
@@ -338,12 +388,3 @@ def _as_items(images: Sequence[ImageInput]) -> list[bytes | np.ndarray]:
         else:
             out.append(x)
     return out
-
-
-def as_rgb(x: ImageInput) -> np.ndarray:
-    """``x`` as an RGB uint8 array (H, W, 3): arrays are checked, anything else decoded."""
-    if isinstance(x, np.ndarray):
-        if x.dtype != np.uint8 or x.ndim != 3 or x.shape[2] != 3:
-            raise ValueError(f"image arrays must be RGB uint8 (H, W, 3), got {x.dtype} {x.shape}")
-        return x
-    return decode_image(x)

@@ -1,13 +1,13 @@
 """Persistence of a detector through a template store, and serving copies.
 
-``save`` publishes a detector's current template set (a new version); ``load`` builds a
+``save`` publishes a scorer's installed template set (a new version); ``load`` builds a
 detector from a stored version (``overrides`` change this run's settings only,
 config.RUN_TIME_SETTINGS) and refuses templates built with other backbone weights; ``serving``
 builds a predict-only detector over a tiny set, as the service's replicas hold it.
 
-Functions over a detector, not a part of it: :class:`~hetmm_ray.detector.HETMM`'s ``save``,
-``load`` and ``serving`` call them with itself (or its class, ``make``), so this module never
-imports the detector.
+Functions over a detector's public scorer (``scorer.py``), not a part of it:
+:class:`~hetmm_ray.detector.HETMM`'s ``save``, ``load`` and ``serving`` call them with its
+scorer (or its class, ``make``), so this module never imports the detector.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from torch import Tensor
 
 from .config import DetectorConfig
 from .core.templates import TemplateError, TemplateSet
+from .scorer import Scorer
 from .steps import FitSteps
 
 if TYPE_CHECKING:
@@ -28,21 +29,15 @@ __all__ = ["Persisted", "load", "save", "serving"]
 
 
 class Persisted(Protocol):
-    """What persistence needs of a detector."""
+    """What persistence needs of a detector: its scorer."""
 
-    version: int | None
-    _backbone: Backbone | None
-
-    @property
-    def backbone(self) -> Backbone: ...
-    def _install(self, ts: TemplateSet, version: int | None) -> None: ...
-    def _require_templates(self) -> TemplateSet: ...
+    scorer: Scorer
 
 
-def save(detector: Persisted, store: Any, product: str) -> int:
-    """Publish ``detector``'s current template set to ``store``; returns the new version."""
-    detector.version = store.put(product, detector._require_templates())
-    return detector.version
+def save(scorer: Scorer, store: Any, product: str) -> int:
+    """Publish ``scorer``'s installed template set to ``store``; returns the new version."""
+    scorer.version = store.put(product, scorer.require_templates())
+    return scorer.version
 
 
 def load(
@@ -62,12 +57,12 @@ def load(
     ts = store.get(product, version)
     config = ts.config.replace(**overrides) if overrides else ts.config
     det = make(config, progress=progress, steps=steps)
-    if det.backbone.weights_id != ts.weights_id:
+    if det.scorer.backbone.weights_id != ts.weights_id:
         raise TemplateError(
             f"product {product!r} v{version} was built with weights {ts.weights_id}, "
-            f"but the backbone now loads {det.backbone.weights_id}"
+            f"but the backbone now loads {det.scorer.backbone.weights_id}"
         )
-    det._install(replace(ts, config=config), version=version)
+    det.scorer.install(replace(ts, config=config), version, config=config)
     return det
 
 
@@ -85,11 +80,12 @@ def serving(
     replicas hold it. ``backbone`` shares one already-built backbone between products with the same one.
     """
     det = make(config)
+    scorer: Scorer = det.scorer
     if backbone is not None:
-        det._backbone = backbone
-    if det.backbone.weights_id != weights_id:
+        scorer.backbone = backbone
+    if scorer.backbone.weights_id != weights_id:
         raise TemplateError(
-            f"templates were built with weights {weights_id}, the backbone has {det.backbone.weights_id}"
+            f"templates were built with weights {weights_id}, the backbone has {scorer.backbone.weights_id}"
         )
     k = next(iter(templates.values())).shape[0]
     ts = TemplateSet(
@@ -100,5 +96,5 @@ def serving(
         calibration=calibration,
         meta={"tiny": True},
     )
-    det._install(ts, version=version)
+    scorer.install(ts, version, config=config)
     return det

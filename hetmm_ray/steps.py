@@ -1,11 +1,14 @@
-"""The injectable steps of a fit: feature extraction and PTS, in process or elsewhere.
+"""The injectable steps of a fit: where its work runs, in process or elsewhere.
 
-:class:`~hetmm_ray.detector.HETMM` runs extract -> select -> calibrate. Two of those steps
-may run somewhere else without the detector knowing where: ``FitSteps.extract`` builds the
-feature bank of a list of images, ``FitSteps.pts`` runs PTS over one layer's bank. Left at
-None, both run in this process (the detector's backbone; ``core.pts.pts_indices``).
-``hetmm_ray.distributed.steps.ray_steps()`` gives the Ray versions (image batches and pixel
-chunks as tasks): the single-process API never imports Ray.
+The fit pipeline (``fitting.FitPipeline``) runs extract -> select -> calibrate. Its steps may
+run somewhere else without the pipeline knowing where: ``FitSteps.extract`` builds the feature
+bank of a list of images, ``FitSteps.pts`` runs PTS over one layer's bank, ``FitSteps.select``
+makes a fixed-K selection of every layer, ``FitSteps.auto_select`` measures ``sheets: auto``
+and ``FitSteps.calibrate`` computes the out-of-fold calibration. Left at None, each runs in
+this process (the scorer's backbone; ``core.pts``; the pipeline's own methods).
+``hetmm_ray.distributed.steps.ray_steps()`` gives the Ray versions of extract and PTS (image
+batches and pixel chunks as tasks); the service's registry (``distributed/registry.py``) also
+selects on its template shards and calibrates in tasks. The single-process API never imports Ray.
 
 Contracts (what an injected step must return, exactly as the in-process step would):
 
@@ -13,20 +16,29 @@ Contracts (what an injected step must return, exactly as the in-process step wou
   ``config.bank_dtype`` values, the N image digests of ``core.device.image_digest``) in input
   order; ``progress(done, total)`` as images finish. Pad cells are zeroed (letterbox).
 - ``pts(bank, k, init, *, seed, progress)`` -> ``core.pts.pts_indices(bank, k, init, seed=seed)``.
+- ``select(ts, templates, *, progress)`` -> ``core.pts.select_layers(ts.bank, templates.kind,
+  templates.sheets, templates.seed)``: per-layer (indices, centres); ``progress`` counts pixels.
+- ``auto_select(ts)`` -> ``FitPipeline.auto_selected(ts)``; ``calibrate(ts)`` -> ``ts`` with the
+  calibration ``FitPipeline.calibrated`` computes in process.
+
+A :class:`Report` (the service's ``JobProgress``) hears each stage's name and its counts.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 from torch import Tensor
 
-from .config import DetectorConfig
+from .config import DetectorConfig, TemplateConfig
 
-__all__ = ["ExtractStep", "FitSteps", "PtsStep"]
+if TYPE_CHECKING:
+    from .core.templates import TemplateSet
+
+__all__ = ["ExtractStep", "FitSteps", "Progress", "PtsStep", "Report", "SelectStep", "TemplateStep"]
 
 Progress = Callable[[int, int], None]
 
@@ -43,9 +55,29 @@ class PtsStep(Protocol):
     ) -> Tensor: ...
 
 
+class SelectStep(Protocol):
+    def __call__(
+        self, ts: TemplateSet, templates: TemplateConfig, *, progress: Progress | None = None
+    ) -> tuple[dict[str, Tensor] | None, dict[str, Tensor] | None]: ...
+
+
+class TemplateStep(Protocol):
+    def __call__(self, ts: TemplateSet) -> TemplateSet: ...
+
+
+class Report(Protocol):
+    """Hears a fit's progress: each stage's name and total, then done/total counts of it."""
+
+    def stage(self, name: str, total: int = 0) -> None: ...
+    def __call__(self, done: int, total: int) -> None: ...
+
+
 @dataclass(frozen=True)
 class FitSteps:
-    """Where a fit's feature extraction and PTS run (None: in this process)."""
+    """Where a fit's steps run (None: in this process)."""
 
     extract: ExtractStep | None = None
     pts: PtsStep | None = None
+    select: SelectStep | None = None
+    auto_select: TemplateStep | None = None
+    calibrate: TemplateStep | None = None

@@ -56,7 +56,7 @@ def calibrate_with_labels(
     max_false_alarm_rate: float = 0.01,
 ) -> tuple[TemplateSet, dict[str, Any]]:
     """``detector``'s template set with the labelled-validation threshold; and the record."""
-    ts = detector._require_templates()
+    ts = detector.scorer.require_templates()
     if ts.calibration is None:
         raise ValueError("the product has no out-of-fold calibration to keep; refit it first")
     if len(images) != len(labels):

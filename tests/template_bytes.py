@@ -32,7 +32,7 @@ def to_bytes(ts: TemplateSet) -> bytes:
         "weights_id": ts.weights_id,
         "image_digests": list(ts.image_digests),
         "calibration": calibration_json(ts.calibration),
-        "meta": ts.meta,
+        "meta": dict(ts.meta),
     }
     return st_save(tensors, metadata={"hetmm": json.dumps(header)})
 

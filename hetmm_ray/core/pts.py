@@ -371,7 +371,7 @@ def select_layer(
     ``bank`` (N, C, H, W) is moved to ``device`` for the work when given; the result is on the
     CPU, centres in ``bank``'s dtype. ``kind == "all"`` selects nothing and ignores ``sheets``
     (which may then still be ``"auto"``); every other kind needs an integer ``sheets`` (a
-    product's ``sheets: auto`` is resolved first, ``fitting.FitPipeline._auto_selected``).
+    product's ``sheets: auto`` is resolved first, ``fitting.FitPipeline.auto_selected``).
     ``progress(done, total)`` counts this layer's pixels.
 
     The kinds (docs/algorithm.md §4, the paper's Table RTMM), with ``k = sheets``:

@@ -7,10 +7,15 @@ selections that are not bank vectors (``pc_k`` k-means centres) keep their
 ``(K, C, H, W)`` centres instead.
 The store (``store/``) keeps it as safetensors objects per layer plus a JSON manifest
 (never pickle).
+
+:class:`TemplateMeta` is the set's provenance (the manifest's ``meta``, plus the ``version``
+and ``parent`` the store adds on read): typed accessors over the JSON object as it is stored,
+so what is on disk stays byte for byte what older versions wrote and read.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -22,7 +27,7 @@ from ..errors import HetmmError
 from .pts import select_templates
 from .scoring import Calibration
 
-__all__ = ["TemplateError", "TemplateSet"]
+__all__ = ["SheetsAuto", "TemplateError", "TemplateMeta", "TemplateSet", "unseen_positions"]
 
 
 def unseen_positions(known: tuple[str, ...] | list[str], digests: list[str] | tuple[str, ...]) -> list[int]:
@@ -45,6 +50,115 @@ class TemplateError(HetmmError, ValueError):
 
 
 @dataclass(frozen=True)
+class SheetsAuto:
+    """How ``templates.sheets: auto`` chose K (``core/auto_sheets.py``): stored in ``meta["sheets_auto"]``."""
+
+    chosen: int  # the K chosen
+    images: int  # bank images it was measured on
+    why: str
+    all_ms_per_image: float  # ALL's out-of-fold ATMM scoring time per image
+    ladder: tuple[dict[str, Any], ...]  # each rung measured (``Rung.to_dict``), in order
+    tolerance: dict[str, float]  # the agreement bounds it was measured against
+
+    def to_dict(self) -> dict[str, Any]:
+        """The stored JSON object (the keys and order fit and the service always wrote)."""
+        return {
+            "chosen": self.chosen,
+            "images": self.images,
+            "why": self.why,
+            "all_ms_per_image": self.all_ms_per_image,
+            "ladder": [dict(r) for r in self.ladder],
+            "tolerance": dict(self.tolerance),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> SheetsAuto:
+        return cls(
+            chosen=int(data["chosen"]),
+            images=int(data["images"]),
+            why=str(data["why"]),
+            all_ms_per_image=float(data["all_ms_per_image"]),
+            ladder=tuple(dict(r) for r in data.get("ladder", ())),
+            tolerance=dict(data.get("tolerance", {})),
+        )
+
+
+class TemplateMeta(Mapping[str, Any]):
+    """A template set's provenance: typed accessors over its stored JSON object (read-only).
+
+    As a mapping it is that JSON object exactly (the store writes ``dict(meta)`` minus
+    ``version`` and ``parent``), so manifests written before this class read unchanged and
+    unknown keys (``migrated_from``, notes) are kept. Make changed copies with :meth:`with_`
+    and :meth:`without`.
+    """
+
+    __slots__ = ("_data",)
+
+    def __init__(self, data: Mapping[str, Any] | None = None) -> None:
+        self._data: dict[str, Any] = dict(data or {})
+
+    def __getitem__(self, key: str) -> Any:
+        return self._data[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __repr__(self) -> str:
+        return f"TemplateMeta({self._data!r})"
+
+    def with_(self, **changes: Any) -> TemplateMeta:
+        """A copy with ``changes`` set (typed values are stored in their JSON form)."""
+        data = dict(self._data)
+        for key, value in changes.items():
+            if key == "image_boxes" and value is not None:
+                value = [list(b) for b in value]
+            elif key == "sheets_auto" and isinstance(value, SheetsAuto):
+                value = value.to_dict()
+            data[key] = value
+        return TemplateMeta(data)
+
+    def without(self, *keys: str) -> TemplateMeta:
+        return TemplateMeta({k: v for k, v in self._data.items() if k not in keys})
+
+    @property
+    def version(self) -> int | None:
+        """The stored version this set was read as (set by the store; None before a save)."""
+        v = self._data.get("version")
+        return None if v is None else int(v)
+
+    @property
+    def parent(self) -> int | None:
+        v = self._data.get("parent")
+        return None if v is None else int(v)
+
+    @property
+    def created(self) -> float | None:
+        """When the fit that made the bank ran (seconds since the epoch)."""
+        v = self._data.get("created")
+        return None if v is None else float(v)
+
+    @property
+    def image_boxes(self) -> list[tuple[int, int, int, int]] | None:
+        """Each bank image's canvas box (letterbox), in bank order, when fit/update knew them."""
+        v = self._data.get("image_boxes")
+        return None if v is None else [tuple(b) for b in v]  # type: ignore[misc]
+
+    @property
+    def sheets_auto(self) -> SheetsAuto | None:
+        """How ``sheets: auto`` chose K for this selection; None for a K that was given."""
+        v = self._data.get("sheets_auto")
+        return None if v is None else SheetsAuto.from_dict(v)
+
+    @property
+    def tiny(self) -> bool:
+        """A replica's serving set: the bank holds the selected sheets, not images."""
+        return bool(self._data.get("tiny", False))
+
+
+@dataclass(frozen=True)
 class TemplateSet:
     """Everything needed to score a product, independent of where it is stored."""
 
@@ -55,9 +169,11 @@ class TemplateSet:
     calibration: Calibration | None = None
     indices: dict[str, Tensor] | None = None  # layer -> (K, H, W) bank indices; None = ALL
     centres: dict[str, Tensor] | None = None  # layer -> (K, C, H, W) templates that are not bank vectors
-    meta: dict[str, Any] = field(default_factory=dict)  # free-form provenance (parent, created, ...)
+    meta: TemplateMeta = field(default_factory=TemplateMeta)  # provenance; a plain dict is taken as its JSON
 
     def __post_init__(self) -> None:
+        if not isinstance(self.meta, TemplateMeta):
+            object.__setattr__(self, "meta", TemplateMeta(self.meta))
         # A template set is the product: it never carries the run-time settings (device, dtype,
         # batch sizes) of the process that built it (config.RUN_TIME_SETTINGS).
         object.__setattr__(self, "config", self.config.product_only())

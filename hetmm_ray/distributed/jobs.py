@@ -40,6 +40,10 @@ class JobProgress:
     def __init__(self, record: JobRecord) -> None:
         self._record = record
 
+    @property
+    def job_id(self) -> str:
+        return self._record["id"]
+
     def stage(self, name: str, total: int = 0) -> None:
         self._record["progress"] = {"stage": name, "done": 0, "total": total}
 
@@ -86,6 +90,11 @@ class JobBoard:
         finally:
             record["finished"] = time.time()
             self.tasks.pop(record["id"], None)
+
+    def progress_of(self, job_id: str) -> JobProgress | None:
+        """The progress of a running job (work reporting from elsewhere, e.g. a task); None once it ended."""
+        record = self.records.get(job_id)
+        return None if record is None or record["state"] != "running" else JobProgress(record)
 
     def get(self, job_id: str) -> JobRecord | None:
         record = self.records.get(job_id)

@@ -15,6 +15,12 @@ published tiny set of a product by object reference (:meth:`snapshot`: shared
 memory, never the full bank), check :meth:`head` between batches and may
 long-poll :meth:`wait_for_version`.
 
+Create and hot update run the fit pipeline of one process (``fitting.FitPipeline``: the same
+dedupe, selection dispatch, provenance and calibration as ``hetmm fit`` / ``update``) with
+its steps placed here: PTS as pixel-chunk tasks, a hot update's selection on the product's
+template shards, ``sheets: auto`` and the out-of-fold calibration each in a task on a full CPU
+(reporting its progress to the job).
+
 Hot update, in order (docs/design.md): the shards append the new features and
 re-select their tiny sets (PTS fanned out as tasks) -> the template set is
 rebuilt from the shards and recalibrated -> published to the store with
@@ -27,39 +33,31 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import time
 from dataclasses import replace
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import ray
 import torch
 
 from ..config import TASK_CPUS, DetectorConfig, ServiceConfig
-from ..core.pts import select_layers
-from ..core.templates import TemplateSet, unseen_positions
+from ..core.templates import TemplateSet
 from ..records import ProductDescription, ProductSnapshot, UnreadableProduct
 from ..store import ProductNotFound, StoreConflict, StoreError, VersionRecord, check_product_name, open_store
 from .hosts import HostPool
 from .jobs import JobBoard, JobProgress
-from .pts_fanout import pts_indices_ray
 from .runtime import use_assigned_cpus
 from .shard import ShardPlacement
+from .steps import JobReport, service_steps
 from .store_watch import follow_store
+
+if TYPE_CHECKING:
+    from ..fitting import FitPipeline
 
 __all__ = ["REGISTRY_NAME", "ProductRegistry", "get_registry", "registry_name"]
 
 REGISTRY_NAME = "hetmm-registry"
-
-
-@ray.remote(num_cpus=TASK_CPUS)
-def _calibrated(ts: TemplateSet) -> TemplateSet:
-    """Recalibrate on a full CPU: the registry itself runs on a sliver of one."""
-    from ..detector import HETMM
-
-    use_assigned_cpus()
-    return HETMM(ts.config).calibrated(ts)
 
 
 @ray.remote(num_cpus=TASK_CPUS)
@@ -75,16 +73,6 @@ def _labelled_calibration(
     det = HETMM.load(open_store(store_uri), product, version)
     decoded = [decode_image(data) for data in images]
     return calibrate_with_labels(det, decoded, labels, objective=objective, max_false_alarm_rate=cap)
-
-
-@ray.remote(num_cpus=TASK_CPUS)
-def _auto_selected(ts: TemplateSet) -> TemplateSet:
-    """``templates.sheets: auto`` (core/auto_sheets.py) in one task: the ladder's selections and
-    out-of-fold scorings; the result's config holds the chosen K (hot updates keep it)."""
-    from ..detector import HETMM
-
-    use_assigned_cpus()
-    return HETMM(ts.config).pipeline._selected(ts)
 
 
 def _weights_identity(config: Any) -> str:
@@ -292,6 +280,30 @@ class ProductRegistry:
                     await self._load_shards(product)
         return self.published[product]
 
+    def _pipeline(
+        self, config: DetectorConfig, progress: JobProgress | None, shards: dict[str, Any] | None = None
+    ) -> FitPipeline:
+        """The fit pipeline (``fitting.py``) with its steps placed on the cluster: PTS as pixel-chunk
+        tasks, ``sheets: auto`` and the calibration in tasks reporting to the job, and with
+        ``shards`` (a hot update) the fixed-K selection on the product's shards. Run it in a
+        thread: its steps wait on Ray."""
+        from ..fitting import FitPipeline
+        from ..scorer import Scorer
+
+        me = ray.get_runtime_context().current_actor
+        report = None if progress is None else JobReport(me, progress.job_id)
+        return FitPipeline(Scorer(config), steps=service_steps(shards, report), report=progress)
+
+    async def job_report(self, job_id: str, stage: str | None, done: int, total: int) -> None:
+        """Progress of a job's work running in a task (``distributed.steps.JobReport``): a new stage, or counts."""
+        progress = self.jobs.progress_of(job_id)
+        if progress is None:
+            return
+        if stage is not None:
+            progress.stage(stage, total)
+        else:
+            progress(done, total)
+
     async def create(
         self,
         product: str,
@@ -306,38 +318,16 @@ class ProductRegistry:
         async with self._lock(product):
             if product in await asyncio.to_thread(self.store.products):
                 raise StoreConflict(f"product {product!r} already exists; add images with .../normals")
-            ts = TemplateSet(
-                bank=_features_to_bank(features),
-                config=cfg,
-                weights_id=await asyncio.to_thread(_weights_identity, cfg.backbone),
-                image_digests=tuple(digests),
-                meta={"created": time.time()},
+            weights_id = await asyncio.to_thread(_weights_identity, cfg.backbone)
+            pipeline = self._pipeline(cfg, progress)
+            ts = await asyncio.to_thread(
+                partial(pipeline.fit_features, weights_id=weights_id, config=cfg), _features_to_bank(features), digests
             )
-            ts = await self._selected(ts, progress)
-            if progress is not None:
-                progress.stage("calibrate")
-            ts = await _calibrated.remote(ts)
             if progress is not None:
                 progress.stage("publish")
             version = await asyncio.to_thread(self.store.put, product, ts, expect_head=0)
             await self._load_shards(product)
         return version
-
-    async def _selected(self, ts: TemplateSet, progress: JobProgress | None) -> TemplateSet:
-        tc = ts.config.templates
-        if tc.kind == "all":
-            return ts
-        if tc.sheets == "auto":
-            if progress is not None:
-                progress.stage(f"select {tc.kind}: sheets auto")
-            return await _auto_selected.remote(ts)
-        if progress is not None:
-            progress.stage(f"select {tc.kind}", sum(v.shape[2] * v.shape[3] for v in ts.bank.values()))
-        fanned = partial(pts_indices_ray, num_cpus=TASK_CPUS)
-        indices, centres = await asyncio.to_thread(
-            partial(select_layers, progress=progress, pts=fanned), ts.bank, tc.kind, tc.sheets, tc.seed
-        )
-        return replace(ts, indices=indices, centres=centres)
 
     async def update(
         self,
@@ -356,41 +346,30 @@ class ProductRegistry:
             if product not in self.shards or stored_head != self.versions.get(product):
                 await self._load_shards(product)
             base = await asyncio.to_thread(self.store.get, product, self.versions[product])
-            keep = unseen_positions(base.image_digests, digests)
+            shards = self.shards[product]
+            if set(features) != set(shards):
+                raise ValueError(f"{product}: features have layers {sorted(features)}, shards {sorted(shards)}")
+            pipeline = self._pipeline(base.config, progress, shards)
+            grown, keep = pipeline.grown(base, _features_to_bank(features), digests)
             if progress is not None:
                 progress.note(skipped_duplicates=len(digests) - len(keep), added_images=len(keep))
-            if not keep:
-                return int(base.meta["version"])
-            if len(keep) < len(digests):
-                features = {k: np.asarray(v)[keep] for k, v in features.items()}
-                digests = [digests[i] for i in keep]
-            shards = self.shards[product]
+            if grown is None:
+                return self.versions[product]  # the head ``base`` was read at
+            tc = grown.config.templates
+            # sheets: auto is measured in a task, not on the shards: they load its selection from the store.
+            auto = tc.kind != "all" and tc.sheets == "auto"
             try:
-                if set(features) != set(shards):
-                    raise ValueError(f"{product}: features have layers {sorted(features)}, shards {sorted(shards)}")
-                await asyncio.gather(*(shards[k].append.remote(v) for k, v in features.items()))
-                tc = base.config.templates
-                if tc.kind != "all":  # ALL has no selection (and its sheets may be the unused "auto")
-                    await asyncio.gather(*(s.select.remote(tc.kind, tc.sheets, tc.seed) for s in shards.values()))
-                grown = base.appended(_features_to_bank(features), tuple(digests))
-                selections = await asyncio.gather(*(shards[k].selection.remote() for k in grown.layers))
-                chosen = dict(zip(grown.layers, selections, strict=True))
-                # appended() reset the selection; take the shards' new one (indices or centres).
-                grown = replace(
-                    grown,
-                    **{
-                        part: {k: torch.from_numpy(np.array(c[part])) for k, c in chosen.items() if c[part] is not None}
-                        or None
-                        for part in ("indices", "centres")
-                    },
-                )
-                calibrated = await _calibrated.remote(grown)
+                await asyncio.gather(*(shards[k].append.remote(np.asarray(v)[keep]) for k, v in features.items()))
+                calibrated = await asyncio.to_thread(pipeline.refit, grown)
                 version = await asyncio.to_thread(
                     self.store.put, product, calibrated, expect_head=self.versions[product]
                 )
             except BaseException:
                 await self._load_shards(product)  # back to the old head everywhere
                 raise
+            if auto:
+                await self._load_shards(product)
+                return version
             await asyncio.gather(*(s.mark_published.remote(version) for s in shards.values()))
             await self._publish(product, version, calibrated)
         return version

@@ -75,7 +75,7 @@ def test_calibration_leaves_the_held_out_images_sheets_out(images):
     det = HETMM(config("pts_o", 3)).fit(images[0])
     ts = det.templates
     held = [1, 4]
-    prepared = det._prepare(ts, held_out=held)
+    prepared = det.scorer.prepare(ts, held_out=held)
     for layer, pm in prepared.items():
         idx = ts.indices[layer]  # (K, H, W)
         k, h, w = idx.shape

@@ -126,7 +126,7 @@ def test_the_three_callers_choose_the_same_templates(kind: str) -> None:
         bank_dtype="float16",
     )
     ts = TemplateSet(bank=bank, config=config, weights_id="w", image_digests=tuple(f"d{i}" for i in range(10)))
-    detector = HETMM(config).pipeline._select(ts, tc)
+    detector = HETMM(config).pipeline.select(ts, tc)
     registry = select_layers(bank, kind, 4, 1, pts=partial(pts_indices_ray, num_cpus=TASK_CPUS))
     shards: tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]] = ({}, {})
     for layer, b in bank.items():
@@ -174,7 +174,7 @@ def test_selection_and_the_gather_are_written_once() -> None:
     assert offenders == {}
     users = {
         p: {n.id for n in ast.walk(ast.parse((PACKAGE / p).read_text())) if isinstance(n, ast.Name)}
-        for p in ("fitting.py", "distributed/registry.py", "distributed/shard.py")
+        for p in ("fitting.py", "distributed/shard.py")  # the registry selects through fitting's pipeline
     }
     assert {p: bool(c & {"select_layer", "select_layers"}) for p, c in users.items()} == dict.fromkeys(users, True)
 

@@ -182,7 +182,7 @@ def test_overlapped_predict_is_bit_identical_to_the_sequential_one(geometry: str
     # one thread of multi-threaded ops, sequential, against that path overlapped (prefetch, decode threads)
     slow = HETMM(replace(base, score_workers=1)).fit(train)
     fast = HETMM(replace(base, score_workers=1, prefetch=2, decode_threads=3))
-    fast._install(slow.templates, version=None)  # type: ignore[arg-type]
+    fast.scorer.install(slow.templates, None, config=fast.config)  # type: ignore[arg-type]
     a, b = slow.predict(tests), fast.predict(tests)
     np.testing.assert_array_equal(a.scores, b.scores)
     for x, y in zip(a.maps, b.maps, strict=True):
@@ -192,7 +192,7 @@ def test_overlapped_predict_is_bit_identical_to_the_sequential_one(geometry: str
     # may add in another order)
     for workers in (2, 3):
         split = HETMM(replace(base, score_workers=workers))
-        split._install(slow.templates, version=None)  # type: ignore[arg-type]
+        split.scorer.install(slow.templates, None, config=split.config)  # type: ignore[arg-type]
         assert split.score_workers() == workers
         c = split.predict(tests)
         np.testing.assert_allclose(c.scores, a.scores, rtol=1e-6, atol=1e-7)
@@ -260,7 +260,7 @@ def test_fast_paths_change_no_verdict(dataset: str, monkeypatch) -> None:
 
     def predicted_by(fast_config: DetectorConfig):
         fast = HETMM(fast_config)
-        fast._install(replace(ref.templates, config=fast_config), version=None)  # type: ignore[arg-type]
+        fast.scorer.install(replace(ref.templates, config=fast_config), None, config=fast.config)
         return fast.predict(test)
 
     fast = config.replace(backbone_runtime="auto")

@@ -238,3 +238,56 @@ def test_hot_update_of_an_all_templates_product_with_default_sheets(tmp_path: Pa
     det.update([gear.good(60), gear.good(61)])
     assert published.n_images == 6 and published.indices is None
     assert published.calibration == det.templates.calibration
+
+
+def test_create_with_auto_sheets_runs_the_single_process_pipeline(tmp_path: Path) -> None:
+    """The registry's create is the one fit pipeline with its steps in tasks: ``sheets: auto``
+    chooses the same K, selection and calibration as a fit in one process."""
+    config = DetectorConfig(
+        backbone=BackboneConfig(name="resnet18", weights="random", image_size=SIZE),
+        templates=TemplateConfig(kind="pts_o", sheets="auto"),
+        threshold=ThresholdConfig(max_images=6, folds=2),
+        batch_size=4,
+    )
+    gear = SyntheticProduct(seed=0, size=SIZE)
+    images = [gear.good(i) for i in range(6)]
+    det = HETMM(config).fit(images)
+    uri = str(tmp_path / "store")
+    registry = ProductRegistry.remote(uri)
+    feats, digests = features(HETMM(config), images)
+    assert ray.get(registry.create.remote("gear", config.to_dict(), feats, digests)) == 1
+    published = open_store(uri).get("gear")
+    assert published.config.templates.sheets == det.config.templates.sheets
+    assert published.meta.sheets_auto.chosen == det.templates.meta.sheets_auto.chosen
+    for layer in published.layers:
+        assert torch.equal(published.indices[layer], det.templates.indices[layer])
+    assert published.calibration == det.templates.calibration
+
+
+@ray.remote
+class _Heard:
+    """Stands in for the registry's ``job_report``: records what a task reports."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str | None, int, int]] = []
+
+    def job_report(self, job_id: str, stage: str | None, done: int, total: int) -> None:
+        self.events.append((job_id, stage, done, total))
+
+    def heard(self) -> list[tuple[str, str | None, int, int]]:
+        return self.events
+
+
+def test_calibration_in_a_task_reports_its_progress_to_the_job(product) -> None:
+    """The service's calibration task tells the job its stage and how many images are scored."""
+    from hetmm_ray.distributed.steps import JobReport, service_steps
+
+    _uri, det, _more = product
+    heard = _Heard.remote()
+    ts = service_steps(report=JobReport(heard, "job-1")).calibrate(det.templates)
+    assert ts.calibration == det.templates.calibration
+    deadline = time.monotonic() + 60
+    while (events := ray.get(heard.heard.remote()))[-1:] != [("job-1", None, 4, 4)]:
+        assert time.monotonic() < deadline, events
+        time.sleep(0.1)
+    assert ("job-1", "calibrate: out-of-fold", 0, 4) in events

@@ -233,6 +233,36 @@ def test_out_of_fold_covers_every_image_up_to_the_cap(gear):
     assert len(det.templates.calibration.scores) == 7
 
 
+class _Recorder:
+    """A fit's progress as the service's job hears it (``steps.Report``)."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, int, int]] = []
+
+    def stage(self, name: str, total: int = 0) -> None:
+        self.events.append(("stage", name, total))  # type: ignore[arg-type]
+
+    def __call__(self, done: int, total: int) -> None:
+        self.events.append(("done", done, total))  # type: ignore[arg-type]
+
+
+def test_out_of_fold_calibration_reports_progress(gear, capsys):
+    """Calibration is a stage of its own: its counts go to the report (a job on the service)
+    and, with progress on, to a tqdm bar; the scores do not depend on who listens."""
+    from hetmm_ray.fitting import FitPipeline
+
+    config = tiny_config(**{"threshold.max_images": 7, "threshold.folds": 3, "batch_size": 2})
+    det = HETMM(config).fit([gear.good(i) for i in range(12)])
+    heard = _Recorder()
+    pipeline = FitPipeline(det.scorer, progress=True, report=heard)
+    again = pipeline.calibrated(det.templates)
+    assert again.calibration.scores == det.templates.calibration.scores
+    start = heard.events.index(("stage", "calibrate: out-of-fold", 7))
+    counts = [done for kind, done, total in heard.events[start + 1 :] if kind == "done" and total == 7]
+    assert len(counts) >= 4 and counts == sorted(counts) and counts[-1] == 7  # per batch, not only per fold
+    assert "calibrate: out-of-fold" in capsys.readouterr().err
+
+
 def test_calibration_is_honest_on_fresh_good_images(gear):
     """>= 300 training images, 500 fresh good images never seen in calibration: the measured
     false-alarm rate at a 1 % target is in [0.3 %, 3 %], at 5 % in [2 %, 10 %]."""

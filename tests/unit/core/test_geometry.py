@@ -141,17 +141,17 @@ def test_huge_values_in_the_padding_do_not_move_the_score(wide_detector, wide_im
         return out
 
     monkeypatch.setattr(backbone, "forward", poisoned_forward)
-    real_score = wide_detector._score_features
+    real_score = wide_detector.scorer.score_maps
 
-    def poisoned_maps(feats, pm, bxs=None):
-        maps = real_score(feats, pm, bxs).clone()
+    def poisoned_maps(feats, pm, bxs=None, *, progress=None):
+        maps = real_score(feats, pm, bxs, progress=progress).clone()
         for b, box in enumerate(bxs):
             keep = maps[b, box.top : box.top + box.height, box.left : box.left + box.width].clone()
             maps[b] = 1e6
             maps[b, box.top : box.top + box.height, box.left : box.left + box.width] = keep
         return maps
 
-    monkeypatch.setattr(wide_detector, "_score_features", poisoned_maps)
+    monkeypatch.setattr(wide_detector.scorer, "score_maps", poisoned_maps)
     dirty = wide_detector.predict(queries)
     assert np.array_equal(clean.scores, dirty.scores)
     assert all(np.array_equal(a, b) for a, b in zip(clean.maps, dirty.maps, strict=True))
@@ -261,17 +261,16 @@ def test_out_of_fold_scores_use_the_same_boxes_as_predict(wide_detector, wide_im
     """Calibration scores a held-out bank image as predict would score it (ALL: held-out exact)."""
     ts = wide_detector.templates
     held = [0]
-    pm = wide_detector._prepare(ts, held_out=held)
+    pm = wide_detector.scorer.prepare(ts, held_out=held)
     other = HETMM(wide_detector.config)
-    other._backbone = wide_detector.backbone
-    other._install(TemplateSet(
+    other.scorer.backbone = wide_detector.backbone
+    other.scorer.install(TemplateSet(
         bank={k: v[1:] for k, v in ts.bank.items()}, config=ts.config, weights_id=ts.weights_id,
         image_digests=ts.image_digests[1:],
-    ), version=None)  # fmt: skip
+    ), None, config=other.config)  # fmt: skip
     predicted = other.predict([wide_images[0]]).scores[0]
-    boxes = wide_detector.pipeline._bank_boxes(ts, held)
-    maps = wide_detector._score_features({k: v[held] for k, v in ts.bank.items()}, pm, boxes)
-    oof = image_scores(maps, ts.config.scoring.score_sigma, wide_detector._map_boxes(boxes))[0]
+    boxes = wide_detector.pipeline.bank_boxes(ts, held)
+    oof = wide_detector.scorer.score({k: v[held] for k, v in ts.bank.items()}, pm, boxes)[0]
     assert float(oof) == pytest.approx(float(predicted), rel=2e-3)  # the bank is stored in float16
 
 
