@@ -6,6 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 import torch
+from helpers import LOCAL_RAY_ARGS
 
 
 @pytest.fixture(scope="module")
@@ -15,15 +16,6 @@ def one_torch_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
-
-
-LOCAL_RAY_ARGS = {
-    "address": "local",  # always a fresh local Ray, never a cluster some other process started
-    "num_cpus": 2,
-    "include_dashboard": False,
-    "log_to_driver": False,
-    "configure_logging": False,
-}
 
 
 @pytest.fixture(scope="session")

@@ -18,6 +18,15 @@ SHARED = REPO.parent / "shared"
 """``../shared`` beside the repository: real data and weights (tests that need it skip without it)."""
 
 
+LOCAL_RAY_ARGS = {  # the tests' local Ray: tests/conftest.py's local_ray, and modules that start their own
+    "address": "local",  # always a fresh local Ray, never a cluster some other process started
+    "num_cpus": 2,
+    "include_dashboard": False,
+    "log_to_driver": False,
+    "configure_logging": False,
+}
+
+
 def png(array: np.ndarray) -> bytes:
     """``array`` (H, W[, 3]) uint8 encoded as PNG bytes."""
     buf = io.BytesIO()

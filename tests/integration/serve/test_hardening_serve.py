@@ -59,7 +59,7 @@ def strict_json(text: str) -> object:
 @pytest.fixture(scope="module")
 def ray_with_aws(own_ray, aws_env) -> Iterator[None]:
     import ray
-    from conftest import LOCAL_RAY_ARGS
+    from helpers import LOCAL_RAY_ARGS
 
     ray.init(**LOCAL_RAY_ARGS)  # after aws_env: workers inherit the dummy credentials
     yield

@@ -50,7 +50,7 @@ def folder_of(root: Path, name: str, indices: range) -> Path:
 @pytest.fixture(scope="module")
 def ray_with_aws(own_ray, aws_env) -> Iterator[None]:
     import ray
-    from conftest import LOCAL_RAY_ARGS
+    from helpers import LOCAL_RAY_ARGS
 
     ray.init(**LOCAL_RAY_ARGS)  # after aws_env: workers inherit the dummy credentials
     yield
