@@ -18,7 +18,6 @@ from __future__ import annotations
 import base64
 import io
 import json
-import os
 import socket
 import sys
 import time
@@ -32,6 +31,7 @@ from PIL import Image
 
 from .config import PACKAGED_WEIGHTS, BackboneConfig, DetectorConfig
 from .core.backbone import WeightsError, weights_identity
+from .core.device import usable_cores
 from .core.metrics import image_auroc
 from .data.mvtec import MVTecCategory
 from .data.synthetic import SyntheticProduct, write_mvtec_layout
@@ -117,7 +117,7 @@ def run_demo(
     print(f"[1/6] generated product in {data}: {n_train} good training images, {len(samples)} test images")
 
     # One replica on a small machine: let it use every core (deploy.yaml's default is its CPU share).
-    threads = {"Detector": {"user_config": {"threads": os.cpu_count() or 1}}}
+    threads = {"Detector": {"user_config": {"threads": usable_cores()}}}
     running = start_service(store=str(out / "store"), port=_free_port(port), address=address, deployments=threads)
     print(f"[2/6] service up at {running.url} (local Ray, store {out / 'store'})")
     try:
