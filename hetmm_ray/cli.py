@@ -210,7 +210,9 @@ def cmd_predict(args: argparse.Namespace) -> int:
         if out is not None:
             target = out / name.parent / f"{name.name}_heatmap.png"
             vmin, vmax = heatmap_range(pred.maps[i], pred.threshold)
-            rec["heatmap"] = str(save_png(heatmap_overlay(image, pred.maps[i], vmin=vmin, vmax=vmax), target))
+            region = None if pred.regions is None else pred.regions[i]  # outside: greyed
+            overlay = heatmap_overlay(image, pred.maps[i], vmin=vmin, vmax=vmax, region=region)
+            rec["heatmap"] = str(save_png(overlay, target))
         records.append(rec)
         flag = "ANOMALY" if rec["is_anomaly"] else "ok"
         print(f"{rec['score']:.4f}  {flag:<7}  {path}")

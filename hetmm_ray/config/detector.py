@@ -49,7 +49,7 @@ class DetectorConfig(Settings):
     # version); left out of to_dict/stored_dict when None, so products without one (all those
     # stored before regions existed) keep their manifests and scores exactly. Kept in the
     # canonical form of config.region.check_region (a plain mapping: treat it as read-only).
-    region: dict[str, Any] | None = setting(None)
+    region: dict[str, Any] | None = None
     # "auto" = cuda when available, else cpu
     device: str = setting("auto", Check(is_device, "use auto, cpu, cuda or cuda:N"), run_time=True)
     dtype: str = setting("float32", OneOf(DTYPES, "dtype"), run_time=True)  # compute dtype of ATMM
