@@ -360,6 +360,7 @@ class FitPipeline:
                     self.scorer.prepare(fold_ts),
                     held_boxes,
                     progress=lambda d, _n, done=done: progress(done + d, total),
+                    region_of=config,  # the set's own region: pixels outside never count
                 )
                 scoring_seconds += time.perf_counter() - start
                 images.extend(held)

@@ -262,17 +262,23 @@ class Scorer:
         boxes: Sequence[Box] | None = None,
         *,
         progress: Callable[[int, int], None] | None = None,
+        region_of: DetectorConfig | None = None,
     ) -> Tensor:
-        """Image scores (N,) of features against ``prepared`` templates (:meth:`score_maps`)."""
+        """Image scores (N,) of features against ``prepared`` templates (:meth:`score_maps`);
+        ``region_of``: the product whose inspection region counts (default: this scorer's)."""
         maps = self.score_maps(feats, prepared, boxes, progress=progress)
         in_map = self.map_boxes(boxes)
-        return image_scores(maps, self.config.scoring.score_sigma, in_map, self.region_masks(in_map, len(maps)))
+        regions = self.region_masks(in_map, len(maps), region_of=region_of)
+        return image_scores(maps, self.config.scoring.score_sigma, in_map, regions)
 
-    def region_masks(self, in_map: Sequence[Box] | None, n: int) -> list[Tensor] | None:
+    def region_masks(
+        self, in_map: Sequence[Box] | None, n: int, *, region_of: DetectorConfig | None = None
+    ) -> list[Tensor] | None:
         """The inspection region of each of ``n`` images on the fused map (``core.region.map_masks``):
         a bool mask of each content box ``in_map`` (map pixels; None: squash, the whole map);
-        None when the product has no region (every pixel counts)."""
-        region = self.config.region
+        None when the product has no region (every pixel counts). ``region_of``: the product
+        configuration whose region it is (default: this scorer's)."""
+        region = (region_of or self.config).region
         if region is None:
             return None
         size = self.config.backbone.image_size
