@@ -8,6 +8,7 @@ Small random resnet18 on the CPU; the claims do not depend on real weights.
 from __future__ import annotations
 
 import json
+
 import numpy as np
 import pytest
 import torch
@@ -116,7 +117,7 @@ def test_out_of_fold_scores_respect_the_region(coded) -> None:
         assert not masks[0].all()  # the code is left out on the map
         expected.update(zip(held, image_scores(maps, sc.score_sigma, boxes, masks).tolist(), strict=True))
         without = image_scores(maps, sc.score_sigma).tolist()
-        assert all(w >= e for w, e in zip(without, image_scores(maps, sc.score_sigma, boxes, masks).tolist()))
+        assert all(w >= e for w, e in zip(without, image_scores(maps, sc.score_sigma, boxes, masks).tolist(), strict=True))
     oof = det.out_of_fold(ts)
     got = oof.by_image()
     assert all(got[i] == expected[i] for i in range(9))
