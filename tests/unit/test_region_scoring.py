@@ -115,9 +115,10 @@ def test_out_of_fold_scores_respect_the_region(coded) -> None:
         boxes = [Box(0, 0, SIZE, SIZE)] * len(held)
         masks = map_masks(config.region, boxes, canvas=SIZE, out=SIZE, geometry=config.backbone.geometry)
         assert not masks[0].all()  # the code is left out on the map
-        expected.update(zip(held, image_scores(maps, sc.score_sigma, boxes, masks).tolist(), strict=True))
+        ruled = image_scores(maps, sc.score_sigma, boxes, masks).tolist()
+        expected.update(zip(held, ruled, strict=True))
         without = image_scores(maps, sc.score_sigma).tolist()
-        assert all(w >= e for w, e in zip(without, image_scores(maps, sc.score_sigma, boxes, masks).tolist(), strict=True))
+        assert all(w >= e for w, e in zip(without, ruled, strict=True))
     oof = det.out_of_fold(ts)
     got = oof.by_image()
     assert all(got[i] == expected[i] for i in range(9))
@@ -125,9 +126,7 @@ def test_out_of_fold_scores_respect_the_region(coded) -> None:
 
 def test_prediction_carries_the_region_and_heatmaps_grey_it(coded) -> None:
     region = code_region(coded)
-    det = HETMM(tiny_config(region=region, **{"backbone.geometry": "letterbox"})).fit(
-        [coded.good(i) for i in range(6)]
-    )
+    det = HETMM(tiny_config(region=region, **{"backbone.geometry": "letterbox"})).fit([coded.good(i) for i in range(6)])
     pred = det.predict([coded.good(50)])
     assert pred.regions is not None and pred.regions.shape == pred.maps.shape
     assert not pred.regions[0].all() and pred.regions[0].any()
