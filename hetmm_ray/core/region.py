@@ -59,6 +59,7 @@ from .geometry import Box, canvas_box, scale_box
 
 __all__ = [
     "check_region_covers",
+    "check_region_visible",
     "covered_share",
     "map_mask",
     "map_masks",
@@ -199,6 +200,18 @@ def map_masks(region: dict[str, Any], boxes: Sequence[Box], *, canvas: int, out:
     key = _key(region)
     rb = reference_map_box(region, canvas, out, geometry)
     return [_map_mask_cached(key, (b.height, b.width), (rb.height, rb.width), geometry) for b in boxes]
+
+
+def check_region_visible(region: dict[str, Any], *, canvas: int, out: int, geometry: str) -> None:
+    """ConfigError unless the region counts at least one map pixel of an image of its reference
+    size (a tiny include area can vanish on a coarse map)."""
+    rb = reference_map_box(region, canvas, out, geometry)
+    (mask,) = map_masks(region, [Box(0, 0, rb.height, rb.width)], canvas=canvas, out=out, geometry=geometry)
+    if not bool(mask.any()):
+        h, w = region["size"]
+        raise ConfigError(
+            f"region: its included area covers no pixel of the {out}-px map of a {w} x {h} frame (draw it larger)"
+        )
 
 
 def covered_share(mask: np.ndarray) -> float:

@@ -165,3 +165,20 @@ def test_a_region_is_stored_with_the_product(tmp_path, coded) -> None:
     assert again.config.region == json.loads(json.dumps(region))
     a, b = det.predict([coded.good(40)]), again.predict([coded.good(40)])
     assert np.array_equal(a.scores, b.scores)
+
+
+# --- evaluate's pixel metrics -------------------------------------------------------------
+def test_pixel_metrics_count_region_pixels_only() -> None:
+    from hetmm_ray.core.metrics import pixel_auroc, pro_score, roc_auc
+
+    rng = np.random.default_rng(0)
+    maps = rng.random((3, 16, 16))
+    masks = np.zeros((3, 16, 16), dtype=bool)
+    masks[:, 4:8, 4:8] = True
+    valid = np.ones((3, 16, 16), dtype=bool)
+    assert pixel_auroc(maps, masks, valid) == pixel_auroc(maps, masks)
+    assert pro_score(maps, masks, valid=valid) == pro_score(maps, masks)
+    valid[:, :, 10:] = False
+    maps[:, :, 10:] = 99.0  # outside: would be false alarms everywhere, but never counts
+    assert pixel_auroc(maps, masks, valid) == roc_auc(maps[valid], masks[valid])
+    assert pro_score(maps, masks, valid=valid) == pro_score(maps[:, :, :10], masks[:, :, :10])
