@@ -136,7 +136,7 @@ def test_evaluate_with_a_region(capsys, tmp_path) -> None:
     data = write_mvtec_layout(tmp_path / "gear", n_train=6, n_test_good=3, n_test_per_defect=2, size=SIZE)
     region = write_json(tmp_path / "r.json", {"size": [SIZE, SIZE], "exclude": [{"rect": [0, 0, 64, 20]}]})
     out_json = tmp_path / "r.json.out"
-    code, out, err = run(capsys, "evaluate", "--data", data, *FLAGS, "--region", region, "--json", out_json)
+    code, _, err = run(capsys, "evaluate", "--data", data, *FLAGS, "--region", region, "--json", out_json)
     assert code == 0, err
     result = json.loads(out_json.read_text())
     assert result["pixel_auroc"] is not None and result["pro"] is not None
