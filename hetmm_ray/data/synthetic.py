@@ -61,14 +61,14 @@ _BARS = ((-0.045, 0.016), (-0.02, 0.010), (0.005, 0.016), (0.03, 0.013))  # (u c
 _BAR_HALF_WIDTH = 0.006
 # The printed code (printed_code=True): a plate mirrored below the bore, six 7-segment digits.
 _CODE_CENTRE = (0.0, 0.29)
-_CODE_HALF = (0.095, 0.034)
+_CODE_HALF = (0.12, 0.045)
 _CODE_PLATE = np.array([222.0, 222.0, 212.0], dtype=np.float32)
 _CODE_INK = np.array([28.0, 28.0, 34.0], dtype=np.float32)
-_DIGIT_PITCH = 0.026  # between digit centres
-_DIGIT_HALF = (0.008, 0.016)  # half width, half height of a digit
-_SEGMENT_HALF = 0.0028  # half thickness of a segment
-_CODE_SHIFT = 0.012  # the printer's offset along the plate, at most
-_CODE_MARGIN = 0.04  # code_region's margin for the pose (shift, rotation), as a fraction of the side
+_DIGIT_PITCH = 0.03  # between digit centres
+_DIGIT_HALF = (0.009, 0.018)  # half width, half height of a digit
+_SEGMENT_HALF = 0.0032  # half thickness of a segment
+_CODE_SHIFT = (0.025, 0.008)  # the printer's offset on the plate (along, across), at most
+_CODE_MARGIN = 0.035  # code_region's margin for the pose (shift, rotation), as a fraction of the side
 # Segments a-g of the digits 0-9 (a top, b top right, c bottom right, d bottom, e bottom left, f top left, g middle).
 _SEGMENTS = ("abcdef", "bc", "abdeg", "abcdg", "bcfg", "acdfg", "acdefg", "abc", "abcdefg", "abcdfg")
 
@@ -175,7 +175,8 @@ class SyntheticProduct:
         s = float(self.size)
         rng = np.random.default_rng([self.seed, int(index), 7777])
         digits = rng.integers(0, 10, size=6)
-        offset = float(rng.uniform(-_CODE_SHIFT, _CODE_SHIFT)) * s
+        offset = float(rng.uniform(-_CODE_SHIFT[0], _CODE_SHIFT[0])) * s
+        drop = float(rng.uniform(-_CODE_SHIFT[1], _CODE_SHIFT[1])) * s
         cu, cv = _CODE_CENTRE[0] * s, _CODE_CENTRE[1] * s
         w = self._window(scene, cu, cv, math.hypot(*_CODE_HALF) * s + 1.0)
         uw, vw = scene.u[w], scene.v[w]
@@ -195,7 +196,7 @@ class SyntheticProduct:
             du = cu + offset + (k - 2.5) * _DIGIT_PITCH * s
             for seg in _SEGMENTS[int(digit)]:
                 ou, ov, su, sv = boxes[seg]
-                plate = _lerp(plate, _CODE_INK, _cover(_box_sdf(uw, vw, du + ou, cv + ov, su, sv)))
+                plate = _lerp(plate, _CODE_INK, _cover(_box_sdf(uw, vw, du + ou, cv + drop + ov, su, sv)))
         rgb[w] = plate
 
     def _clear_of_code(self, cu: float, cv: float, reach: float) -> bool:
