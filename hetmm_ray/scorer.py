@@ -291,7 +291,7 @@ class Scorer:
         if self.config.region is None:
             return None
         boxes = [Box(0, 0, m.shape[0], m.shape[1]) for m in maps]
-        return [r.numpy() for r in self.region_masks(boxes, len(maps)) or []]
+        return [r.numpy().copy() for r in self.region_masks(boxes, len(maps)) or []]  # the masks are cached
 
     def map_boxes(self, boxes: Sequence[Box] | None) -> list[Box] | None:
         """Canvas boxes in the fused maps' pixels (``scoring.output_size``)."""
