@@ -133,7 +133,10 @@ def score_summary(scores: Sequence[float]) -> dict[str, float]:
 def evaluate(
     data: str | Path, config: DetectorConfig, *, progress: bool = False
 ) -> tuple[EvaluationResult, HETMM, list[Sample]]:
-    """Fit on ``train/good``, score ``test/``, and measure AUROCs, PRO and speed."""
+    """Fit on ``train/good``, score ``test/``, and measure AUROCs, PRO and speed.
+
+    With an inspection region (``config.region``) the image scores and the pixel metrics count
+    the region's pixels only (``Prediction.regions``)."""
     category = MVTecCategory(data)
     samples = category.measurable_samples()  # the layout, checked before minutes of fitting
     size, geometry = config.backbone.image_size, config.backbone.geometry
@@ -154,7 +157,10 @@ def evaluate(
         masks = [category.load_mask(s, m.shape) for s, m in zip(samples, pred.maps, strict=True)]
         if isinstance(pred.maps, np.ndarray):
             masks = np.stack(masks)
-        pixel_auroc_pct, pro_pct = 100 * pixel_auroc(pred.maps, masks), 100 * pro_score(pred.maps, masks)
+        # an inspection region: only its pixels count (Prediction.regions, the maps' shapes)
+        valid = pred.regions
+        pixel_auroc_pct = 100 * pixel_auroc(pred.maps, masks, valid)
+        pro_pct = 100 * pro_score(pred.maps, masks, valid=valid)
     verdict = pred.is_anomaly
     op = pred.operating_point
     cuts = labelled_cuts(pred.scores.tolist(), labels.tolist())

@@ -45,12 +45,13 @@ from .core.calibration import OutOfFold, fold_plan
 from .core.device import TORCH_DTYPES, image_digest
 from .core.geometry import Box, boxes_from_features
 from .core.pts import select_layers
+from .core.region import check_region_visible
 from .core.scoring import Calibration
 from .core.templates import SheetsAuto, TemplateMeta, TemplateSet, unseen_positions
 from .scorer import ImageInput, Scorer, as_rgb
 from .steps import FitSteps, Progress, Report
 
-__all__ = ["FitPipeline", "ImageInput"]
+__all__ = ["FitPipeline", "ImageInput", "check_visible"]
 
 
 class FitPipeline:
@@ -205,7 +206,9 @@ class FitPipeline:
         return self.refit(replace(ts, config=replace(ts.config, templates=tc)))
 
     def refit(self, ts: TemplateSet) -> TemplateSet:
-        """``ts`` selected (:meth:`selected`) and calibrated (:meth:`calibrated`)."""
+        """``ts`` selected (:meth:`selected`) and calibrated (:meth:`calibrated`); a region that
+        counts no map pixel is refused first (ConfigError)."""
+        check_visible(ts.config)
         return self.calibrated(self.selected(ts))
 
     # --- select ---------------------------------------------------------------------------
@@ -360,6 +363,7 @@ class FitPipeline:
                     self.scorer.prepare(fold_ts),
                     held_boxes,
                     progress=lambda d, _n, done=done: progress(done + d, total),
+                    region_of=config,  # the set's own region: pixels outside never count
                 )
                 scoring_seconds += time.perf_counter() - start
                 images.extend(held)
@@ -376,6 +380,15 @@ class FitPipeline:
             return self.steps.calibrate(ts)
         oof = self.out_of_fold(ts, templates=ts.config.templates)
         return replace(ts, calibration=Calibration(scores=oof.scores))
+
+
+def check_visible(config: DetectorConfig) -> None:
+    """ConfigError when ``config``'s inspection region counts no pixel of its map (``core.region``)."""
+    if config.region is not None:
+        size = config.backbone.image_size
+        check_region_visible(
+            config.region, canvas=size, out=config.scoring.output_size or size, geometry=config.backbone.geometry
+        )
 
 
 def _as_items(images: Sequence[ImageInput]) -> list[bytes | np.ndarray]:

@@ -98,7 +98,7 @@ class JobError(TypedDict):
 
 class JobRecord(TypedDict, total=False):
     id: str
-    kind: str  # create | normals | calibrate
+    kind: str  # create | normals | calibrate | region
     product: str
     state: str  # running | succeeded | failed
     progress: JobProgressRecord

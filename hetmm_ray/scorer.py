@@ -10,6 +10,10 @@ the device, in ``dtype``). It scores in three granularities, each the same arith
 - :meth:`Scorer.prepare` with ``held_out`` images left out: what out-of-fold calibration
   scores each fold against (``fitting.py``).
 
+A product's inspection region (``config.region``, ``core/region.py``) enters in one place,
+:meth:`Scorer.region_masks`, used by every image score (predict, out-of-fold calibration,
+sheets auto) and every localisation map: pixels outside never count.
+
 The fit pipeline (``fitting.py``) uses these public members to build template sets and never
 installs them; :class:`~hetmm_ray.detector.HETMM` installs what the pipeline returns.
 Nothing here imports Ray.
@@ -32,6 +36,7 @@ from .core.atmm import anomaly_maps, pixel_major
 from .core.backbone import Backbone
 from .core.device import TORCH_DTYPES, resolve_device
 from .core.geometry import Box, canvas_box, scale_box, zero_padding
+from .core.region import map_masks
 from .core.scoring import OperatingPoint, content_maps, image_scores, operating_point
 from .core.templates import TemplateSet
 from .data.decode import decode_image, images_to_tensor, resize_to_geometry
@@ -67,6 +72,9 @@ class Prediction:
     seconds: float
     # The rule that set ``threshold`` and its estimated false-alarm rate (None before calibration).
     operating_point: OperatingPoint | None = None
+    # The product's inspection region on each map (bool, True = counts; the maps' layout: an
+    # array when the maps are one, else a list); None when the product has no region.
+    regions: np.ndarray | list[np.ndarray] | None = None
 
     def __len__(self) -> int:
         return len(self.scores)
@@ -254,10 +262,36 @@ class Scorer:
         boxes: Sequence[Box] | None = None,
         *,
         progress: Callable[[int, int], None] | None = None,
+        region_of: DetectorConfig | None = None,
     ) -> Tensor:
-        """Image scores (N,) of features against ``prepared`` templates (:meth:`score_maps`)."""
+        """Image scores (N,) of features against ``prepared`` templates (:meth:`score_maps`);
+        ``region_of``: the product whose inspection region counts (default: this scorer's)."""
         maps = self.score_maps(feats, prepared, boxes, progress=progress)
-        return image_scores(maps, self.config.scoring.score_sigma, self.map_boxes(boxes))
+        in_map = self.map_boxes(boxes)
+        regions = self.region_masks(in_map, len(maps), region_of=region_of)
+        return image_scores(maps, self.config.scoring.score_sigma, in_map, regions)
+
+    def region_masks(
+        self, in_map: Sequence[Box] | None, n: int, *, region_of: DetectorConfig | None = None
+    ) -> list[Tensor] | None:
+        """The inspection region of each of ``n`` images on the fused map (``core.region.map_masks``):
+        a bool mask of each content box ``in_map`` (map pixels; None: squash, the whole map);
+        None when the product has no region (every pixel counts). ``region_of``: the product
+        configuration whose region it is (default: this scorer's)."""
+        region = (region_of or self.config).region
+        if region is None:
+            return None
+        size = self.config.backbone.image_size
+        out = self.config.scoring.output_size or size
+        boxes = list(in_map) if in_map is not None else [Box(0, 0, out, out)] * n
+        return map_masks(region, boxes, canvas=size, out=out, geometry=self.config.backbone.geometry)
+
+    def _map_regions(self, maps: Sequence[np.ndarray]) -> list[np.ndarray] | None:
+        """:meth:`region_masks` of returned content maps (a map's shape is its content box's)."""
+        if self.config.region is None:
+            return None
+        boxes = [Box(0, 0, m.shape[0], m.shape[1]) for m in maps]
+        return [r.numpy().copy() for r in self.region_masks(boxes, len(maps)) or []]  # the masks are cached
 
     def map_boxes(self, boxes: Sequence[Box] | None) -> list[Box] | None:
         """Canvas boxes in the fused maps' pixels (``scoring.output_size``)."""
@@ -272,8 +306,9 @@ class Scorer:
         sc = self.config.scoring
         m = self.score_maps(self.features(batch, boxes), self.prepared, boxes)
         in_map = self.map_boxes(boxes)
-        return image_scores(m, sc.score_sigma, in_map).cpu(), [
-            x.cpu().numpy() for x in content_maps(m, sc.map_sigma, in_map)
+        regions = self.region_masks(in_map, len(m))
+        return image_scores(m, sc.score_sigma, in_map, regions).cpu(), [
+            x.cpu().numpy() for x in content_maps(m, sc.map_sigma, in_map, regions)
         ]
 
     def _score_images(self, images: Sequence[ImageInput]) -> tuple[Tensor, list[np.ndarray]]:
@@ -324,6 +359,7 @@ class Scorer:
         thr = op.threshold if op else float("inf")
         s = torch.cat(scores).numpy()
         same_shape = len({x.shape for x in maps}) == 1
+        regions = self._map_regions(maps)
         return Prediction(
             scores=s,
             maps=np.stack(maps) if same_shape else maps,
@@ -332,4 +368,5 @@ class Scorer:
             version=self.version,
             seconds=time.perf_counter() - start,
             operating_point=op,
+            regions=None if regions is None else (np.stack(regions) if same_shape else regions),
         )

@@ -40,11 +40,16 @@ def heatmap_overlay(
     vmin: float | None = None,
     vmax: float | None = None,
     alpha: float = 0.5,
+    region: np.ndarray | None = None,
 ) -> np.ndarray:
     """Blend a colourised anomaly map over an RGB uint8 image, at the image's size.
 
     The map is scaled to [vmin, vmax] (default: its own min and max; pass a
     fixed range to compare images with each other).
+
+    ``region`` (bool, the map's shape; ``Prediction.regions``): pixels outside the product's
+    inspection region never count, and are drawn greyed: the image's luma, halved towards mid
+    grey, without heat colour (the mask resized to the image by nearest neighbour).
     """
     lo = float(amap.min()) if vmin is None else vmin
     hi = float(amap.max()) if vmax is None else vmax
@@ -52,7 +57,12 @@ def heatmap_overlay(
     h, w = image.shape[:2]
     resized = np.asarray(Image.fromarray(norm.astype(np.float32), mode="F").resize((w, h), Image.BILINEAR))
     heat = colorize(resized).astype(np.float32)
-    return (image.astype(np.float32) * (1 - alpha) + heat * alpha).round().clip(0, 255).astype(np.uint8)
+    out = image.astype(np.float32) * (1 - alpha) + heat * alpha
+    if region is not None:
+        inside = np.asarray(Image.fromarray(np.asarray(region, dtype=np.uint8) * 255).resize((w, h), Image.NEAREST)) > 0
+        luma = image.astype(np.float32) @ np.array([0.299, 0.587, 0.114], dtype=np.float32)
+        out = np.where(inside[..., None], out, (0.5 * luma + 64.0)[..., None])
+    return out.round().clip(0, 255).astype(np.uint8)
 
 
 def heatmap_range(amap: np.ndarray, threshold: float) -> tuple[float, float]:

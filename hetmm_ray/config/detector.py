@@ -23,6 +23,7 @@ from typing import Any, ClassVar
 
 from ._constraints import Check, ConfigError, OneOf, Range, Settings, is_run_time, setting
 from .product import DTYPES, BackboneConfig, ScoringConfig, TemplateConfig, ThresholdConfig
+from .region import check_region
 from .run_time import BACKBONE_RUNTIMES, is_device
 
 __all__ = ["RUN_TIME_SETTINGS", "DetectorConfig", "load_config", "merge_product_config", "stored_config"]
@@ -43,6 +44,12 @@ class DetectorConfig(Settings):
     scoring: ScoringConfig = dataclasses.field(default_factory=ScoringConfig)
     templates: TemplateConfig = dataclasses.field(default_factory=TemplateConfig)
     threshold: ThresholdConfig = dataclasses.field(default_factory=ThresholdConfig)
+    # --- inspection region (config/region.py, core/region.py): the pixels that count ---------
+    # None: every pixel. Stored with the product (a changed region is a new, recalibrated
+    # version); left out of to_dict/stored_dict when None, so products without one (all those
+    # stored before regions existed) keep their manifests and scores exactly. Kept in the
+    # canonical form of config.region.check_region (a plain mapping: treat it as read-only).
+    region: dict[str, Any] | None = None
     # "auto" = cuda when available, else cpu
     device: str = setting("auto", Check(is_device, "use auto, cpu, cuda or cuda:N"), run_time=True)
     dtype: str = setting("float32", OneOf(DTYPES, "dtype"), run_time=True)  # compute dtype of ATMM
@@ -71,6 +78,8 @@ class DetectorConfig(Settings):
     score_workers: int = setting(0, Range(0, 256, int), run_time=True)
 
     def _check(self) -> None:
+        if self.region is not None:
+            object.__setattr__(self, "region", check_region(self.region))
         n_layers = len(self.backbone.taps)
         if len(self.scoring.forward_windows) != n_layers:
             raise ConfigError(
@@ -80,7 +89,10 @@ class DetectorConfig(Settings):
 
     # --- (de)serialisation --------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        return json.loads(json.dumps(dataclasses.asdict(self)))
+        data = json.loads(json.dumps(dataclasses.asdict(self)))
+        if data["region"] is None:  # no region: the dict every product had before regions existed
+            del data["region"]
+        return data
 
     def stored_dict(self) -> dict[str, Any]:
         """:meth:`to_dict` without the run-time settings: what a manifest keeps of a product."""

@@ -82,11 +82,28 @@ def _ragged(maps: Any, masks: Any) -> tuple[list[np.ndarray], list[np.ndarray]] 
     return m, g
 
 
-def pixel_auroc(maps: Any, masks: Any) -> float:
+def _only_valid(maps: Any, masks: Any, valid: Any) -> tuple[np.ndarray, np.ndarray]:
+    """The pixels of ``maps`` and ``masks`` where ``valid`` (same layout) is true, as 1-D arrays."""
+    m = [_to_numpy(x) for x in maps]
+    g = [_to_numpy(x) for x in masks]
+    v = [_as_binary(_to_numpy(x), "valid") for x in valid]
+    if not (len(m) == len(g) == len(v)) or any(
+        a.shape != b.shape or a.shape != c.shape for a, b, c in zip(m, g, v, strict=True)
+    ):
+        raise ValueError("maps, masks and valid must pair up with the same shapes")
+    return np.concatenate([a[c] for a, c in zip(m, v, strict=True)]), np.concatenate(
+        [b[c] for b, c in zip(g, v, strict=True)]
+    )
+
+
+def pixel_auroc(maps: Any, masks: Any, valid: Any = None) -> float:
     """Pixel-level AUROC over all pixels of ``maps`` (N, H, W) against ``masks`` (N, H, W).
 
     Also takes lists of 2-D maps and masks of per-image shapes (every pixel counts once).
+    ``valid`` (bool, the same layout; an inspection region): only those pixels count.
     """
+    if valid is not None:
+        return roc_auc(*_only_valid(maps, masks, valid))
     ragged = _ragged(maps, masks)
     if ragged is not None:
         return roc_auc(np.concatenate([x.ravel() for x in ragged[0]]), np.concatenate([x.ravel() for x in ragged[1]]))
@@ -105,12 +122,14 @@ def region_labels(mask2d: Any) -> tuple[np.ndarray, int]:
     return labels, int(n)
 
 
-def pro_score(maps: Any, masks: Any, fpr_limit: float = 0.3) -> float:
+def pro_score(maps: Any, masks: Any, fpr_limit: float = 0.3, valid: Any = None) -> float:
     """Normalized area under the PRO curve (MVTec AD) for FPR in [0, ``fpr_limit``].
 
     ``maps`` (N, H, W) anomaly scores, ``masks`` (N, H, W) ground truth. Every 8-connected region of every
     image has equal weight; the curve is integrated with the trapezoid rule and divided by ``fpr_limit``.
     Also takes lists of 2-D maps and masks of per-image shapes (regions never span two images).
+    ``valid`` (bool, the same layout; an inspection region): only those pixels count, a
+    ground-truth region is its valid part (labelled after the restriction).
     """
     ragged = _ragged(maps, masks)
     if ragged is not None:
@@ -128,6 +147,12 @@ def pro_score(maps: Any, masks: Any, fpr_limit: float = 0.3) -> float:
     for x in m_list:
         _check_scores(x, "maps")
     g_list = [_as_binary(x, "masks") for x in g_list]
+    v_list: list[np.ndarray] | None = None
+    if valid is not None:
+        v_list = [_as_binary(_to_numpy(x), "valid") for x in valid]
+        if len(v_list) != len(g_list) or any(a.shape != b.shape for a, b in zip(v_list, g_list, strict=True)):
+            raise ValueError("valid must have the masks' shapes")
+        g_list = [g & v for g, v in zip(g_list, v_list, strict=True)]
 
     # Per-pixel weight 1 / (region_size * n_regions): the cumulative sum over pixels above a threshold is
     # then exactly the mean per-region overlap, without looping over regions or thresholds.
@@ -141,6 +166,9 @@ def pro_score(maps: Any, masks: Any, fpr_limit: float = 0.3) -> float:
     region_ids = np.concatenate(ids_list)
     m = np.concatenate([x.ravel() for x in m_list])
     g = np.concatenate([x.ravel() for x in g_list])
+    if v_list is not None:
+        keep = np.concatenate([x.ravel() for x in v_list])
+        region_ids, m, g = region_ids[keep], m[keep], g[keep]
     if n_regions == 0:
         raise ValueError("PRO is undefined without ground-truth regions: masks contain no positive pixel")
     background = ~g.ravel()

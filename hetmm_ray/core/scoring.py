@@ -18,6 +18,7 @@ __all__ = [
     "Calibration",
     "OperatingPoint",
     "calibration_json",
+    "content_maps",
     "operating_point",
     "gaussian_blur",
     "gaussian_kernel",
@@ -48,7 +49,9 @@ def gaussian_blur(maps: Tensor, sigma: float) -> Tensor:
     return x[:, 0]
 
 
-def _blurred_content(maps: Tensor, sigma: float, boxes: Sequence[Box]) -> list[Tensor]:
+def _blurred_content(
+    maps: Tensor, sigma: float, boxes: Sequence[Box], regions: Sequence[Tensor] | None = None
+) -> list[Tensor]:
     """``G_sigma`` of each map with everything outside its content box set to 0, cropped to the box.
 
     Zero outside, not reflect at the content's edge: the pad is "nothing there", so it counts
@@ -57,28 +60,60 @@ def _blurred_content(maps: Tensor, sigma: float, boxes: Sequence[Box]) -> list[T
     against 99.08 for reflect, equal on a synthetic varied-aspect product and (by construction)
     on square products; BENCHMARKS.md "Image geometry". The canvas edge itself keeps the blur's
     reflect padding, as squash does at an image's edge.
+
+    ``regions`` (``core/region.py``: one bool mask of each box's shape): pixels outside the
+    inspection region are "nothing there" too, set to 0 before the blur by the same rule.
     """
     inside = torch.zeros_like(maps)
     for i, b in enumerate(boxes):
         rows, cols = slice(b.top, b.top + b.height), slice(b.left, b.left + b.width)
-        inside[i, rows, cols] = maps[i, rows, cols]
+        if regions is None:
+            inside[i, rows, cols] = maps[i, rows, cols]
+        else:
+            inside[i, rows, cols] = torch.where(regions[i].to(maps.device), maps[i, rows, cols], 0.0)
     return crop(gaussian_blur(inside, sigma), boxes)
 
 
-def image_scores(maps: Tensor, sigma: float, boxes: Sequence[Box] | None = None) -> Tensor:
+def _full_boxes(maps: Tensor, boxes: Sequence[Box] | None) -> Sequence[Box]:
+    return boxes if boxes is not None else [Box(0, 0, maps.shape[-2], maps.shape[-1])] * maps.shape[0]
+
+
+def image_scores(
+    maps: Tensor, sigma: float, boxes: Sequence[Box] | None = None, regions: Sequence[Tensor] | None = None
+) -> Tensor:
     """``max(G_sigma(S))`` per image: (B,).
 
     ``boxes`` (letterboxed images, ``core.geometry``, in the maps' pixels): the map is blurred
     with the pad set to 0 and the max runs over each image's content only
     (:func:`_blurred_content`), so padded pixels never count.
+
+    ``regions`` (an inspection region, ``core/region.py``: per image a bool mask of its box's
+    shape, the whole map for squash): pixels outside are set to 0 before the blur and the max
+    runs over the region's pixels only; an image whose region holds no map pixel scores 0
+    ("nothing there"). None: the arithmetic above, unchanged.
     """
+    if regions is not None:
+        blurred = _blurred_content(maps, sigma, _full_boxes(maps, boxes), regions)
+        zero = maps.new_zeros(())
+        return torch.stack(
+            [c[r.to(c.device)].amax() if bool(r.any()) else zero for c, r in zip(blurred, regions, strict=True)]
+        )
     if boxes is None or all(b.is_full(maps.shape[-1]) for b in boxes):
         return gaussian_blur(maps, sigma).flatten(1).amax(dim=1)
     return torch.stack([c.amax() for c in _blurred_content(maps, sigma, boxes)])
 
 
-def content_maps(maps: Tensor, sigma: float, boxes: Sequence[Box] | None = None) -> list[Tensor]:
-    """Localisation maps ``G_sigma(S)`` of each image's content (blurred as the score is)."""
+def content_maps(
+    maps: Tensor, sigma: float, boxes: Sequence[Box] | None = None, regions: Sequence[Tensor] | None = None
+) -> list[Tensor]:
+    """Localisation maps ``G_sigma(S)`` of each image's content (blurred as the score is).
+
+    With ``regions``: blurred with the outside set to 0, as the score is, and the outside set to 0
+    again after the blur (it never counts: heat-maps grey it, ``evaluate`` leaves it out).
+    """
+    if regions is not None:
+        blurred = _blurred_content(maps, sigma, _full_boxes(maps, boxes), regions)
+        return [torch.where(r.to(c.device), c, 0.0) for c, r in zip(blurred, regions, strict=True)]
     if boxes is None:
         return list(gaussian_blur(maps, sigma))
     return _blurred_content(maps, sigma, boxes)

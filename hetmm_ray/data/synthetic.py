@@ -8,6 +8,13 @@ to 4 %, Gaussian sensor noise) keeps good images similar but never identical.
 Everything is deterministic in ``(seed, index)`` and uses numpy and Pillow
 only; a 256x256 image takes a few milliseconds.
 
+``printed_code=True`` adds what changes on every good part: a light plate below the bore
+with a lot/date code of six random 7-segment digits, printed with a random offset along the
+plate (deterministic in ``(seed, index)``, from a stream of its own, so every other pixel is
+the image ``printed_code=False`` gives); defects then keep clear of the plate.
+:meth:`SyntheticProduct.code_region` is the image rectangle the plate stays in, whatever the
+pose.
+
 Defects (:data:`DEFECT_KINDS`) are rendered into the same clean image as the
 good one with the same index, so the returned mask is exactly the set of
 pixels that differ materially (by more than :data:`MASK_THRESHOLD` grey
@@ -52,6 +59,18 @@ _LABEL_CENTRE = (0.0, -0.29)  # (u, v): above the bore
 _LABEL_HALF = (0.065, 0.026)
 _BARS = ((-0.045, 0.016), (-0.02, 0.010), (0.005, 0.016), (0.03, 0.013))  # (u centre, half height)
 _BAR_HALF_WIDTH = 0.006
+# The printed code (printed_code=True): a plate mirrored below the bore, six 7-segment digits.
+_CODE_CENTRE = (0.0, 0.29)
+_CODE_HALF = (0.12, 0.045)
+_CODE_PLATE = np.array([222.0, 222.0, 212.0], dtype=np.float32)
+_CODE_INK = np.array([28.0, 28.0, 34.0], dtype=np.float32)
+_DIGIT_PITCH = 0.03  # between digit centres
+_DIGIT_HALF = (0.009, 0.018)  # half width, half height of a digit
+_SEGMENT_HALF = 0.0032  # half thickness of a segment
+_CODE_SHIFT = (0.025, 0.008)  # the printer's offset on the plate (along, across), at most
+_CODE_MARGIN = 0.035  # code_region's margin for the pose (shift, rotation), as a fraction of the side
+# Segments a-g of the digits 0-9 (a top, b top right, c bottom right, d bottom, e bottom left, f top left, g middle).
+_SEGMENTS = ("abcdef", "bc", "abdeg", "abcdg", "bcfg", "acdfg", "acdefg", "abc", "abcdefg", "abcdfg")
 
 
 def _cover(sdf: np.ndarray) -> np.ndarray:
@@ -88,11 +107,12 @@ class _Scene:
 class SyntheticProduct:
     """Deterministic generator of good and defective images of one synthetic part."""
 
-    def __init__(self, *, seed: int = 0, size: int = 256) -> None:
+    def __init__(self, *, seed: int = 0, size: int = 256, printed_code: bool = False) -> None:
         if not isinstance(size, int) or size < 32:
             raise ValueError(f"size must be an integer >= 32, got {size!r}")
         self.seed = int(seed)
         self.size = size
+        self.printed_code = bool(printed_code)
         s = float(size)
         rng = np.random.default_rng([self.seed, 7919])
         # Surface texture fixed to the part (so it moves and turns with it): blotches
@@ -140,6 +160,53 @@ class SyntheticProduct:
         mask = np.zeros((self.size, self.size), dtype=bool)
         mask[scene.box] = np.abs(bad[scene.box] - good[scene.box]).max(axis=2) > MASK_THRESHOLD
         return self._finish(bad, scene.noise), mask
+
+    def code_region(self) -> list[float]:
+        """``[x0, y0, x1, y1]`` in image pixels: where the printed code's plate lies in every pose
+        (``core/region.py``'s rect; a region excluding it leaves the code out)."""
+        s = float(self.size)
+        c = self._centre + 0.5  # pixel centres are at index + 0.5 in region coordinates
+        hu, hv = (_CODE_HALF[0] + _CODE_MARGIN) * s, (_CODE_HALF[1] + _CODE_MARGIN) * s
+        cx, cy = c + _CODE_CENTRE[0] * s, c + _CODE_CENTRE[1] * s
+        return [max(0.0, cx - hu), max(0.0, cy - hv), min(s, cx + hu), min(s, cy + hv)]
+
+    def _print_code(self, index: int, scene: _Scene) -> None:
+        """The plate and its six random digits (their own random stream: nothing else changes)."""
+        s = float(self.size)
+        rng = np.random.default_rng([self.seed, int(index), 7777])
+        digits = rng.integers(0, 10, size=6)
+        offset = float(rng.uniform(-_CODE_SHIFT[0], _CODE_SHIFT[0])) * s
+        drop = float(rng.uniform(-_CODE_SHIFT[1], _CODE_SHIFT[1])) * s
+        cu, cv = _CODE_CENTRE[0] * s, _CODE_CENTRE[1] * s
+        w = self._window(scene, cu, cv, math.hypot(*_CODE_HALF) * s + 1.0)
+        uw, vw = scene.u[w], scene.v[w]
+        rgb = scene.rgb
+        plate = _lerp(rgb[w], _CODE_PLATE, _cover(_box_sdf(uw, vw, cu, cv, _CODE_HALF[0] * s, _CODE_HALF[1] * s)))
+        hx, hy, t = _DIGIT_HALF[0] * s, _DIGIT_HALF[1] * s, _SEGMENT_HALF * s
+        boxes = {  # segment -> (u offset, v offset, half u, half v) from the digit's centre
+            "a": (0.0, -hy, hx, t),
+            "g": (0.0, 0.0, hx, t),
+            "d": (0.0, hy, hx, t),
+            "f": (-hx, -hy / 2, t, hy / 2),
+            "b": (hx, -hy / 2, t, hy / 2),
+            "e": (-hx, hy / 2, t, hy / 2),
+            "c": (hx, hy / 2, t, hy / 2),
+        }
+        for k, digit in enumerate(digits):
+            du = cu + offset + (k - 2.5) * _DIGIT_PITCH * s
+            for seg in _SEGMENTS[int(digit)]:
+                ou, ov, su, sv = boxes[seg]
+                plate = _lerp(plate, _CODE_INK, _cover(_box_sdf(uw, vw, du + ou, cv + drop + ov, su, sv)))
+        rgb[w] = plate
+
+    def _clear_of_code(self, cu: float, cv: float, reach: float) -> bool:
+        """Whether a defect at part-frame ``(cu, cv)`` reaching ``reach`` pixels keeps off the code plate."""
+        if not self.printed_code:
+            return True
+        s = float(self.size)
+        du = abs(cu - _CODE_CENTRE[0] * s) - _CODE_HALF[0] * s
+        dv = abs(cv - _CODE_CENTRE[1] * s) - _CODE_HALF[1] * s
+        return max(du, dv) > reach
 
     # --- rendering --------------------------------------------------------
     def _window(self, scene: _Scene, cu: float, cv: float, extent: float) -> tuple[slice, slice]:
@@ -222,6 +289,8 @@ class SyntheticProduct:
         for bu, bh in _BARS:
             plate = _lerp(plate, _PRINT_COLOUR, _cover(_box_sdf(uw, vw, lu + bu * s, lv, _BAR_HALF_WIDTH * s, bh * s)))
         rgb[w] = plate
+        if self.printed_code:
+            self._print_code(index, scene)
         return scene
 
     def _compose(self, scene: _Scene, rgb: np.ndarray, part: np.ndarray) -> np.ndarray:
@@ -244,7 +313,9 @@ class SyntheticProduct:
             # Keep it on the metal: away from the bore, inside the tooth roots.
             t0 = min(max(-((cu - hu) * hu + (cv - hv) * hv) / (2 * half * half), 0.0), 1.0)
             nearest = math.hypot(cu - hu + 2 * t0 * hu, cv - hv + 2 * t0 * hv)
-            if nearest >= 0.11 * s and max(math.hypot(cu - hu, cv - hv), math.hypot(cu + hu, cv + hv)) <= 0.34 * s:
+            ends_in = max(math.hypot(cu - hu, cv - hv), math.hypot(cu + hu, cv + hv)) <= 0.34 * s
+            clear = all(self._clear_of_code(cu + f * hu, cv + f * hv, 6.0 * px) for f in np.linspace(-1, 1, 9))
+            if nearest >= 0.11 * s and ends_in and clear:
                 break
         width = max(1.2, float(rng.uniform(1.5, 2.1)) * px)
         colour = np.array([250.0, 248.0, 240.0] if rng.random() < 0.5 else [40.0, 36.0, 34.0], dtype=np.float32)
@@ -269,6 +340,7 @@ class SyntheticProduct:
                 and rho + radius <= 0.34 * s
                 and all(math.hypot(cu - bu, cv - bv) >= clear + _BOLT * s for bu, bv in bolts)
                 and not (abs(cu - lu) < _LABEL_HALF[0] * s + clear and abs(cv - lv) < _LABEL_HALF[1] * s + clear)
+                and self._clear_of_code(cu, cv, clear)
             )
             if ok:
                 break
@@ -287,7 +359,8 @@ class SyntheticProduct:
             phi = rng.uniform(-math.pi, math.pi)
             half = math.radians(rng.uniform(9.0, 16.0))
             gap = abs((phi - label_angle + math.pi) % (2 * math.pi) - math.pi)
-            if gap > half + math.radians(20.0):
+            code_gap = abs((phi - math.pi / 2 + math.pi) % (2 * math.pi) - math.pi)  # the code plate, below
+            if gap > half + math.radians(20.0) and (not self.printed_code or code_gap > half + math.radians(25.0)):
                 break
         phase = rng.uniform(0, 2 * math.pi)
         delta = np.abs((scene.theta - phi + math.pi) % (2 * math.pi) - math.pi)

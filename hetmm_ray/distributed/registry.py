@@ -465,6 +465,37 @@ class ProductRegistry:
 
         return self.jobs.start("calibrate", product, work)
 
+    async def start_region(self, product: str, region: dict[str, Any] | None) -> dict[str, Any]:
+        """Give ``product`` another inspection region (``hetmm region``), as a job (kind ``region``):
+        the head's bank and templates under the new region, recalibrated (its out-of-fold scores
+        count the region's pixels only), stored as a new version and published. Refused before
+        any work (ConfigError) for a region that counts no map pixel, and for a product on the
+        ``validation`` rule (its labelled threshold was chosen under the old region)."""
+        from ..config import ConfigError
+        from ..fitting import check_visible
+
+        version = await self.head(product)  # ProductNotFound before any work starts
+        cfg = (await asyncio.to_thread(self.store.record, product, version)).config
+        if cfg.threshold.rule == "validation":
+            raise ConfigError(
+                f"product {product!r} uses the validation threshold rule, chosen on labelled images under its "
+                "old region: set the far rule first"
+            )
+        check_visible(replace(cfg, region=region))
+
+        async def work(progress: JobProgress) -> int:
+            progress.stage("calibrate under the region")
+            async with self._lock(product):
+                base = await asyncio.to_thread(self.store.get, product, version)
+                ts = replace(base, config=replace(base.config, region=region))
+                calibrated = await asyncio.to_thread(self._pipeline(ts.config, progress).calibrated, ts)
+                progress.stage("publish")
+                new = await asyncio.to_thread(self.store.put, product, calibrated, expect_head=version)
+                await self._load_shards(product)
+            return new
+
+        return self.jobs.start("region", product, work)
+
     async def start_far_rule(self, product: str, false_alarm_rate: float) -> dict[str, Any]:
         """Set ``product``'s threshold rule to ``far`` at ``false_alarm_rate`` as a new version (a job,
         kind ``calibrate``): the same bank, templates and out-of-fold scores, only the stored

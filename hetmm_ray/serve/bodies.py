@@ -156,11 +156,13 @@ async def json_object(request: Request, *, limit: int, timeout: float) -> dict:
 # --- typed JSON bodies --------------------------------------------------------------------
 class SourceBody(BaseModel):
     """``POST /v1/products/{p}`` as JSON: a server-side ``source`` (checked by
-    ``security.resolve_source``) and an optional ``config`` object (checked by the route)."""
+    ``security.resolve_source``), an optional ``config`` object and an optional inspection
+    ``region`` (``config/region.py``; both checked by the route)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     source: Any
     config: Any = None
+    region: Any = None
 
 
 class LabelledSourceBody(BaseModel):

@@ -35,12 +35,14 @@ from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from ..config import ServiceConfig, merge_product_config
+from ..config import DetectorConfig, ServiceConfig, merge_product_config
 from ..core.calibration import check_rate
 from ..data.decode import decode_image
+from ..data.region_file import region_from_json
 from ..data.sources import read_image_source
 from ..distributed.registry import get_registry
 from ..errors import Refused, describe
+from ..fitting import check_visible
 from ..store import StoreError, check_product_name, open_store
 from ..store.labels import STORED_LABELS
 from . import bodies
@@ -148,6 +150,14 @@ def timed(route: str) -> Callable[[Callable[..., Awaitable[Response]]], Callable
         return endpoint
 
     return decorate
+
+
+def _check_region(config: dict[str, Any]) -> None:
+    """ConfigError (400) for a region that counts no pixel, at the reference size or on the map."""
+    region = config.get("region")
+    if region is not None:
+        region_from_json(region)
+        check_visible(DetectorConfig.from_dict(config))
 
 
 # Serve captures this module's globals when the class below is decorated: every helper
@@ -308,16 +318,35 @@ class Ingress:
                 read_image_source, uri, max_images=self.service.max_images_per_job, confine_to=confine_to
             )
             config_data = body.config or {}
+            region = body.region
         else:
             uploads, fields = await self._uploads(request, max_images=self.service.max_images_per_job)
             config_data = parse_json_object(fields.get("config", "{}"), what="the 'config' field")
+            region = parse_json_object(fields["region"], what="the 'region' field") if "region" in fields else None
         if not isinstance(config_data, dict):
             raise Refused(400, "bad_config", "'config' must be a JSON object")
+        if region is not None:  # the inspection region: a field of its own, or config's "region"
+            config_data = {**config_data, "region": region}
         config = merge_product_config(self.service.product_defaults, config_data)  # over the service's defaults
+        _check_region(config)  # a bad region is a 400 now, not a failed job later
         await self._decode(uploads)  # every bad image is a 400 now, not a failed job later
         if len(uploads) < 2:
             raise Refused(400, "too_few_images", "a product needs at least 2 good images")
         record = await self.registry.start_create.remote(product, config, [d for _, d in uploads])
+        return await self._job_response(record, wait)
+
+    @app.put("/v1/products/{product}/region")
+    @timed("region")
+    async def region(self, product: str, request: Request, wait: bool = False) -> Response:
+        """Another inspection region for ``product`` (``hetmm region``): JSON ``{"region": R}`` (R
+        as in ``config/region.py``, or null: every pixel counts), or R itself. A job (202) that
+        recalibrates the head's templates under R and publishes a new version."""
+        self._admin(request)
+        await self._require_product(product)
+        spec = await self._json(request)
+        data = spec["region"] if set(spec) == {"region"} else spec
+        region = None if data is None else region_from_json(data)  # ConfigError -> 400 bad_config
+        record = await self.registry.start_region.remote(product, region)
         return await self._job_response(record, wait)
 
     @app.post("/v1/products/{product}/normals")

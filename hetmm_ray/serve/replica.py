@@ -209,7 +209,8 @@ class Detector:
                     # At the backbone's view of the image: squashed square, or the aspect kept.
                     shown = resize_to_geometry(image, bb.image_size, bb.geometry)
                     vmin, vmax = heatmap_range(pred.maps[i], pred.threshold)  # the version's fixed scale
-                    overlay = heatmap_overlay(shown, pred.maps[i], vmin=vmin, vmax=vmax)
+                    region = None if pred.regions is None else pred.regions[i]  # outside: greyed
+                    overlay = heatmap_overlay(shown, pred.maps[i], vmin=vmin, vmax=vmax, region=region)
                     result["heatmap_png"] = _encode_png(overlay)
                     result["heatmap_scale"] = {"vmin": vmin, "vmax": vmax}
                 results.append(result)
