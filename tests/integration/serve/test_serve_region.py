@@ -173,7 +173,8 @@ def test_region_preview_publishes_nothing_and_equals_the_put(service, coded, reg
     bad = {"size": [SIZE, SIZE], "exclude": [{"rect": [0, 0, SIZE, SIZE]}]}
     r = client.post(f"{url}/preview", json=bad, headers=ADMIN)
     assert r.status_code == 400 and r.json()["error"]["code"] == "bad_config" and "no pixel" in r.text, r.text
-    r = client.post(f"{url}/preview", json={"region": {"size": [SIZE, SIZE], "include": [{"circle": [1]}]}}, headers=ADMIN)
+    circle = {"size": [SIZE, SIZE], "include": [{"circle": [1]}]}
+    r = client.post(f"{url}/preview", json={"region": circle}, headers=ADMIN)
     assert r.status_code == 400 and "a shape is" in r.json()["error"]["message"], r.text
     assert client.post(f"{url}/preview", json={"region": region}).status_code == 401
     assert client.post("/v1/products/nope/region/preview", json={"region": region}, headers=ADMIN).status_code == 404
