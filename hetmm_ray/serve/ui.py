@@ -6,7 +6,9 @@ HTTP API with the API's own checks: predictions through ``/predict``, "good part
 the ``/normals`` hot-update job and ``/v1/jobs/{id}``, calibration through ``/calibrate``
 (``{"rule": "far", "false_alarm_rate": r}``: the previewed far line, handled here by
 :meth:`Console.set_far_rule`; or ``{"source": "store:labels"}``: the labelled set
-below), rollback through ``/rollback`` (the store records the move, ``VersionedStore.moves``).
+below), the inspection region through ``POST .../region/preview`` and ``PUT .../region``
+(ingress routes, registry jobs; the page draws the shapes over a training image the user
+picks, in that image's pixels), rollback through ``/rollback`` (the store records the move, ``VersionedStore.moves``).
 Routes that change something need the admin token (the page asks once and keeps it in the
 tab's ``sessionStorage``); reads need nothing, like ``GET /v1/products``.
 

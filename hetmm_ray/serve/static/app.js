@@ -459,7 +459,7 @@ function drawRegion() {
 function regionChanged() {
   const list = region.shapes.map((shape, i) => el("li", { class: shape.part, "data-testid": "region-shape",
     "data-part": shape.part, "data-shape": JSON.stringify(shape.rect ? { rect: shape.rect } : { polygon: shape.polygon }) },
-    `${i + 1}. ${shape.part} ${shape.rect ? `rectangle [${shape.rect.join(", ")}]` : `polygon of ${shape.polygon.length} points`} `,
+    `${shape.part} ${shape.rect ? `rectangle [${shape.rect.join(", ")}]` : `polygon of ${shape.polygon.length} points`} `,
     el("button", { type: "button", "data-testid": "region-delete", onclick: () => { region.shapes.splice(i, 1); regionChanged(); } }, "delete")));
   $("region-shapes").replaceChildren(...list);
   $("region-close").disabled = region.points.length < 3;
