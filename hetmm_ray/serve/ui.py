@@ -71,16 +71,19 @@ MAX_VERSIONS_SHOWN = 50
 
 
 def _change(record: VersionRecord, parent: VersionRecord | None) -> str:
-    """What a version changed relative to its parent: create, normals, calibration or update.
+    """What a version changed relative to its parent: create, normals, region, calibration or update.
 
-    calibration: a new labelled validation result, or other threshold settings (the far rule's
-    rate set from the console). A rollback is not a version: it is a recorded HEAD move
+    region: another inspection region (``PUT .../region``, recalibrated); calibration: a new
+    labelled validation result, or other threshold settings (the far rule's rate set from the
+    console). A rollback is not a version: it is a recorded HEAD move
     (``VersionedStore.moves``), listed beside the versions.
     """
     if parent is None:
         return "create"
     if record.images > parent.images:
         return "normals"
+    if record.config.region != parent.config.region:
+        return "region"
     cal, old = record.calibration, parent.calibration
     if cal is not None and cal.validation and cal != old:
         return "calibration"

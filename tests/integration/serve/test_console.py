@@ -485,6 +485,15 @@ def test_region_drawn_over_a_training_image_previewed_then_saved(
     assert shapes.count() == 2
     shapes.nth(1).locator("[data-testid=region-delete]").click()
     assert shapes.count() == 1
+    # a polygon (clicks, closed by a double-click), listed, then deleted too
+    page.check("[data-testid=tool-polygon]")
+    for x, y in ((40, 30), (60, 30), (50, 60)):
+        page.mouse.click(*at(x, y))
+    page.mouse.dblclick(*at(50, 60))
+    assert shapes.count() == 2
+    assert json.loads(shapes.nth(1).get_attribute("data-shape")) == {"polygon": [[40, 30], [60, 30], [50, 60]]}
+    shapes.nth(1).locator("[data-testid=region-delete]").click()
+    assert shapes.count() == 1
     drawn = {"size": [SIZE, SIZE], "include": [], "exclude": [{"rect": [8, 4, 30, 16]}]}
 
     page.click("[data-testid=region-preview]")
@@ -506,6 +515,8 @@ def test_region_drawn_over_a_training_image_previewed_then_saved(
         timeout=JOB_WAIT_S,
     )
     assert head(api, product) == 2
+    history = api.get(f"/v1/products/{product}/versions").json()
+    assert [v["change"] for v in history["versions"]] == ["region", "create"]
     stored = open_store(store).record(product, 2)
     assert stored.config.region == drawn
     assert stored.operating_point().threshold == pytest.approx(proposed, rel=1e-6)
