@@ -98,7 +98,7 @@ class JobError(TypedDict):
 
 class JobRecord(TypedDict, total=False):
     id: str
-    kind: str  # create | normals | calibrate | region
+    kind: str  # create | normals | calibrate | region | region_preview
     product: str
     state: str  # running | succeeded | failed
     progress: JobProgressRecord
@@ -107,3 +107,4 @@ class JobRecord(TypedDict, total=False):
     created: float
     finished: float | None
     skipped_duplicates: int  # normals: images already in the bank
+    preview: dict[str, Any]  # region_preview: current vs proposed (distributed/registry.py region_preview)

@@ -60,8 +60,11 @@ class JobBoard:
         self.records: OrderedDict[str, JobRecord] = OrderedDict()
         self.tasks: dict[str, asyncio.Task[Any]] = {}
 
-    def start(self, kind: str, product: str, work: Callable[[JobProgress], Awaitable[int]]) -> JobRecord:
-        """Run ``work`` (returns the published version) in the background; returns the job record."""
+    def start(
+        self, kind: str, product: str, work: Callable[[JobProgress], Awaitable[int]], *, done: str = "published"
+    ) -> JobRecord:
+        """Run ``work`` (returns the published version) in the background; returns the job record.
+        ``done``: the stage a succeeded job reports (a preview publishes nothing)."""
         job_id = uuid.uuid4().hex[:16]
         record: JobRecord = {
             "id": job_id,
@@ -75,15 +78,15 @@ class JobBoard:
             "finished": None,
         }
         self.records[job_id] = record
-        self.tasks[job_id] = asyncio.get_running_loop().create_task(self._run(record, work))
+        self.tasks[job_id] = asyncio.get_running_loop().create_task(self._run(record, work, done))
         self._trim()
         return JobRecord(**record)
 
-    async def _run(self, record: JobRecord, work: Callable[[JobProgress], Awaitable[int]]) -> None:
+    async def _run(self, record: JobRecord, work: Callable[[JobProgress], Awaitable[int]], done: str) -> None:
         try:
             record["version"] = await work(JobProgress(record))
             record["state"] = "succeeded"
-            record["progress"]["stage"] = "published"
+            record["progress"]["stage"] = done
         except Exception as exc:  # noqa: BLE001 - any failure is the job's outcome, reported to the client
             record["state"] = "failed"
             record["error"] = _job_error(exc)

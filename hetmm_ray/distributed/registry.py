@@ -55,7 +55,7 @@ from .store_watch import follow_store
 if TYPE_CHECKING:
     from ..fitting import FitPipeline
 
-__all__ = ["REGISTRY_NAME", "ProductRegistry", "get_registry", "registry_name"]
+__all__ = ["REGISTRY_NAME", "ProductRegistry", "get_registry", "region_preview", "registry_name"]
 
 REGISTRY_NAME = "hetmm-registry"
 
@@ -465,12 +465,10 @@ class ProductRegistry:
 
         return self.jobs.start("calibrate", product, work)
 
-    async def start_region(self, product: str, region: dict[str, Any] | None) -> dict[str, Any]:
-        """Give ``product`` another inspection region (``hetmm region``), as a job (kind ``region``):
-        the head's bank and templates under the new region, recalibrated (its out-of-fold scores
-        count the region's pixels only), stored as a new version and published. Refused before
-        any work (ConfigError) for a region that counts no map pixel, and for a product on the
-        ``validation`` rule (its labelled threshold was chosen under the old region)."""
+    async def _region_base(self, product: str, region: dict[str, Any] | None) -> tuple[int, DetectorConfig]:
+        """The head version a region job starts from and its settings; ConfigError before any work
+        for a region that counts no map pixel, and for a product on the ``validation`` rule (its
+        labelled threshold was chosen under the old region)."""
         from ..config import ConfigError
         from ..fitting import check_visible
 
@@ -482,19 +480,50 @@ class ProductRegistry:
                 "old region: set the far rule first"
             )
         check_visible(replace(cfg, region=region))
+        return version, cfg
+
+    async def _under_region(
+        self, product: str, version: int, region: dict[str, Any] | None, progress: JobProgress
+    ) -> tuple[TemplateSet, TemplateSet]:
+        """``version``'s template set, and the same set under ``region`` recalibrated (its out-of-fold
+        scores count the region's pixels only): the one computation of a region job and its preview."""
+        base = await asyncio.to_thread(self.store.get, product, version)
+        ts = replace(base, config=replace(base.config, region=region))
+        return base, await asyncio.to_thread(self._pipeline(ts.config, progress).calibrated, ts)
+
+    async def start_region(self, product: str, region: dict[str, Any] | None) -> dict[str, Any]:
+        """Give ``product`` another inspection region (``hetmm region``), as a job (kind ``region``):
+        the head's bank and templates under the new region, recalibrated (its out-of-fold scores
+        count the region's pixels only), stored as a new version and published. Refused before
+        any work (ConfigError) for a region that counts no map pixel, and for a product on the
+        ``validation`` rule (its labelled threshold was chosen under the old region)."""
+        version, _ = await self._region_base(product, region)
 
         async def work(progress: JobProgress) -> int:
             progress.stage("calibrate under the region")
             async with self._lock(product):
-                base = await asyncio.to_thread(self.store.get, product, version)
-                ts = replace(base, config=replace(base.config, region=region))
-                calibrated = await asyncio.to_thread(self._pipeline(ts.config, progress).calibrated, ts)
+                _, calibrated = await self._under_region(product, version, region, progress)
                 progress.stage("publish")
                 new = await asyncio.to_thread(self.store.put, product, calibrated, expect_head=version)
                 await self._load_shards(product)
             return new
 
         return self.jobs.start("region", product, work)
+
+    async def start_region_preview(self, product: str, region: dict[str, Any] | None) -> dict[str, Any]:
+        """What :meth:`start_region` would publish, computed and published nowhere: a job (kind
+        ``region_preview``) whose record gets ``preview`` (:func:`region_preview`: the head's
+        threshold, estimated false-alarm rate and out-of-fold score quantiles beside those under
+        ``region``); its ``version`` is the head it previewed, unchanged. The same refusals."""
+        version, _ = await self._region_base(product, region)
+
+        async def work(progress: JobProgress) -> int:
+            progress.stage("calibrate under the region")
+            base, proposed = await self._under_region(product, version, region, progress)
+            progress.note(preview=region_preview(version, base, proposed))
+            return version
+
+        return self.jobs.start("region_preview", product, work, done="previewed")
 
     async def start_far_rule(self, product: str, false_alarm_rate: float) -> dict[str, Any]:
         """Set ``product``'s threshold rule to ``far`` at ``false_alarm_rate`` as a new version (a job,
@@ -522,6 +551,32 @@ class ProductRegistry:
     async def job(self, job_id: str, wait: float = 0.0) -> dict[str, Any] | None:
         """A job's record; ``wait`` seconds to let it finish first."""
         return await self.jobs.wait(job_id, wait) if wait > 0 else self.jobs.get(job_id)
+
+
+def _side(ts: TemplateSet) -> dict[str, Any]:
+    """One side of a region preview: the region, the threshold in force under the stored rule, its
+    estimated false-alarm rate, and the out-of-fold scores with their min / median / p90 / max
+    (``numpy.quantile``, linear interpolation)."""
+    from ..core.scoring import operating_point
+
+    cal = ts.calibration
+    op = operating_point(cal, ts.config)
+    scores = [] if cal is None else [float(x) for x in cal.scores]
+    q = np.quantile(np.asarray(scores, dtype=np.float64), [0.0, 0.5, 0.9, 1.0]).tolist() if scores else [None] * 4
+    return {
+        "region": ts.config.region,
+        "threshold": None if op is None else op.threshold,
+        "threshold_rule": None if op is None else op.rule,
+        "estimated_false_alarm_rate": None if op is None else op.false_alarm_rate,
+        "oof_scores": scores,
+        "quantiles": dict(zip(("min", "median", "p90", "max"), q, strict=True)),
+    }
+
+
+def region_preview(version: int, current: TemplateSet, proposed: TemplateSet) -> dict[str, Any]:
+    """A region preview's answer: ``version`` (the head previewed), ``current`` and ``proposed``
+    (:func:`_side` of the head as stored, and of it under the proposed region, recalibrated)."""
+    return {"version": int(version), "current": _side(current), "proposed": _side(proposed)}
 
 
 def registry_name(store_uri: str) -> str:

@@ -342,12 +342,28 @@ class Ingress:
         as in ``config/region.py``, or null: every pixel counts), or R itself. A job (202) that
         recalibrates the head's templates under R and publishes a new version."""
         self._admin(request)
+        region = await self._region_body(product, request)
+        record = await self.registry.start_region.remote(product, region)
+        return await self._job_response(record, wait)
+
+    @app.post("/v1/products/{product}/region/preview")
+    @timed("region")
+    async def region_preview(self, product: str, request: Request, wait: bool = False) -> Response:
+        """What ``PUT .../region`` with the same body would publish, published nowhere (the console's
+        Preview): a job (202, kind ``region_preview``) whose record gets ``preview``, the head's
+        threshold, estimated false-alarm rate and out-of-fold score quantiles beside those under
+        the region (``distributed/registry.py`` ``region_preview``). Admin: it costs a calibration."""
+        self._admin(request)
+        region = await self._region_body(product, request)
+        record = await self.registry.start_region_preview.remote(product, region)
+        return await self._job_response(record, wait)
+
+    async def _region_body(self, product: str, request: Request) -> dict[str, Any] | None:
+        """The checked region of a region request's JSON body: ``{"region": R}`` or R (or null)."""
         await self._require_product(product)
         spec = await self._json(request)
         data = spec["region"] if set(spec) == {"region"} else spec
-        region = None if data is None else region_from_json(data)  # ConfigError -> 400 bad_config
-        record = await self.registry.start_region.remote(product, region)
-        return await self._job_response(record, wait)
+        return None if data is None else region_from_json(data)  # ConfigError -> 400 bad_config
 
     @app.post("/v1/products/{product}/normals")
     @timed("normals")

@@ -6,7 +6,9 @@ HTTP API with the API's own checks: predictions through ``/predict``, "good part
 the ``/normals`` hot-update job and ``/v1/jobs/{id}``, calibration through ``/calibrate``
 (``{"rule": "far", "false_alarm_rate": r}``: the previewed far line, handled here by
 :meth:`Console.set_far_rule`; or ``{"source": "store:labels"}``: the labelled set
-below), rollback through ``/rollback`` (the store records the move, ``VersionedStore.moves``).
+below), the inspection region through ``POST .../region/preview`` and ``PUT .../region``
+(ingress routes, registry jobs; the page draws the shapes over a training image the user
+picks, in that image's pixels), rollback through ``/rollback`` (the store records the move, ``VersionedStore.moves``).
 Routes that change something need the admin token (the page asks once and keeps it in the
 tab's ``sessionStorage``); reads need nothing, like ``GET /v1/products``.
 
@@ -69,16 +71,19 @@ MAX_VERSIONS_SHOWN = 50
 
 
 def _change(record: VersionRecord, parent: VersionRecord | None) -> str:
-    """What a version changed relative to its parent: create, normals, calibration or update.
+    """What a version changed relative to its parent: create, normals, region, calibration or update.
 
-    calibration: a new labelled validation result, or other threshold settings (the far rule's
-    rate set from the console). A rollback is not a version: it is a recorded HEAD move
+    region: another inspection region (``PUT .../region``, recalibrated); calibration: a new
+    labelled validation result, or other threshold settings (the far rule's rate set from the
+    console). A rollback is not a version: it is a recorded HEAD move
     (``VersionedStore.moves``), listed beside the versions.
     """
     if parent is None:
         return "create"
     if record.images > parent.images:
         return "normals"
+    if record.config.region != parent.config.region:
+        return "region"
     cal, old = record.calibration, parent.calibration
     if cal is not None and cal.validation and cal != old:
         return "calibration"

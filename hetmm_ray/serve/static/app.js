@@ -82,7 +82,8 @@ $("token-forget").addEventListener("click", () => { sessionStorage.removeItem(TO
 
 // --- jobs -----------------------------------------------------------------------------------
 // Polls GET /v1/jobs/{id} into `box` until the job ends; resolves with the final record.
-async function followJob(job, box) {
+// doneText(job): the line shown once it succeeded (default: the version it published).
+async function followJob(job, box, doneText = (j) => `job ${j.kind} succeeded: new version v${j.version}`) {
   const bar = el("progress", { max: 1, value: 0, "data-testid": "job-progress" });
   const line = el("div", { "data-testid": "job-stage" });
   box.replaceChildren(line, bar);
@@ -96,7 +97,7 @@ async function followJob(job, box) {
   }
   if (job.state === "failed") throw new ApiError(422, "job_failed", (job.error && job.error.message) || "the job failed");
   bar.max = 1; bar.value = 1;
-  line.textContent = `job ${job.kind} succeeded: new version v${job.version}`;
+  line.textContent = doneText(job);
   return job;
 }
 
@@ -388,8 +389,211 @@ async function rollback(product, version) {
   } catch (exc) { showError(exc); }
 }
 
+// --- Region ---------------------------------------------------------------------------------
+// The inspection region drawn over a training image picked from this computer (the service keeps
+// the training images' features, not the images). Shapes are kept in the image's own pixel
+// coordinates (integers: pixel edges), so the region's size is the image's size; the canvas shows
+// the image scaled to fit and maps the mouse back through that scale.
+const REGION_BOX = { width: 720, height: 540 };
+const region = { product: null, image: null, width: 0, height: 0, scale: 1, shapes: [], points: [], drag: null };
+
+const regionTool = () => document.querySelector("input[name=region-tool]:checked").value;
+const regionPart = () => document.querySelector("input[name=region-part]:checked").value;
+
+function regionBody() {
+  if (!region.image) return null;
+  if (!region.shapes.length) return { region: null }; // nothing drawn: every pixel counts
+  const part = (p) => region.shapes.filter((s) => s.part === p).map((s) => (s.rect ? { rect: s.rect } : { polygon: s.polygon }));
+  return { region: { size: [region.height, region.width], include: part("include"), exclude: part("exclude") } };
+}
+
+// The image pixel under a mouse event: clamped to the frame, rounded to the nearest pixel edge.
+function regionPoint(ev) {
+  const box = $("region-canvas").getBoundingClientRect();
+  const x = Math.round(((ev.clientX - box.left) * region.width) / box.width);
+  const y = Math.round(((ev.clientY - box.top) * region.height) / box.height);
+  return [Math.min(region.width, Math.max(0, x)), Math.min(region.height, Math.max(0, y))];
+}
+
+function drawRegion() {
+  const canvas = $("region-canvas");
+  const ctx = canvas.getContext("2d");
+  ctx.clearRect(0, 0, canvas.width, canvas.height);
+  if (!region.image) return;
+  const s = region.scale;
+  ctx.imageSmoothingEnabled = s < 1;
+  ctx.drawImage(region.image, 0, 0, canvas.width, canvas.height);
+  const path = (shape) => {
+    ctx.beginPath();
+    if (shape.rect) {
+      const [x0, y0, x1, y1] = shape.rect;
+      ctx.rect(x0 * s, y0 * s, (x1 - x0) * s, (y1 - y0) * s);
+    } else {
+      shape.polygon.forEach(([x, y], i) => (i ? ctx.lineTo(x * s, y * s) : ctx.moveTo(x * s, y * s)));
+      ctx.closePath();
+    }
+  };
+  const colours = { include: ["rgba(40,180,70,0.25)", "#23a040"], exclude: ["rgba(220,40,30,0.35)", "#d02818"] };
+  region.shapes.forEach((shape, i) => {
+    const [fill, stroke] = colours[shape.part];
+    path(shape);
+    ctx.fillStyle = fill; ctx.fill("evenodd");
+    ctx.strokeStyle = stroke; ctx.lineWidth = 2; ctx.stroke();
+    const [lx, ly] = shape.rect ? shape.rect : shape.polygon[0];
+    ctx.fillStyle = stroke; ctx.font = "12px sans-serif"; ctx.fillText(String(i + 1), lx * s + 3, ly * s + 13);
+  });
+  const pending = region.drag ? { part: regionPart(), rect: region.drag.rect } : null;
+  ctx.setLineDash([5, 4]);
+  ctx.strokeStyle = regionPart() === "include" ? "#23a040" : "#d02818";
+  if (pending && pending.rect) { path(pending); ctx.stroke(); }
+  if (region.points.length) {
+    ctx.beginPath();
+    region.points.forEach(([x, y], i) => (i ? ctx.lineTo(x * s, y * s) : ctx.moveTo(x * s, y * s)));
+    ctx.stroke();
+    for (const [x, y] of region.points) ctx.fillRect(x * s - 2, y * s - 2, 4, 4);
+  }
+  ctx.setLineDash([]);
+}
+
+// The drawn shapes changed: the list, the canvas, and no preview of other shapes left on show.
+function regionChanged() {
+  const list = region.shapes.map((shape, i) => el("li", { class: shape.part, "data-testid": "region-shape",
+    "data-part": shape.part, "data-shape": JSON.stringify(shape.rect ? { rect: shape.rect } : { polygon: shape.polygon }) },
+    `${shape.part} ${shape.rect ? `rectangle [${shape.rect.join(", ")}]` : `polygon of ${shape.polygon.length} points`} `,
+    el("button", { type: "button", "data-testid": "region-delete", onclick: () => { region.shapes.splice(i, 1); regionChanged(); } }, "delete")));
+  $("region-shapes").replaceChildren(...list);
+  $("region-close").disabled = region.points.length < 3;
+  $("region-preview").disabled = !region.image;
+  $("region-save").disabled = !region.image;
+  $("region-compare").hidden = true;
+  $("region-compare").removeAttribute("data-proposed-threshold");
+  drawRegion();
+}
+
+function closePolygon() {
+  if (region.points.length >= 3) region.shapes.push({ part: regionPart(), polygon: region.points });
+  region.points = [];
+  regionChanged();
+}
+
+$("region-file").addEventListener("change", (ev) => {
+  const file = ev.target.files[0];
+  ev.target.value = "";
+  if (!file) return;
+  const img = new Image();
+  img.onload = () => {
+    region.image = img;
+    region.width = img.naturalWidth;
+    region.height = img.naturalHeight;
+    region.scale = Math.min(REGION_BOX.width / region.width, REGION_BOX.height / region.height);
+    const canvas = $("region-canvas");
+    canvas.width = Math.max(1, Math.round(region.width * region.scale));
+    canvas.height = Math.max(1, Math.round(region.height * region.scale));
+    $("region-size").textContent = `${file.name}: ${region.width} x ${region.height} px (the region's size)`;
+    $("region-size").dataset.width = String(region.width);
+    $("region-size").dataset.height = String(region.height);
+    // shapes drawn on another image stay only if they fit this one
+    region.shapes = region.shapes.filter((s) => (s.rect ? [[s.rect[0], s.rect[1]], [s.rect[2], s.rect[3]]] : s.polygon)
+      .every(([x, y]) => x <= region.width && y <= region.height));
+    region.points = [];
+    regionChanged();
+  };
+  img.onerror = () => showError(new ApiError(0, "bad_image", `${file.name}: the browser cannot show this image`));
+  img.src = URL.createObjectURL(file);
+});
+
+const regionCanvas = $("region-canvas");
+regionCanvas.addEventListener("mousedown", (ev) => {
+  if (!region.image || regionTool() !== "rect" || ev.button !== 0) return;
+  ev.preventDefault();
+  const start = regionPoint(ev);
+  region.drag = { start, rect: null };
+});
+window.addEventListener("mousemove", (ev) => {
+  if (!region.drag) return;
+  const [ax, ay] = region.drag.start, [bx, by] = regionPoint(ev);
+  region.drag.rect = [Math.min(ax, bx), Math.min(ay, by), Math.max(ax, bx), Math.max(ay, by)];
+  drawRegion();
+});
+window.addEventListener("mouseup", (ev) => {
+  if (!region.drag) return;
+  const [ax, ay] = region.drag.start, [bx, by] = regionPoint(ev);
+  region.drag = null;
+  if (ax !== bx && ay !== by) { // a click without a drag draws nothing
+    region.shapes.push({ part: regionPart(), rect: [Math.min(ax, bx), Math.min(ay, by), Math.max(ax, bx), Math.max(ay, by)] });
+  }
+  regionChanged();
+});
+regionCanvas.addEventListener("click", (ev) => {
+  if (!region.image || regionTool() !== "polygon") return;
+  const p = regionPoint(ev);
+  const last = region.points[region.points.length - 1];
+  if (!last || last[0] !== p[0] || last[1] !== p[1]) region.points.push(p); // a double-click's clicks add one point
+  $("region-close").disabled = region.points.length < 3;
+  drawRegion();
+});
+regionCanvas.addEventListener("dblclick", (ev) => { if (regionTool() === "polygon") { ev.preventDefault(); closePolygon(); } });
+$("region-close").addEventListener("click", closePolygon);
+for (const input of document.querySelectorAll("input[name=region-tool]")) {
+  input.addEventListener("change", () => { region.points = []; regionChanged(); });
+}
+
+function regionSide(side) {
+  if (!side) return [];
+  const q = side.quantiles || {};
+  const shapes = side.region ? `${side.region.include.length} include, ${side.region.exclude.length} exclude (${side.region.size[1]} x ${side.region.size[0]})` : "none (every pixel counts)";
+  return [`${fmt(side.threshold)} (${side.threshold_rule || "–"})`, pct(side.estimated_false_alarm_rate, 2),
+    fmt(q.min), fmt(q.median), fmt(q.p90), fmt(q.max), String(side.oof_scores.length), shapes];
+}
+
+function showRegionPreview(preview) {
+  const names = ["threshold", "est. false alarms", "out-of-fold min", "median", "p90", "max", "scores", "region"];
+  const cur = regionSide(preview.current), pro = regionSide(preview.proposed);
+  $("region-compare-body").replaceChildren(...names.map((n, i) => el("tr", {},
+    el("th", { text: n }), el("td", { text: cur[i] }), el("td", { "data-testid": `proposed-${i}`, text: pro[i] }))));
+  const table = $("region-compare");
+  table.dataset.version = String(preview.version);
+  table.dataset.currentThreshold = String(preview.current.threshold);
+  table.dataset.proposedThreshold = String(preview.proposed.threshold);
+  table.hidden = false;
+}
+
+// kind "preview": the preview job (publishes nothing); "save": PUT, a new version.
+async function regionJob(kind) {
+  clearError();
+  const box = $("region-job");
+  const body = regionBody();
+  if (!body) return;
+  const product = state.product;
+  const sent = JSON.stringify(body);
+  try {
+    if (kind === "preview") {
+      const started = await api("POST", `/v1/products/${enc(product)}/region/preview`, { admin: true, type: "application/json", body: sent });
+      const job = await followJob(started.job, box, (j) => `preview of v${j.version} done: nothing was published`);
+      if (JSON.stringify(regionBody()) === sent) showRegionPreview(job.preview); // the shapes it was computed for
+    } else {
+      const started = await api("PUT", `/v1/products/${enc(product)}/region`, { admin: true, type: "application/json", body: sent });
+      await followJob(started.job, box);
+      await loadProducts();
+    }
+  } catch (exc) { showError(exc, box); }
+}
+$("region-preview").addEventListener("click", () => regionJob("preview"));
+$("region-save").addEventListener("click", () => regionJob("save"));
+
+async function renderRegion() {
+  if (region.product !== state.product) { // shapes belong to a product
+    region.product = state.product;
+    region.shapes = [];
+    region.points = [];
+    $("region-job").replaceChildren();
+  }
+  regionChanged();
+}
+
 // --- views ----------------------------------------------------------------------------------
-const VIEWS = { products: renderProducts, inspect: async () => {}, recent: renderRecent, calibration: renderCalibration, versions: renderVersions };
+const VIEWS = { products: renderProducts, inspect: async () => {}, recent: renderRecent, calibration: renderCalibration,
+  versions: renderVersions, region: renderRegion };
 
 async function render() {
   const view = VIEWS[location.hash.slice(1)] ? location.hash.slice(1) : "products";

@@ -447,6 +447,87 @@ def test_rollback_serves_the_old_version_again(page: Any, api: httpx.Client, fre
     assert r["version"] == 1 and r["is_anomaly"]  # the old version serves: the false alarm is back
 
 
+def test_region_drawn_over_a_training_image_previewed_then_saved(
+    page: Any, api: httpx.Client, store: str, tmp_path: Path, fresh_product: str
+) -> None:
+    """The Region view: a rectangle dragged over a picked training image as an exclude shape, its
+    preview (current vs proposed, nothing published), then Save: a new version whose stored
+    region is exactly the rectangle drawn, at the previewed threshold."""
+    product = fresh_product
+    set_token(page, TOKEN)
+    use_product(page, product)
+    goto(page, "region")
+    path = tmp_path / "train.png"
+    path.write_bytes(png(GEAR.good(0)))
+    page.set_input_files("[data-testid=region-file]", str(path))
+    until(page, "() => document.getElementById('region-size').dataset.width === '64'")
+    assert page.locator("[data-testid=part-exclude]").is_checked()  # the default part
+    page.check("[data-testid=tool-rect]")
+    box = page.locator("[data-testid=region-canvas]").bounding_box()
+    scale = box["width"] / SIZE  # the canvas shows the 64-px image scaled to fit
+
+    def at(x: float, y: float) -> tuple[float, float]:  # an image pixel edge, in page coordinates
+        return box["x"] + x * scale, box["y"] + y * scale
+
+    page.mouse.move(*at(8, 4))
+    page.mouse.down()
+    page.mouse.move(*at(20, 10), steps=4)
+    page.mouse.move(*at(30, 16), steps=4)
+    page.mouse.up()
+    shapes = page.locator("[data-testid=region-shape]")
+    assert shapes.count() == 1 and shapes.first.get_attribute("data-part") == "exclude"
+    assert json.loads(shapes.first.get_attribute("data-shape")) == {"rect": [8, 4, 30, 16]}
+    # a second rectangle, deleted from the list
+    page.mouse.move(*at(40, 40))
+    page.mouse.down()
+    page.mouse.move(*at(50, 50), steps=3)
+    page.mouse.up()
+    assert shapes.count() == 2
+    shapes.nth(1).locator("[data-testid=region-delete]").click()
+    assert shapes.count() == 1
+    # a polygon (clicks, closed by a double-click), listed, then deleted too
+    page.check("[data-testid=tool-polygon]")
+    for x, y in ((40, 30), (60, 30), (50, 60)):
+        page.mouse.click(*at(x, y))
+    page.mouse.dblclick(*at(50, 60))
+    assert shapes.count() == 2
+    assert json.loads(shapes.nth(1).get_attribute("data-shape")) == {"polygon": [[40, 30], [60, 30], [50, 60]]}
+    shapes.nth(1).locator("[data-testid=region-delete]").click()
+    assert shapes.count() == 1
+    drawn = {"size": [SIZE, SIZE], "include": [], "exclude": [{"rect": [8, 4, 30, 16]}]}
+
+    page.click("[data-testid=region-preview]")
+    until(page, "() => !document.getElementById('region-compare').hidden", timeout=JOB_WAIT_S)
+    table = page.locator("[data-testid=region-compare]")
+    assert table.get_attribute("data-version") == "1"
+    current = float(table.get_attribute("data-current-threshold"))
+    proposed = float(table.get_attribute("data-proposed-threshold"))
+    assert current == pytest.approx(head_threshold(api, product), rel=1e-12)
+    assert "nothing was published" in page.locator("[data-testid=region-job]").inner_text()
+    assert "0 include, 1 exclude (64 x 64)" in table.inner_text()
+    assert head(api, product) == 1 and open_store(store).versions(product) == [1]  # the preview published nothing
+    shot(page, "region")
+
+    page.click("[data-testid=region-save]")
+    until(
+        page,
+        "() => document.querySelector('[data-testid=region-job]').innerText.includes('new version v2')",
+        timeout=JOB_WAIT_S,
+    )
+    assert head(api, product) == 2
+    history = api.get(f"/v1/products/{product}/versions").json()
+    assert [v["change"] for v in history["versions"]] == ["region", "create"]
+    stored = open_store(store).record(product, 2)
+    assert stored.config.region == drawn
+    assert stored.operating_point().threshold == pytest.approx(proposed, rel=1e-6)
+    assert head_threshold(api, product) == pytest.approx(proposed, rel=1e-6)
+    assert not [m for m in _console if "Content Security Policy" in m], _console
+
+
+def head_threshold(api: httpx.Client, product: str) -> float:
+    return next(p["threshold"] for p in api.get("/v1/products").json()["products"] if p["product"] == product)
+
+
 def test_far_rule_route_refuses_bad_input_with_json_errors(api: httpx.Client) -> None:
     """POST .../calibrate {"rule": "far", "false_alarm_rate": r}: r in threshold.false_alarm_rate's range."""
     url = f"/v1/products/{PRODUCT}/calibrate"

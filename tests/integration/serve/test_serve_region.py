@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
@@ -123,3 +124,58 @@ def test_bad_regions_are_4xx_json_errors(service, coded, region) -> None:
     bad = {"size": [SIZE, SIZE], "include": [{"rect": [5, 5, 5, 9]}]}
     r = create(client, "badcreate", coded, region=json.dumps(bad))
     assert r.status_code == 400 and "x0 < x1" in r.json()["error"]["message"], r.text
+
+
+def _finished(client: httpx.Client, started: httpx.Response) -> dict[str, Any]:
+    """The job ``started`` answered, once it ended (``?wait=true`` answers 202 while it still runs)."""
+    assert started.status_code in (200, 202), started.text
+    job = started.json()["job"]
+    for _ in range(1200):
+        if job["state"] != "running":
+            break
+        time.sleep(0.25)
+        job = client.get(f"/v1/jobs/{job['id']}", headers=ADMIN).json()["job"]
+    assert job["state"] == "succeeded", job
+    return job
+
+
+def test_region_preview_publishes_nothing_and_equals_the_put(service, coded, region) -> None:
+    client, store = service["client"], open_store(service["store"])
+    assert create(client, "previewed", coded).status_code == 200
+    before = store.record("previewed", 1)
+    url = "/v1/products/previewed/region"
+    job = _finished(client, client.post(f"{url}/preview?wait=true", json={"region": region}, headers=ADMIN))
+    assert job["kind"] == "region_preview" and job["version"] == 1 and job["progress"]["stage"] == "previewed"
+    preview = job["preview"]
+    assert preview["version"] == 1
+    current, proposed = preview["current"], preview["proposed"]
+    assert current["region"] is None and proposed["region"] == region
+    op = before.operating_point()
+    assert current["threshold"] == op.threshold and current["threshold_rule"] == "far"
+    assert current["estimated_false_alarm_rate"] == op.false_alarm_rate
+    assert current["oof_scores"] == list(before.calibration.scores)
+    q = proposed["quantiles"]
+    assert q["min"] <= q["median"] <= q["p90"] <= q["max"] == max(proposed["oof_scores"])
+    assert q["median"] == pytest.approx(float(np.median(proposed["oof_scores"])))
+    assert q["median"] < current["quantiles"]["median"]  # the printed code no longer counts
+    # nothing published: the store and the service still hold v1
+    assert store.versions("previewed") == [1] and store.head("previewed") == 1
+    listed = next(p for p in client.get("/v1/products").json()["products"] if p["product"] == "previewed")
+    assert listed["version"] == 1 and listed["threshold"] == op.threshold
+    # the PUT publishes what the preview showed
+    put = _finished(client, client.put(f"{url}?wait=true", json={"region": region}, headers=ADMIN))
+    assert put["version"] == 2
+    published = store.record("previewed", 2)
+    assert published.config.region == region
+    assert published.operating_point().threshold == pytest.approx(proposed["threshold"], rel=1e-6)
+    np.testing.assert_allclose(published.calibration.scores, proposed["oof_scores"], rtol=1e-6)
+    # refusals: like the PUT's, and nothing started
+    bad = {"size": [SIZE, SIZE], "exclude": [{"rect": [0, 0, SIZE, SIZE]}]}
+    r = client.post(f"{url}/preview", json=bad, headers=ADMIN)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "bad_config" and "no pixel" in r.text, r.text
+    circle = {"size": [SIZE, SIZE], "include": [{"circle": [1]}]}
+    r = client.post(f"{url}/preview", json={"region": circle}, headers=ADMIN)
+    assert r.status_code == 400 and "a shape is" in r.json()["error"]["message"], r.text
+    assert client.post(f"{url}/preview", json={"region": region}).status_code == 401
+    assert client.post("/v1/products/nope/region/preview", json={"region": region}, headers=ADMIN).status_code == 404
+    assert store.versions("previewed") == [1, 2]
