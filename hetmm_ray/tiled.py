@@ -54,6 +54,7 @@ import numpy as np
 import torch
 from PIL import Image
 from torch import Tensor
+from tqdm.auto import tqdm
 
 from .config import DetectorConfig, GeometryConfig, check_number, stored_config
 from .core.calibration import TailModel
@@ -115,7 +116,7 @@ class TiledHETMM:
         self.map_size = map_size
         self.rows, self.cols = (int(v) for v in config.geometry.tiles)
         tile_config = replace(config, geometry=GeometryConfig())
-        self.dets = [HETMM(tile_config, progress=False) for _ in range(self.n_tiles)]
+        self.dets = [HETMM(tile_config, progress=progress) for _ in range(self.n_tiles)]
         self._share_backbone()
         self.scales: list[float] = []
         self.calibration: Calibration | None = None
@@ -145,10 +146,14 @@ class TiledHETMM:
         return tile_grid(height, width, (self.rows, self.cols), self.config.geometry.tile_overlap)
 
     # --- tiles -> features, in mixed-position batches ---------------------------------------
-    def _groups(self, frames: Sequence[ImageInput]) -> Iterator[list[np.ndarray]]:
+    def _groups(self, frames: Sequence[ImageInput], desc: str) -> Iterator[list[np.ndarray]]:
+        """Frames decoded ``max(1, batch_size // T)`` at a time (a progress bar when ``progress``)."""
         g = max(1, self.config.batch_size // self.n_tiles)
-        for i in range(0, len(frames), g):
-            yield [as_rgb(x) for x in frames[i : i + g]]
+        with tqdm(total=len(frames), desc=desc, unit="frame", disable=not self.progress, leave=False) as bar:
+            for i in range(0, len(frames), g):
+                decoded = [as_rgb(x) for x in frames[i : i + g]]
+                yield decoded
+                bar.update(len(decoded))
 
     def _tile_features(
         self, decoded: list[np.ndarray], *, bank: bool
@@ -199,7 +204,7 @@ class TiledHETMM:
         boxes: list[Box] | None = None if self.config.backbone.geometry == "squash" else []
         digests: list[str] = []
         shapes: set[tuple[int, int]] = set()
-        for decoded in self._groups(frames):
+        for decoded in self._groups(frames, "fit: tile features"):
             digests.extend(image_digest(x) for x in decoded)
             shapes.update((x.shape[0], x.shape[1]) for x in decoded)
             feats, b, _ = self._tile_features(decoded, bank=True)
@@ -277,7 +282,7 @@ class TiledHETMM:
         frame_scores: list[float] = []
         tile_scores: list[np.ndarray] = []
         maps: list[np.ndarray] = []
-        for decoded in self._groups(frames):
+        for decoded in self._groups(frames, "predict: frames"):
             feats, boxes, grids = self._tile_features(decoded, bank=False)
             n = len(decoded)
             scores = np.zeros((n, t))
