@@ -87,9 +87,10 @@ class DetectorConfig(Settings):
 
     def stored_dict(self) -> dict[str, Any]:
         """:meth:`to_dict` without the run-time settings: what a manifest keeps of a product
-        (``geometry`` only when it is not the default: untiled manifests are what they always were)."""
+        (``geometry`` only for a tiled product: untiled manifests are what they always were, whatever
+        overlap an untiled configuration names)."""
         out = {k: v for k, v in self.to_dict().items() if k not in RUN_TIME_SETTINGS}
-        if self.geometry == GeometryConfig():
+        if not self.geometry.tiled:
             del out["geometry"]
         return out
 

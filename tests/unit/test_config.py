@@ -545,6 +545,7 @@ def test_geometry_refuses_bad_values(key: str, value: object) -> None:
 def test_default_geometry_is_never_stored_and_old_manifests_read_as_one_tile() -> None:
     """A default product's manifest config is exactly what it was before tiles existed."""
     assert "geometry" not in DetectorConfig().stored_dict()
+    assert "geometry" not in DetectorConfig().replace(**{"geometry.tile_overlap": 8}).stored_dict()  # untiled
     old = DetectorConfig().stored_dict()  # what every manifest before issue 22 holds
     assert stored_config(old) == DetectorConfig()
     tiled = DetectorConfig().replace(**{"geometry.tiles": [2, 2]})
