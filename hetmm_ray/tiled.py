@@ -106,9 +106,7 @@ def _tile_key(p: int, layer: str) -> str:
 class TiledHETMM:
     """A tiled product in process (see the module docstring): ``fit``, ``predict``, ``save``, ``load``."""
 
-    def __init__(
-        self, config: DetectorConfig, *, progress: bool = False, map_size: int | None = None, **_: Any
-    ) -> None:
+    def __init__(self, config: DetectorConfig, *, progress: bool = False, map_size: int | None = None) -> None:
         if config.geometry.tiles == "auto":
             raise ValueError("geometry.tiles 'auto' is resolved from frames first (resolve_tiles)")
         self.config = config
