@@ -161,6 +161,12 @@ def cmd_fit(args: argparse.Namespace) -> int:
     paths = [p for p, _ in _image_paths(args.images)]
     if len(paths) < 2:
         raise CLIError(f"fit needs at least 2 good images, got {len(paths)}")
+    if config.geometry.tiles != (1, 1):
+        from .tiled import resolve_tiles
+
+        config = resolve_tiles(config, paths)  # "auto": from the frames' headers; 1 x 1 is the plain fit
+        if config.geometry.tiled:
+            return _fit_tiled(args, config, paths)
     det = HETMM(config, progress=True, steps=_steps(args))
     bb = config.backbone
     det.fit(load_images(paths, bb.image_size, progress=True, desc="decode", geometry=bb.geometry))
@@ -174,15 +180,46 @@ def cmd_fit(args: argparse.Namespace) -> int:
     return 0
 
 
+def _fit_tiled(args: argparse.Namespace, config: Any, paths: list[Path]) -> int:
+    """``hetmm fit`` of a tiled product (hetmm_ray/tiled.py): the cost first, then the fit."""
+    from .tiled import TiledHETMM, frame_shape
+
+    if getattr(args, "address", None):
+        raise CLIError("tiled products are fit in process: drop --address")
+    det = TiledHETMM(config, progress=True)
+    h, w = frame_shape(paths[0])
+    tile = det.tiles_of(h, w)[0]
+    size = config.backbone.image_size
+    tc = config.templates
+    sheets = tc.sheets_of(len(paths))
+    ms = det.estimate_ms_per_frame(paths[0], len(paths))
+    print(
+        f"tiles {det.rows} x {det.cols} ({det.n_tiles} per frame, {tile.height} x {tile.width} px of a "
+        f"{h} x {w} frame, {max(tile.height, tile.width) / size:.2f} frame px per canvas px), "
+        f"sheets {sheets} per tile ({tc.kind}), estimated {ms:.0f} ms per frame",
+        flush=True,
+    )
+    det.fit(paths)
+    version = det.save(_open(args), args.product)
+    print(
+        f"product {args.product}: version {version} from {len(paths)} good images "
+        f"({det.backbone.weights_id}); {det.n_tiles} tiles; threshold "
+        f"{_describe_operating_point(det.operating_point())}; store {args.store}"
+    )
+    return 0
+
+
 def cmd_predict(args: argparse.Namespace) -> int:
     from .data.decode import ImageError, decode_image, resize_to_geometry
-    from .detector import HETMM
     from .visualize import heatmap_overlay, heatmap_range, save_png
 
     if args.sigmas is not None:
         check_number("threshold.sigmas", args.sigmas)  # before any work: NaN would pass every image
+    from .tiled import TiledHETMM, load_detector
+
     overrides = {k: v for k, v in (("device", args.device), ("dtype", args.dtype)) if v}
-    det = HETMM.load(_open(args), args.product, args.version, progress=True, **overrides)
+    det = load_detector(_open(args), args.product, args.version, progress=True, **overrides)
+    tiled = isinstance(det, TiledHETMM)
     size = det.config.backbone.image_size
     good: list[tuple[Path, Path, Any]] = []
     failed = 0
@@ -202,7 +239,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
         raise CLIError(str(exc)) from None
     geometry = det.config.backbone.geometry
     pred = det.predict(
-        [resize_to_geometry(img, size, geometry) for _, _, img in good],
+        [img if tiled else resize_to_geometry(img, size, geometry) for _, _, img in good],
         sigmas=args.sigmas,
         false_alarm_rate=args.false_alarm_rate,
     )
@@ -228,6 +265,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
         flag = "ANOMALY" if rec["is_anomaly"] else "ok"
         print(f"{rec['score']:.4f}  {flag:<7}  {path}")
     print(f"{len(good)} images, {len(good) / pred.seconds:.2f} images/s, product {args.product} v{pred.version}")
+    if tiled:
+        print(f"{det.rows} x {det.cols} tiles per frame, {len(good) * det.n_tiles / pred.seconds:.2f} tiles/s")
     print(f"threshold {_describe_operating_point(op)}")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

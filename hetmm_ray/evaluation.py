@@ -24,6 +24,7 @@ from .core.metrics import image_auroc, pixel_auroc, pro_score
 from .data.decode import decode_image, resize_to_geometry
 from .data.mvtec import MVTecCategory, Sample
 from .detector import HETMM
+from .tiled import TiledHETMM, resolve_tiles
 
 __all__ = ["EvaluationResult", "evaluate", "load_images"]
 
@@ -67,9 +68,16 @@ class EvaluationResult:
     recall_at_5pct_false_alarms: float = 0.0
     # Score distributions side by side: out-of-fold training scores and the test scores.
     score_summary: dict[str, dict[str, float]] = field(default_factory=dict)
+    # Tiled products (hetmm_ray/tiled.py): the grid and tiles scored per second (images_per_s is
+    # then frames/s). None for untiled products, whose JSON and table stay as they were.
+    tiles: tuple[int, int] | None = None
+    tiles_per_s: float | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        if self.tiles is None:
+            del out["tiles"], out["tiles_per_s"]
+        return out
 
     def table(self) -> str:
         rows = [
@@ -81,6 +89,7 @@ class EvaluationResult:
             ("pixel AUROC", _percent_or_absent(self.pixel_auroc)),
             ("PRO", _percent_or_absent(self.pro)),
             ("images/s", f"{self.images_per_s:.2f}"),
+            *self._tile_rows(),
             ("threshold", f"{self.threshold:.4f} ({self._rule()}, from good images only)"),
             (
                 "verdicts",
@@ -96,6 +105,12 @@ class EvaluationResult:
         ]
         width = max(len(k) for k, _ in rows)
         return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+    def _tile_rows(self) -> list[tuple[str, str]]:
+        if self.tiles is None:
+            return []
+        r, c = self.tiles
+        return [("tiles", f"{r} x {c} per frame"), ("tiles/s", f"{self.tiles_per_s:.2f} (images/s above: frames)")]
 
     def _rule(self) -> str:
         est = self.estimated_false_alarm_rate
@@ -131,23 +146,37 @@ def score_summary(scores: Sequence[float]) -> dict[str, float]:
 
 
 def evaluate(
-    data: str | Path, config: DetectorConfig, *, progress: bool = False
-) -> tuple[EvaluationResult, HETMM, list[Sample]]:
+    data: str | Path, config: DetectorConfig, *, progress: bool = False, map_size: int | None = None
+) -> tuple[EvaluationResult, HETMM | TiledHETMM, list[Sample]]:
     """Fit on ``train/good``, score ``test/``, and measure AUROCs, PRO and speed.
 
     With an inspection region (``config.region``) the image scores and the pixel metrics count
-    the region's pixels only (``Prediction.regions``)."""
+    the region's pixels only (``Prediction.regions``). A tiled configuration (``geometry.tiles``,
+    ``"auto"`` resolved from the training frames) is fit and scored by
+    :class:`~hetmm_ray.tiled.TiledHETMM` on the frames at their own resolution; its maps (and so
+    the pixel metrics) are at the frame's resolution, or ``map_size`` (long side)."""
     category = MVTecCategory(data)
     samples = category.measurable_samples()  # the layout, checked before minutes of fitting
     size, geometry = config.backbone.image_size, config.backbone.geometry
-    det = HETMM(config, progress=progress)
+    config = resolve_tiles(config, category.train_paths())  # "auto": from the frames' headers
+    det: HETMM | TiledHETMM
     t0 = time.perf_counter()
-    det.fit(load_images(category.train_paths(), size, progress=progress, desc="decode train", geometry=geometry))
+    if config.geometry.tiled:  # frames at their own resolution, decoded as the tiles are cut
+        det = TiledHETMM(config, progress=progress, map_size=map_size)
+        det.fit(category.train_paths())
+    else:
+        det = HETMM(config, progress=progress)
+        det.fit(load_images(category.train_paths(), size, progress=progress, desc="decode train", geometry=geometry))
     fit_s = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    test_images = load_images([s.path for s in samples], size, progress=progress, desc="decode test", geometry=geometry)
-    pred = det.predict(test_images)
+    if isinstance(det, TiledHETMM):
+        pred = det.predict([s.path for s in samples])
+    else:
+        test_images = load_images(
+            [s.path for s in samples], size, progress=progress, desc="decode test", geometry=geometry
+        )
+        pred = det.predict(test_images)
     elapsed = time.perf_counter() - t0
 
     # Masks at each map's shape (the image's own aspect for letterbox), resized like the image.
@@ -166,13 +195,18 @@ def evaluate(
     cuts = labelled_cuts(pred.scores.tolist(), labels.tolist())
     good_n = max(int((labels == 0).sum()), 1)
     bad_n = max(int((labels == 1).sum()), 1)
-    cal = det.templates.calibration if det.templates else None
+    if isinstance(det, TiledHETMM):
+        cal, sheets = det.calibration, det.sheets
+        tiled = {"tiles": (det.rows, det.cols), "tiles_per_s": len(samples) * det.n_tiles / elapsed}
+    else:
+        cal = det.templates.calibration if det.templates else None
+        sheets, tiled = det.templates.sheets if det.templates else 0, {}
     result = EvaluationResult(
         category=category.name,
         backbone=config.backbone.name,
         weights=det.backbone.weights_id,
         templates=config.templates.kind,
-        sheets=det.templates.sheets if det.templates else 0,
+        sheets=sheets,
         n_train=len(category.train_paths()),
         n_test=len(samples),
         image_auroc=100 * image_auroc(pred.scores, labels),
@@ -198,5 +232,6 @@ def evaluate(
             "test good": score_summary(pred.scores[labels == 0]),
             "test defective": score_summary(pred.scores[labels == 1]),
         },
+        **tiled,  # type: ignore[arg-type]
     )
     return result, det, samples

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from ._constraints import Check, ConfigError, OneOf, Range, Settings, is_run_time, setting
-from .product import DTYPES, BackboneConfig, ScoringConfig, TemplateConfig, ThresholdConfig
+from .product import DTYPES, BackboneConfig, GeometryConfig, ScoringConfig, TemplateConfig, ThresholdConfig
 from .region import check_region
 from .run_time import BACKBONE_RUNTIMES, is_device
 
@@ -76,6 +76,9 @@ class DetectorConfig(Settings):
     # throughput). 0: the calling thread's torch thread count; 1: one worker running
     # multi-threaded ops with the prefetch pipeline above. GPUs always use 1.
     score_workers: int = setting(0, Range(0, 256, int), run_time=True)
+    # Tiles (issue 22, product.GeometryConfig): stored, but left out of a manifest at its default, so
+    # every manifest written before it existed, and every untiled one since, stays byte for byte alike.
+    geometry: GeometryConfig = dataclasses.field(default_factory=GeometryConfig)
 
     def _check(self) -> None:
         if self.region is not None:
@@ -95,8 +98,13 @@ class DetectorConfig(Settings):
         return data
 
     def stored_dict(self) -> dict[str, Any]:
-        """:meth:`to_dict` without the run-time settings: what a manifest keeps of a product."""
-        return {k: v for k, v in self.to_dict().items() if k not in RUN_TIME_SETTINGS}
+        """:meth:`to_dict` without the run-time settings: what a manifest keeps of a product
+        (``geometry`` only for a tiled product: untiled manifests are what they always were, whatever
+        overlap an untiled configuration names)."""
+        out = {k: v for k, v in self.to_dict().items() if k not in RUN_TIME_SETTINGS}
+        if not self.geometry.tiled:
+            del out["geometry"]
+        return out
 
     def product_only(self) -> DetectorConfig:
         """This configuration with every run-time setting at its default: the product as stored."""
@@ -126,7 +134,8 @@ def stored_config(data: dict[str, Any]) -> DetectorConfig:
     """A product's configuration as stored with its templates.
 
     Settings added after a product was stored take the value that reproduces how it was
-    built, not today's default: ``backbone.geometry`` missing means ``squash``. The
+    built, not today's default: ``backbone.geometry`` missing means ``squash``; a missing
+    ``geometry`` section means one tile (its default, the frame itself). The
     :data:`RUN_TIME_SETTINGS` an older manifest may hold are ignored (this host's defaults
     apply: a product compressed on a GPU host loads on a CPU-only one).
     """
@@ -168,4 +177,7 @@ def merge_product_config(defaults: dict[str, Any], given: dict[str, Any]) -> dic
             out[key] = {**out[key], **value}
         else:
             out[key] = value
-    return DetectorConfig.from_dict(out).to_dict()
+    config = DetectorConfig.from_dict(out)
+    if config.geometry.tiled:  # the Ray layer has no tile shards yet (issue 22): refuse, never serve untiled
+        raise ConfigError("geometry.tiles: tiled products are fit and scored in process (hetmm fit/predict/evaluate)")
+    return config.to_dict()

@@ -9,6 +9,7 @@ and checked on construction. Values are immutable (frozen dataclasses, lists sto
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -20,11 +21,13 @@ __all__ = [
     "DEFAULT_LAYERS",
     "DTYPES",
     "GEOMETRIES",
+    "TILE_GRID_MAX",
     "PACKAGED_WEIGHTS",
     "SEED",
     "TEMPLATE_KINDS",
     "THRESHOLD_RULES",
     "BackboneConfig",
+    "GeometryConfig",
     "PackagedWeights",
     "ScoringConfig",
     "TemplateConfig",
@@ -236,3 +239,59 @@ class ThresholdConfig(Settings):
     folds: int = setting(10, Range(2, 100, int))
     max_images: int = setting(1000, Range(2, 100_000, int))
     seed: int = setting(0, SEED)
+
+
+# --- tiles (issue 22): a separate section so products stored before it read unchanged ---------------
+TILE_GRID_MAX = 64  # rows or columns of a tile grid at most (64 x 64 tiles: far past any line camera)
+
+
+def _is_grid(value: object) -> bool:
+    return (
+        isinstance(value, list | tuple)
+        and len(value) == 2
+        and all(isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= TILE_GRID_MAX for v in value)
+    )
+
+
+def _is_overlap(value: object) -> bool:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    if isinstance(value, int):
+        return 0 <= value <= 100_000
+    return math.isfinite(value) and 0.0 <= value < 1.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class GeometryConfig(Settings):
+    """How a frame is cut into tiles before each tile reaches the canvas (core/tiles.py).
+
+    ``tiles``: ``[rows, cols]`` (each 1-64) or ``"auto"``: the fewest tiles that keep a tile's side at
+    most ``core.tiles.AUTO_MAX_SCALE`` (2) frame pixels per canvas pixel, 1 x 1 for a frame that fits
+    the canvas; a fit resolves ``"auto"`` from its training frames and stores the grid it chose.
+    ``tile_overlap``: between neighbouring tiles, pixels (an int >= 0) or a fraction of the tile side
+    (a float in [0, 1)). Each tile position is a product of its own (templates, calibration:
+    ``tiled.py``). ``[1, 1]`` (the default) is the frame itself, exactly as before tiles existed, and
+    a default section is never written to a manifest (``DetectorConfig.stored_dict``).
+    """
+
+    _prefix: ClassVar[str] = "geometry."
+
+    tiles: tuple[int, ...] | str = setting(
+        (1, 1),
+        Check(lambda v: v == "auto" or _is_grid(v), f"must be [rows, cols] (each 1-{TILE_GRID_MAX}) or 'auto'"),
+    )
+    # 32 frame pixels: at the scales auto picks (1-2 frame px per canvas px) 4-8 cells of the finest
+    # tap, so a defect on a tile's edge is seen with its surroundings by the neighbour.
+    tile_overlap: int | float = setting(
+        32, Check(_is_overlap, "must be pixels (an int 0-100000) or a fraction of the tile side in [0, 1)")
+    )
+
+    def __post_init__(self) -> None:
+        if isinstance(self.tiles, list):
+            object.__setattr__(self, "tiles", tuple(self.tiles))  # stored immutable, like list settings
+        super().__post_init__()
+
+    @property
+    def tiled(self) -> bool:
+        """Whether frames are cut (anything but ``[1, 1]``)."""
+        return self.tiles != (1, 1)

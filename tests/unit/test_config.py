@@ -19,6 +19,8 @@ from hetmm_ray.config import (
     TemplateConfig,
     ThresholdConfig,
     load_config,
+    merge_product_config,
+    stored_config,
 )
 
 
@@ -503,3 +505,55 @@ def test_service_and_replica_messages_use_the_documented_names() -> None:
     raises_config_error(lambda: ReplicaSettings(sigmas=1.0, false_alarm_rate=0.1), "set at most one")
     raises_config_error(lambda: ReplicaSettings.from_dict({"max_batch_siz": 1}), "'user_config.max_batch_siz'")
     raises_config_error(lambda: ServiceConfig.from_dict({"stor": "x"}), "'stor'", "did you mean 'store'")
+
+
+# --- geometry.tiles (issue 22) ------------------------------------------------------------
+def test_geometry_defaults_and_values() -> None:
+    from hetmm_ray.config import GeometryConfig
+
+    g = DetectorConfig().geometry
+    assert g == GeometryConfig() and g.tiles == (1, 1) and g.tile_overlap == 32 and not g.tiled
+    c = DetectorConfig().replace(**{"geometry.tiles": [2, 3], "geometry.tile_overlap": 0.25})
+    assert c.geometry.tiles == (2, 3) and c.geometry.tiled and c.geometry.tile_overlap == 0.25
+    assert DetectorConfig().replace(**{"geometry.tiles": "auto"}).geometry.tiles == "auto"
+    assert c.to_dict()["geometry"] == {"tiles": [2, 3], "tile_overlap": 0.25}
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("geometry.tiles", [0, 2]),
+        ("geometry.tiles", [2]),
+        ("geometry.tiles", [2, 2, 2]),
+        ("geometry.tiles", [65, 1]),
+        ("geometry.tiles", [1.5, 2]),
+        ("geometry.tiles", [True, 2]),
+        ("geometry.tiles", "many"),
+        ("geometry.tiles", 4),
+        ("geometry.tile_overlap", -1),
+        ("geometry.tile_overlap", 1.0),
+        ("geometry.tile_overlap", float("nan")),
+        ("geometry.tile_overlap", True),
+        ("geometry.tile_overlap", "8"),
+    ],
+)
+def test_geometry_refuses_bad_values(key: str, value: object) -> None:
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        DetectorConfig().replace(**{key: value})
+
+
+def test_default_geometry_is_never_stored_and_old_manifests_read_as_one_tile() -> None:
+    """A default product's manifest config is exactly what it was before tiles existed."""
+    assert "geometry" not in DetectorConfig().stored_dict()
+    assert "geometry" not in DetectorConfig().replace(**{"geometry.tile_overlap": 8}).stored_dict()  # untiled
+    old = DetectorConfig().stored_dict()  # what every manifest before issue 22 holds
+    assert stored_config(old) == DetectorConfig()
+    tiled = DetectorConfig().replace(**{"geometry.tiles": [2, 2]})
+    assert tiled.stored_dict()["geometry"] == {"tiles": [2, 2], "tile_overlap": 32}
+    assert stored_config(tiled.stored_dict()) == tiled
+
+
+def test_service_refuses_tiled_products() -> None:
+    with pytest.raises(ConfigError, match=r"geometry\.tiles"):
+        merge_product_config({}, {"geometry": {"tiles": [2, 2]}})
+    assert merge_product_config({}, {"geometry": {"tiles": [1, 1]}})["geometry"]["tiles"] == [1, 1]

@@ -112,7 +112,14 @@ def _reachable(start: str) -> set[str]:
 
 
 # the single-process API: the detector and the modules it is made of
-DETECTOR = ["hetmm_ray.detector", "hetmm_ray.fitting", "hetmm_ray.persistence", "hetmm_ray.scorer", "hetmm_ray.steps"]
+DETECTOR = [
+    "hetmm_ray.detector",
+    "hetmm_ray.fitting",
+    "hetmm_ray.persistence",
+    "hetmm_ray.scorer",
+    "hetmm_ray.steps",
+    "hetmm_ray.tiled",
+]
 PURE = sorted(m for m in MODULES if m.startswith("hetmm_ray.core")) + DETECTOR
 
 

@@ -1,0 +1,415 @@
+"""Tiled detector: a frame cut into a fixed grid of tiles, each tile position a product of its own.
+
+Exact semantics (``geometry.tiles`` = ``[rows, cols]`` other than ``[1, 1]``; ``core/tiles.py`` for
+the grid):
+
+- **Tile positions are small products.** Every frame is cut by :func:`~hetmm_ray.core.tiles.tile_grid`
+  (same rows and columns for every frame; the rectangles follow each frame's size). Position ``p``
+  (row-major) has its own :class:`~hetmm_ray.scorer.Scorer`: its own template set (fit by the usual
+  :class:`~hetmm_ray.fitting.FitPipeline` from the ``p``-th tile of every good frame) and its own
+  out-of-fold calibration. A tile reaches the canvas like any image (``backbone.geometry``), and ATMM
+  is unchanged. The tile sets share one backbone. Their configuration is the product's with
+  ``geometry`` at its default (a tile is not cut again).
+- **Batching.** Frames are taken in groups of ``max(1, batch_size // T)`` (``T`` tiles per frame);
+  all tiles of a group go through the backbone together, ``batch_size`` canvases per pass, mixed
+  positions in one pass; features are then scored per position against that position's templates.
+- **One verdict per frame.** Tile position ``p`` has a scale ``t_p``: the threshold of its own
+  out-of-fold scores under the ``far`` rule at the product's ``threshold.false_alarm_rate`` (its
+  own calibrated threshold). A tile's normalised score is ``s_p / t_p``, and the **frame score is
+  the maximum over tiles of the normalised scores**. The frame's calibration is the per-frame
+  maximum of the tiles' normalised out-of-fold scores (the tile sets hold the frames' digests, so
+  every position deals the same images into the same folds, and the ``i``-th out-of-fold score is
+  the same frame at every position); the product's threshold rule (``far``, ``sigmas``,
+  ``validation``, and predict's overrides) applies to those frame scores. So a frame is flagged
+  exactly when its score passes one frame threshold, image AUROC ranks the same numbers the
+  verdict cuts, and the estimated false-alarm rate is per frame with all its tiles (taking the
+  raw maximum instead would let the noisiest tile set every frame's score; "any tile above its own
+  tile threshold" would flag up to ``T`` times the target rate of good frames).
+- **Maps.** Each tile's content map (at the tile's aspect) is divided by ``t_p`` and stitched at the
+  frame's resolution (:func:`~hetmm_ray.core.tiles.stitch`: bilinear to the tile's rectangle, the
+  maximum where tiles overlap), or at ``map_size`` (the long side, the frame's aspect kept) when
+  given. The frame threshold is on the same scale as the maps.
+- **Storage** (one template set per version, the store unchanged): the bank holds every position's
+  layers as ``tile<p>/<layer>`` (so the store keeps one object per (tile, layer) and
+  ``get_layer`` reads one), the selection likewise; ``image_digests`` are the frames' digests;
+  ``calibration`` is the frame calibration; ``meta["tiles"]`` holds the grid, the training frame
+  size, the scales and each position's own calibration, stored configuration and meta. The
+  product's stored configuration holds the resolved grid (``"auto"`` is resolved at fit from the
+  largest training frame and never stored). Untiled products never come here: they are stored and
+  scored exactly as before.
+
+In process only: hot updates, compress, labelled calibration, Ray shards per tile and the HTTP
+service do not take tiled products yet (they refuse them). Nothing here imports Ray.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Self
+
+import numpy as np
+import torch
+from PIL import Image
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from .config import ConfigError, DetectorConfig, GeometryConfig, check_number, stored_config
+from .core.calibration import TailModel
+from .core.device import TORCH_DTYPES, image_digest
+from .core.geometry import Box
+from .core.scoring import Calibration, OperatingPoint, calibration_json, content_maps, image_scores, operating_point
+from .core.templates import TemplateError, TemplateSet
+from .core.tiles import Tile, cut, grid_of, stitch, tile_grid
+from .detector import HETMM
+from .scorer import ImageInput, Prediction, as_rgb
+
+__all__ = ["TiledHETMM", "TiledPrediction", "frame_shape", "load_detector", "resolve_tiles"]
+
+
+def frame_shape(x: ImageInput) -> tuple[int, int]:
+    """(height, width) of an image: arrays directly, files from their header (nothing decoded)."""
+    if isinstance(x, np.ndarray):
+        return int(x.shape[0]), int(x.shape[1])
+    if isinstance(x, str | Path):
+        with Image.open(x) as im:
+            return im.height, im.width
+    return as_rgb(x).shape[:2]  # type: ignore[return-value]
+
+
+def resolve_tiles(config: DetectorConfig, frames: Sequence[ImageInput]) -> DetectorConfig:
+    """``config`` with ``geometry.tiles: auto`` resolved from the largest frame of ``frames`` (height and
+    width maximised separately); a given grid is returned as it is. A grid of 1 x 1 is the untiled default."""
+    g = config.geometry
+    if g.tiles != "auto":
+        return config
+    shapes = [frame_shape(x) for x in frames]
+    h, w = max(s[0] for s in shapes), max(s[1] for s in shapes)
+    rows, cols = grid_of("auto", h, w, config.backbone.image_size, g.tile_overlap)
+    return replace(config, geometry=replace(g, tiles=(rows, cols)))
+
+
+@dataclass(frozen=True)
+class TiledPrediction(Prediction):
+    """A :class:`~hetmm_ray.scorer.Prediction` of frames, plus each tile's normalised score (N, T)."""
+
+    tile_scores: np.ndarray | None = None
+    tiles: int = 1
+
+
+def _tile_key(p: int, layer: str) -> str:
+    return f"tile{p}/{layer}"
+
+
+class TiledHETMM:
+    """A tiled product in process (see the module docstring): ``fit``, ``predict``, ``save``, ``load``."""
+
+    def __init__(self, config: DetectorConfig, *, progress: bool = False, map_size: int | None = None) -> None:
+        if config.geometry.tiles == "auto":
+            raise ValueError("geometry.tiles 'auto' is resolved from frames first (resolve_tiles)")
+        if config.region is not None:  # a region is in frame pixels; each tile would need its own part of it
+            raise ConfigError(
+                "an inspection region (region) with geometry.tiles is not supported yet: "
+                "use one of them, or leave geometry.tiles at [1, 1]"
+            )
+        self.config = config
+        self.progress = progress
+        self.map_size = map_size
+        self.rows, self.cols = (int(v) for v in config.geometry.tiles)
+        tile_config = replace(config, geometry=GeometryConfig())
+        self.dets = [HETMM(tile_config, progress=progress) for _ in range(self.n_tiles)]
+        self._share_backbone()
+        self.scales: list[float] = []
+        self.calibration: Calibration | None = None
+        self.frame: tuple[int, int] | None = None
+        self.version: int | None = None
+        self.frame_digests: tuple[str, ...] = ()
+
+    def _share_backbone(self) -> None:
+        backbone = self.dets[0].backbone  # built once, shared by every position
+        for det in self.dets[1:]:
+            det.scorer.backbone = backbone
+
+    @property
+    def n_tiles(self) -> int:
+        return self.rows * self.cols
+
+    @property
+    def backbone(self) -> Any:
+        return self.dets[0].backbone
+
+    @property
+    def sheets(self) -> int:
+        ts = self.dets[0].templates
+        return ts.sheets if ts else 0
+
+    def tiles_of(self, height: int, width: int) -> list[Tile]:
+        return tile_grid(height, width, (self.rows, self.cols), self.config.geometry.tile_overlap)
+
+    # --- tiles -> features, in mixed-position batches ---------------------------------------
+    def _groups(self, frames: Sequence[ImageInput], desc: str) -> Iterator[list[np.ndarray]]:
+        """Frames decoded ``max(1, batch_size // T)`` at a time (a progress bar when ``progress``)."""
+        g = max(1, self.config.batch_size // self.n_tiles)
+        with tqdm(total=len(frames), desc=desc, unit="frame", disable=not self.progress, leave=False) as bar:
+            for i in range(0, len(frames), g):
+                decoded = [as_rgb(x) for x in frames[i : i + g]]
+                yield decoded
+                bar.update(len(decoded))
+
+    def _tile_features(
+        self, decoded: list[np.ndarray], *, bank: bool
+    ) -> tuple[dict[str, Tensor], list[Box] | None, list[list[Tile]]]:
+        """Features of every tile of ``decoded`` frames (frame-major, position-minor), their canvas
+        boxes, and each frame's tiles."""
+        scorer = self.dets[0].scorer
+        grids = [self.tiles_of(x.shape[0], x.shape[1]) for x in decoded]
+        crops = [np.ascontiguousarray(c) for x, tiles in zip(decoded, grids, strict=True) for c in cut(x, tiles)]
+        parts: dict[str, list[Tensor]] = {}
+        boxes: list[Box] | None = None if self.config.backbone.geometry == "squash" else []
+        dtype = TORCH_DTYPES[self.config.bank_dtype]
+        for _, batch, b in scorer.decoded_batches(crops, "tiles"):
+            if boxes is not None and b is not None:
+                boxes.extend(b)
+            for k, v in scorer.features(batch, b).items():
+                parts.setdefault(k, []).append(v.to("cpu", dtype) if bank else v)
+        return {k: torch.cat(v) for k, v in parts.items()}, boxes, grids
+
+    # --- fit -------------------------------------------------------------------------------
+    def estimate_ms_per_frame(self, frame: ImageInput, n_train: int) -> float:
+        """Milliseconds to score one frame with all its tiles against as many sheets as the fit will
+        keep per position (``templates.sheets_of``), measured on ``frame`` against copies of its own
+        tile features after one untimed pass: the backbone pass of its tiles plus ATMM per tile."""
+        decoded = [as_rgb(frame)]
+        self._tile_features(decoded, bank=False)  # untimed: builds the backbone (and its runtime's network)
+        t0 = time.perf_counter()
+        feats, boxes, _ = self._tile_features(decoded, bank=False)
+        backbone_s = time.perf_counter() - t0
+        scorer = self.dets[0].scorer
+        k = self.config.templates.sheets_of(n_train)
+        one = {name: v[:1] for name, v in feats.items()}
+        fake = TemplateSet(
+            bank={name: v[:1].repeat(k, 1, 1, 1).cpu() for name, v in feats.items()},
+            config=scorer.config,
+            weights_id="estimate",
+            image_digests=tuple(str(i) for i in range(k)),
+        )
+        t0 = time.perf_counter()
+        scorer.score_maps(one, scorer.prepare(fake), None if boxes is None else boxes[:1])
+        atmm_s = time.perf_counter() - t0
+        return 1000 * (backbone_s + atmm_s * self.n_tiles)
+
+    def fit(self, frames: Sequence[ImageInput]) -> Self:
+        """One template set and one calibration per tile position from good frames; the frame calibration."""
+        if len(frames) < 2:
+            raise ValueError(f"fit needs at least 2 good images, got {len(frames)}")
+        parts: dict[str, list[Tensor]] = {}
+        boxes: list[Box] | None = None if self.config.backbone.geometry == "squash" else []
+        digests: list[str] = []
+        shapes: set[tuple[int, int]] = set()
+        for decoded in self._groups(frames, "fit: tile features"):
+            digests.extend(image_digest(x) for x in decoded)
+            shapes.update((x.shape[0], x.shape[1]) for x in decoded)
+            feats, b, _ = self._tile_features(decoded, bank=True)
+            if boxes is not None and b is not None:
+                boxes.extend(b)
+            for k, v in feats.items():
+                parts.setdefault(k, []).append(v)
+        feats = {k: torch.cat(v) for k, v in parts.items()}
+        t = self.n_tiles
+        sets = []
+        for p, det in enumerate(self.dets):
+            pos = {k: v[p::t].contiguous() for k, v in feats.items()}  # frame-major: position p every t rows
+            pos_boxes = None if boxes is None else boxes[p::t]
+            ts = det.pipeline.fit_features(
+                pos, digests, weights_id=self.backbone.weights_id, config=det.config, boxes=pos_boxes
+            )
+            sets.append(ts)
+        self.frame = max(shapes)
+        self._install(sets, tuple(digests))
+        return self
+
+    def _install(self, sets: list[TemplateSet], digests: tuple[str, ...], version: int | None = None) -> None:
+        for det, ts in zip(self.dets, sets, strict=True):
+            det.scorer.install(ts, version)
+        self.frame_digests = digests
+        self.version = version
+        self.scales = [self._scale(ts) for ts in sets]
+        self.calibration = self._frame_calibration(sets)
+
+    def _scale(self, ts: TemplateSet) -> float:
+        """The tile's own threshold: ``far`` at the product's false-alarm rate on its out-of-fold scores."""
+        if ts.calibration is None:
+            return 1.0
+        t = TailModel(ts.calibration.scores).threshold(self.config.threshold.false_alarm_rate)
+        return float(t) if np.isfinite(t) and t > 0 else 1.0
+
+    def _frame_calibration(self, sets: list[TemplateSet]) -> Calibration | None:
+        if any(ts.calibration is None for ts in sets):
+            return None
+        scores = np.array([ts.calibration.scores for ts in sets], dtype=np.float64)  # (T, n): same frames
+        return Calibration(scores=tuple((scores / np.array(self.scales)[:, None]).max(axis=0).tolist()))
+
+    # --- predict ---------------------------------------------------------------------------
+    def operating_point(
+        self, *, sigmas: float | None = None, false_alarm_rate: float | None = None
+    ) -> OperatingPoint | None:
+        """The frame threshold under the product's rule (or the override), on the frame calibration."""
+        return operating_point(self.calibration, self.config, sigmas=sigmas, false_alarm_rate=false_alarm_rate)
+
+    @property
+    def threshold(self) -> float:
+        op = self.operating_point()
+        return op.threshold if op else float("inf")
+
+    def _map_shape(self, h: int, w: int) -> tuple[int, int]:
+        if self.map_size is None:
+            return h, w
+        f = self.map_size / max(h, w)
+        return max(1, round(h * f)), max(1, round(w * f))
+
+    def predict(
+        self, frames: Sequence[ImageInput], *, sigmas: float | None = None, false_alarm_rate: float | None = None
+    ) -> TiledPrediction:
+        """Frame scores, stitched maps and verdicts (module docstring)."""
+        if sigmas is not None:
+            check_number("threshold.sigmas", sigmas)
+        if false_alarm_rate is not None:
+            check_number("threshold.false_alarm_rate", false_alarm_rate)
+        if not self.scales:
+            raise RuntimeError("this detector has no templates yet: call fit() or load() first")
+        op = self.operating_point(sigmas=sigmas, false_alarm_rate=false_alarm_rate)
+        start = time.perf_counter()
+        t = self.n_tiles
+        sc = self.config.scoring
+        frame_scores: list[float] = []
+        tile_scores: list[np.ndarray] = []
+        maps: list[np.ndarray] = []
+        for decoded in self._groups(frames, "predict: frames"):
+            feats, boxes, grids = self._tile_features(decoded, bank=False)
+            n = len(decoded)
+            scores = np.zeros((n, t))
+            tile_maps: list[list[Tensor]] = [[None] * t for _ in range(n)]  # type: ignore[list-item]
+            for p, det in enumerate(self.dets):
+                rows = list(range(p, n * t, t))
+                pos = {k: v[rows] for k, v in feats.items()}
+                pos_boxes = None if boxes is None else [boxes[i] for i in rows]
+                scorer = det.scorer
+                m = scorer.score_maps(pos, scorer.prepared, pos_boxes)
+                in_map = scorer.map_boxes(pos_boxes)
+                scores[:, p] = image_scores(m, sc.score_sigma, in_map).cpu().numpy() / self.scales[p]
+                for f, cm in enumerate(content_maps(m, sc.map_sigma, in_map)):
+                    tile_maps[f][p] = cm.cpu() / self.scales[p]
+            for f, x in enumerate(decoded):
+                h, w = x.shape[:2]
+                maps.append(stitch(tile_maps[f], grids[f], (h, w), self._map_shape(h, w)).numpy())
+            tile_scores.append(scores)
+            frame_scores.extend(scores.max(axis=1).tolist())
+        thr = op.threshold if op else float("inf")
+        s = np.asarray(frame_scores, dtype=np.float32)
+        same_shape = len({x.shape for x in maps}) == 1
+        return TiledPrediction(
+            scores=s,
+            maps=np.stack(maps) if same_shape else maps,
+            threshold=thr,
+            is_anomaly=s > thr,
+            version=self.version,
+            seconds=time.perf_counter() - start,
+            operating_point=op,
+            tile_scores=np.concatenate(tile_scores),
+            tiles=t,
+        )
+
+    # --- persistence -----------------------------------------------------------------------
+    def template_set(self) -> TemplateSet:
+        """Every position's set as one template set (module docstring, "Storage")."""
+        sets = [det.scorer.require_templates() for det in self.dets]
+        bank = {_tile_key(p, k): v for p, ts in enumerate(sets) for k, v in ts.bank.items()}
+        indices = centres = None
+        if all(ts.indices is not None for ts in sets):
+            indices = {_tile_key(p, k): v for p, ts in enumerate(sets) for k, v in ts.indices.items()}  # type: ignore[union-attr]
+        if all(ts.centres is not None for ts in sets):
+            centres = {_tile_key(p, k): v for p, ts in enumerate(sets) for k, v in ts.centres.items()}  # type: ignore[union-attr]
+        tiles_meta = {
+            "grid": [self.rows, self.cols],
+            "frame": list(self.frame) if self.frame else None,
+            "layers": list(sets[0].layers),
+            "scales": self.scales,
+            "sets": [
+                {
+                    "config": ts.config.stored_dict(),
+                    "calibration": calibration_json(ts.calibration),
+                    "meta": {k: v for k, v in ts.meta.items() if k not in ("version", "parent")},
+                }
+                for ts in sets
+            ],
+        }
+        return TemplateSet(
+            bank=bank,
+            config=self.config,
+            weights_id=sets[0].weights_id,
+            image_digests=self.frame_digests,
+            calibration=self.calibration,
+            indices=indices,
+            centres=centres,
+            meta={"created": time.time(), "tiles": tiles_meta},
+        )
+
+    def save(self, store: Any, product: str) -> int:
+        """Publish every position's set as one new version of ``product``; returns it."""
+        self.version = store.put(product, self.template_set())
+        return self.version
+
+    @classmethod
+    def from_template_set(cls, ts: TemplateSet, version: int | None = None, **options: Any) -> Self:
+        """A detector over a stored tiled set (``options``: ``progress=``, ``map_size=``, run-time settings)."""
+        run_time = {k: v for k, v in options.items() if k not in ("progress", "map_size", "steps")}
+        config = ts.config.replace(**run_time) if run_time else ts.config
+        det = cls(config, progress=options.get("progress", False), map_size=options.get("map_size"))
+        info = ts.meta["tiles"]
+        if det.backbone.weights_id != ts.weights_id:
+            raise TemplateError(
+                f"tiled templates were built with weights {ts.weights_id}, the backbone now loads "
+                f"{det.backbone.weights_id}"
+            )
+        sets = []
+        if len(info["sets"]) != det.n_tiles:
+            raise TemplateError(
+                f"tiled set holds {len(info['sets'])} positions, its grid {info['grid']} needs {det.n_tiles}"
+            )
+        for p, stored in enumerate(info["sets"]):
+            keys = {layer: _tile_key(p, layer) for layer in info["layers"]}
+            sets.append(
+                TemplateSet(
+                    bank={layer: ts.bank[key] for layer, key in keys.items()},
+                    config=stored_config(stored["config"]),
+                    weights_id=ts.weights_id,
+                    image_digests=ts.image_digests,
+                    calibration=Calibration.from_json(stored["calibration"]),
+                    indices=None if ts.indices is None else {la: ts.indices[k] for la, k in keys.items()},
+                    centres=None if ts.centres is None else {la: ts.centres[k] for la, k in keys.items()},
+                    meta=stored["meta"],
+                )
+            )
+        det.frame = tuple(info["frame"]) if info.get("frame") else None
+        det._install(sets, ts.image_digests, version)
+        det.calibration = ts.calibration  # the stored frame calibration (a labelled one would ride here)
+        return det
+
+    @classmethod
+    def load(cls, store: Any, product: str, version: int | None = None, **options: Any) -> Self:
+        if version is None:
+            version = store.head(product)
+        return cls.from_template_set(store.get(product, version), version, **options)
+
+
+def load_detector(store: Any, product: str, version: int | None = None, **options: Any) -> HETMM | TiledHETMM:
+    """The stored product as its detector: :class:`TiledHETMM` for a tiled one, else exactly
+    :meth:`HETMM.load` (untiled products load as they always did)."""
+    if version is None:
+        version = store.head(product)
+    if store.record(product, version).config.geometry.tiled:
+        return TiledHETMM.load(store, product, version, **options)
+    options.pop("map_size", None)  # an untiled map is the canvas crop, as always
+    return HETMM.load(store, product, version, **options)

@@ -1,0 +1,237 @@
+"""The tiled detector (hetmm_ray/tiled.py) against per-position HETMM products, and persistence."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from hetmm_ray.config import BackboneConfig, DetectorConfig, ThresholdConfig
+from hetmm_ray.core.calibration import TailModel
+from hetmm_ray.core.device import image_digest
+from hetmm_ray.core.templates import TemplateError
+from hetmm_ray.core.tiles import cut, stitch, tile_grid
+from hetmm_ray.data.synthetic import DEFECT_KINDS, SyntheticProduct
+from hetmm_ray.detector import HETMM
+from hetmm_ray.store import open_store
+from hetmm_ray.tiled import TiledHETMM, load_detector, resolve_tiles
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+FRAME = 128
+OVERLAP = 8
+
+
+def config(**changes) -> DetectorConfig:
+    c = DetectorConfig(
+        backbone=BackboneConfig(name="resnet18", weights="random", image_size=64),
+        threshold=ThresholdConfig(max_images=6, folds=2),
+        batch_size=4,
+        device="cpu",
+    )
+    return c.replace(**changes) if changes else c
+
+
+TILED = {"geometry.tiles": [2, 2], "geometry.tile_overlap": OVERLAP}
+
+
+@pytest.fixture(scope="module")
+def frames():
+    prod = SyntheticProduct(seed=0, size=FRAME)
+    train = [prod.good(i) for i in range(6)]
+    test = [prod.good(100), prod.good(101), *(prod.defective(200 + i, k)[0] for i, k in enumerate(DEFECT_KINDS))]
+    return train, test
+
+
+@pytest.fixture(scope="module")
+def tiled(frames) -> TiledHETMM:
+    return TiledHETMM(config(**TILED)).fit(frames[0])
+
+
+def per_position(frames_: list[np.ndarray]) -> list[list[np.ndarray]]:
+    tiles = tile_grid(FRAME, FRAME, (2, 2), OVERLAP)
+    return [[np.ascontiguousarray(cut(f, tiles)[p]) for f in frames_] for p in range(4)]
+
+
+def test_each_position_is_a_product_of_its_own(tiled, frames):
+    """Position p's set, calibration and tile scores are a plain HETMM fit on the p-th tiles."""
+    train, test = frames
+    pred = tiled.predict(test)
+    untiled = config()
+    digests = tuple(image_digest(f) for f in train)
+    for p, (tiles_train, tiles_test) in enumerate(zip(per_position(train), per_position(test), strict=True)):
+        ref = HETMM(untiled).fit(tiles_train)
+        mine = tiled.dets[p].templates
+        for layer in ref.templates.layers:
+            assert torch.equal(mine.bank[layer], ref.templates.bank[layer])
+        # the same product with the frames' digests (every position deals the same frames into the same folds)
+        same_folds = ref.calibrated(replace(ref.templates, image_digests=digests))
+        np.testing.assert_allclose(mine.calibration.scores, same_folds.calibration.scores, rtol=1e-5)
+        scale = TailModel(mine.calibration.scores).threshold(untiled.threshold.false_alarm_rate)
+        assert tiled.scales[p] == pytest.approx(scale)
+        np.testing.assert_allclose(pred.tile_scores[:, p], ref.predict(tiles_test).scores / scale, rtol=1e-4)
+
+
+def test_frame_score_verdict_and_calibration_are_consistent(tiled, frames):
+    _, test = frames
+    pred = tiled.predict(test)
+    np.testing.assert_allclose(pred.scores, pred.tile_scores.max(axis=1), rtol=1e-6)
+    assert np.array_equal(pred.is_anomaly, pred.scores > pred.threshold)
+    oof = np.array([d.templates.calibration.scores for d in tiled.dets]) / np.array(tiled.scales)[:, None]
+    np.testing.assert_allclose(tiled.calibration.scores, oof.max(axis=0))
+    assert pred.threshold == tiled.operating_point().threshold
+    assert pred.tiles == 4 and pred.tile_scores.shape == (len(test), 4)
+    # an override of the rule moves the frame threshold only
+    other = tiled.predict(test, sigmas=1.0)
+    np.testing.assert_array_equal(other.scores, pred.scores)
+    assert other.threshold == tiled.operating_point(sigmas=1.0).threshold
+
+
+def test_maps_are_stitched_at_the_frame_resolution(tiled, frames):
+    _, test = frames
+    pred = tiled.predict(test)
+    assert pred.maps.shape == (len(test), FRAME, FRAME)
+    tiles = tile_grid(FRAME, FRAME, (2, 2), OVERLAP)
+    f = 2
+    parts = []
+    for p, tile_imgs in enumerate(per_position([test[f]])):
+        m = tiled.dets[p].predict(tile_imgs).maps[0]
+        parts.append(torch.as_tensor(m) / tiled.scales[p])
+    np.testing.assert_allclose(pred.maps[f], stitch(parts, tiles, (FRAME, FRAME)).numpy(), rtol=1e-4, atol=1e-6)
+    small = TiledHETMM.from_template_set(tiled.template_set(), map_size=32, batch_size=4, device="cpu")
+    assert small.predict(test[:1]).maps.shape == (1, 32, 32)
+
+
+def test_save_load_round_trip_one_object_per_tile_and_layer(tiled, frames, tmp_path):
+    _, test = frames
+    store = open_store(tmp_path / "store")
+    version = tiled.save(store, "tiled")
+    m = store.manifest("tiled", version)  # the raw manifest: what the store wrote
+    layers = ("layer1", "layer2", "layer3")
+    assert list(m["layers"]) == [f"tile{p}/{k}" for p in range(4) for k in layers]
+    assert sorted(ref["layer"] for ref in m["chunks"]) == sorted(m["layers"])  # one object per (tile, layer)
+    assert m["config"]["geometry"] == {"tiles": [2, 2], "tile_overlap": OVERLAP}
+    loaded = load_detector(store, "tiled", batch_size=4, device="cpu")
+    assert isinstance(loaded, TiledHETMM) and loaded.version == version
+    before, after = tiled.predict(test), loaded.predict(test)
+    np.testing.assert_array_equal(after.scores, before.scores)
+    np.testing.assert_array_equal(after.maps, before.maps)
+    assert after.threshold == before.threshold
+    with pytest.raises(TemplateError, match="tiled"):
+        HETMM.load(store, "tiled")  # update/compress/calibrate refuse tiles, never score them untiled
+
+
+def test_untiled_products_store_and_load_as_before(frames, tmp_path):
+    """Default geometry: a plain HETMM, its manifest config without a geometry section (as every
+    manifest written before tiles existed), loaded and scored bit for bit."""
+    train, test = frames
+    det = HETMM(config()).fit(train[:4])
+    store = open_store(tmp_path / "store")
+    det.save(store, "plain")
+    m = store.manifest("plain", 1)
+    assert list(m["config"]) == ["backbone", "scoring", "templates", "threshold", "bank_dtype"]
+    assert list(m["layers"]) == ["layer1", "layer2", "layer3"]
+    loaded = load_detector(store, "plain", batch_size=4, device="cpu")
+    assert type(loaded) is HETMM
+    np.testing.assert_array_equal(loaded.predict(test).scores, det.predict(test).scores)
+
+
+def test_auto_resolves_from_the_largest_frame():
+    big = [np.zeros((300, 200, 3), np.uint8), np.zeros((100, 400, 3), np.uint8)]
+    c = resolve_tiles(config(**{"geometry.tiles": "auto"}), big)  # 300 x 400 on a 64 canvas, scale 2: 128 px tiles
+    assert c.geometry.tiles == (3, 4)
+    assert resolve_tiles(config(**{"geometry.tiles": "auto"}), [np.zeros((64, 60, 3), np.uint8)]).geometry.tiles == (
+        1,
+        1,
+    )
+    with pytest.raises(ValueError, match="auto"):
+        TiledHETMM(config(**{"geometry.tiles": "auto"}))
+
+
+# --- the CLI: fit / predict / evaluate with --set geometry.tiles -------------------------------
+CLI_FLAGS = [
+    "--backbone", "resnet18", "--weights", "random", "--device", "cpu",
+    "--set", "backbone.image_size=32", "--set", 'backbone.layers=["layer2","layer3"]',
+    "--set", "scoring.forward_windows=[3,3]", "--set", "scoring.backward_windows=[3,3]",
+    "--set", "scoring.alphas=[0.5,0.5]", "--set", "scoring.layer_weights=[1,1]",
+    "--set", "threshold.folds=2",
+]  # fmt: skip
+
+
+def test_cli_fit_predict_evaluate_with_tiles(tmp_path, capsys):
+    import json
+
+    from hetmm_ray.cli import main
+    from hetmm_ray.data.synthetic import write_mvtec_layout
+
+    data = write_mvtec_layout(tmp_path / "data", n_train=5, n_test_good=2, n_test_per_defect=1, size=96)
+    store = tmp_path / "store"
+    tiles = ["--set", "geometry.tiles=[2,2]", "--set", "geometry.tile_overlap=0.125"]
+    assert main(["fit", str(data / "train" / "good"), "--product", "t", "--store", str(store), *CLI_FLAGS, *tiles]) == 0
+    out = capsys.readouterr().out
+    assert "tiles 2 x 2 (4 per frame, 52 x 52 px of a 96 x 96 frame" in out
+    assert "sheets 5 per tile (all), estimated" in out and "ms per frame" in out
+    assert "version 1 from 5 good images" in out and "4 tiles" in out
+    assert open_store(store).record("t").config.geometry.tiles == (2, 2)
+
+    heat, js = tmp_path / "heat", tmp_path / "r.json"
+    code = main(["predict", str(data / "test"), "--product", "t", "--store", str(store), "--out", str(heat)]
+                + ["--json", str(js)])  # fmt: skip
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "2 x 2 tiles per frame" in out and "tiles/s" in out
+    records = json.loads(js.read_text())
+    assert len(records) == 2 + 3 and all(Path(r["heatmap"]).exists() for r in records)
+
+    # "auto" on 96-px frames and a 32-px canvas: scale <= 2 needs 64-px tiles
+    res = tmp_path / "e.json"
+    auto = ["--set", 'geometry.tiles="auto"', "--set", "geometry.tile_overlap=0"]
+    assert main(["evaluate", "--data", str(data), "--json", str(res), *CLI_FLAGS, *auto]) == 0
+    out = capsys.readouterr().out
+    result = json.loads(res.read_text())
+    assert result["tiles"] == [2, 2] and result["tiles_per_s"] > 0
+    assert result["pixel_auroc"] is not None and "tiles/s" in out and "2 x 2 per frame" in out
+
+    # one tile: the plain path, the JSON exactly as before (no tile keys)
+    assert main(["evaluate", "--data", str(data), "--json", str(res), *CLI_FLAGS]) == 0
+    assert "tiles" not in json.loads(res.read_text()) and "tiles/s" not in capsys.readouterr().out
+
+    # the routes that do not take tiles yet say so
+    code = main(["compress", "--product", "t", "--store", str(store), "--templates", "pts"])
+    assert code == 2 and "tiled" in capsys.readouterr().err
+
+
+def test_a_region_with_tiles_is_refused_in_one_line(tmp_path, capsys):
+    """Regions are in frame pixels and not yet cut per tile: a tiled fit with one is refused, not
+    silently applied to every tile as if it were the whole frame."""
+    from hetmm_ray.cli import main
+    from hetmm_ray.config import ConfigError
+
+    region = {"size": [FRAME, FRAME], "include": [], "exclude": [{"rect": [0, 0, 16, 16]}]}
+    with pytest.raises(ConfigError, match=r"region.*geometry\.tiles"):
+        TiledHETMM(config(**TILED, region=region))
+    train = tmp_path / "train"
+    train.mkdir()
+    prod = SyntheticProduct(seed=0, size=FRAME)
+    from PIL import Image
+
+    for i in range(3):
+        Image.fromarray(prod.good(i)).save(train / f"{i}.png")
+    (tmp_path / "region.json").write_text('{"size": [128, 128], "exclude": [{"rect": [0, 0, 16, 16]}]}')
+    argv = [
+        "fit",
+        str(train),
+        "--product",
+        "p",
+        "--store",
+        str(tmp_path / "store"),
+        "--region",
+        str(tmp_path / "region.json"),
+    ]
+    argv += ["--backbone", "resnet18", "--weights", "random", "--device", "cpu", "--set", "geometry.tiles=[2,2]"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("hetmm: error: ") and "geometry.tiles" in err[0]
