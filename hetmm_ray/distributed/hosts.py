@@ -169,6 +169,9 @@ class HostPool:
         self.incarnations: list[str | None] = [None] * count  # as of the last ping that answered
         self.up: set[int] = set(range(count))
         self.held: list[dict[str, set[str]]] = [{} for _ in range(count)]  # slot -> product -> layers
+        # Products whose shards a host took with it when it died under another product's load
+        # (place): the next check returns them, so the registry loads them again.
+        self.displaced: set[str] = set()
 
     def _start(self, slot: int) -> Any:
         return TemplateHost.options(**_host_options(self.placement, slot)).remote(slot, self.store_uri)
@@ -200,7 +203,7 @@ class HostPool:
     async def check(self) -> set[str]:
         """Ping every slot; returns the products that lost a shard (to be loaded again)."""
         answers = await asyncio.gather(*(self._ping(slot) for slot in range(self.count)))
-        displaced: set[str] = set()
+        displaced, self.displaced = self.displaced, set()
         for slot, answer in enumerate(answers):
             unschedulable = isinstance(answer, ray.exceptions.ActorUnschedulableError)  # its node is gone
             gone = isinstance(answer, ray.exceptions.RayActorError) or unschedulable
@@ -248,7 +251,9 @@ class HostPool:
             for slot in failed:  # a host died under the load: place again without it
                 failed_here.add(slot)
                 self.up.discard(slot)
-                self._lose(slot)
+                # the other products it held are displaced too: the next check() reports them (a ping
+                # of the dead slot finds nothing left to lose, so without this they stayed unplaced)
+                self.displaced |= self._lose(slot) - {product}
         old = self.where(product)
         stale: dict[int, list[str]] = {}
         for layer, slot in old.items():
