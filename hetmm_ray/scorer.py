@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any, Self
 
 import numpy as np
 import torch
@@ -78,6 +79,34 @@ class Prediction:
 
     def __len__(self) -> int:
         return len(self.scores)
+
+    @classmethod
+    def judged(
+        cls,
+        scores: np.ndarray,
+        maps: list[np.ndarray],
+        op: OperatingPoint | None,
+        *,
+        version: int | None,
+        start: float,
+        regions: list[np.ndarray] | None = None,
+        **extra: Any,
+    ) -> Self:
+        """Scores and maps with their verdicts at ``op``'s threshold (``inf`` before calibration);
+        maps (and regions) stacked when all have one shape; ``seconds`` since ``start``."""
+        thr = op.threshold if op else float("inf")
+        same_shape = len({x.shape for x in maps}) == 1
+        return cls(
+            scores=scores,
+            maps=np.stack(maps) if same_shape else maps,
+            threshold=thr,
+            is_anomaly=scores > thr,
+            version=version,
+            seconds=time.perf_counter() - start,
+            operating_point=op,
+            regions=None if regions is None else (np.stack(regions) if same_shape else regions),
+            **extra,
+        )
 
 
 class Scorer:
@@ -356,17 +385,5 @@ class Scorer:
                 part_scores, part_maps = self.score_batch(batch, boxes)
                 scores.append(part_scores)
                 maps.extend(part_maps)
-        thr = op.threshold if op else float("inf")
         s = torch.cat(scores).numpy()
-        same_shape = len({x.shape for x in maps}) == 1
-        regions = self._map_regions(maps)
-        return Prediction(
-            scores=s,
-            maps=np.stack(maps) if same_shape else maps,
-            threshold=thr,
-            is_anomaly=s > thr,
-            version=self.version,
-            seconds=time.perf_counter() - start,
-            operating_point=op,
-            regions=None if regions is None else (np.stack(regions) if same_shape else regions),
-        )
+        return Prediction.judged(s, maps, op, version=self.version, start=start, regions=self._map_regions(maps))

@@ -306,19 +306,9 @@ class TiledHETMM:
                 maps.append(stitch(tile_maps[f], grids[f], (h, w), self._map_shape(h, w)).numpy())
             tile_scores.append(scores)
             frame_scores.extend(scores.max(axis=1).tolist())
-        thr = op.threshold if op else float("inf")
         s = np.asarray(frame_scores, dtype=np.float32)
-        same_shape = len({x.shape for x in maps}) == 1
-        return TiledPrediction(
-            scores=s,
-            maps=np.stack(maps) if same_shape else maps,
-            threshold=thr,
-            is_anomaly=s > thr,
-            version=self.version,
-            seconds=time.perf_counter() - start,
-            operating_point=op,
-            tile_scores=np.concatenate(tile_scores),
-            tiles=t,
+        return TiledPrediction.judged(
+            s, maps, op, version=self.version, start=start, tile_scores=np.concatenate(tile_scores), tiles=t
         )
 
     # --- persistence -----------------------------------------------------------------------
