@@ -30,7 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from PIL import Image
+
+from .synthetic import save_layout
 
 __all__ = ["SURFACE_DEFECTS", "SurfaceDefects", "SyntheticSurface", "write_surface_layout"]
 
@@ -166,23 +167,14 @@ def write_surface_layout(
 ) -> Path:
     """Write frames of ``height x width`` in the MVTec layout (module docstring) and return ``root``.
     Every frame uses its own index, so train and test never share a surface."""
-    root = Path(root)
     surface = SyntheticSurface(height=height, width=width, seed=seed, defects=defects)
-
-    def save(array: np.ndarray, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        Image.fromarray(array).save(path, compress_level=1)
-
-    index = 0
-    for folder, count in (("train/good", n_train), ("test/good", n_test_good)):
-        for i in range(count):
-            save(surface.good(index), root / folder / f"{i:03d}.png")
-            index += 1
-    for kind in SURFACE_DEFECTS:
-        for i in range(n_test_per_defect):
-            image, mask = surface.defective(index, kind)
-            save(image, root / "test" / kind / f"{i:03d}.png")
-            if masks:
-                save(mask.astype(np.uint8) * 255, root / "ground_truth" / kind / f"{i:03d}_mask.png")
-            index += 1
-    return root
+    return save_layout(
+        root,
+        good=surface.good,
+        defective=surface.defective,
+        kinds=SURFACE_DEFECTS,
+        n_train=n_train,
+        n_test_good=n_test_good,
+        n_test_per_defect=n_test_per_defect,
+        masks=masks,
+    )

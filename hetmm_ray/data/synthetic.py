@@ -25,13 +25,22 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
 
-__all__ = ["ASPECTS", "DEFECT_KINDS", "MASK_THRESHOLD", "SyntheticProduct", "band_crop", "write_mvtec_layout"]
+__all__ = [
+    "ASPECTS",
+    "DEFECT_KINDS",
+    "MASK_THRESHOLD",
+    "SyntheticProduct",
+    "band_crop",
+    "save_layout",
+    "write_mvtec_layout",
+]
 
 ASPECTS = ("square", "varied")
 
@@ -414,23 +423,55 @@ def write_mvtec_layout(
         return band_crop(image, i, seed, mask) if aspect == "varied" else (image, mask)
 
     product = SyntheticProduct(seed=seed, size=size)
-    index = 0
+
+    def defective(i: int, kind: str) -> tuple[np.ndarray, np.ndarray]:
+        image, mask = shaped(i, *product.defective(i, kind))
+        assert mask is not None
+        return image, mask
+
+    return save_layout(
+        root,
+        good=lambda i: shaped(i, product.good(i))[0],
+        defective=defective,
+        kinds=DEFECT_KINDS,
+        n_train=n_train,
+        n_test_good=n_test_good,
+        n_test_per_defect=n_test_per_defect,
+        masks=masks,
+    )
+
+
+def save_layout(
+    root: str | os.PathLike,
+    *,
+    good: Callable[[int], np.ndarray],
+    defective: Callable[[int, str], tuple[np.ndarray, np.ndarray]],
+    kinds: Sequence[str],
+    n_train: int,
+    n_test_good: int,
+    n_test_per_defect: int,
+    masks: bool = True,
+) -> Path:
+    """Write a generated product in the MVTec AD layout and return ``root``: ``good(index)`` for
+    ``train/good`` then ``test/good``, ``defective(index, kind)`` (image, bool mask) for each of
+    ``kinds`` in turn, ``index`` counting through all of them (so no two files share a part), files
+    numbered ``000.png``... per folder, masks as ``ground_truth/<kind>/<stem>_mask.png`` (0/255)
+    unless ``masks`` is False."""
+    root = Path(root)
 
     def save(array: np.ndarray, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         Image.fromarray(array).save(path, compress_level=1)
 
-    for i in range(n_train):
-        save(shaped(index, product.good(index))[0], root / "train" / "good" / f"{i:03d}.png")
-        index += 1
-    (root / "test" / "good").mkdir(parents=True, exist_ok=True)
-    for i in range(n_test_good):
-        save(shaped(index, product.good(index))[0], root / "test" / "good" / f"{i:03d}.png")
-        index += 1
-    for kind in DEFECT_KINDS:
+    index = 0
+    for folder, count in (("train/good", n_train), ("test/good", n_test_good)):
+        (root / folder).mkdir(parents=True, exist_ok=True)
+        for i in range(count):
+            save(good(index), root / folder / f"{i:03d}.png")
+            index += 1
+    for kind in kinds:
         for i in range(n_test_per_defect):
-            image, mask = shaped(index, *product.defective(index, kind))
-            assert mask is not None
+            image, mask = defective(index, kind)
             save(image, root / "test" / kind / f"{i:03d}.png")
             if masks:
                 save(mask.astype(np.uint8) * 255, root / "ground_truth" / kind / f"{i:03d}_mask.png")
