@@ -136,12 +136,12 @@ def run_sheets(args: argparse.Namespace) -> list[dict[str, object]]:
         print(f"\n{name} ({det.templates.n_images} good images, {args.geometry}): the ladder")
         print(
             table(
-                ["K", "rank corr", "max rel diff", "verdicts %", "OOF ms/img", "agrees"],
+                ["K", "rank corr", "norm diff", "verdicts %", "OOF ms/img", "agrees"],
                 [
                     [
                         r["sheets"],
                         f"{r['rank_corr']:.4f}",
-                        f"{r['max_rel_diff']:.4f}",
+                        f"{r['norm_diff']:.4f}",
                         f"{100 * r['verdict_agreement']:.1f}",
                         f"{r['ms_per_image']:.1f}",
                         "yes" if r["agrees"] else "no",

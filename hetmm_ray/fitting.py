@@ -40,7 +40,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from .config import DetectorConfig, TemplateConfig
-from .core.auto_sheets import Rung, agreement, choose_sheets
+from .core.auto_sheets import Rung, agreement, choose_sheets, scaled_ms, tile_budget
 from .core.calibration import OutOfFold, fold_plan
 from .core.device import TORCH_DTYPES, image_digest
 from .core.geometry import Box, boxes_from_features
@@ -64,12 +64,21 @@ class FitPipeline:
     """
 
     def __init__(
-        self, scorer: Scorer, *, steps: FitSteps | None = None, progress: bool = False, report: Report | None = None
+        self,
+        scorer: Scorer,
+        *,
+        steps: FitSteps | None = None,
+        progress: bool = False,
+        report: Report | None = None,
+        tiles: int = 1,
     ) -> None:
         self.scorer = scorer
         self.steps = steps or FitSteps()
         self.progress = progress
         self.report = report
+        # Tiles per frame of the product this pipeline fits one position of (tiled.py): the
+        # sheets-auto time budget is per frame, so each position gets budget / tiles.
+        self.tiles = tiles
 
     @contextmanager
     def _stage(self, name: str, total: int, *, unit: str = "img", leave: bool = True) -> Iterator[Progress]:
@@ -246,9 +255,20 @@ class FitPipeline:
     # --- sheets: auto (core/auto_sheets.py) ---------------------------------------------
     def _oof_scores(self, ts: TemplateSet, templates: TemplateConfig) -> tuple[list[float], float]:
         """Out-of-fold scores of ``ts``'s good images under selection ``templates`` (the same
-        :meth:`out_of_fold` the threshold uses) and the ATMM scoring ms per image they took."""
+        :meth:`out_of_fold` the threshold uses) and the ATMM scoring ms per image they took,
+        scaled to the sheets the final selection holds (``core.auto_sheets.scaled_ms``)."""
         oof = self.out_of_fold(ts, templates=templates)
-        return list(oof.scores), 1000 * oof.scoring_seconds / max(len(oof.scores), 1)
+        measured = 1000 * oof.scoring_seconds / max(len(oof.scores), 1)
+        return list(oof.scores), scaled_ms(measured, templates.sheets_of(ts.n_images), self._fold_sheets(ts, templates))
+
+    @staticmethod
+    def _fold_sheets(ts: TemplateSet, templates: TemplateConfig) -> float:
+        """Sheets a held-out image was scored against in :meth:`out_of_fold`, averaged over images."""
+        th = ts.config.threshold
+        n = ts.n_images
+        plan = fold_plan(n, folds=th.folds, max_images=th.max_images, seed=th.seed, keys=ts.image_digests)
+        held = sum(len(h) for h in plan)
+        return sum(len(h) * templates.sheets_of(n - len(h)) for h in plan) / max(held, 1)
 
     @staticmethod
     def _verdict_threshold(config: DetectorConfig, scores: Sequence[float]) -> float:
@@ -262,12 +282,14 @@ class FitPipeline:
         return op.threshold
 
     def auto_selected(self, ts: TemplateSet) -> TemplateSet:
-        """The selection at the smallest ladder K that agrees with ALL (``core.auto_sheets``), in
-        this process; the result's config holds the chosen K, ``meta.sheets_auto`` the ladder."""
+        """The selection at the smallest ladder K that agrees with ALL within the time budget
+        (``core.auto_sheets``), in this process; the result's config holds the chosen K,
+        ``meta.sheets_auto`` the ladder."""
         config = ts.config
         tc = config.templates
         reference, all_ms = self._oof_scores(replace(ts, indices=None, centres=None), replace(tc, kind="all"))
         reference_threshold = self._verdict_threshold(config, reference)
+        budget = tile_budget(tc.auto_max_ms_per_image, self.tiles)  # per image of this position
         made: dict[int, TemplateSet] = {}
 
         def evaluate(k: int) -> Rung:
@@ -283,35 +305,40 @@ class FitPipeline:
                 reference_threshold,
                 ms,
                 min_rank_corr=tc.auto_min_rank_corr,
-                max_rel_diff=tc.auto_max_rel_diff,
+                max_norm_diff=tc.auto_max_norm_diff,
                 min_verdict_agreement=tc.auto_min_verdict_agreement,
             )
 
         def report(rung: Rung) -> None:
             if self.progress:
                 tqdm.write(
-                    f"sheets {rung.sheets:>5}: rank corr {rung.rank_corr:.4f}  max rel diff {rung.max_rel_diff:.4f}  "
+                    f"sheets {rung.sheets:>5}: rank corr {rung.rank_corr:.4f}  norm diff {rung.norm_diff:.4f}  "
                     f"verdicts {100 * rung.verdict_agreement:.1f}%  {rung.ms_per_image:.1f} ms/img  "
                     f"{'agrees' if rung.agrees else '-'}"
                 )
 
-        k, rungs, why = choose_sheets(ts.n_images, evaluate, max_ms_per_image=tc.auto_max_ms_per_image, report=report)
+        k, rungs, why = choose_sheets(
+            ts.n_images, evaluate, max_ms_per_image=budget, all_ms_per_image=all_ms, report=report
+        )
         chosen = replace(config, templates=replace(tc, sheets=k))
         if k not in made:
             indices, centres = self.select(ts, chosen.templates)
             made[k] = replace(ts, indices=indices, centres=centres)
+        tolerance: dict[str, float | int | None] = {
+            "min_rank_corr": tc.auto_min_rank_corr,
+            "max_norm_diff": tc.auto_max_norm_diff,
+            "min_verdict_agreement": tc.auto_min_verdict_agreement,
+            "max_ms_per_image": tc.auto_max_ms_per_image,
+        }
+        if self.tiles > 1:  # the budget is per frame; this position's share
+            tolerance |= {"tiles": self.tiles, "max_ms_per_tile": budget}
         record = SheetsAuto(
             chosen=k,
             images=ts.n_images,
             why=why,
             all_ms_per_image=round(all_ms, 3),
             ladder=tuple(r.to_dict() for r in rungs),
-            tolerance={
-                "min_rank_corr": tc.auto_min_rank_corr,
-                "max_rel_diff": tc.auto_max_rel_diff,
-                "min_verdict_agreement": tc.auto_min_verdict_agreement,
-                "max_ms_per_image": tc.auto_max_ms_per_image,
-            },
+            tolerance=tolerance,  # type: ignore[arg-type]
         )
         return replace(made[k], config=chosen, meta=ts.meta.with_(sheets_auto=record))
 

@@ -120,6 +120,8 @@ class TiledHETMM:
         self.rows, self.cols = (int(v) for v in config.geometry.tiles)
         tile_config = replace(config, geometry=GeometryConfig())
         self.dets = [HETMM(tile_config, progress=progress) for _ in range(self.n_tiles)]
+        for det in self.dets:  # sheets: auto's time budget is per frame: each position gets budget / tiles
+            det.pipeline.tiles = self.n_tiles
         self._share_backbone()
         self.scales: list[float] = []
         self.calibration: Calibration | None = None

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from ._constraints import Check, ConfigError, OneOf, Range, Settings, is_run_time, setting
-from .product import DTYPES, BackboneConfig, GeometryConfig, ScoringConfig, TemplateConfig, ThresholdConfig
+from .product import DTYPES, RETIRED_SETTINGS, BackboneConfig, GeometryConfig, ScoringConfig, TemplateConfig, ThresholdConfig
 from .region import check_region
 from .run_time import BACKBONE_RUNTIMES, is_device
 
@@ -137,10 +137,14 @@ def stored_config(data: dict[str, Any]) -> DetectorConfig:
     built, not today's default: ``backbone.geometry`` missing means ``squash``; a missing
     ``geometry`` section means one tile (its default, the frame itself). The
     :data:`RUN_TIME_SETTINGS` an older manifest may hold are ignored (this host's defaults
-    apply: a product compressed on a GPU host loads on a CPU-only one).
+    apply: a product compressed on a GPU host loads on a CPU-only one). Settings that no longer
+    exist (:data:`~.product.RETIRED_SETTINGS`, e.g. ``templates.auto_max_rel_diff``) are dropped.
     """
     if isinstance(data, dict):
         data = {k: v for k, v in data.items() if k not in RUN_TIME_SETTINGS}
+        for section, key in RETIRED_SETTINGS:
+            if isinstance(data.get(section), dict) and key in data[section]:
+                data = {**data, section: {k: v for k, v in data[section].items() if k != key}}
     if isinstance(data, dict) and isinstance(data.get("backbone"), dict) and "geometry" not in data["backbone"]:
         data = {**data, "backbone": {**data["backbone"], "geometry": "squash"}}
     return DetectorConfig.from_dict(data)

@@ -23,6 +23,7 @@ __all__ = [
     "GEOMETRIES",
     "TILE_GRID_MAX",
     "PACKAGED_WEIGHTS",
+    "RETIRED_SETTINGS",
     "SEED",
     "TEMPLATE_KINDS",
     "THRESHOLD_RULES",
@@ -177,21 +178,28 @@ class TemplateConfig(Settings):
 
     _prefix: ClassVar[str] = "templates."
 
+    # The default kind. "all" keeps every good image; a compressed default (e.g. "pts_o", with
+    # sheets "auto" below) is this one line, to be decided by measurement (BENCHMARKS.md,
+    # "sheets: auto judged at each selection's own threshold").
     kind: str = setting("all", OneOf(TEMPLATE_KINDS, "selection"))
     # Sheets K of a compressed selection: an integer, or "auto" = the smallest K on the ladder
-    # (core/auto_sheets.py) whose out-of-fold scores and verdicts match ALL's within the
-    # tolerance below. The chosen K replaces "auto" in the product's stored configuration
-    # (hot updates keep it); the ladder is kept in the template set's meta["sheets_auto"].
+    # (core/auto_sheets.py) whose out-of-fold verdicts and ranks match ALL's within the
+    # tolerance below, each side judged against its own calibrated threshold. The chosen K
+    # replaces "auto" in the product's stored configuration (hot updates keep it); the ladder
+    # is kept in the template set's meta["sheets_auto"].
     sheets: int | str = setting("auto", Range(1, 100_000, int, also=("auto",)))
     seed: int = setting(0, SEED)
-    # "auto" tolerance against ALL on the out-of-fold scores of the good images:
-    # Spearman rank correlation of the scores, at least
-    auto_min_rank_corr: float = setting(0.98, Range(-1.0, 1.0))
-    # largest |s_K - s_ALL| / s_ALL over the images, at most
-    auto_max_rel_diff: float = setting(0.05, Range(0.0, 1e9))
-    # share of images with the same verdict, at least
+    # "auto" tolerance against ALL on the out-of-fold scores s (K sheets) and a (ALL) of the good
+    # images, t_K and t_ALL each side's own verdict threshold on them:
+    # Spearman rank correlation of s and a, at least
+    auto_min_rank_corr: float = setting(0.9, Range(-1.0, 1.0))
+    # largest |s_i / t_K - a_i / t_ALL| over the images (each score as a share of its own
+    # threshold), at most. Replaces auto_max_rel_diff (raw scores: RETIRED_SETTINGS).
+    auto_max_norm_diff: float = setting(0.1, Range(0.0, 1e9))
+    # share of images with the same verdict, each side cut at its own threshold, at least
     auto_min_verdict_agreement: float = setting(0.98, Range(0.0, 1.0))
-    # optional ATMM budget: no K slower than this is chosen
+    # optional ATMM budget in ms per FRAME with all its tiles (a tiled product gives each tile
+    # position budget / tiles): no K measured slower than this is chosen
     auto_max_ms_per_image: float | None = setting(None, Range(0.001, 1_000_000.0))
 
     def sheets_of(self, n_images: int) -> int:
@@ -239,6 +247,15 @@ class ThresholdConfig(Settings):
     folds: int = setting(10, Range(2, 100, int))
     max_images: int = setting(1000, Range(2, 100_000, int))
     seed: int = setting(0, SEED)
+
+
+# Settings that older versions wrote to manifests and that no longer exist: (section, key) -> why.
+# ``config.stored_config`` drops them, so every stored product loads and scores as it did (they
+# only steered how its K was chosen, never how it scores); a configuration a user writes that
+# names one is refused with the hint (``Settings.from_dict``: the closest known name).
+RETIRED_SETTINGS: dict[tuple[str, str], str] = {
+    ("templates", "auto_max_rel_diff"): "the raw-score tolerance of sheets: auto; see templates.auto_max_norm_diff",
+}
 
 
 # --- tiles (issue 22): a separate section so products stored before it read unchanged ---------------

@@ -11,13 +11,28 @@ import scipy.stats
 
 from hetmm_ray.cli import main
 from hetmm_ray.config import BackboneConfig, ConfigError, DetectorConfig, TemplateConfig, ThresholdConfig
-from hetmm_ray.core.auto_sheets import Rung, agreement, choose_sheets, ladder, spearman
+from hetmm_ray.core.auto_sheets import (
+    Rung,
+    agreement,
+    choose_sheets,
+    ladder,
+    normalised_diff,
+    scaled_ms,
+    spearman,
+    tile_budget,
+)
 from hetmm_ray.core.pts import pts_indices
 from hetmm_ray.data.synthetic import SyntheticProduct, write_mvtec_layout
 from hetmm_ray.detector import HETMM
 from hetmm_ray.store import open_store
 
-TOL = {"min_rank_corr": 0.9, "max_rel_diff": 0.1, "min_verdict_agreement": 0.9}
+_T = TemplateConfig()
+DEFAULT_TOL = {
+    "min_rank_corr": _T.auto_min_rank_corr,
+    "max_norm_diff": _T.auto_max_norm_diff,
+    "min_verdict_agreement": _T.auto_min_verdict_agreement,
+}
+TOL = {"min_rank_corr": 0.9, "max_norm_diff": 0.1, "min_verdict_agreement": 0.9}
 
 
 def test_ladder_stops_below_n():
@@ -35,15 +50,55 @@ def test_spearman_equals_scipy(seed):
 
 
 def test_agreement_by_its_definition():
-    ref = [1.0, 2.0, 3.0, 4.0]  # median 2.5
+    ref = [1.0, 2.0, 3.0, 4.0]
     same = agreement(10, ref, 3.5, ref, 3.5, 1.0, **TOL)
-    assert same.agrees and same.rank_corr == 1.0 and same.max_rel_diff == 0.0 and same.verdict_agreement == 1.0
+    assert same.agrees and same.rank_corr == 1.0 and same.norm_diff == 0.0 and same.verdict_agreement == 1.0
+    # one image moves by 0.5 / 3.5 = 0.143 of the threshold (> 0.1); verdicts and ranks unchanged
     shifted = agreement(10, [1.0, 2.0, 3.0, 4.5], 3.5, ref, 3.5, 1.0, **TOL)
-    assert shifted.max_rel_diff == pytest.approx(0.5 / 2.5) and not shifted.agrees  # 0.2 > 0.1
+    assert shifted.norm_diff == pytest.approx(0.5 / 3.5) and shifted.verdict_agreement == 1.0 and not shifted.agrees
     swapped = agreement(10, [2.0, 1.0, 3.0, 4.0], 3.5, ref, 3.5, 1.0, **TOL)
     assert swapped.rank_corr == pytest.approx(0.8) and not swapped.agrees
     flagged = agreement(10, [1.0, 2.0, 3.0, 4.0], 2.5, ref, 3.5, 1.0, **TOL)  # its own threshold flags one more
     assert flagged.verdict_agreement == 0.75 and not flagged.agrees
+
+
+def _threshold(scores) -> float:
+    from hetmm_ray.fitting import FitPipeline
+
+    return FitPipeline._verdict_threshold(DetectorConfig(), scores)  # the product's rule: far 1 %
+
+
+def test_a_selection_with_uniformly_higher_scores_agrees():
+    """Scores all 1.3x ALL's: the threshold is 1.3x too, so every verdict and rank is the same and
+    the scores agree once each is read against its own threshold (the retired raw rule refused it)."""
+    a = np.random.default_rng(0).lognormal(-3.0, 0.3, 300)
+    s = 1.3 * a
+    rung = agreement(10, s.tolist(), _threshold(s), a.tolist(), _threshold(a), 1.0, **DEFAULT_TOL)
+    assert rung.agrees and rung.verdict_agreement == 1.0 and rung.rank_corr == 1.0
+    assert rung.norm_diff < 1e-9 and rung.scale == pytest.approx(1.3)
+    assert float(np.abs(s - a).max() / np.median(a)) > 0.05  # what the raw rule compared: rejected
+
+
+def test_a_selection_that_reorders_or_flips_verdicts_does_not_agree():
+    rng = np.random.default_rng(1)
+    a = rng.lognormal(-3.0, 0.3, 300)
+    ta = _threshold(a)
+    reordered = 1.3 * rng.permutation(a)  # the same distribution, other images high
+    rung = agreement(10, reordered.tolist(), _threshold(reordered), a.tolist(), ta, 1.0, **DEFAULT_TOL)
+    assert rung.rank_corr < 0.5 and rung.norm_diff > 0.3 and not rung.agrees
+    # every image as ALL has it, but the ALL's three highest fall well under the selection's own threshold
+    top = np.argsort(a)[-3:]
+    flipped = a.copy()
+    flipped[top] = np.median(a)
+    rung = agreement(10, flipped.tolist(), _threshold(flipped), a.tolist(), ta, 1.0, **DEFAULT_TOL)
+    flagged_all = int((a > ta).sum())
+    assert flagged_all >= 1 and rung.verdict_agreement < 1.0 and not rung.agrees
+
+
+def test_normalised_diff_is_infinite_at_an_unusable_threshold():
+    assert normalised_diff([1.0, 2.0], 0.0, [1.0, 2.0], 0.0) == 0.0
+    assert normalised_diff([1.0, 2.0], 0.0, [1.0, 2.5], 1.0) == math.inf
+    assert normalised_diff([1.0, 2.0], 2.0, [2.0, 4.0], 4.0) == 0.0
 
 
 def _rung(k: int, ok: bool, ms: float) -> Rung:
@@ -93,6 +148,47 @@ def test_choose_falls_back_to_all_and_respects_a_budget():
     assert k == 40 and rungs[-1].sheets == 60 and "budget" in why
 
 
+def cost(k: int) -> float:
+    """A deterministic cost model: ATMM ms per image affine in the sheets (BENCHMARKS.md)."""
+    return 3.8 + 0.246 * k
+
+
+@pytest.mark.parametrize("budget", [5.0, 10.0, 20.0, 40.0, 80.0, 1000.0])
+@pytest.mark.parametrize("first_agreeing", [10, 60, 150, 10_000])
+def test_a_budget_is_met_by_the_chosen_selection(budget, first_agreeing):
+    """With a budget, the K chosen is never measured over it while a rung within it exists; ALL
+    (209 images, its cost over the budget or not) only when within it."""
+    n = 209
+    k, rungs, why = choose_sheets(
+        n, lambda k: _rung(k, k >= first_agreeing, cost(k)), max_ms_per_image=budget, all_ms_per_image=cost(n)
+    )
+    ms = cost(n) if k == n else next(r for r in rungs if r.sheets == k).ms_per_image
+    if cost(10) <= budget:
+        assert ms <= budget, why
+    else:
+        assert k == 10 and "over the budget" in why
+    within = [r.sheets for r in rungs if r.ms_per_image <= budget]
+    if first_agreeing in within:  # agreement within the budget: the smallest agreeing K
+        assert k == first_agreeing
+    elif k != n and cost(10) <= budget:  # the largest K within it that was tried
+        assert k == max(within) and "budget" in why
+
+
+def test_all_is_not_chosen_over_the_budget():
+    k, _, why = choose_sheets(70, lambda k: _rung(k, False, cost(k)), max_ms_per_image=20.0, all_ms_per_image=cost(70))
+    assert k == 60 and "budget" in why  # 60: 18.6 ms, ALL: 21.0 ms
+    k, _, _ = choose_sheets(70, lambda k: _rung(k, False, cost(k)), max_ms_per_image=25.0, all_ms_per_image=cost(70))
+    assert k == 70
+
+
+def test_tile_budget_and_scaled_ms():
+    assert tile_budget(None, 4) is None and tile_budget(40.0, 4) == 10.0 and tile_budget(40.0, 1) == 40.0
+    with pytest.raises(ValueError):
+        tile_budget(40.0, 0)
+    assert scaled_ms(9.0, 209, 188.1) == pytest.approx(9.0 * 209 / 188.1)  # ALL: a fold holds fewer sheets
+    assert scaled_ms(9.0, 60, 60) == 9.0 and scaled_ms(9.0, 60, 80) == 9.0  # never scaled down
+
+
 def test_sheets_setting_is_validated():
     assert TemplateConfig().sheets == "auto"
     assert TemplateConfig(sheets=7).sheets == 7
@@ -140,7 +236,7 @@ def test_fit_with_auto_sheets_records_the_ladder_and_fixes_k(images, tmp_path, o
     k = det.config.templates.sheets
     assert isinstance(k, int) and k == auto["chosen"] == det.templates.sheets
     assert [r["sheets"] for r in auto["ladder"]] == [10, 20][: len(auto["ladder"])]
-    assert auto["images"] == 24 and auto["tolerance"]["min_rank_corr"] == 0.98
+    assert auto["images"] == 24 and auto["tolerance"]["min_rank_corr"] == TemplateConfig().auto_min_rank_corr
     agreeing = [r["sheets"] for r in auto["ladder"] if r["agrees"]]
     assert (k == agreeing[0]) if agreeing else (k == 24)
     # Stored: the chosen K is the product's configuration; a hot update keeps it.
@@ -158,7 +254,7 @@ def test_fit_with_auto_sheets_records_the_ladder_and_fixes_k(images, tmp_path, o
 def test_auto_rejects_nothing_when_everything_agrees(images, one_torch_thread):
     """With a tolerance every K meets, auto takes the ladder's first rung."""
     loose = det_config(
-        **{"templates.auto_min_rank_corr": -1.0, "templates.auto_max_rel_diff": 1e9,
+        **{"templates.auto_min_rank_corr": -1.0, "templates.auto_max_norm_diff": 1e9,
            "templates.auto_min_verdict_agreement": 0.0}
     )  # fmt: skip
     det = HETMM(loose).fit(images)

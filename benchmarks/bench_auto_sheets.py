@@ -1,0 +1,248 @@
+"""``templates.sheets: auto`` against ALL: is a compressed default kind worth it? (issue 22, item 3)
+
+    python benchmarks/bench_auto_sheets.py                       # bottle, battery_weld, bsd_pitting, synthetic
+    python benchmarks/bench_auto_sheets.py --budget 40           # + an ATMM budget (ms per frame): is it met?
+    python benchmarks/bench_auto_sheets.py --datasets bottle --kind pts_o --json auto.json
+    python benchmarks/bench_auto_sheets.py --quick               # tiny synthetic run (random weights): it works
+
+For each dataset, ``hetmm evaluate`` twice with the defaults (efficientnet_lite0, packaged weights,
+letterbox, far 1 %) except the templates: ``kind: all`` (today's default) and ``--kind`` (default
+``pts_o``) with ``sheets: auto`` (and ``templates.auto_max_ms_per_image`` = ``--budget`` when given;
+``--tiles`` sets ``geometry.tiles`` for both). Reported per run: K chosen (and why), image AUROC, pixel
+AUROC, PRO, the verdicts at the calibrated operating point (false alarms on test/good, recall on the
+defective images, the out-of-fold estimate of the false-alarm rate), and the cost per frame:
+
+- ``atmm ms/frame``: ATMM scoring of test frames (all tiles) against the installed templates, features
+  computed first and untimed, median of ``--rounds`` rounds with the two runs of a dataset interleaved
+  round by round (so load from other jobs falls on both alike): the cost the template count controls,
+  the quantity ``auto_max_ms_per_image`` budgets;
+- ``fit est. ms/frame``: what sheets auto measured for the chosen K when it chose it (out-of-fold
+  ATMM time scaled to the final sheet count, times the tiles; core/auto_sheets.py);
+- ``e2e ms/frame``: ``evaluate``'s predict of the whole test set (decode, backbone, ATMM) per frame.
+
+With ``--budget B`` the last column says whether the chosen selection met B, by the measured
+``atmm ms/frame``. One JSON line per run; ``--json`` writes them all. Timings mean something only on a
+quiet machine (BENCHMARKS.md states the load).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from common import SHARED, table
+
+from hetmm_ray.config import DetectorConfig
+from hetmm_ray.data.mvtec import MVTecCategory
+from hetmm_ray.data.synthetic import write_mvtec_layout
+from hetmm_ray.evaluation import evaluate
+from hetmm_ray.tiled import TiledHETMM
+
+DATA = {
+    "bottle": SHARED / "data" / "mvtec_ad" / "bottle",
+    "battery_weld": SHARED / "data" / "battery_weld",
+    "bsd_pitting": SHARED / "data" / "bsd_pitting",
+}
+
+
+def synthetic(n_train: int, n_good: int, per_defect: int, size: int) -> Path:
+    root = Path(tempfile.gettempdir()) / f"hetmm-auto-sheets-synthetic-{n_train}-{n_good}-{per_defect}-{size}"
+    if not (root / "train" / "good").is_dir():
+        write_mvtec_layout(root, n_train=n_train, n_test_good=n_good, n_test_per_defect=per_defect, seed=0, size=size)
+    return root
+
+
+def configs(args: argparse.Namespace) -> dict[str, DetectorConfig]:
+    """The two runs of a dataset: ALL and the compressed kind with sheets auto."""
+    base: dict[str, Any] = {"geometry.tiles": args.tiles}
+    if args.quick:  # tiny and fast: random weights, 64 px, few folds (accuracy means nothing here)
+        base |= {
+            "backbone.name": "resnet18",
+            "backbone.weights": "random",
+            "backbone.image_size": 64,
+            "threshold.folds": 4,
+            "device": "cpu",
+        }
+    auto = {"templates.kind": args.kind, "templates.sheets": "auto"}
+    if args.budget is not None:
+        auto["templates.auto_max_ms_per_image"] = args.budget
+    return {
+        "all": DetectorConfig().replace(**base, **{"templates.kind": "all"}),
+        f"{args.kind} auto": DetectorConfig().replace(**base, **auto),
+    }
+
+
+def test_features(det: Any, paths: list[Path]) -> list[tuple[Any, dict[str, torch.Tensor], Any]]:
+    """(scorer, features, boxes) per tile position of ``paths``' frames (one entry untiled)."""
+    if isinstance(det, TiledHETMM):
+        from hetmm_ray.scorer import as_rgb
+
+        feats, boxes, _ = det._tile_features([as_rgb(p) for p in paths], bank=False)
+        t = det.n_tiles
+        out = []
+        for p, d in enumerate(det.dets):
+            rows = list(range(p, len(paths) * t, t))
+            out.append((d.scorer, {k: v[rows] for k, v in feats.items()}, None if boxes is None else boxes[p::t]))
+        return out
+    from hetmm_ray.evaluation import load_images
+
+    bb = det.config.backbone
+    images = load_images(paths, bb.image_size, geometry=bb.geometry)
+    feats, _, boxes = det.pipeline._extract(images)
+    return [(det.scorer, feats, boxes)]
+
+
+def atmm_seconds(parts: list[tuple[Any, dict[str, torch.Tensor], Any]]) -> float:
+    """One timed ATMM scoring of every position's features against its installed templates."""
+    t0 = time.perf_counter()
+    for scorer, feats, boxes in parts:
+        scorer.score(feats, scorer.prepared, boxes)
+    return time.perf_counter() - t0
+
+
+def run_dataset(name: str, data: Path, args: argparse.Namespace) -> list[dict[str, Any]]:
+    runs: dict[str, tuple[Any, Any]] = {}
+    for label, config in configs(args).items():
+        result, det, samples = evaluate(data, config, progress=False)
+        runs[label] = (result, det)
+        print(f"--- {name}, {label} ---\n{result.table()}\n", flush=True)
+    paths = [s.path for s in MVTecCategory(data).measurable_samples()][: args.timing_images]
+    parts = {label: test_features(det, paths) for label, (_, det) in runs.items()}
+    for label in runs:  # untimed warm-up of each (threads, scratch buffers)
+        atmm_seconds(parts[label])
+    times: dict[str, list[float]] = {label: [] for label in runs}
+    for _ in range(args.rounds):  # interleaved: load falls on both alike
+        for label in runs:
+            times[label].append(atmm_seconds(parts[label]))
+    out = []
+    for label, (result, det) in runs.items():
+        auto = _auto_record(det)
+        tiles = det.n_tiles if isinstance(det, TiledHETMM) else 1
+        chosen = None
+        if auto is not None:
+            chosen = next((r for r in auto["ladder"] if r["sheets"] == auto["chosen"]), None)
+        fit_est = None
+        if auto is not None:
+            fit_est = tiles * (chosen["ms_per_image"] if chosen else auto["all_ms_per_image"])
+        atmm_ms = 1000 * statistics.median(times[label]) / len(paths)
+        rec = {
+            "data": name,
+            "run": label,
+            "tiles": tiles,
+            "n_train": result.n_train,
+            "sheets": result.sheets,
+            "why": auto["why"] if auto else None,
+            "ladder": auto["ladder"] if auto else None,
+            "image_auroc": result.image_auroc,
+            "pixel_auroc": result.pixel_auroc,
+            "pro": result.pro,
+            "false_alarms": f"{result.false_positives}/{result.false_positives + result.true_negatives}",
+            "false_alarm_rate": result.false_alarm_rate,
+            "recall": result.recall,
+            "recall_of": f"{result.true_positives}/{result.true_positives + result.false_negatives}",
+            "estimated_false_alarm_rate": result.estimated_false_alarm_rate,
+            "atmm_ms_per_frame": atmm_ms,
+            "fit_estimate_ms_per_frame": fit_est,
+            "e2e_ms_per_frame": 1000 / result.images_per_s,
+            "fit_s": result.fit_seconds,
+            "budget_ms_per_frame": args.budget if auto is not None else None,
+            "budget_met": None if args.budget is None or auto is None else atmm_ms <= args.budget,
+        }
+        print(json.dumps(rec), flush=True)
+        out.append(rec)
+    return out
+
+
+def _auto_record(det: Any) -> dict[str, Any] | None:
+    """The sheets-auto record (of tile position 0 for a tiled product)."""
+    inner = det.dets[0] if isinstance(det, TiledHETMM) else det
+    ts = inner.templates
+    rec = ts.meta.get("sheets_auto") if ts is not None else None
+    return dict(rec) if rec else None
+
+
+def _f(v: float | None, digits: int = 2) -> str:
+    return "-" if v is None else f"{v:.{digits}f}"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--datasets", default="bottle,battery_weld,bsd_pitting,synthetic")
+    p.add_argument("--kind", default="pts_o", help="the compressed kind run with sheets auto (default pts_o)")
+    p.add_argument("--budget", type=float, default=None, help="templates.auto_max_ms_per_image (ms per frame)")
+    p.add_argument("--tiles", default=None, help="geometry.tiles for both runs: RxC or auto (default 1x1)")
+    p.add_argument("--rounds", type=int, default=5, help="interleaved ATMM timing rounds (median)")
+    p.add_argument("--timing-images", type=int, default=16, help="test frames timed per round")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    p.add_argument("--synthetic-train", type=int, default=200)
+    p.add_argument("--quick", action="store_true", help="tiny synthetic run only (random weights, 64 px)")
+    p.add_argument("--json", type=Path, default=None)
+    args = p.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.tiles is None:
+        args.tiles = [1, 1]
+    elif args.tiles != "auto":
+        args.tiles = [int(v) for v in args.tiles.lower().split("x")]
+    if args.quick:
+        datasets = {"synthetic": synthetic(24, 4, 2, 64)}
+        args.rounds, args.timing_images = min(args.rounds, 2), min(args.timing_images, 4)
+    else:
+        names = [n.strip() for n in args.datasets.split(",") if n.strip()]
+        datasets = {n: DATA[n] if n in DATA else synthetic(args.synthetic_train, 40, 10, 256) for n in names}
+    records = []
+    for name, data in datasets.items():
+        records.extend(run_dataset(name, data, args))
+    print(
+        table(
+            [
+                "data",
+                "templates",
+                "K",
+                "image AUROC",
+                "pixel AUROC",
+                "PRO",
+                "false alarms",
+                "recall",
+                "est. FA %",
+                "atmm ms/frame",
+                "fit est. ms/frame",
+                "e2e ms/frame",
+                "budget met",
+            ],
+            [
+                [
+                    r["data"],
+                    r["run"],
+                    r["sheets"],
+                    _f(r["image_auroc"]),
+                    _f(r["pixel_auroc"]),
+                    _f(r["pro"]),
+                    f"{r['false_alarms']} ({r['false_alarm_rate']:.1f} %)",
+                    f"{r['recall_of']} ({r['recall']:.1f} %)",
+                    _f(r["estimated_false_alarm_rate"]),
+                    _f(r["atmm_ms_per_frame"], 1),
+                    _f(r["fit_estimate_ms_per_frame"], 1),
+                    _f(r["e2e_ms_per_frame"], 1),
+                    "-" if r["budget_met"] is None else ("yes" if r["budget_met"] else "NO"),
+                ]
+                for r in records
+            ],
+        )
+    )
+    if args.json:
+        args.json.write_text("\n".join(json.dumps(r) for r in records) + "\n")
+
+
+if __name__ == "__main__":
+    main()
