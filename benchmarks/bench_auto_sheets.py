@@ -113,7 +113,7 @@ def atmm_seconds(parts: list[tuple[Any, dict[str, torch.Tensor], Any]]) -> float
 def run_dataset(name: str, data: Path, args: argparse.Namespace) -> list[dict[str, Any]]:
     runs: dict[str, tuple[Any, Any]] = {}
     for label, config in configs(args).items():
-        result, det, samples = evaluate(data, config, progress=False)
+        result, det, _ = evaluate(data, config, progress=False)
         runs[label] = (result, det)
         print(f"--- {name}, {label} ---\n{result.table()}\n", flush=True)
     paths = [s.path for s in MVTecCategory(data).measurable_samples()][: args.timing_images]

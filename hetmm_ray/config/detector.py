@@ -22,7 +22,15 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from ._constraints import Check, ConfigError, OneOf, Range, Settings, is_run_time, setting
-from .product import DTYPES, RETIRED_SETTINGS, BackboneConfig, GeometryConfig, ScoringConfig, TemplateConfig, ThresholdConfig
+from .product import (
+    DTYPES,
+    RETIRED_SETTINGS,
+    BackboneConfig,
+    GeometryConfig,
+    ScoringConfig,
+    TemplateConfig,
+    ThresholdConfig,
+)
 from .region import check_region
 from .run_time import BACKBONE_RUNTIMES, is_device
 

@@ -103,9 +103,9 @@ def test_near_duplicate_good_images_are_compressed() -> None:
 
 def test_the_retired_raw_tolerance_is_dropped_from_stored_configs_and_refused_elsewhere() -> None:
     old = DetectorConfig().stored_dict()
-    old["templates"] = {
-        k: v for k, v in old["templates"].items() if k != "auto_max_norm_diff"
-    } | {"auto_max_rel_diff": 0.05}
+    old["templates"] = {k: v for k, v in old["templates"].items() if k != "auto_max_norm_diff"} | {
+        "auto_max_rel_diff": 0.05
+    }
     assert stored_config(old) == DetectorConfig()
     with pytest.raises(ConfigError, match=r"auto_max_rel_diff.*did you mean 'auto_max_norm_diff'"):
         DetectorConfig.from_dict(old)
@@ -121,9 +121,9 @@ def test_a_product_stored_with_the_retired_key_loads_and_scores_bit_for_bit(
 
     def as_before(self: DetectorConfig) -> dict:  # the manifest config of a product stored before
         out = written(self)
-        out["templates"] = {
-            k: v for k, v in out["templates"].items() if k != "auto_max_norm_diff"
-        } | {"auto_max_rel_diff": 0.05}
+        out["templates"] = {k: v for k, v in out["templates"].items() if k != "auto_max_norm_diff"} | {
+            "auto_max_rel_diff": 0.05
+        }
         return out
 
     store = open_store(tmp_path / "store")
