@@ -43,7 +43,9 @@ def _add_config_flags(p: argparse.ArgumentParser, *, templates: bool = True) -> 
     g.add_argument("--weights", help="DEFAULT (lite: packaged), a torchvision enum, a state-dict file, or 'random'")
     if templates:
         g.add_argument(
-            "--templates", choices=(*TEMPLATE_KINDS, "pts"), help="template selection (default all; pts = pts_o)"
+            "--templates",
+            choices=(*TEMPLATE_KINDS, "pts"),
+            help=f"template selection (default {DetectorConfig().templates.kind}; pts = pts_o)",  # one place: config
         )
         g.add_argument("--sheets", type=_sheets, help="template sheets K for compressed selections, or auto (default)")
     g.add_argument(
