@@ -195,7 +195,7 @@ class TemplateConfig(Settings):
     auto_min_rank_corr: float = setting(0.9, Range(-1.0, 1.0))
     # largest |s_i / t_K - a_i / t_ALL| over the images (each score as a share of its own
     # threshold), at most. Replaces auto_max_rel_diff (raw scores: RETIRED_SETTINGS).
-    auto_max_norm_diff: float = setting(0.1, Range(0.0, 1e9))
+    auto_max_norm_diff: float = setting(0.2, Range(0.0, 1e9))
     # share of images with the same verdict, each side cut at its own threshold, at least
     auto_min_verdict_agreement: float = setting(0.98, Range(0.0, 1.0))
     # optional ATMM budget in ms per FRAME with all its tiles (a tiled product gives each tile
