@@ -107,7 +107,7 @@ def atmm_seconds(parts: list[tuple[Any, dict[str, torch.Tensor], Any]]) -> float
     """One timed ATMM scoring of every position's features against its installed templates."""
     t0 = time.perf_counter()
     for scorer, feats, boxes in parts:
-        scorer.score(feats, scorer.prepared, boxes)
+        scorer.score(feats, scorer.prepared, boxes).cpu()  # .cpu(): waits for a GPU to finish
     return time.perf_counter() - t0
 
 

@@ -392,9 +392,10 @@ class FitPipeline:
                     progress=lambda d, _n, done=done: progress(done + d, total),
                     region_of=config,  # the set's own region: pixels outside never count
                 )
+                fold_values = fold_scores.tolist()  # inside the timing: waits for a GPU to finish
                 scoring_seconds += time.perf_counter() - start
                 images.extend(held)
-                scores.extend(float(x) for x in fold_scores.tolist())
+                scores.extend(float(x) for x in fold_values)
         return OutOfFold(images=tuple(images), scores=tuple(scores), folds=len(plan), scoring_seconds=scoring_seconds)
 
     def calibrated(self, ts: TemplateSet) -> TemplateSet:
