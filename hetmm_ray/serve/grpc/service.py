@@ -31,9 +31,7 @@ Exact semantics:
 from __future__ import annotations
 
 import asyncio
-import base64
 import hmac
-import ipaddress
 import json
 import math
 import os
@@ -52,42 +50,9 @@ from ..replica import Detector, ScoreRequest
 from ..security import JSONResponse, refuse_open_bind
 from ..warm_set import product_of
 from . import inspection_pb2 as pb
+from .messages import host_is_loopback, peer_is_loopback, result_message
 
-__all__ = ["InspectionDetector", "peer_is_loopback", "result_message"]
-
-_RULE_FIELDS = ("threshold_rule", "rule_target", "estimated_false_alarm_rate")
-
-
-def peer_is_loopback(peer: str) -> bool:
-    """Whether a gRPC peer string (``ipv4:127.0.0.1:5000``, ``ipv6:[::1]:5000``, ``unix:...``) is local."""
-    kind, _, rest = peer.partition(":")
-    if kind == "unix":
-        return True
-    host = rest.rsplit(":", 1)[0].strip("[]")
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def result_message(result: dict[str, Any]) -> pb.Result:
-    """One image's result (the HTTP answer's dict) as a ``Result`` message."""
-    timing = result["timing"]
-    msg = pb.Result(
-        name=result.get("name", ""),
-        score=result["score"],
-        threshold=result["threshold"],
-        is_anomaly=result["is_anomaly"],
-        version=result["version"],
-        timing=pb.Timing(**{k: timing[k] for k in pb.Timing.DESCRIPTOR.fields_by_name if k in timing}),
-    )
-    for key in _RULE_FIELDS:
-        if result.get(key) is not None:
-            setattr(msg, key, result[key])
-    if "heatmap_png" in result:
-        msg.heatmap_png = base64.b64decode(result["heatmap_png"])
-        msg.heatmap_scale.CopyFrom(pb.HeatmapScale(**result["heatmap_scale"]))
-    return msg
+__all__ = ["InspectionDetector"]
 
 
 def _token_of(grpc_context: Any) -> str:
@@ -106,7 +71,7 @@ class InspectionDetector(Detector.func_or_class):  # type: ignore[name-defined,m
         self.service = ServiceConfig.from_dict(service)
         self.token = os.environ.get(self.service.admin_token_env) or None
         refuse_open_bind(self.service.grpc_host, self.token, self.service.admin_token_env)
-        self.loopback_only = peer_is_loopback(f"ip:{self.service.grpc_host}:0") or self.service.grpc_host == "localhost"
+        self.loopback_only = host_is_loopback(self.service.grpc_host)
         self.limit = self.service.max_body_mib * 2**20
 
     # --- plumbing -------------------------------------------------------------------------------
