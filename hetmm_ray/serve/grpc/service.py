@@ -159,7 +159,7 @@ class InspectionDetector(Detector.func_or_class):  # type: ignore[name-defined,m
         images = await asyncio.to_thread(decode_to_canvas, uploads, (bb.image_size, bb.geometry))
         decode_ms = round(1000 * (time.perf_counter() - decode_start), 3)
         scored = ScoreRequest(images, request.heatmap, time.perf_counter())
-        results = await self._batcher.submit(model_id, scored, len(images))
+        results = await self.score(model_id, scored)
         version = results[0]["version"]
         if request.HasField("version") and request.version != version:
             raise Refused(409, "version_moved", f"version {request.version} asked; version {version} is head")
