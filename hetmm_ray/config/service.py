@@ -108,6 +108,9 @@ class ServiceConfig(Settings):
     # Model ids (the product's own and aliases) a hot product cycles over: replicas it can spread
     # over (set it to the Detector's autoscaling max_replicas); 1 pins every product to one replica.
     hot_product_spread: int = setting(4, Range(1, 1024, int))
+    # While a product is hot its aliases are renamed this often, so replicas that autoscaling adds
+    # get a share (Serve keeps an alias on the replica that loaded it first; serve/warm_set.py).
+    hot_product_rotate_s: float = setting(10.0, Range(1.0, 3600.0))
     # The console's recent predictions (serve/recent.py): the last this many per product, kept in
     # the ingress process's memory (lost on restart), the uploaded images and heat-maps within
     # recent_max_mib in all (the oldest go first).

@@ -183,7 +183,11 @@ class Ingress:
         self.registry.set_poll.remote(self.service.store_poll_s)  # follow other writers of the store
         self.registry.set_hosts.remote(self.service.template_hosts)  # template host processes (issue 14)
         # A hot product spreads over several replicas (serve/warm_set.py).
-        self.warm = WarmSet(hot_inflight=self.service.hot_product_inflight, spread=self.service.hot_product_spread)
+        self.warm = WarmSet(
+            hot_inflight=self.service.hot_product_inflight,
+            spread=self.service.hot_product_spread,
+            rotate_s=self.service.hot_product_rotate_s,
+        )
         self.metrics = ServiceMetrics()
         self.limit = self.service.max_body_mib * 2**20
         self._known: dict[str, float] = {}  # product -> until when its existence is cached

@@ -7,9 +7,10 @@ serve/autoscaling.py), with shortened delays, stated here: upscale_delay_s 2, do
 look_back_period_s 4, and the replicas and handles pushing their metrics every second
 (``RAY_SERVE_*_AUTOSCALING_METRIC_PUSH_INTERVAL_S``; 10 s by default).
 
-Load profile: 8 clients in closed loop, each sending 8-image multipart predicts (64 images in
-flight: the policy wants 8 replicas, capped at 4; Serve's request-count default would see 8 requests,
-one replica's target) until at least 3 replicas run and a few seconds longer; then one client
+Load profile: 12 clients in closed loop, each sending 4-image multipart predicts (48 images in
+flight: the policy wants 6 replicas, capped at 4; Serve's request-count default would see 12
+requests, 1.5 replicas' target; and more than ``hot_product_inflight`` = 8 predicts in flight, so the
+warm set spreads the product over model-id aliases) until at least 3 replicas run and 8 s longer; then one client
 sending one-image predicts one after another until one replica is left. Every request of both
 moves must answer 200, and none may take longer than ``STALL_BOUND_S`` (a product loading cold on
 a new replica, a drained replica's requests served elsewhere). Bounds are generous: replicas
@@ -146,7 +147,7 @@ def test_replicas_grow_under_load_and_shrink_after_it(service: str) -> None:
     wait_for(lambda: running_replicas() == 1, 120, "one replica at rest")
     load = Load(service)
     heavy = threading.Event()
-    threads = load.run(clients=8, images=8, stop=heavy)
+    threads = load.run(clients=12, images=4, stop=heavy)
     up = wait_for(lambda: running_replicas() >= 3, UP_WITHIN_S, ">= 3 replicas under load")
     time.sleep(8.0)  # the new replicas take requests (the warm set spreads the hot product)
     heavy.set()
