@@ -71,7 +71,7 @@ def process_cpu() -> dict[int, tuple[float, str]]:
 GROUPS = (
     ("proxy (HTTP and gRPC)", ("ProxyActor",)),
     ("ingress replica", ("Front", "Ingress")),
-    ("model replica", ("Sink", "Detector")),
+    ("model replica", ("Sink", "Detector", "Inspection")),
     ("registry", ("ProductRegistry", "TemplateHost")),
     ("Serve controller", ("ServeController",)),
     ("raylet, GCS, agents, log monitor", ("raylet", "gcs_server", "Agent", "log_monitor", "dashboard")),
