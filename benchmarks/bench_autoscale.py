@@ -151,7 +151,6 @@ def main() -> None:
     from bench_serve import body_png, publish
     from ray import serve
 
-    from hetmm_ray.distributed.runtime import serve_environment
     from hetmm_ray.serve.app import DEPLOY_YAML
     from hetmm_ray.serve.run import start_service, stop_service
 
@@ -168,10 +167,12 @@ def main() -> None:
         "downscale_delay_s": args.downscale_delay_s,
         "look_back_period_s": args.look_back_s,
     }
-    serve_environment()
-    ray.init(num_cpus=args.ray_cpus, include_dashboard=False)
+    # the service's own embedded Ray (distributed.runtime.connect), with more logical CPUs than cores
     running = start_service(
-        store=store, port=free_port(), deployments={"Detector": {"autoscaling_config": autoscaling}}
+        store=store,
+        port=free_port(),
+        num_cpus=args.ray_cpus,
+        deployments={"Detector": {"autoscaling_config": autoscaling}},
     )
     samples: list[tuple[float, int]] = []
     t0 = time.monotonic()

@@ -12,6 +12,8 @@ from __future__ import annotations
 import base64
 import json
 import os
+import struct
+import zlib
 from collections.abc import Iterator
 
 import grpc
@@ -156,9 +158,20 @@ def test_threshold_override_with_the_token(client, admin) -> None:
         assert r.threshold_rule == "override" and not r.HasField("estimated_false_alarm_rate")
 
 
+def _png_declaring(side: int) -> bytes:
+    """A tiny valid PNG whose header declares ``side x side`` pixels (a decompression bomb)."""
+    data = bytearray(png(GEAR.good(3)[:16, :16]))
+    data[16:24] = struct.pack(">II", side, side)
+    data[29:33] = struct.pack(">I", zlib.crc32(bytes(data[12:29])))
+    return bytes(data)
+
+
 def _bad_cases() -> list[tuple[str, dict, int, str]]:
     good = png(GEAR.good(1))
     return [
+        ("decompression_bomb", {"images": [("bomb.png", _png_declaring(100_000))]}, 400, "bad_image"),
+        ("truncated_png", {"images": [("cut.png", good[: len(good) // 2])]}, 400, "bad_image"),
+        ("one_bad_of_several", {"images": [("g.png", good), ("x.png", b"GIF89a....")]}, 400, "bad_image"),
         ("oversized", {"images": [("big.png", b"\x89PNG" + b"\0" * (1536 * 1024))]}, 413, "too_large"),
         ("not_an_image", {"images": [("x.png", b"this is not an image at all")]}, 400, "bad_image"),
         ("unknown_product", {"product": "nosuch", "images": [("g.png", good)]}, 404, "unknown_product"),
