@@ -198,3 +198,23 @@ def test_bad_input_gets_its_mapped_status(service, client, name, call, status, c
     assert error_code(caught.value) == code, caught.value.details()
     # and the service keeps serving
     assert client.predict("gear", [("g.png", png(GEAR.good(2)))]).results[0].version >= 1
+
+
+def test_cli_predict_over_grpc(service, client, tmp_path, capsys) -> None:
+    """``hetmm predict --grpc HOST:PORT`` prints the in-process command's lines from the service's answers."""
+    from hetmm_ray import cli
+
+    paths = []
+    for i in range(2):
+        paths.append(tmp_path / f"part{i}.png")
+        paths[-1].write_bytes(png(GEAR.good(30 + i)))
+    out = tmp_path / "r.json"
+    assert cli.main(["predict", "--grpc", service[1], "--product", "gear", *map(str, paths), "--json", str(out)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    records = json.loads(out.read_text())
+    assert [r["image"] for r in records] == [str(p) for p in paths]
+    expected = client.predict("gear", [(str(p), p.read_bytes()) for p in paths]).results
+    assert [r["score"] for r in records] == [round(e.score, 6) for e in expected]
+    assert lines[-1].startswith("2 images, product gear v")
+    assert cli.main(["predict", "--grpc", service[1], "--product", "nosuch", str(paths[0])]) == 2
+    assert "NOT_FOUND: unknown_product:" in capsys.readouterr().err
