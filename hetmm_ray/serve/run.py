@@ -69,6 +69,8 @@ def start_service(
     service = ServiceConfig.from_dict(app_args)
     token = os.environ.get(service.admin_token_env)
     refuse_open_bind(host, token, service.admin_token_env)
+    if grpc_port is not None:  # the gRPC replicas would refuse to start: say it here, once
+        refuse_open_bind(service.grpc_host, token, service.admin_token_env)
 
     options = deployment_options(entry)
     for name, extra in (deployments or {}).items():
