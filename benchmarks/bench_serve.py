@@ -1,4 +1,5 @@
-"""HTTP service throughput vs in-process, in one run: images/s at concurrency 1 and 8.
+"""HTTP and gRPC service throughput vs in-process, in one run: images/s at concurrency 1 and 8,
+and with several images per request.
 
 Starts the service of deploy.yaml on a local Ray (or joins ``--address``), publishes one
 product per backbone with 60 template sheets (ALL of 60 synthetic good images; random weights:
@@ -8,7 +9,13 @@ speed does not depend on them), then, for each backbone:
   (batch 8, the detector's own decode/prefetch pipeline, this process's torch threads);
 - over HTTP: ``POST /v1/products/{p}/predict`` with one PNG body per request from
   ``concurrency`` client threads, the detector replica running as many torch threads as the
-  in-process run (``user_config.threads``), greedy batching (replica.py / serve/greedy.py).
+  in-process run (``user_config.threads``), greedy batching (replica.py / serve/greedy.py);
+- over gRPC (issue 25): hetmm.v1.Inspection ``Predict`` with the same body at the same
+  concurrencies, to the gRPC application's detector replica (same settings, no ingress hop);
+- ``--multi-images`` (8) images per request (HTTP multipart, and one gRPC ``Predict``) from
+  ``--multi-concurrency`` (2) clients: is a request of several images amortised as it should be.
+
+The shares of in-process are of the same run's in-process figure (``--no-grpc``: HTTP only).
 
 The body is a bottle test PNG (900x900) when ../shared is there, else a synthetic 256x256 PNG.
 Each cell is the median of ``--runs`` runs; the timing split is the median over the responses'
@@ -66,11 +73,23 @@ def publish(store: str, backbone: str, device: str) -> str:
 SPLIT = ("decode_ms", "transfer_ms", "queue_ms", "score_ms", "batch_images")
 
 
-def drive(url: str, product: str, body: bytes, concurrency: int, requests: int) -> dict[str, float]:
-    answered, failures, wall = post_images(url, product, body, concurrency, requests)
+def _sender(path: str, per_request: int, running: object):
+    """``send(product, body, concurrency, requests)`` of one path: HTTP or gRPC, ``per_request`` images."""
+    from common import grpc_images, post_multipart
+
+    if path == "gRPC":
+        return lambda p, b, c, n: grpc_images(running.grpc_target, p, [b] * per_request, c, n)
+    if per_request > 1:
+        return lambda p, b, c, n: post_multipart(running.url, p, [b] * per_request, c, n)
+    return lambda p, b, c, n: post_images(running.url, p, b, c, n)
+
+
+def drive(send, product: str, body: bytes, concurrency: int, requests: int, per_request: int = 1) -> dict[str, float]:
+    """One run of ``send``; ``rps`` counts images per second (``per_request`` per answered request)."""
+    answered, failures, wall = send(product, body, concurrency, requests)
     latencies = [s for s, _ in answered]
     return {
-        "rps": len(latencies) / wall,
+        "rps": per_request * len(latencies) / wall,
         "p50": 1000 * float(np.percentile(latencies, 50)),
         "p99": 1000 * float(np.percentile(latencies, 99)),
         "failures": failures,
@@ -110,6 +129,9 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--device", default="auto")
     parser.add_argument("--address", help="Ray cluster to run on (default: a local Ray)")
+    parser.add_argument("--no-grpc", action="store_true", help="HTTP only (no gRPC application)")
+    parser.add_argument("--multi-images", type=int, default=8, help="images per request of the multi rows (0: none)")
+    parser.add_argument("--multi-concurrency", type=int, default=2)
     args = parser.parse_args()
 
     import torch
@@ -129,6 +151,7 @@ def main() -> None:
         port=port,
         address=args.address,
         deployments={"Detector": {"num_replicas": 1, "user_config": user}},
+        grpc_port=None if args.no_grpc else free_port(),
     )
     rows = []
     try:
@@ -139,18 +162,26 @@ def main() -> None:
                 client.post(f"/v1/products/{product}/predict", content=body, headers={"content-type": "image/png"})
                 single = time.perf_counter() - t0
             rows.append([product, "in-process", "-", f"{inproc[product]:.2f}", "100%", "", "", "", "", "", "", "", ""])
-            for conc in args.concurrency:
-                n = max(2 * conc, int(args.seconds / single))
+            cases = [("HTTP", 1, c) for c in args.concurrency]
+            if running.grpc_target:
+                cases += [("gRPC", 1, c) for c in args.concurrency]
+            if args.multi_images > 1:
+                cases += [("HTTP", args.multi_images, args.multi_concurrency)]
+                if running.grpc_target:
+                    cases += [("gRPC", args.multi_images, args.multi_concurrency)]
+            for path, per_request, conc in cases:
+                sender = _sender(path, per_request, running)
+                n = max(2 * conc, int(args.seconds / (single * per_request)))
                 # warm-up at this concurrency: every score worker of the replica has run (a worker's
                 # first batch builds its one-thread backbone runtime), as the in-process warm-up did
-                post_images(running.url, product, body, conc, 4 * conc)
-                runs = [drive(running.url, product, body, conc, n) for _ in range(args.runs)]
+                sender(product, body, conc, 4 * conc)
+                runs = [drive(sender, product, body, conc, n, per_request) for _ in range(args.runs)]
                 med = {k: statistics.median(r[k] for r in runs) for k in ("rps", "p50", "p99", *SPLIT)}
                 fails = sum(r["failures"] for r in runs)
                 rows.append(
                     [
                         product,
-                        "HTTP",
+                        path if per_request == 1 else f"{path}, {per_request} images per request",
                         conc,
                         f"{med['rps']:.2f}",
                         f"{100 * med['rps'] / inproc[product]:.0f}%",
@@ -170,7 +201,8 @@ def main() -> None:
         serve.shutdown()
     print()
     print(
-        f"predict, {SHEETS} sheets, {source} bodies (one image per request), 1 detector replica with {threads} "
+        f"predict, {SHEETS} sheets, {source} bodies (one image per request unless stated), 1 detector replica "
+        f"per application (HTTP, gRPC) with {threads} "
         f"torch threads; in-process: {args.inproc_images} images per call, {threads} threads; median of {args.runs} "
         f"runs; load average at the end {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
     )

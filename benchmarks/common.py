@@ -93,3 +93,76 @@ def post_images(
     with ThreadPoolExecutor(concurrency) as pool:
         list(pool.map(worker, [max(1, requests // concurrency)] * concurrency))
     return answered, failures, time.perf_counter() - start
+
+
+def run_clients(
+    call: Callable[[object], tuple[bool, dict]], open_client: Callable[[], object], concurrency: int, requests: int
+) -> tuple[list[tuple[float, dict]], int, float]:
+    """``requests`` calls from ``concurrency`` threads (each ``requests // concurrency``, at least 1),
+    each thread with its own ``open_client()``; ``call(client) -> (ok, timing)``. Returns
+    ``([(seconds, timing)] of the answered ones, failures, wall s)`` as :func:`post_images`."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    answered: list[tuple[float, dict]] = []
+    failures = 0
+    lock = threading.Lock()
+
+    def worker(n: int) -> None:
+        nonlocal failures
+        client = open_client()
+        try:
+            for _ in range(n):
+                t0 = time.perf_counter()
+                ok, timing = call(client)
+                with lock:
+                    if ok:
+                        answered.append((time.perf_counter() - t0, timing))
+                    else:
+                        failures += 1
+        finally:
+            client.close()  # type: ignore[attr-defined]
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(concurrency) as pool:
+        list(pool.map(worker, [max(1, requests // concurrency)] * concurrency))
+    return answered, failures, time.perf_counter() - start
+
+
+def grpc_images(
+    target: str, product: str, bodies: list[bytes], concurrency: int, requests: int
+) -> tuple[list[tuple[float, dict]], int, float]:
+    """:func:`post_images` over gRPC (hetmm.v1.Inspection ``Predict``), ``bodies`` in each request;
+    the timing of the first result, with ``transfer_ms`` = total - decode - queue - score."""
+    import grpc
+
+    from hetmm_ray.serve.grpc.client import InspectionClient
+
+    images = [(f"{i}.png", b) for i, b in enumerate(bodies)]
+
+    def call(client: object) -> tuple[bool, dict]:
+        try:
+            reply = client.predict(product, images)  # type: ignore[attr-defined]
+        except grpc.RpcError:
+            return False, {}
+        t = reply.results[0].timing
+        timing = {k: getattr(t, k) for k in ("decode_ms", "queue_ms", "score_ms", "batch_images", "total_ms")}
+        timing["transfer_ms"] = max(0.0, t.total_ms - t.decode_ms - t.queue_ms - t.score_ms)
+        return True, timing
+
+    return run_clients(call, lambda: InspectionClient(target, timeout=600), concurrency, requests)
+
+
+def post_multipart(
+    url: str, product: str, bodies: list[bytes], concurrency: int, requests: int
+) -> tuple[list[tuple[float, dict]], int, float]:
+    """:func:`post_images` with ``bodies`` as one multipart request (several images per request)."""
+    import httpx
+
+    files = [("images", (f"{i}.png", b, "image/png")) for i, b in enumerate(bodies)]
+
+    def call(client: object) -> tuple[bool, dict]:
+        r = client.post(f"/v1/products/{product}/predict", files=files)  # type: ignore[attr-defined]
+        return r.status_code == 200, (r.json()["results"][0]["timing"] if r.status_code == 200 else {})
+
+    return run_clients(call, lambda: httpx.Client(base_url=url, timeout=600), concurrency, requests)

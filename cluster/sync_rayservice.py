@@ -30,6 +30,7 @@ KUBERNETES_VALUES: dict[str, Any] = {
     "store": "s3://hetmm-templates/store",
     # Replicas share a worker's GPU in pairs; asking for a GPU also keeps them off the CPU head.
     "detector_num_gpus": 0.5,
+    "grpc_host": "0.0.0.0",  # line PCs reach the gRPC endpoint from outside the pod (the token is set)
 }
 
 _BLOCK = re.compile(r"^(?P<indent> *)serveConfigV2: \|[-+]?\n(?P<body>(?:(?P=indent)  .*\n|\n)*)", re.MULTILINE)
@@ -41,6 +42,8 @@ def for_kubernetes(applications: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for app in apps:
         if "store" in (app.get("args") or {}):
             app["args"]["store"] = KUBERNETES_VALUES["store"]
+        if "grpc_host" in (app.get("args") or {}):
+            app["args"]["grpc_host"] = KUBERNETES_VALUES["grpc_host"]
         for dep in app.get("deployments") or []:
             if dep.get("name") == "Detector":
                 dep.setdefault("ray_actor_options", {})["num_gpus"] = KUBERNETES_VALUES["detector_num_gpus"]

@@ -211,7 +211,54 @@ def _fit_tiled(args: argparse.Namespace, config: Any, paths: list[Path]) -> int:
     return 0
 
 
+def _predict_grpc(args: argparse.Namespace) -> int:
+    """``hetmm predict --grpc HOST:PORT``: the images scored by a service's hetmm.v1.Inspection
+    (serve/grpc/), one request of up to 16 images at a time; the same lines as in process."""
+    import os
+
+    import grpc
+
+    from .serve.grpc.client import InspectionClient
+
+    files = [(str(path), path.read_bytes()) for path, _ in _image_paths(args.images)]
+    if not files:
+        raise CLIError("no images to score")
+    token = os.environ.get("HETMM_ADMIN_TOKEN") or None
+    records, out = [], Path(args.out) if args.out else None
+    with InspectionClient(args.grpc, token=token) as client:
+        for start in range(0, len(files), 16):
+            try:
+                reply = client.predict(
+                    args.product,
+                    files[start : start + 16],
+                    heatmap=out is not None,
+                    version=args.version,
+                    threshold=args.threshold,
+                )
+            except grpc.RpcError as exc:
+                raise CLIError(f"{args.grpc}: {exc.code().name}: {exc.details()}") from None
+            for r in reply.results:
+                rec = {"image": r.name, "score": round(r.score, 6), "threshold": round(r.threshold, 6)}
+                rec.update(is_anomaly=r.is_anomaly, version=r.version)
+                if out is not None and r.heatmap_png:
+                    target = out / f"{Path(r.name).name}_heatmap.png"
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    target.write_bytes(r.heatmap_png)
+                    rec["heatmap"] = str(target)
+                records.append(rec)
+                print(f"{rec['score']:.4f}  {'ANOMALY' if r.is_anomaly else 'ok':<7}  {r.name}")
+    print(f"{len(records)} images, product {args.product} v{records[-1]['version']} (gRPC {args.grpc})")
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(records, indent=1))
+    return 0
+
+
 def cmd_predict(args: argparse.Namespace) -> int:
+    if args.grpc:
+        return _predict_grpc(args)
+    if args.threshold is not None:
+        raise CLIError("--threshold overrides the verdict of a service: give it with --grpc")
     from .data.decode import ImageError, decode_image, resize_to_geometry
     from .visualize import heatmap_overlay, heatmap_range, save_png
 
@@ -495,7 +542,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         host=args.host,
         port=args.port,
         address=args.address,
+        grpc_port=args.grpc_port,
     )
+    if running.grpc_target:
+        print(f"hetmm: gRPC hetmm.v1.Inspection on {running.grpc_target}", flush=True)
     print(f"hetmm: serving {running.url} (store {running.store}), console {running.url}/ui/; Ctrl-C stops", flush=True)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -649,6 +699,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--device")
     p.add_argument("--dtype", choices=DTYPES)
+    p.add_argument(
+        "--grpc", metavar="HOST:PORT", help="score on a service's gRPC endpoint (hetmm.v1.Inspection), not in process"
+    )
+    p.add_argument("--threshold", type=float, help="with --grpc: the verdict at this threshold (admin token)")
     p.set_defaults(func=cmd_predict)
 
     p = sub.add_parser("evaluate", help="fit on train/good of an MVTec-layout folder and measure on test/")
@@ -751,6 +805,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--store", metavar="URI", help="template store (default: deploy.yaml's args.store)")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1; others need an admin token)")
     p.add_argument("--port", type=int, default=8000, help="HTTP port (default 8000)")
+    p.add_argument("--grpc-port", type=int, help="also serve hetmm.v1.Inspection over gRPC on this port (e.g. 9000)")
     _add_address_flag(p, "run on")
     p.set_defaults(func=cmd_serve)
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-__all__ = ["ERRORS", "HetmmError", "Refused", "all_error_classes", "describe", "one_line"]
+__all__ = ["ERRORS", "GRPC_CODES", "HetmmError", "Refused", "all_error_classes", "describe", "grpc_code", "one_line"]
 
 # class name -> (HTTP status, code). Client mistakes are 4xx, the server's or a dependency's 5xx.
 ERRORS: dict[str, tuple[int, str]] = {
@@ -105,3 +105,31 @@ def all_error_classes() -> list[type[HetmmError]]:
                 seen[f"{sub.__module__}.{sub.__qualname__}"] = sub
                 todo.append(sub)
     return sorted(seen.values(), key=lambda c: c.__name__)
+
+
+# The gRPC surface (serve/grpc/): an error's HTTP status in the table above -> the gRPC status code
+# (the name of its ``grpc.StatusCode``) it is answered with; the stable code leads the details
+# (``"<code>: <message>"``). Close to gRPC's own HTTP mapping, with the client's mistakes kept apart:
+# a wrong input INVALID_ARGUMENT, a size or count limit RESOURCE_EXHAUSTED, a state that must change
+# first FAILED_PRECONDITION. README's gRPC table; tests/unit/serve/test_grpc_codes.py keeps the two
+# equal and every status the project answers mapped.
+GRPC_CODES: dict[int, str] = {
+    400: "INVALID_ARGUMENT",
+    401: "UNAUTHENTICATED",
+    403: "PERMISSION_DENIED",
+    404: "NOT_FOUND",
+    408: "DEADLINE_EXCEEDED",
+    409: "FAILED_PRECONDITION",
+    413: "RESOURCE_EXHAUSTED",
+    415: "INVALID_ARGUMENT",
+    422: "FAILED_PRECONDITION",
+    499: "CANCELLED",
+    500: "INTERNAL",
+    502: "UNAVAILABLE",
+    503: "UNAVAILABLE",
+}
+
+
+def grpc_code(status: int) -> str:
+    """The gRPC status code name of an HTTP ``status`` (:data:`GRPC_CODES`; INTERNAL if unlisted)."""
+    return GRPC_CODES.get(status, "INTERNAL")

@@ -45,14 +45,27 @@ from .product import (
 )
 from .replica import ReplicaSettings
 from .run_time import BACKBONE_RUNTIMES, MODEL_CACHE_ENV, PTS_CHUNK_PIXELS, TASK_CPUS, model_cache_dir
-from .service import DEFAULT_STORE, HEATMAP_VMAX_OVER_THRESHOLD, SERVE_ENVIRONMENT, ServiceConfig
+from .service import (
+    DEFAULT_GRPC_PORT,
+    DEFAULT_STORE,
+    GRPC_APP_NAME,
+    GRPC_ROUTE_PREFIX,
+    GRPC_SERVICER,
+    HEATMAP_VMAX_OVER_THRESHOLD,
+    SERVE_ENVIRONMENT,
+    ServiceConfig,
+)
 
 __all__ = [
     "BACKBONES",
     "BACKBONE_PRECISIONS",
     "BACKBONE_RUNTIMES",
     "DEFAULT_LAYERS",
+    "DEFAULT_GRPC_PORT",
     "DEFAULT_STORE",
+    "GRPC_APP_NAME",
+    "GRPC_ROUTE_PREFIX",
+    "GRPC_SERVICER",
     "DTYPES",
     "GEOMETRIES",
     "HEATMAP_VMAX_OVER_THRESHOLD",

@@ -15,7 +15,17 @@ from typing import Any, ClassVar
 from ._constraints import Check, Range, Settings, setting
 from .detector import DetectorConfig
 
-__all__ = ["DEFAULT_STORE", "HEATMAP_VMAX_OVER_THRESHOLD", "SERVE_ENVIRONMENT", "ServiceConfig"]
+__all__ = [
+    "DEFAULT_GRPC_PORT",
+    "DEFAULT_STORE",
+    "GRPC_APP_NAME",
+    "GRPC_MAX_MESSAGE_MIB",
+    "GRPC_ROUTE_PREFIX",
+    "GRPC_SERVICER",
+    "HEATMAP_VMAX_OVER_THRESHOLD",
+    "SERVE_ENVIRONMENT",
+    "ServiceConfig",
+]
 
 DEFAULT_STORE = "hetmm-store"
 """The template store when none is named: a folder in the working directory (CLI and service)."""
@@ -25,12 +35,28 @@ HEATMAP_VMAX_OVER_THRESHOLD = 2.0
 same fixed scale for every image of a product version (the threshold sits mid-scale: cyan to
 green; above it yellow to red). Values beyond the top are drawn as the top colour."""
 
+# The gRPC endpoint (hetmm.v1.Inspection, serve/grpc/): Serve's gRPC proxy port (deploy.yaml
+# grpc_options.port; ``hetmm serve --grpc-port``), the application it routes to (clients send it as
+# the ``application`` metadata) and the servicer function Serve's proxy registers.
+DEFAULT_GRPC_PORT = 9000
+GRPC_APP_NAME = "hetmm-grpc"
+GRPC_ROUTE_PREFIX = "/hetmm-grpc"  # Serve's gRPC proxy routes only to applications with a route prefix
+GRPC_SERVICER = "hetmm_ray.serve.grpc.inspection_pb2_grpc.add_InspectionServicer_to_server"
+GRPC_MAX_MESSAGE_MIB = 65  # max_body_mib's default (64) and the message's framing
+
 # Ray Serve settings for the processes of a Ray this package starts (distributed.runtime.connect;
 # a cluster sets them in its own environment, cluster/rayservice.yaml). Measured with
 # benchmarks/bench_serve_floor.py (BENCHMARKS.md "Throughput"): deployment handle calls over
 # gRPC, not Ray actor calls through the object store, take a third less CPU per request in the
 # raylet, the ingress and the proxy. A value already in the environment wins.
-SERVE_ENVIRONMENT: dict[str, str] = {"RAY_SERVE_USE_GRPC_BY_DEFAULT": "1"}
+# RAY_SERVE_GRPC_MAX_MESSAGE_SIZE bounds what Serve's gRPC proxy (the hetmm.v1.Inspection endpoint)
+# receives or sends in one message: a larger request is refused (RESOURCE_EXHAUSTED) before the proxy
+# holds it, as HTTP refuses an over-long Content-Length; the replica then checks max_body_mib.
+SERVE_ENVIRONMENT: dict[str, str] = {
+    "RAY_SERVE_USE_GRPC_BY_DEFAULT": "1",
+    "RAY_SERVE_GRPC_MAX_MESSAGE_SIZE": str(GRPC_MAX_MESSAGE_MIB * 2**20),
+}
+
 
 _STRINGS = Check(lambda v: all(isinstance(s, str) and s for s in v), "must be a list of non-empty strings")
 
@@ -82,6 +108,9 @@ class ServiceConfig(Settings):
     # Model ids (the product's own and aliases) a hot product cycles over: replicas it can spread
     # over (set it to the Detector's autoscaling max_replicas); 1 pins every product to one replica.
     hot_product_spread: int = setting(4, Range(1, 1024, int))
+    # While a product is hot its aliases are renamed this often, so replicas that autoscaling adds
+    # get a share (Serve keeps an alias on the replica that loaded it first; serve/warm_set.py).
+    hot_product_rotate_s: float = setting(10.0, Range(1.0, 3600.0))
     # The console's recent predictions (serve/recent.py): the last this many per product, kept in
     # the ingress process's memory (lost on restart), the uploaded images and heat-maps within
     # recent_max_mib in all (the oldest go first).
@@ -92,6 +121,12 @@ class ServiceConfig(Settings):
     # ``serve run`` of a Serve config file should set it to its ``http_options.host``; left
     # unset, the ingress cannot know the bind and logs that it did not check it.
     http_host: str | None = setting(None, Check(lambda v: isinstance(v, str) and v != "", "a host name or address"))
+
+    # The peers the gRPC endpoint answers (serve/grpc/): a loopback address (the default) answers
+    # loopback peers only, PERMISSION_DENIED to others (Ray 2.60's gRPC proxy listens on every
+    # interface whatever is asked); another address answers every peer and, like a non-loopback
+    # HTTP bind, needs the admin token set.
+    grpc_host: str = setting("127.0.0.1", Check(lambda v: isinstance(v, str) and v != "", "a host name or address"))
 
     def _check(self) -> None:
         DetectorConfig.from_dict(self.product_defaults)  # fail at start-up, not at the first create

@@ -50,7 +50,7 @@ from .canvas import CanvasCache, decode_to_canvas
 from .metrics import CONTENT_TYPE_LATEST, ServiceMetrics
 from .security import CrossOriginGuard, JSONResponse, parse_json_object, refuse_open_bind, resolve_source
 from .ui import Console
-from .warm_set import WarmSet
+from .warm_set import WarmSet, product_of
 
 __all__ = ["Ingress", "app", "classify", "job_answer", "timed"]
 
@@ -183,10 +183,15 @@ class Ingress:
         self.registry.set_poll.remote(self.service.store_poll_s)  # follow other writers of the store
         self.registry.set_hosts.remote(self.service.template_hosts)  # template host processes (issue 14)
         # A hot product spreads over several replicas (serve/warm_set.py).
-        self.warm = WarmSet(hot_inflight=self.service.hot_product_inflight, spread=self.service.hot_product_spread)
+        self.warm = WarmSet(
+            hot_inflight=self.service.hot_product_inflight,
+            spread=self.service.hot_product_spread,
+            rotate_s=self.service.hot_product_rotate_s,
+        )
         self.metrics = ServiceMetrics()
         self.limit = self.service.max_body_mib * 2**20
         self._known: dict[str, float] = {}  # product -> until when its existence is cached
+        self._handles: dict[str, Any] = {}  # model id -> the detector's predict under it (_predict_handle)
         # the canvas each product's replica needs: uploads are resized here (serve/canvas.py)
         self._canvas = CanvasCache(lambda p: self.registry.snapshot.remote(p), self.service.store_poll_s)
         # the console's state and answers (serve/ui.py): the recent-predictions ring, the labelled set
@@ -226,6 +231,15 @@ class Ingress:
         return await bodies.uploads(
             request, max_images=max_images, limit=self.limit, timeout=self.service.body_timeout_s
         )
+
+    def _predict_handle(self, model_id: str) -> Any:
+        """The detector's ``predict`` under ``model_id``, made once per model id: ``options()`` and the
+        method lookup each copy the handle, per request before (issue 25). Model ids are products that
+        exist and their warm-set aliases; a deleted product's go with it."""
+        handle = self._handles.get(model_id)
+        if handle is None:
+            handle = self._handles[model_id] = self.detector.options(multiplexed_model_id=model_id).predict
+        return handle
 
     @staticmethod
     def _check_product(product: str) -> str:
@@ -282,11 +296,11 @@ class Ingress:
         decode_ms = round(1000 * (time.perf_counter() - decode_start), 3)
         started = time.perf_counter()
         with self.warm.request(product) as model_id:  # the product's id, or an alias while it is hot
-            handle = self.detector.options(multiplexed_model_id=model_id)
+            predict = self._predict_handle(model_id)
             try:
-                results = await handle.predict.remote(images, map == "png")
+                results = await predict.remote(images, map == "png")
             except RayActorError:  # the replica died under the request: scoring is idempotent, retry once
-                results = await handle.predict.remote(images, map == "png")
+                results = await predict.remote(images, map == "png")
         self.metrics.observe_results(product, results)
         self.console.remember(product, uploads, results)  # the console's recent ring; adds recent_id
         total_ms = round(1000 * (time.perf_counter() - started), 3)
@@ -450,6 +464,8 @@ class Ingress:
         self._check_product(product)
         await self.registry.delete.remote(product)  # ProductNotFound -> 404
         self._known.pop(product, None)
+        for model_id in [m for m in self._handles if product_of(m) == product]:
+            del self._handles[model_id]
         self._canvas.forget(product)
         self.console.forget(product)  # the console's recent ring (serve/recent.py)
         return JSONResponse({"product": product, "deleted": True})

@@ -42,6 +42,7 @@ from ..distributed.registry import get_registry
 from ..distributed.runtime import use_assigned_cpus
 from ..records import ProductSnapshot
 from ..visualize import heatmap_overlay, heatmap_range
+from .autoscaling import IMAGES_IN_FLIGHT
 from .greedy import GreedyBatcher
 from .warm_set import product_of
 
@@ -92,6 +93,7 @@ class Detector:
         # One detector per product, shared by its model ids (aliases) that Serve's LRU holds here.
         self._by_product: weakref.WeakValueDictionary[str, ProductModel] = weakref.WeakValueDictionary()
         self._replica = _replica_id()
+        self._images_in_flight = 0  # images of requests here, queued or scoring (record_autoscaling_stats)
         # The one place batching is set up: its settings come from ReplicaSettings (user_config).
         self._batcher: GreedyBatcher[ScoreRequest] = GreedyBatcher(
             self._score_batch,
@@ -158,8 +160,19 @@ class Detector:
     async def predict(self, images: list[np.ndarray], want_maps: bool = False) -> list[dict[str, Any]]:
         """Score one request's images (all by the same template version)."""
         model_id = serve.get_multiplexed_model_id()  # the product, or one of its warm-set aliases
-        request = ScoreRequest(images, want_maps, time.perf_counter())
-        return await self._batcher.submit(model_id, request, len(images))
+        return await self.score(model_id, ScoreRequest(images, want_maps, time.perf_counter()))
+
+    async def score(self, model_id: str, request: ScoreRequest) -> list[dict[str, Any]]:
+        """``request`` scored in a greedy batch of ``model_id``; its images count as in flight meanwhile."""
+        self._images_in_flight += len(request.images)
+        try:
+            return await self._batcher.submit(model_id, request, len(request.images))
+        finally:
+            self._images_in_flight -= len(request.images)
+
+    def record_autoscaling_stats(self) -> dict[str, float]:
+        """The replica's load for the autoscaling policy (serve/autoscaling.py): images, not requests."""
+        return {IMAGES_IN_FLIGHT: float(self._images_in_flight)}
 
     async def _score_batch(self, model_id: str, requests: list[ScoreRequest]) -> list[list[dict[str, Any]]]:
         """Score one greedy batch of a model id's requests (all by the same template version)."""

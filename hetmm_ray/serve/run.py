@@ -16,7 +16,7 @@ from typing import Any
 import ray
 from ray import serve
 
-from ..config import ConfigError, ServiceConfig
+from ..config import GRPC_APP_NAME, GRPC_ROUTE_PREFIX, GRPC_SERVICER, ConfigError, ServiceConfig
 from ..distributed.registry import registry_name
 from ..distributed.runtime import NAMESPACE, connect
 from .app import DEPLOY_YAML, build_application, deployment_options, load_deploy_config
@@ -32,6 +32,7 @@ class RunningService:
     url: str
     store: str
     app_name: str
+    grpc_target: str | None = None  # host:port of hetmm.v1.Inspection when it was started
 
 
 def _app_entry(config: dict[str, Any], name: str) -> dict[str, Any]:
@@ -51,10 +52,13 @@ def start_service(
     args: dict[str, Any] | None = None,
     deployments: dict[str, dict[str, Any]] | None = None,
     num_cpus: int | None = None,
+    grpc_port: int | None = None,
 ) -> RunningService:
     """Deploy the ``hetmm`` application of ``config_path`` and return its URL once it is up.
 
     ``args`` and ``deployments`` (name -> options) override the file's entries key by key.
+    With ``grpc_port``, the gRPC application (``serve/grpc/``, deploy.yaml's ``hetmm-grpc``) is
+    deployed too, behind Serve's gRPC proxy on that port; its Detector takes the same overrides.
     """
     config = load_deploy_config(config_path)
     entry = _app_entry(config, APP_NAME)
@@ -65,6 +69,8 @@ def start_service(
     service = ServiceConfig.from_dict(app_args)
     token = os.environ.get(service.admin_token_env)
     refuse_open_bind(host, token, service.admin_token_env)
+    if grpc_port is not None:  # the gRPC replicas would refuse to start: say it here, once
+        refuse_open_bind(service.grpc_host, token, service.admin_token_env)
 
     options = deployment_options(entry)
     for name, extra in (deployments or {}).items():
@@ -79,15 +85,45 @@ def start_service(
 
     connect(address, num_cpus=num_cpus if address is None else None)
     http = {**(config.get("http_options") or {}), "host": host, "port": port}
-    serve.start(http_options=http)
+    grpc = None
+    if grpc_port is not None:
+        grpc = {**(config.get("grpc_options") or {}), "port": grpc_port, "grpc_servicer_functions": [GRPC_SERVICER]}
+    serve.start(http_options=http, grpc_options=grpc)
     app = build_application(app_args, options)
     serve.run(app, name=APP_NAME, route_prefix=entry.get("route_prefix", "/"))
-    return RunningService(url=f"http://{host}:{port}", store=ServiceConfig.from_dict(app_args).store, app_name=APP_NAME)
+    grpc_target = None
+    if grpc_port is not None:
+        _run_grpc_app(config, app_args, (deployments or {}).get("Detector", {}), token, service.admin_token_env)
+        grpc_target = f"{service.grpc_host}:{grpc_port}"
+    store_uri = ServiceConfig.from_dict(app_args).store
+    return RunningService(url=f"http://{host}:{port}", store=store_uri, app_name=APP_NAME, grpc_target=grpc_target)
+
+
+def _run_grpc_app(
+    config: dict[str, Any], app_args: dict[str, Any], overrides: dict[str, Any], token: str | None, env: str
+) -> None:
+    """Deploy the gRPC application with the HTTP application's args; its Detector's options are
+    deploy.yaml's ``hetmm-grpc`` entry (the HTTP application's Detector when there is none), then
+    this call's Detector ``overrides``."""
+    from .grpc.app import build_grpc_application  # the gRPC modules only where gRPC is served
+
+    entries = {a.get("name"): a for a in config["applications"]}
+    stated = deployment_options(entries.get(GRPC_APP_NAME) or entries[APP_NAME]).get("Detector", {})
+    detector = copy.deepcopy({**stated, **overrides})
+    if "num_replicas" in overrides:
+        detector.pop("autoscaling_config", None)
+    if token:  # the threshold override's admin token, as the ingress gets it
+        actor = detector.setdefault("ray_actor_options", {})
+        actor.setdefault("runtime_env", {}).setdefault("env_vars", {})[env] = token
+    app = build_grpc_application(app_args, {"Detector": detector})
+    serve.run(app, name=GRPC_APP_NAME, route_prefix=GRPC_ROUTE_PREFIX)
 
 
 def stop_service(running: RunningService, *, shutdown_ray: bool = False) -> None:
     """Delete the application and its registry (the store keeps every version)."""
     serve.delete(running.app_name)
+    if running.grpc_target is not None:
+        serve.delete(GRPC_APP_NAME)
     store = running.store if "://" in running.store else os.path.abspath(running.store)
     try:
         ray.kill(ray.get_actor(registry_name(store), namespace=NAMESPACE))

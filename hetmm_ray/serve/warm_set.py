@@ -14,6 +14,12 @@ Serve issues #48741, #65691). We work with multiplexing, not around it:
   the fewest models, so the aliases land on different replicas; after that each alias
   is routed to its replica like any multiplexed model. The hot product is then warm on up
   to ``hot_product_spread`` replicas (set it to the Detector's max_replicas).
+- Serve keeps routing an alias to the replica that first loaded it, so aliases placed while one
+  replica ran would pin the hot product there after autoscaling added others (seen in
+  tests/integration/serve/test_autoscaling.py, issue 25). With ``rotate_s`` the aliases are renamed
+  every ``rotate_s`` seconds while the product is hot (``gear~1@7``: generation 7): a new name is
+  held by no replica, so Serve places it on the replicas holding the fewest models, the new ones
+  first. The product's own id never rotates; old names age out of the replicas' LRU.
 - A replica maps an alias back to the product (:func:`product_of`) and keeps one copy of a
   product's detector however many of its aliases it serves (serve/replica.py). Batches
   stay per model id, hence per product.
@@ -24,6 +30,7 @@ Serve issues #48741, #65691). We work with multiplexing, not around it:
 from __future__ import annotations
 
 import itertools
+import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -33,9 +40,11 @@ __all__ = ["ALIAS_SEPARATOR", "WarmSet", "alias", "product_of"]
 ALIAS_SEPARATOR = "~"
 
 
-def alias(product: str, index: int) -> str:
-    """The model id of ``product``'s ``index``-th warm copy (0 is the product's own id)."""
-    return product if index == 0 else f"{product}{ALIAS_SEPARATOR}{index}"
+def alias(product: str, index: int, generation: int = 0) -> str:
+    """The model id of ``product``'s ``index``-th warm copy (0 is the product's own id) in ``generation``."""
+    if index == 0:
+        return product
+    return f"{product}{ALIAS_SEPARATOR}{index}" + (f"@{generation}" if generation else "")
 
 
 def product_of(model_id: str) -> str:
@@ -46,9 +55,10 @@ def product_of(model_id: str) -> str:
 class WarmSet:
     """Per-product in-flight counts at one ingress, and the model id each new request takes."""
 
-    def __init__(self, *, hot_inflight: int, spread: int) -> None:
+    def __init__(self, *, hot_inflight: int, spread: int, rotate_s: float | None = None) -> None:
         self.hot_inflight = hot_inflight
         self.spread = max(1, spread)
+        self.rotate_s = rotate_s  # rename the aliases this often while hot (None: never)
         self.inflight: Counter[str] = Counter()
         self._turn: dict[str, Iterator[int]] = {}
 
@@ -57,7 +67,8 @@ class WarmSet:
         if self.spread == 1 or self.inflight[product] < self.hot_inflight:
             return product
         turn = self._turn.setdefault(product, itertools.cycle(range(self.spread)))
-        return alias(product, next(turn))
+        generation = int(time.monotonic() // self.rotate_s) if self.rotate_s else 0
+        return alias(product, next(turn), generation)
 
     @contextmanager
     def request(self, product: str) -> Iterator[str]:

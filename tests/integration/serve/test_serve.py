@@ -439,7 +439,8 @@ def test_deploy_yaml_is_a_valid_serve_config_for_this_application(tmp_path: Path
     from hetmm_ray.serve.app import DEPLOY_YAML, build_app, load_deploy_config
 
     config = load_deploy_config(DEPLOY_YAML)
-    (app,) = config["applications"]
+    app, grpc_app = config["applications"]  # HTTP, and the gRPC endpoint's (issue 25)
+    assert grpc_app["name"] == "hetmm-grpc" and grpc_app["import_path"] == "hetmm_ray.serve.grpc.app:build_grpc_app"
     assert app["import_path"] == "hetmm_ray.serve.app:build_app"
     assert len(inspect.signature(build_app).parameters) == 1  # Serve's rule for application builders
     assert config["http_options"]["host"] == "127.0.0.1"

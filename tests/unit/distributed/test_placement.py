@@ -73,3 +73,19 @@ def test_warm_set_pins_a_quiet_product_and_spreads_a_hot_one() -> None:
     assert warm.inflight == Counter() and warm.model_id("gear") == "gear"  # quiet again
     assert WarmSet(hot_inflight=1, spread=1).model_id("gear") == "gear"  # spread 1: always pinned
     assert alias("gear", 0) == "gear" and product_of("gear") == "gear"
+
+
+def test_warm_set_renames_its_aliases_while_hot(monkeypatch) -> None:
+    """Issue 25: aliases rotate every rotate_s so replicas added by autoscaling get a share (a name no
+    replica holds goes to the replicas with the fewest models); the product's own id stays."""
+    import hetmm_ray.serve.warm_set as warm_set
+
+    now = [100.0]
+    monkeypatch.setattr(warm_set.time, "monotonic", lambda: now[0])
+    warm = WarmSet(hot_inflight=1, spread=3, rotate_s=10.0)
+    with warm.request("gear"):
+        first = [warm.model_id("gear") for _ in range(3)]
+        now[0] += 10.0
+        second = [warm.model_id("gear") for _ in range(3)]
+    assert first == ["gear", "gear~1@10", "gear~2@10"] and second == ["gear", "gear~1@11", "gear~2@11"]
+    assert {product_of(m) for m in first + second} == {"gear"}

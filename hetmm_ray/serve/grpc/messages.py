@@ -1,0 +1,61 @@
+"""Plain helpers of the gRPC service (no Ray): result dicts as messages, and peers.
+
+Exact semantics: :func:`result_message` turns one image's result as the HTTP answer holds it into a
+``Result`` (``heatmap_png`` base64 -> bytes; rule fields that are None left unset);
+:func:`peer_is_loopback` reads a gRPC peer string (``ipv4:127.0.0.1:5000``, ``ipv6:[::1]:5000``,
+``unix:...``; grpc may percent-encode the brackets) and :func:`host_is_loopback` a configured host name or address.
+"""
+
+from __future__ import annotations
+
+import base64
+import ipaddress
+from typing import Any
+from urllib.parse import unquote
+
+from . import inspection_pb2 as pb
+
+__all__ = ["host_is_loopback", "peer_is_loopback", "result_message"]
+
+
+def host_is_loopback(host: str) -> bool:
+    """Whether ``host`` (``localhost``, an IPv4 or IPv6 address) is a loopback address."""
+    if host == "localhost":
+        return True
+    try:
+        address = ipaddress.ip_address(unquote(host).strip("[]"))
+    except ValueError:
+        return False
+    mapped = getattr(address, "ipv4_mapped", None)  # ::ffff:127.0.0.1 from a dual-stack listener
+    return (mapped or address).is_loopback
+
+
+_RULE_FIELDS = ("threshold_rule", "rule_target", "estimated_false_alarm_rate")
+
+
+def peer_is_loopback(peer: str) -> bool:
+    """Whether a gRPC peer string (``ipv4:127.0.0.1:5000``, ``ipv6:[::1]:5000``, ``unix:...``) is local."""
+    kind, _, rest = peer.partition(":")
+    if kind == "unix":
+        return True
+    return host_is_loopback(rest.rsplit(":", 1)[0]) if kind in ("ipv4", "ipv6") else False
+
+
+def result_message(result: dict[str, Any]) -> pb.Result:
+    """One image's result (the HTTP answer's dict) as a ``Result`` message."""
+    timing = result["timing"]
+    msg = pb.Result(
+        name=result.get("name", ""),
+        score=result["score"],
+        threshold=result["threshold"],
+        is_anomaly=result["is_anomaly"],
+        version=result["version"],
+        timing=pb.Timing(**{k: timing[k] for k in pb.Timing.DESCRIPTOR.fields_by_name if k in timing}),
+    )
+    for key in _RULE_FIELDS:
+        if result.get(key) is not None:
+            setattr(msg, key, result[key])
+    if "heatmap_png" in result:
+        msg.heatmap_png = base64.b64decode(result["heatmap_png"])
+        msg.heatmap_scale.CopyFrom(pb.HeatmapScale(**result["heatmap_scale"]))
+    return msg

@@ -1,0 +1,175 @@
+"""The ``hetmm.v1.Inspection`` gRPC service: detector replicas that Serve's gRPC proxy calls directly.
+
+Exact semantics:
+
+- The gRPC application (``config.GRPC_APP_NAME``, route prefix ``GRPC_ROUTE_PREFIX``: Serve 2.60's
+  gRPC proxy routes only to applications with one; HTTP there answers 404) has one deployment, ``Detector``: the HTTP
+  service's detector class (serve/replica.py) with the three methods of ``inspection.proto``. Serve's
+  gRPC proxy routes a call to it by the ``application`` metadata and, for ``Predict``, by the
+  ``multiplexed_model_id`` metadata (the product; the client in ``client.py`` sends both), so a
+  product's calls reach the replicas holding it with no ingress hop. Its replicas are a pool of their
+  own beside the HTTP application's (Serve deployments belong to one application), autoscaled with
+  the same settings (deploy.yaml).
+- ``Predict`` applies HTTP's checks in HTTP's order: the product name (400), the count of images
+  (none: 400 ``empty_body``; over ``max_images_per_request``: 413 ``too_many_images``), their bytes
+  in all over ``max_body_mib`` (413 ``too_large``) before any is decoded, the product's existence
+  (404), then each image's own checks while decoding (``data/decode.py``: 400 ``bad_image``). A
+  ``threshold`` override needs the admin token when one is configured (``authorization: Bearer
+  <token>`` metadata; none 401, a wrong one 403); ``version`` pins the version that must score the
+  request (another head: 409 ``version_moved``, nothing stored changes).
+- Every error is answered by the one table (``errors.describe``, transport errors as the HTTP
+  ingress classifies them) with the gRPC code of its HTTP status (``errors.GRPC_CODES``) and
+  details ``"<code>: <message>"``; the reply is then empty. A peer outside loopback is refused
+  (PERMISSION_DENIED ``forbidden``) while ``grpc_host`` is a loopback address.
+- Result fields are the HTTP answer's (``score``, ``threshold``, ``is_anomaly``, the rule fields,
+  ``version``, ``timing``; ``heatmap_png`` as PNG bytes, not base64). ``timing.total_ms`` is measured
+  in the replica (decode, queue and score; there is no hop to time), ``transfer_ms`` is absent. With
+  a ``threshold`` override ``is_anomaly`` is ``score > threshold`` (the detector's rule) and
+  ``threshold_rule`` is ``"override"``, without ``rule_target`` or ``estimated_false_alarm_rate``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import math
+import os
+import time
+from typing import Any
+
+import grpc
+from ray import serve
+
+from ...config import ServiceConfig
+from ...errors import Refused, grpc_code
+from ...store import StoreError, check_product_name
+from ..canvas import decode_to_canvas
+from ..ingress import classify
+from ..replica import Detector, ScoreRequest
+from ..security import JSONResponse, refuse_open_bind
+from ..warm_set import product_of
+from . import inspection_pb2 as pb
+from .messages import host_is_loopback, peer_is_loopback, result_message
+
+__all__ = ["InspectionDetector"]
+
+
+def _token_of(grpc_context: Any) -> str:
+    for key, value in grpc_context.invocation_metadata():
+        if key.lower() == "authorization":
+            return str(value)
+    return ""
+
+
+@serve.deployment(name="Detector", ray_actor_options={"num_cpus": 0.5}, max_ongoing_requests=32)
+class InspectionDetector(Detector.func_or_class):  # type: ignore[name-defined,misc]
+    """A detector replica that also answers ``hetmm.v1.Inspection`` (see the module doc)."""
+
+    def __init__(self, store: str, max_products_per_replica: int, service: dict[str, Any]) -> None:
+        super().__init__(store, max_products_per_replica)
+        self.service = ServiceConfig.from_dict(service)
+        self.token = os.environ.get(self.service.admin_token_env) or None
+        refuse_open_bind(self.service.grpc_host, self.token, self.service.admin_token_env)
+        self.loopback_only = host_is_loopback(self.service.grpc_host)
+        self.limit = self.service.max_body_mib * 2**20
+
+    # --- plumbing -------------------------------------------------------------------------------
+    async def _answer(self, grpc_context: Any, empty: Any, work: Any) -> Any:
+        """``await work()``, or ``empty`` with the error's gRPC code and ``"<code>: <message>"``."""
+        try:
+            if self.loopback_only and not peer_is_loopback(grpc_context.peer()):
+                raise Refused(403, "forbidden", "this endpoint answers loopback peers only (service.grpc_host)")
+            return await work()
+        except Exception as exc:  # noqa: BLE001 - every failure becomes a status with details
+            err = classify(exc)
+            grpc_context.set_code(getattr(grpc.StatusCode, grpc_code(err.status)))
+            grpc_context.set_details(f"{err.code}: {err.message}")
+            return empty
+
+    def _admin(self, grpc_context: Any) -> None:
+        if self.token is None:
+            return  # loopback-only endpoint without a token (checked at start-up)
+        header = _token_of(grpc_context)
+        if not header:
+            raise Refused(401, "unauthorized", "threshold override: send 'authorization: Bearer <token>' metadata")
+        scheme, _, given = header.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), self.token.encode()):
+            raise Refused(403, "forbidden", "threshold override: the bearer token is wrong")
+
+    # --- HTTP: none (Serve's gRPC proxy routes only to applications with a route prefix) ----------
+    async def __call__(self, request: Any) -> JSONResponse:
+        return JSONResponse(
+            {"error": {"code": "not_found", "message": "the gRPC application has no HTTP routes"}}, status_code=404
+        )
+
+    # --- the service ----------------------------------------------------------------------------
+    async def Predict(self, request: pb.PredictRequest, grpc_context: Any) -> pb.PredictReply:
+        return await self._answer(grpc_context, pb.PredictReply(), lambda: self._predict(request, grpc_context))
+
+    async def ListProducts(self, request: pb.ListProductsRequest, grpc_context: Any) -> pb.ListProductsReply:
+        async def work() -> pb.ListProductsReply:
+            described = await self.registry.describe.remote()
+            return pb.ListProductsReply(
+                products=[
+                    pb.Product(product=d.product, version=d.version, json=json.dumps(d.to_json(), allow_nan=False))
+                    for d in described
+                ]
+            )
+
+        return await self._answer(grpc_context, pb.ListProductsReply(), work)
+
+    async def Health(self, request: pb.HealthRequest, grpc_context: Any) -> pb.HealthReply:
+        async def work() -> pb.HealthReply:
+            if self._fatal is not None:
+                raise Refused(503, "unavailable", f"replica unhealthy: {self._fatal}")
+            return pb.HealthReply(status="ok", replica=self._replica)
+
+        return await self._answer(grpc_context, pb.HealthReply(), work)
+
+    async def _predict(self, request: pb.PredictRequest, grpc_context: Any) -> pb.PredictReply:
+        started = time.perf_counter()
+        product = request.product
+        try:
+            check_product_name(product)
+        except StoreError as exc:
+            raise Refused(400, "bad_product_name", str(exc)) from None
+        model_id = serve.get_multiplexed_model_id() or product
+        if product_of(model_id) != product:
+            raise Refused(400, "bad_request", f"multiplexed_model_id {model_id!r} is not product {product!r}")
+        count, most = len(request.images), self.service.max_images_per_request
+        if count == 0:
+            raise Refused(400, "empty_body", "the request holds no images")
+        if count > most:
+            raise Refused(413, "too_many_images", f"{count} images in one request; the limit is {most}")
+        size = sum(len(im.data) for im in request.images)
+        if size > self.limit:
+            raise Refused(413, "too_large", f"images of {size} bytes in all exceed {self.limit} bytes")
+        override = request.threshold if request.HasField("threshold") else None
+        if override is not None:
+            self._admin(grpc_context)
+            if not math.isfinite(override):
+                raise Refused(400, "bad_request", "threshold: must be a finite number")
+        model = await self.product_model(model_id)  # ProductNotFound -> NOT_FOUND
+        detector = model.detector
+        assert detector is not None
+        bb = detector.config.backbone
+        uploads = [(im.name or f"<image {i}>", im.data) for i, im in enumerate(request.images)]
+        decode_start = time.perf_counter()
+        images = await asyncio.to_thread(decode_to_canvas, uploads, (bb.image_size, bb.geometry))
+        decode_ms = round(1000 * (time.perf_counter() - decode_start), 3)
+        scored = ScoreRequest(images, request.heatmap, time.perf_counter())
+        results = await self.score(model_id, scored)
+        version = results[0]["version"]
+        if request.HasField("version") and request.version != version:
+            raise Refused(409, "version_moved", f"version {request.version} asked; version {version} is head")
+        total_ms = round(1000 * (time.perf_counter() - started), 3)
+        for (name, _), r in zip(uploads, results, strict=True):
+            r["name"] = name
+            r["timing"]["total_ms"] = total_ms
+            r["timing"]["decode_ms"] = decode_ms
+            if override is not None:
+                r.update(threshold=override, is_anomaly=r["score"] > override, threshold_rule="override")
+                r.pop("rule_target", None)
+                r.pop("estimated_false_alarm_rate", None)
+        return pb.PredictReply(product=product, version=version, results=[result_message(r) for r in results])
