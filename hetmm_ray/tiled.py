@@ -106,7 +106,9 @@ def _tile_key(p: int, layer: str) -> str:
 class TiledHETMM:
     """A tiled product in process (see the module docstring): ``fit``, ``predict``, ``save``, ``load``."""
 
-    def __init__(self, config: DetectorConfig, *, progress: bool = False, map_size: int | None = None) -> None:
+    def __init__(
+        self, config: DetectorConfig, *, progress: bool = False, map_size: int | None = None, backbone: Any = None
+    ) -> None:
         if config.geometry.tiles == "auto":
             raise ValueError("geometry.tiles 'auto' is resolved from frames first (resolve_tiles)")
         if config.region is not None:  # a region is in frame pixels; each tile would need its own part of it
@@ -120,6 +122,8 @@ class TiledHETMM:
         self.rows, self.cols = (int(v) for v in config.geometry.tiles)
         tile_config = replace(config, geometry=GeometryConfig())
         self.dets = [HETMM(tile_config, progress=progress) for _ in range(self.n_tiles)]
+        if backbone is not None:  # an already-built one (replicas: one per backbone, not per product)
+            self.dets[0].scorer.backbone = backbone
         self._share_backbone()
         self.scales: list[float] = []
         self.calibration: Calibration | None = None
@@ -385,6 +389,52 @@ class TiledHETMM:
         det.frame = tuple(info["frame"]) if info.get("frame") else None
         det._install(sets, ts.image_digests, version)
         det.calibration = ts.calibration  # the stored frame calibration (a labelled one would ride here)
+        return det
+
+    @classmethod
+    def serving(
+        cls,
+        config: DetectorConfig,
+        templates: dict[str, Tensor],
+        *,
+        tiles: dict[str, Any],
+        weights_id: str,
+        calibration: Calibration | None,
+        version: int | None,
+        backbone: Any = None,
+        map_size: int | None = None,
+    ) -> Self:
+        """A predict-only tiled detector over published tiny sets, as the service's replicas hold it:
+        ``templates`` maps ``tile<p>/<layer>`` to that position's (K, C, H, W) sheets (the template
+        hosts' shards), ``tiles`` is the stored ``meta["tiles"]`` (grid, layers, each position's
+        configuration and calibration), ``calibration`` the frame calibration. Each position scores
+        exactly as :meth:`from_template_set` would (the same sheets, scales and frame threshold)."""
+        det = cls(config, map_size=map_size, backbone=backbone)
+        if det.backbone.weights_id != weights_id:
+            raise TemplateError(
+                f"tiled templates were built with weights {weights_id}, the backbone has {det.backbone.weights_id}"
+            )
+        if len(tiles["sets"]) != det.n_tiles:
+            raise TemplateError(
+                f"tiled set holds {len(tiles['sets'])} positions, its grid {tiles['grid']} needs {det.n_tiles}"
+            )
+        sets = []
+        for p, stored in enumerate(tiles["sets"]):
+            bank = {layer: templates[_tile_key(p, layer)] for layer in tiles["layers"]}
+            k = next(iter(bank.values())).shape[0]
+            sets.append(
+                TemplateSet(
+                    bank=bank,
+                    config=stored_config(stored["config"]),
+                    weights_id=weights_id,
+                    image_digests=tuple(f"sheet-{i}" for i in range(k)),  # sheets, not images
+                    calibration=Calibration.from_json(stored["calibration"]),
+                    meta={"tiny": True},
+                )
+            )
+        det.frame = tuple(tiles["frame"]) if tiles.get("frame") else None
+        det._install(sets, (), version)
+        det.calibration = calibration  # the published frame calibration
         return det
 
     @classmethod

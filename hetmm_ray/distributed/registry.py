@@ -44,9 +44,11 @@ import torch
 from ..config import TASK_CPUS, DetectorConfig, ServiceConfig
 from ..core.templates import TemplateSet
 from ..records import ProductDescription, ProductSnapshot, UnreadableProduct
+from ..steps import FitSteps
 from ..store import ProductNotFound, StoreConflict, StoreError, VersionRecord, check_product_name, open_store
 from .hosts import HostPool
 from .jobs import JobBoard, JobProgress
+from .pts_fanout import pts_indices_ray
 from .runtime import use_assigned_cpus
 from .shard import ShardPlacement
 from .steps import JobReport, service_steps
@@ -85,11 +87,102 @@ def _features_to_bank(features: dict[str, np.ndarray]) -> dict[str, torch.Tensor
     return {k: torch.from_numpy(np.array(v)) for k, v in features.items()}
 
 
-def _snapshot(product: str, version: int, source: TemplateSet | VersionRecord, tiny: dict[str, Any]) -> ProductSnapshot:
+def _snapshot(
+    product: str,
+    version: int,
+    source: TemplateSet | VersionRecord,
+    tiny: dict[str, Any],
+    tiles: dict[str, Any] | None = None,
+) -> ProductSnapshot:
     """What replicas score ``version`` with: the tiny-set refs and the scoring metadata of a
     template set or of a stored version's record (so publishing a stored version reads its
-    manifest, not every layer's bank)."""
-    return ProductSnapshot(product, int(version), source.config, source.weights_id, source.calibration, dict(tiny))
+    manifest, not every layer's bank); ``tiles``: a tiled product's stored ``meta["tiles"]``."""
+    return ProductSnapshot(
+        product, int(version), source.config, source.weights_id, source.calibration, dict(tiny), tiles
+    )
+
+
+@ray.remote(num_cpus=TASK_CPUS)
+def _tiled_fit(config: dict[str, Any], images: list[bytes], registry: Any, job_id: str | None) -> TemplateSet:
+    """A tiled product's fit (hetmm_ray/tiled.py) in one task on a full CPU: every frame decoded, the
+    tiles of several frames through the backbone together (``TiledHETMM.fit``), each position's
+    selection with PTS fanned out as pixel-chunk tasks. Before the long work it reports the grid,
+    the tile size, the sheets per position and the estimated ms per frame to the job."""
+    from ..data.decode import decode_image
+    from ..tiled import TiledHETMM
+
+    use_assigned_cpus()
+    cfg = DetectorConfig.from_dict(config)
+    frames = [decode_image(data) for data in images]
+    det = TiledHETMM(cfg)
+    report = None if job_id is None else JobReport(registry, job_id)
+    for p, d in enumerate(det.dets):
+        d.pipeline.steps = FitSteps(pts=partial(pts_indices_ray, num_cpus=TASK_CPUS))
+        d.pipeline.report = None if report is None else _TileReport(report, p, det.n_tiles)
+    if report is not None:
+        h, w = max(f.shape[0] for f in frames), max(f.shape[1] for f in frames)
+        tile = det.tiles_of(h, w)[0]
+        sheets = cfg.templates.sheets_of(len(frames))
+        ms = det.estimate_ms_per_frame(frames[0], len(frames))
+        facts = {
+            "tiles": [det.rows, det.cols],
+            "tile_px": [tile.height, tile.width],
+            "sheets": sheets,
+            "estimated_ms_per_frame": round(ms, 1),
+        }
+        ray.get(registry.job_note.remote(job_id, facts))
+        report.stage(
+            f"fit {det.rows} x {det.cols} tiles ({tile.height} x {tile.width} px), {sheets} sheets per tile, "
+            f"about {ms:.0f} ms per frame",
+            len(frames),
+        )
+    det.fit(frames)
+    return det.template_set()
+
+
+class _TileReport:
+    """A tile position's fit stages to the job, named with the position (``tile 2/4: calibrate``)."""
+
+    def __init__(self, report: JobReport, position: int, tiles: int) -> None:
+        self.report, self.prefix = report, f"tile {position + 1}/{tiles}: "
+
+    def stage(self, name: str, total: int = 0) -> None:
+        self.report.stage(self.prefix + name, total)
+
+    def __call__(self, done: int, total: int) -> None:
+        self.report(done, total)
+
+
+def _frames_grid(config: DetectorConfig, images: list[bytes]) -> DetectorConfig:
+    """``config`` with ``geometry.tiles: auto`` resolved from the frames' headers (nothing decoded,
+    the largest height and width, as ``tiled.resolve_tiles``); a given grid as it is."""
+    import io
+
+    from PIL import Image
+
+    from ..core.tiles import grid_of
+
+    g = config.geometry
+    if g.tiles != "auto":
+        return config
+    sizes = []
+    for data in images:
+        with Image.open(io.BytesIO(data)) as im:
+            sizes.append((im.height, im.width))
+    h, w = max(s[0] for s in sizes), max(s[1] for s in sizes)
+    rows, cols = grid_of("auto", h, w, config.backbone.image_size, g.tile_overlap)
+    return replace(config, geometry=replace(g, tiles=(rows, cols)))
+
+
+def _refuse_tiled(product: str, config: DetectorConfig, what: str) -> None:
+    """TemplateError (409) before any work: ``what`` does not take a tiled product yet."""
+    from ..core.templates import TemplateError
+
+    if config.geometry.tiled:
+        raise TemplateError(
+            f"product {product!r} is tiled (geometry.tiles {list(config.geometry.tiles)}): "
+            f"{what} does not take tiled products yet"
+        )
 
 
 @ray.remote
@@ -231,7 +324,25 @@ class ProductRegistry:
             rule_target=None if op is None else op.target,
             estimated_false_alarm_rate=None if op is None else op.false_alarm_rate,
             created=rec.created,
+            region=config.region is not None,
+            tiles=tuple(int(v) for v in config.geometry.tiles),  # type: ignore[arg-type]
         )
+
+    async def settings(self, product: str) -> dict[str, Any]:
+        """``GET /v1/products/{product}``: the head version's stored settings (the configuration a
+        manifest keeps, ``geometry`` always shown), and its region, tile grid and tile overlap."""
+        version = await self.head(product)  # ProductNotFound -> 404
+        config = (await asyncio.to_thread(self.store.record, product, version)).config
+        stored = config.stored_dict()
+        stored["geometry"] = config.to_dict()["geometry"]
+        return {
+            "product": product,
+            "version": version,
+            "config": stored,
+            "region": config.region,
+            "tiles": list(config.geometry.tiles),
+            "tile_overlap": config.geometry.tile_overlap,
+        }
 
     async def _load_shards(self, product: str) -> int:
         """Load the store head's layers on the product's template hosts and publish it; returns
@@ -259,11 +370,18 @@ class ProductRegistry:
         for f in futures:
             if f.exception() is not None:  # a host lost under the publish: the old version keeps serving
                 raise f.exception()  # type: ignore[misc]
+        tiles = None
+        if source.config.geometry.tiled:  # the positions' settings and calibrations ride in the manifest's meta
+            meta = source.meta if isinstance(source, TemplateSet) else await self._manifest_meta(product, version)
+            tiles = meta["tiles"]
         # The tiny sets are ObjectRefs owned by this actor: replicas read them from shared memory.
-        self.published[product] = _snapshot(product, version, source, tiny)
+        self.published[product] = _snapshot(product, version, source, tiny, tiles)
         self.versions[product] = version
         async with self._condition(product):
             self._condition(product).notify_all()
+
+    async def _manifest_meta(self, product: str, version: int) -> dict[str, Any]:
+        return (await asyncio.to_thread(self.store.manifest, product, version)).get("meta") or {}
 
     async def shard_handles(self, product: str) -> dict[str, Any]:
         async with self._lock(product):
@@ -303,6 +421,12 @@ class ProductRegistry:
             progress.stage(stage, total)
         else:
             progress(done, total)
+
+    async def job_note(self, job_id: str, fields: dict[str, Any]) -> None:
+        """Facts a job's work running in a task reports besides progress (``JobProgress.note``)."""
+        progress = self.jobs.progress_of(job_id)
+        if progress is not None:
+            progress.note(**fields)
 
     async def create(
         self,
@@ -426,6 +550,9 @@ class ProductRegistry:
         cfg = DetectorConfig.from_dict(config)
         if product in await asyncio.to_thread(self.store.products):
             raise StoreConflict(f"product {product!r} already exists; add images with .../normals")
+        cfg = await asyncio.to_thread(_frames_grid, cfg, images)  # tiles: auto -> a grid (1 x 1: untiled)
+        if cfg.geometry.tiled:
+            return self.jobs.start("create", product, partial(self._create_tiled, product, cfg, images))
 
         async def work(progress: JobProgress) -> int:
             features, digests = await self._extract(cfg, images, progress)
@@ -433,10 +560,23 @@ class ProductRegistry:
 
         return self.jobs.start("create", product, work)
 
+    async def _create_tiled(self, product: str, cfg: DetectorConfig, images: list[bytes], progress: JobProgress) -> int:
+        """A tiled product (``geometry.tiles``, resolved): fit in a task (:func:`_tiled_fit`), published
+        as v1; its shards are its (tile position, layer) objects, placed over the template hosts."""
+        progress.stage("tile features and fit", len(images))
+        me = ray.get_runtime_context().current_actor
+        ts = await _tiled_fit.remote(cfg.to_dict(), images, me, progress.job_id)
+        async with self._lock(product):
+            progress.stage("publish")
+            version = await asyncio.to_thread(self.store.put, product, ts, expect_head=0)
+            await self._load_shards(product)
+        return version
+
     async def start_normals(self, product: str, images: list[bytes]) -> dict[str, Any]:
         """Hot-update ``product`` with encoded good images, as a job; returns the job record."""
         version = await self.head(product)  # ProductNotFound before any work starts
         cfg = (await asyncio.to_thread(self.store.record, product, version)).config
+        _refuse_tiled(product, cfg, "a hot update (normals)")
 
         async def work(progress: JobProgress) -> int:
             features, digests = await self._extract(cfg, images, progress)
@@ -451,6 +591,8 @@ class ProductRegistry:
         """Labelled validation of ``product``'s head (``hetmm calibrate``), as a job: scores the
         images, stores the chosen threshold as a new version and publishes it."""
         version = await self.head(product)  # ProductNotFound before any work starts
+        cfg = (await asyncio.to_thread(self.store.record, product, version)).config
+        _refuse_tiled(product, cfg, "labelled calibration")
 
         async def work(progress: JobProgress) -> int:
             progress.stage("score labelled images", len(images))
@@ -474,6 +616,7 @@ class ProductRegistry:
 
         version = await self.head(product)  # ProductNotFound before any work starts
         cfg = (await asyncio.to_thread(self.store.record, product, version)).config
+        _refuse_tiled(product, cfg, "an inspection region")
         if cfg.threshold.rule == "validation":
             raise ConfigError(
                 f"product {product!r} uses the validation threshold rule, chosen on labelled images under its "
@@ -534,6 +677,8 @@ class ProductRegistry:
         version = await self.head(product)  # ProductNotFound before any work starts
         rec = await asyncio.to_thread(self.store.record, product, version)
         cfg = rec.config
+        # a tile's scale is its own threshold at the product's false-alarm rate: a new rate re-scales tiles
+        _refuse_tiled(product, cfg, "setting the far rule")
         if rec.calibration is None:
             raise TemplateError(f"product {product!r} v{version} has no out-of-fold scores: the far rule needs them")
         threshold = replace(cfg.threshold, rule="far", false_alarm_rate=false_alarm_rate)  # ConfigError if out of range

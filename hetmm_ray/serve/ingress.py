@@ -35,7 +35,7 @@ from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from ..config import DetectorConfig, ServiceConfig, merge_product_config
+from ..config import ConfigError, DetectorConfig, ServiceConfig, merge_product_config
 from ..core.calibration import check_rate
 from ..data.decode import decode_image
 from ..data.region_file import region_from_json
@@ -153,11 +153,34 @@ def timed(route: str) -> Callable[[Callable[..., Awaitable[Response]]], Callable
 
 
 def _check_region(config: dict[str, Any]) -> None:
-    """ConfigError (400) for a region that counts no pixel, at the reference size or on the map."""
+    """ConfigError (400) for a region that counts no pixel, at the reference size or on the map, and
+    for a region with tiles (hetmm_ray/tiled.py does not take one yet)."""
     region = config.get("region")
     if region is not None:
         region_from_json(region)
-        check_visible(DetectorConfig.from_dict(config))
+        cfg = DetectorConfig.from_dict(config)
+        if cfg.geometry.tiled:
+            raise ConfigError(
+                "an inspection region (region) with geometry.tiles is not supported yet: "
+                "use one of them, or leave geometry.tiles at [1, 1]"
+            )
+        check_visible(cfg)
+
+
+MAP_SIZE_MAX = 8192  # ?map_size: the longest heat-map side a predict answer may ask for
+
+
+def _tiles_field(text: str) -> dict[str, Any]:
+    """The create form's ``tiles`` field: ``auto``, ``RxC`` (``2x2``) or JSON ``[rows, cols]``, as a
+    ``geometry`` section (checked with the product's configuration)."""
+    value = text.strip()
+    if value == "auto":
+        return {"tiles": "auto"}
+    rows, sep, cols = value.lower().partition("x")
+    if sep and rows.strip().isdigit() and cols.strip().isdigit():
+        return {"tiles": [int(rows), int(cols)]}
+    parsed = parse_json_object(f'{{"tiles": {value}}}', what="the 'tiles' field")
+    return {"tiles": parsed["tiles"]}
 
 
 # Serve captures this module's globals when the class below is decorated: every helper
@@ -269,11 +292,23 @@ class Ingress:
         described = await self.registry.describe.remote()
         return JSONResponse({"products": [d.to_json() for d in described]})
 
+    @app.get("/v1/products/{product}")
+    @timed("settings")
+    async def settings(self, product: str, request: Request) -> Response:
+        """The head version's stored settings: its configuration (``geometry`` included), region
+        (or null), tile grid and tile overlap (``ProductRegistry.settings``)."""
+        self._check_product(product)
+        return JSONResponse(await self.registry.settings.remote(product))  # ProductNotFound -> 404
+
     @app.post("/v1/products/{product}/predict")
     @timed("predict")
-    async def predict(self, product: str, request: Request, map: str | None = None) -> Response:
+    async def predict(
+        self, product: str, request: Request, map: str | None = None, map_size: int | None = None
+    ) -> Response:
         if map not in (None, "png"):
             raise Refused(400, "bad_request", f"map={map!r}: the only heat-map format is png")
+        if map_size is not None and not 1 <= map_size <= MAP_SIZE_MAX:
+            raise Refused(400, "bad_request", f"map_size={map_size}: the heat-map's long side, 1-{MAP_SIZE_MAX} px")
         await self._require_product(product)
         uploads, _ = await self._uploads(request, max_images=self.service.max_images_per_request)
         decode_start = time.perf_counter()
@@ -284,9 +319,9 @@ class Ingress:
         with self.warm.request(product) as model_id:  # the product's id, or an alias while it is hot
             handle = self.detector.options(multiplexed_model_id=model_id)
             try:
-                results = await handle.predict.remote(images, map == "png")
+                results = await handle.predict.remote(images, map == "png", map_size)
             except RayActorError:  # the replica died under the request: scoring is idempotent, retry once
-                results = await handle.predict.remote(images, map == "png")
+                results = await handle.predict.remote(images, map == "png", map_size)
         self.metrics.observe_results(product, results)
         self.console.remember(product, uploads, results)  # the console's recent ring; adds recent_id
         total_ms = round(1000 * (time.perf_counter() - started), 3)
@@ -323,6 +358,10 @@ class Ingress:
             uploads, fields = await self._uploads(request, max_images=self.service.max_images_per_job)
             config_data = parse_json_object(fields.get("config", "{}"), what="the 'config' field")
             region = parse_json_object(fields["region"], what="the 'region' field") if "region" in fields else None
+            if "tiles" in fields:  # the tile grid (issue 22): a field of its own, or config's "geometry"
+                geometry = config_data.get("geometry") if isinstance(config_data, dict) else None
+                geometry = {**(geometry if isinstance(geometry, dict) else {}), **_tiles_field(fields["tiles"])}
+                config_data = {**config_data, "geometry": geometry}
         if not isinstance(config_data, dict):
             raise Refused(400, "bad_config", "'config' must be a JSON object")
         if region is not None:  # the inspection region: a field of its own, or config's "region"
