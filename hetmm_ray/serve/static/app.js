@@ -575,11 +575,34 @@ async function regionJob(kind) {
       const started = await api("PUT", `/v1/products/${enc(product)}/region`, { admin: true, type: "application/json", body: sent });
       await followJob(started.job, box);
       await loadProducts();
+      await loadStoredRegion(product, false); // the stored region is now the saved one
     }
   } catch (exc) { showError(exc, box); }
 }
 $("region-preview").addEventListener("click", () => regionJob("preview"));
 $("region-save").addEventListener("click", () => regionJob("save"));
+
+// The product's stored region (GET /v1/products/{p}): described above the canvas and its rectangles and
+// polygons loaded as the shapes to edit (they show once a training image of the region's size is picked).
+function storedShapes(stored) {
+  const shapes = [];
+  for (const part of ["include", "exclude"]) {
+    for (const s of stored[part] || []) {
+      if (s.rect) shapes.push({ part, rect: s.rect });
+      else if (s.polygon) shapes.push({ part, polygon: s.polygon });
+    }
+  }
+  return shapes;
+}
+
+function describeStored(settings) {
+  const tiles = settings.tiles || [1, 1];
+  const tiled = tiles[0] * tiles[1] > 1 ? `; tiled ${tiles[0]} x ${tiles[1]} (a region does not take tiles yet)` : "";
+  const r = settings.region;
+  if (!r) return `v${settings.version}: no stored region (every pixel counts)${tiled}`;
+  return `v${settings.version}: stored region ${(r.include || []).length} include, ${(r.exclude || []).length} exclude, `
+    + `${r.size[1]} x ${r.size[0]} px${tiled}`;
+}
 
 async function renderRegion() {
   if (region.product !== state.product) { // shapes belong to a product
@@ -587,8 +610,21 @@ async function renderRegion() {
     region.shapes = [];
     region.points = [];
     $("region-job").replaceChildren();
+    $("region-stored").textContent = "";
+    if (state.product) await loadStoredRegion(state.product, true);
   }
   regionChanged();
+}
+
+// shapes: also load the stored region's shapes for editing (when the view opens on a product)
+async function loadStoredRegion(product, shapes) {
+  try {
+    const settings = await api("GET", `/v1/products/${enc(product)}`);
+    if (region.product !== product) return; // another product was picked meanwhile
+    $("region-stored").textContent = describeStored(settings);
+    $("region-stored").dataset.version = String(settings.version);
+    if (shapes && settings.region && !region.shapes.length) region.shapes = storedShapes(settings.region);
+  } catch (exc) { showError(exc); }
 }
 
 // --- views ----------------------------------------------------------------------------------
