@@ -296,6 +296,8 @@ def cmd_update(args: argparse.Namespace) -> int:
 
     store = _open(args)
     head = store.head(args.product)
+    if store.record(args.product, head).config.geometry.tiled:
+        return _update_tiled(args, store, head)
     det = HETMM.load(store, args.product, head, progress=True, steps=_steps(args))
     paths = [p for p, _ in _image_paths(args.images)]
     bb = det.config.backbone
@@ -311,6 +313,30 @@ def cmd_update(args: argparse.Namespace) -> int:
         f"product {args.product}: version {version} (from v{head}) with "
         f"{len(paths) - det.skipped_duplicates} more good images, "
         f"{det.templates.n_images} in all; threshold {_describe_operating_point(det.operating_point())}"
+    )
+    return 0
+
+
+def _update_tiled(args: argparse.Namespace, store: Any, head: int) -> int:
+    """``hetmm update`` of a tiled product (``TiledHETMM.update``): frames at their own resolution."""
+    from .tiled import TiledHETMM
+
+    if getattr(args, "address", None):
+        raise CLIError("tiled products are updated in process: drop --address")
+    det = TiledHETMM.load(store, args.product, head, progress=True)
+    paths = [p for p, _ in _image_paths(args.images)]
+    det.update(paths)
+    if det.skipped_duplicates:
+        print(f"hetmm: skipped: {det.skipped_duplicates} image(s) already in v{head} (same content)", file=sys.stderr)
+    if det.skipped_duplicates == len(paths):
+        print(f"product {args.product}: no new images; head stays v{head}")
+        return 0
+    version = store.put(args.product, det.template_set(), expect_head=head)
+    print(
+        f"product {args.product}: version {version} (from v{head}) with "
+        f"{len(paths) - det.skipped_duplicates} more good images, "
+        f"{len(det.frame_digests)} in all; {det.n_tiles} tiles; threshold "
+        f"{_describe_operating_point(det.operating_point())}"
     )
     return 0
 

@@ -38,8 +38,14 @@ the grid):
   largest training frame and never stored). Untiled products never come here: they are stored and
   scored exactly as before.
 
-In process only: hot updates, compress, labelled calibration, Ray shards per tile and the HTTP
-service do not take tiled products yet (they refuse them). Nothing here imports Ray.
+- **Hot update** (:meth:`TiledHETMM.update`, ``hetmm update``): each position's set grows by the new
+  frames' tiles through :meth:`~hetmm_ray.fitting.FitPipeline.grown` and is refit
+  (:meth:`~hetmm_ray.fitting.FitPipeline.refit`: re-selected, recalibrated), exactly as an untiled
+  hot update; the scales and the frame calibration are then recomputed. Frames already held (same
+  digest) are skipped. The result is the product a fit on the old frames followed by the new ones
+  gives.
+
+In process only: Ray shards per tile do not exist yet. Nothing here imports Ray.
 """
 
 from __future__ import annotations
@@ -61,7 +67,7 @@ from .core.calibration import TailModel
 from .core.device import TORCH_DTYPES, image_digest
 from .core.geometry import Box
 from .core.scoring import Calibration, OperatingPoint, calibration_json, content_maps, image_scores, operating_point
-from .core.templates import TemplateError, TemplateSet
+from .core.templates import TemplateError, TemplateSet, unseen_positions
 from .core.tiles import Tile, cut, grid_of, stitch, tile_grid
 from .detector import HETMM
 from .scorer import ImageInput, Prediction, as_rgb
@@ -104,7 +110,7 @@ def _tile_key(p: int, layer: str) -> str:
 
 
 class TiledHETMM:
-    """A tiled product in process (see the module docstring): ``fit``, ``predict``, ``save``, ``load``."""
+    """A tiled product in process (see the module docstring): ``fit``, ``update``, ``predict``, ``save``, ``load``."""
 
     def __init__(self, config: DetectorConfig, *, progress: bool = False, map_size: int | None = None) -> None:
         if config.geometry.tiles == "auto":
@@ -126,6 +132,7 @@ class TiledHETMM:
         self.frame: tuple[int, int] | None = None
         self.version: int | None = None
         self.frame_digests: tuple[str, ...] = ()
+        self.skipped_duplicates = 0  # frames the last update() skipped: already held
 
     def _share_backbone(self) -> None:
         backbone = self.dets[0].backbone  # built once, shared by every position
@@ -200,15 +207,16 @@ class TiledHETMM:
         atmm_s = time.perf_counter() - t0
         return 1000 * (backbone_s + atmm_s * self.n_tiles)
 
-    def fit(self, frames: Sequence[ImageInput]) -> Self:
-        """One template set and one calibration per tile position from good frames; the frame calibration."""
-        if len(frames) < 2:
-            raise ValueError(f"fit needs at least 2 good images, got {len(frames)}")
+    def _extract(
+        self, frames: Sequence[ImageInput], desc: str
+    ) -> tuple[dict[str, Tensor], list[Box] | None, list[str], set[tuple[int, int]]]:
+        """Bank features of every tile of ``frames`` (frame-major, position-minor: position ``p`` every
+        ``T`` rows), their canvas boxes, the frames' digests and their (height, width) sizes."""
         parts: dict[str, list[Tensor]] = {}
         boxes: list[Box] | None = None if self.config.backbone.geometry == "squash" else []
         digests: list[str] = []
         shapes: set[tuple[int, int]] = set()
-        for decoded in self._groups(frames, "fit: tile features"):
+        for decoded in self._groups(frames, desc):
             digests.extend(image_digest(x) for x in decoded)
             shapes.update((x.shape[0], x.shape[1]) for x in decoded)
             feats, b, _ = self._tile_features(decoded, bank=True)
@@ -216,18 +224,55 @@ class TiledHETMM:
                 boxes.extend(b)
             for k, v in feats.items():
                 parts.setdefault(k, []).append(v)
-        feats = {k: torch.cat(v) for k, v in parts.items()}
+        return {k: torch.cat(v) for k, v in parts.items()}, boxes, digests, shapes
+
+    def _position(
+        self, feats: dict[str, Tensor], boxes: list[Box] | None, p: int
+    ) -> tuple[dict[str, Tensor], list[Box] | None]:
+        """Position ``p``'s rows of frame-major tile features (and boxes)."""
         t = self.n_tiles
+        return {k: v[p::t].contiguous() for k, v in feats.items()}, None if boxes is None else boxes[p::t]
+
+    def fit(self, frames: Sequence[ImageInput]) -> Self:
+        """One template set and one calibration per tile position from good frames; the frame calibration."""
+        if len(frames) < 2:
+            raise ValueError(f"fit needs at least 2 good images, got {len(frames)}")
+        feats, boxes, digests, shapes = self._extract(frames, "fit: tile features")
         sets = []
         for p, det in enumerate(self.dets):
-            pos = {k: v[p::t].contiguous() for k, v in feats.items()}  # frame-major: position p every t rows
-            pos_boxes = None if boxes is None else boxes[p::t]
+            pos, pos_boxes = self._position(feats, boxes, p)
             ts = det.pipeline.fit_features(
                 pos, digests, weights_id=self.backbone.weights_id, config=det.config, boxes=pos_boxes
             )
             sets.append(ts)
         self.frame = max(shapes)
         self._install(sets, tuple(digests))
+        return self
+
+    def update(self, frames: Sequence[ImageInput]) -> Self:
+        """Hot update: every position's set grown by the new frames' tiles, re-selected and recalibrated
+        (:meth:`FitPipeline.grown` then :meth:`FitPipeline.refit`, as :meth:`HETMM.update` does for an
+        untiled product); the scales and the frame calibration are recomputed. So the result equals a
+        fit on the old frames followed by the new ones (same banks, same folds, same scores).
+
+        Frames already held (same content digest as a held frame or an earlier new one) are skipped:
+        a retried update changes nothing; ``self.skipped_duplicates`` says how many were skipped.
+        The version becomes None (unsaved) when anything was added."""
+        if not self.scales:
+            raise RuntimeError("this detector has no templates yet: call fit() or load() first")
+        feats, boxes, digests, shapes = self._extract(frames, "update: tile features")
+        keep = unseen_positions(self.frame_digests, digests)
+        self.skipped_duplicates = len(digests) - len(keep)
+        if not keep:
+            return self
+        sets = []
+        for p, det in enumerate(self.dets):
+            pos, pos_boxes = self._position(feats, boxes, p)
+            grown, kept = det.pipeline.grown(det.scorer.require_templates(), pos, digests, pos_boxes)
+            assert grown is not None and kept == keep  # every position holds the same frames' digests
+            sets.append(det.pipeline.refit(grown))
+        self.frame = max([*shapes, *([self.frame] if self.frame else [])])
+        self._install(sets, sets[0].image_digests)
         return self
 
     def _install(self, sets: list[TemplateSet], digests: tuple[str, ...], version: int | None = None) -> None:

@@ -235,3 +235,62 @@ def test_a_region_with_tiles_is_refused_in_one_line(tmp_path, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("hetmm: error: ") and "geometry.tiles" in err[0]
+
+
+# --- hot update (TiledHETMM.update, hetmm update) ------------------------------------------------
+def assert_same_tiled(a: TiledHETMM, b: TiledHETMM, test: list[np.ndarray]) -> None:
+    """Every position's bank, selection and calibration, the scales, the frame calibration and the
+    scores of ``test`` equal."""
+    assert a.frame_digests == b.frame_digests
+    for da, db in zip(a.dets, b.dets, strict=True):
+        ta, tb = da.templates, db.templates
+        assert ta.config.stored_dict() == tb.config.stored_dict()
+        for layer in ta.layers:
+            assert torch.equal(ta.bank[layer], tb.bank[layer])
+            if ta.indices is not None or tb.indices is not None:
+                assert torch.equal(ta.indices[layer], tb.indices[layer])
+        np.testing.assert_array_equal(ta.calibration.scores, tb.calibration.scores)
+    assert a.scales == b.scales
+    np.testing.assert_array_equal(a.calibration.scores, b.calibration.scores)
+    np.testing.assert_array_equal(a.predict(test).scores, b.predict(test).scores)
+
+
+@pytest.mark.parametrize("selection", [{}, {"templates.kind": "pts_o", "templates.sheets": 2}])
+def test_update_equals_a_fit_on_the_union(frames, selection):
+    """The defined semantics of a hot update: the product a fit on the old frames then the new
+    ones gives (the slow obvious reference); a frame already held is skipped, a retry is a no-op."""
+    train, test = frames
+    c = config(**TILED, **selection)
+    det = TiledHETMM(c).fit(train[:4])
+    det.update([train[4], train[0], train[5], train[4]])  # one held, one repeated
+    assert det.skipped_duplicates == 2 and det.version is None
+    reference = TiledHETMM(c).fit(train)
+    assert_same_tiled(det, reference, test)
+    before = det.calibration
+    det.update(train[:2])
+    assert det.skipped_duplicates == 2 and det.calibration is before  # nothing new: nothing recomputed
+
+
+def test_cli_update_of_a_tiled_product(frames, tmp_path, capsys):
+    from PIL import Image
+
+    from hetmm_ray.cli import main
+
+    train, test = frames
+    folders = {}
+    for name, imgs in (("old", train[:4]), ("new", [train[0], *train[4:]])):
+        folders[name] = tmp_path / name
+        folders[name].mkdir()
+        for i, x in enumerate(imgs):
+            Image.fromarray(x).save(folders[name] / f"{i}.png")
+    store = open_store(tmp_path / "store")
+    TiledHETMM(config(**TILED)).fit(train[:4]).save(store, "t")
+    assert main(["update", str(folders["new"]), "--product", "t", "--store", str(tmp_path / "store")]) == 0
+    captured = capsys.readouterr()
+    assert "1 image(s) already in v1" in captured.err
+    assert "version 2 (from v1) with 2 more good images, 6 in all; 4 tiles" in captured.out
+    loaded = TiledHETMM.load(store, "t", batch_size=4, device="cpu")
+    assert loaded.version == 2 and store.record("t", 2).parent == 1
+    assert_same_tiled(loaded, TiledHETMM(config(**TILED)).fit(train), test)
+    assert main(["update", str(folders["new"]), "--product", "t", "--store", str(tmp_path / "store")]) == 0
+    assert "no new images; head stays v2" in capsys.readouterr().out
