@@ -275,6 +275,20 @@ class TiledHETMM:
         self._install(sets, sets[0].image_digests)
         return self
 
+    def compress(self, kind: str | None = None, sheets: int | str | None = None, *, seed: int | None = None) -> Self:
+        """Every position's bank under another selection (``kind``, ``sheets``, ``seed``; None keeps
+        each position's own), refit per position (:meth:`FitPipeline.compress`, as :meth:`HETMM.compress`):
+        with ``sheets: auto`` each position measures its own K. The scales and the frame calibration
+        are recomputed; the product's ``templates`` section takes the given values. The version
+        becomes None (unsaved)."""
+        changes = {"kind": kind, "sheets": sheets, "seed": seed}
+        changes = {k: v for k, v in changes.items() if v is not None}
+        sets = [det.pipeline.compress(det.scorer.require_templates(), kind, sheets, seed=seed) for det in self.dets]
+        if changes:
+            self.config = self.config.replace(**{f"templates.{k}": v for k, v in changes.items()})
+        self._install(sets, self.frame_digests)
+        return self
+
     def _install(self, sets: list[TemplateSet], digests: tuple[str, ...], version: int | None = None) -> None:
         for det, ts in zip(self.dets, sets, strict=True):
             det.scorer.install(ts, version)

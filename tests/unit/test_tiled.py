@@ -121,7 +121,7 @@ def test_save_load_round_trip_one_object_per_tile_and_layer(tiled, frames, tmp_p
     np.testing.assert_array_equal(after.maps, before.maps)
     assert after.threshold == before.threshold
     with pytest.raises(TemplateError, match="tiled"):
-        HETMM.load(store, "tiled")  # update/compress/calibrate refuse tiles, never score them untiled
+        HETMM.load(store, "tiled")  # a tiled product is never scored untiled
 
 
 def test_untiled_products_store_and_load_as_before(frames, tmp_path):
@@ -198,10 +198,6 @@ def test_cli_fit_predict_evaluate_with_tiles(tmp_path, capsys):
     # one tile: the plain path, the JSON exactly as before (no tile keys)
     assert main(["evaluate", "--data", str(data), "--json", str(res), *CLI_FLAGS]) == 0
     assert "tiles" not in json.loads(res.read_text()) and "tiles/s" not in capsys.readouterr().out
-
-    # the routes that do not take tiles yet say so
-    code = main(["compress", "--product", "t", "--store", str(store), "--templates", "pts"])
-    assert code == 2 and "tiled" in capsys.readouterr().err
 
 
 def test_a_region_with_tiles_is_refused_in_one_line(tmp_path, capsys):
@@ -294,3 +290,69 @@ def test_cli_update_of_a_tiled_product(frames, tmp_path, capsys):
     assert_same_tiled(loaded, TiledHETMM(config(**TILED)).fit(train), test)
     assert main(["update", str(folders["new"]), "--product", "t", "--store", str(tmp_path / "store")]) == 0
     assert "no new images; head stays v2" in capsys.readouterr().out
+
+
+# --- compress and labelled calibration (hetmm compress / calibrate) -------------------------------
+@pytest.mark.parametrize("sheets", [2, "auto"])
+def test_compress_equals_a_fit_under_that_selection(frames, sheets):
+    """Per position selection: compressing the ALL product equals fitting it from scratch with the
+    selection (the slow obvious reference); with sheets auto each position measures its own K."""
+    train, test = frames
+    det = TiledHETMM(config(**TILED)).fit(train)
+    det.compress("pts_o", sheets)
+    assert det.config.templates.kind == "pts_o" and det.config.templates.sheets == sheets
+    reference = TiledHETMM(config(**TILED, **{"templates.kind": "pts_o", "templates.sheets": sheets})).fit(train)
+    assert_same_tiled(det, reference, test)
+    for d in det.dets:
+        assert d.templates.indices is not None
+        assert ("sheets_auto" in d.templates.meta) == (sheets == "auto")
+
+
+def test_labelled_calibration_is_at_the_frame_level(tiled, frames, tmp_path):
+    """The chosen threshold is the one the frame scores computed by hand (each position's own HETMM
+    score of its tile over its scale, the maximum over tiles) give; stored and used for verdicts."""
+    from hetmm_ray.validation import calibrate_with_labels, choose_threshold
+
+    _, test = frames
+    labels = [0, 0, *[1] * (len(test) - 2)]
+    by_hand = np.max(
+        [tiled.dets[p].predict(tiles).scores / tiled.scales[p] for p, tiles in enumerate(per_position(test))], axis=0
+    )
+    ts, record = calibrate_with_labels(tiled, test, labels)
+    expected = choose_threshold(by_hand.tolist(), labels)
+    assert record["threshold"] == pytest.approx(expected["threshold"], rel=1e-5)
+    assert ts.config.threshold.rule == "validation"
+    assert ts.calibration.scores == tiled.calibration.scores  # the frame out-of-fold scores kept
+    store = open_store(tmp_path / "store")
+    version = store.put("t", ts)
+    loaded = TiledHETMM.load(store, "t", version, batch_size=4, device="cpu")
+    assert loaded.threshold == record["threshold"] and loaded.scales == tiled.scales
+    pred = loaded.predict(test)
+    assert np.array_equal(pred.is_anomaly, pred.scores > record["threshold"])
+
+
+def test_cli_compress_and_calibrate_of_a_tiled_product(frames, tmp_path, capsys):
+    from PIL import Image
+
+    from hetmm_ray.cli import main
+
+    train, test = frames
+    val = tmp_path / "val"
+    for name, imgs in (("good", test[:2]), ("scratch", test[2:])):
+        (val / name).mkdir(parents=True)
+        for i, x in enumerate(imgs):
+            Image.fromarray(x).save(val / name / f"{i}.png")
+    store_uri = str(tmp_path / "store")
+    store = open_store(store_uri)
+    TiledHETMM(config(**TILED)).fit(train).save(store, "t")
+    assert main(["compress", "--product", "t", "--store", store_uri, "--templates", "pts", "--sheets", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "version 2 = pts_o with 2 sheets per tile (4 tiles) of 6 images" in out
+    compressed = TiledHETMM.load(store, "t", 2, batch_size=4, device="cpu")
+    reference = TiledHETMM(config(**TILED, **{"templates.kind": "pts_o", "templates.sheets": 2})).fit(train)
+    assert_same_tiled(compressed, reference, test)
+    assert main(["calibrate", "--product", "t", "--store", store_uri, "--val", str(val)]) == 0
+    assert "version 3 (from v2) threshold" in capsys.readouterr().out
+    calibrated = TiledHETMM.load(store, "t", 3, batch_size=4, device="cpu")
+    assert calibrated.config.threshold.rule == "validation"
+    assert calibrated.threshold == calibrated.calibration.validation["threshold"]
