@@ -206,6 +206,9 @@ def _fit_tiled(args: argparse.Namespace, config: Any, paths: list[Path]) -> int:
         f"({det.backbone.weights_id}); {det.n_tiles} tiles; threshold "
         f"{_describe_operating_point(det.operating_point())}; store {args.store}"
     )
+    if config.region is not None:
+        dead = det.n_tiles - sum(det.live)
+        print(f"region {_describe_region(config.region)}; {dead} of {det.n_tiles} tiles wholly outside it")
     return 0
 
 

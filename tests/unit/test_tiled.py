@@ -200,37 +200,82 @@ def test_cli_fit_predict_evaluate_with_tiles(tmp_path, capsys):
     assert "tiles" not in json.loads(res.read_text()) and "tiles/s" not in capsys.readouterr().out
 
 
-def test_a_region_with_tiles_is_refused_in_one_line(tmp_path, capsys):
-    """Regions are in frame pixels and not yet cut per tile: a tiled fit with one is refused, not
-    silently applied to every tile as if it were the whole frame."""
+# --- a region with tiles ------------------------------------------------------------------------------
+def hand_part(rect: list[int], tile) -> dict | None:
+    """The reference: an exclude rectangle in frame pixels clipped to a tile and shifted into its
+    coordinates by hand (None when it misses the tile)."""
+    x0, y0 = max(rect[0], tile.left) - tile.left, max(rect[1], tile.top) - tile.top
+    x1, y1 = min(rect[2], tile.left + tile.width) - tile.left, min(rect[3], tile.top + tile.height) - tile.top
+    if x0 >= x1 or y0 >= y1:
+        return None
+    return {"size": [tile.height, tile.width], "include": [], "exclude": [{"rect": [x0, y0, x1, y1]}]}
+
+
+def test_a_region_is_cut_per_position(frames, tmp_path):
+    """Each position scores as a plain product with its part of the region, clipped by hand."""
+    train, test = frames
+    rect = [20, 30, 90, 50]  # x0, y0, x1, y1: across the vertical seam, in tiles 0 and 1
+    region = {"size": [FRAME, FRAME], "include": [], "exclude": [{"rect": rect}]}
+    det = TiledHETMM(config(**TILED, region=region)).fit(train)
+    assert det.live == [True] * 4
+    pred = det.predict(test)
+    digests = tuple(image_digest(f) for f in train)
+    grid = tile_grid(FRAME, FRAME, (2, 2), OVERLAP)
+    parts = [hand_part(rect, tile) for tile in grid]
+    assert parts[2] is None and parts[3] is None and parts[0] is not None and parts[1] is not None
+    for p, (tiles_train, tiles_test) in enumerate(zip(per_position(train), per_position(test), strict=True)):
+        ref = HETMM(config(region=parts[p])).fit(tiles_train)
+        ref_ts = ref.calibrated(replace(ref.templates, image_digests=digests))
+        np.testing.assert_allclose(det.dets[p].templates.calibration.scores, ref_ts.calibration.scores, rtol=1e-5)
+        np.testing.assert_allclose(pred.tile_scores[:, p], ref.predict(tiles_test).scores / det.scales[p], rtol=1e-4)
+    counted = np.ones((FRAME, FRAME), bool)
+    counted[30:50, 20:90] = False
+    assert pred.regions.shape == (len(test), FRAME, FRAME) and (pred.regions == counted).all()
+    store = open_store(tmp_path / "store")
+    det.save(store, "r")
+    loaded = load_detector(store, "r", batch_size=4, device="cpu")
+    assert loaded.config.region == det.config.region
+    np.testing.assert_array_equal(loaded.predict(test).scores, pred.scores)
+
+
+def test_a_tile_wholly_outside_the_region_never_counts(frames):
+    """Position 0 wholly excluded: not scored, and anything painted where only it sees changes no
+    frame score; the frame calibration is the maximum over the other positions."""
+    train, test = frames
+    region = {"size": [FRAME, FRAME], "include": [], "exclude": [{"rect": [0, 0, 68, 68]}]}
+    det = TiledHETMM(config(**TILED, region=region)).fit(train)
+    assert det.live == [False, True, True, True]
+    pred = det.predict(test)
+    assert np.isnan(pred.tile_scores[:, 0]).all()
+    np.testing.assert_allclose(pred.scores, pred.tile_scores[:, 1:].max(axis=1), rtol=1e-6)
+    oof = np.array([d.templates.calibration.scores for d in det.dets[1:]]) / np.array(det.scales[1:])[:, None]
+    np.testing.assert_allclose(det.calibration.scores, oof.max(axis=0))
+    painted = [x.copy() for x in test]
+    for x in painted:
+        x[:60, :60] = 255 - x[:60, :60]  # pixels in tile 0 only (tiles 1-3 start at row or column 60)
+    np.testing.assert_array_equal(det.predict(painted).scores, pred.scores)
+    corner = TiledHETMM(config(**TILED, region={"size": [FRAME, FRAME], "include": [{"rect": [0, 0, 10, 10]}]}))
+    assert corner.live == [True, False, False, False]
+
+
+def test_cli_fit_and_evaluate_with_a_region_and_tiles(tmp_path, capsys):
+    import json
+
     from hetmm_ray.cli import main
-    from hetmm_ray.config import ConfigError
+    from hetmm_ray.data.synthetic import write_mvtec_layout
 
-    region = {"size": [FRAME, FRAME], "include": [], "exclude": [{"rect": [0, 0, 16, 16]}]}
-    with pytest.raises(ConfigError, match=r"region.*geometry\.tiles"):
-        TiledHETMM(config(**TILED, region=region))
-    train = tmp_path / "train"
-    train.mkdir()
-    prod = SyntheticProduct(seed=0, size=FRAME)
-    from PIL import Image
-
-    for i in range(3):
-        Image.fromarray(prod.good(i)).save(train / f"{i}.png")
-    (tmp_path / "region.json").write_text('{"size": [128, 128], "exclude": [{"rect": [0, 0, 16, 16]}]}')
-    argv = [
-        "fit",
-        str(train),
-        "--product",
-        "p",
-        "--store",
-        str(tmp_path / "store"),
-        "--region",
-        str(tmp_path / "region.json"),
-    ]
-    argv += ["--backbone", "resnet18", "--weights", "random", "--device", "cpu", "--set", "geometry.tiles=[2,2]"]
-    assert main(argv) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("hetmm: error: ") and "geometry.tiles" in err[0]
+    data = write_mvtec_layout(tmp_path / "data", n_train=5, n_test_good=2, n_test_per_defect=1, size=96)
+    (tmp_path / "region.json").write_text('{"size": [96, 96], "exclude": [{"rect": [0, 0, 96, 20]}]}')
+    flags = [*CLI_FLAGS, "--set", "geometry.tiles=[2,2]", "--region", str(tmp_path / "region.json")]
+    store = str(tmp_path / "store")
+    assert main(["fit", str(data / "train" / "good"), "--product", "t", "--store", store, *flags]) == 0
+    out = capsys.readouterr().out
+    assert "4 tiles" in out and "0 of 4 tiles wholly outside it" in out
+    assert open_store(store).record("t").config.region["exclude"] == [{"rect": [0, 0, 96, 20]}]
+    res = tmp_path / "e.json"
+    assert main(["evaluate", "--data", str(data), "--json", str(res), *flags]) == 0
+    result = json.loads(res.read_text())
+    assert result["tiles"] == [2, 2] and result["pixel_auroc"] is not None
 
 
 # --- hot update (TiledHETMM.update, hetmm update) ------------------------------------------------
