@@ -206,6 +206,9 @@ def _fit_tiled(args: argparse.Namespace, config: Any, paths: list[Path]) -> int:
         f"({det.backbone.weights_id}); {det.n_tiles} tiles; threshold "
         f"{_describe_operating_point(det.operating_point())}; store {args.store}"
     )
+    if config.region is not None:
+        dead = det.n_tiles - sum(det.live)
+        print(f"region {_describe_region(config.region)}; {dead} of {det.n_tiles} tiles wholly outside it")
     return 0
 
 
@@ -296,6 +299,8 @@ def cmd_update(args: argparse.Namespace) -> int:
 
     store = _open(args)
     head = store.head(args.product)
+    if store.record(args.product, head).config.geometry.tiled:
+        return _update_tiled(args, store, head)
     det = HETMM.load(store, args.product, head, progress=True, steps=_steps(args))
     paths = [p for p, _ in _image_paths(args.images)]
     bb = det.config.backbone
@@ -315,11 +320,38 @@ def cmd_update(args: argparse.Namespace) -> int:
     return 0
 
 
+def _update_tiled(args: argparse.Namespace, store: Any, head: int) -> int:
+    """``hetmm update`` of a tiled product (``TiledHETMM.update``): frames at their own resolution."""
+    from .tiled import TiledHETMM
+
+    if getattr(args, "address", None):
+        raise CLIError("tiled products are updated in process: drop --address")
+    det = TiledHETMM.load(store, args.product, head, progress=True)
+    paths = [p for p, _ in _image_paths(args.images)]
+    det.update(paths)
+    if det.skipped_duplicates:
+        print(f"hetmm: skipped: {det.skipped_duplicates} image(s) already in v{head} (same content)", file=sys.stderr)
+    if det.skipped_duplicates == len(paths):
+        print(f"product {args.product}: no new images; head stays v{head}")
+        return 0
+    version = store.put(args.product, det.template_set(), expect_head=head)
+    print(
+        f"product {args.product}: version {version} (from v{head}) with "
+        f"{len(paths) - det.skipped_duplicates} more good images, "
+        f"{len(det.frame_digests)} in all; {det.n_tiles} tiles; threshold "
+        f"{_describe_operating_point(det.operating_point())}"
+    )
+    return 0
+
+
 def cmd_compress(args: argparse.Namespace) -> int:
     from .detector import HETMM
 
     store = _open(args)
     overrides = {k: v for k, v in (("device", args.device),) if v}
+    version = store.head(args.product) if args.version is None else args.version
+    if store.record(args.product, version).config.geometry.tiled:
+        return _compress_tiled(args, store, version, overrides)
     det = HETMM.load(store, args.product, args.version, progress=True, steps=_steps(args), **overrides)
     start = time.perf_counter()
     det.compress(_template_kind(args.templates), args.sheets, seed=args.seed)
@@ -337,6 +369,32 @@ def cmd_compress(args: argparse.Namespace) -> int:
     return 0
 
 
+def _compress_tiled(args: argparse.Namespace, store: Any, version: int, overrides: dict[str, Any]) -> int:
+    """``hetmm compress`` of a tiled product (``TiledHETMM.compress``): a selection per tile position."""
+    from .tiled import TiledHETMM
+
+    if getattr(args, "address", None):
+        raise CLIError("tiled products are compressed in process: drop --address")
+    det = TiledHETMM.load(store, args.product, version, progress=True, **overrides)
+    start = time.perf_counter()
+    det.compress(_template_kind(args.templates), args.sheets, seed=args.seed)
+    seconds = time.perf_counter() - start
+    new = det.save(store, args.product)
+    sets = [d.templates for d in det.dets]
+    for p, ts in enumerate(sets):
+        auto = ts.meta.get("sheets_auto")  # present only when this position measured its K
+        if auto:
+            print(f"tile {p}: sheets auto chose K = {auto['chosen']} ({auto['why']})")
+    sheets = sorted({ts.sheets for ts in sets})
+    held = str(sheets[0]) if len(sheets) == 1 else f"{sheets[0]}-{sheets[-1]}"
+    print(
+        f"product {args.product}: version {new} = {det.config.templates.kind} with {held} sheets per tile "
+        f"({det.n_tiles} tiles) of {len(det.frame_digests)} images ({seconds:.1f}s); threshold "
+        f"{_describe_operating_point(det.operating_point())}"
+    )
+    return 0
+
+
 def _describe_operating_point(op: Any) -> str:
     """``0.4321 (rule far 1%, estimated false alarms 1.00%)``; ``none`` before calibration."""
     if op is None:
@@ -348,8 +406,8 @@ def _describe_operating_point(op: Any) -> str:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
+    from .data.decode import decode_image
     from .data.labelled import labelled_images
-    from .detector import HETMM
     from .evaluation import load_images
     from .validation import calibrate_with_labels
 
@@ -358,9 +416,11 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     version = head if args.version is None else args.version
     if (args.val is None) == (not args.val_store):
         raise CLIError("give one of --val DIR or --val-store")
-    det = HETMM.load(store, args.product, version, progress=True)
+    from .tiled import TiledHETMM, load_detector
+
+    det = load_detector(store, args.product, version, progress=True)
+    tiled = isinstance(det, TiledHETMM)
     if args.val_store:  # the labels taught in the console (store/labels.py), beside the product's versions
-        from .data.decode import decode_image
         from .store.labels import LabelSet
 
         stored = LabelSet(store.backend).labelled(args.product)
@@ -369,9 +429,12 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     else:
         labelled = labelled_images(args.val)
         bb = det.config.backbone
-        images = load_images(
-            [p for p, _ in labelled], bb.image_size, progress=True, desc="decode", geometry=bb.geometry
-        )
+        if tiled:  # frames at their own resolution: the tiles are cut from them
+            images = [decode_image(p) for p, _ in labelled]
+        else:
+            images = load_images(
+                [p for p, _ in labelled], bb.image_size, progress=True, desc="decode", geometry=bb.geometry
+            )
     try:
         ts, record = calibrate_with_labels(
             det,

@@ -66,13 +66,14 @@ REGISTRY_NAME = "hetmm-registry"
 def _labelled_calibration(
     store_uri: str, product: str, version: int, images: list[bytes], labels: list[int], objective: str, cap: float
 ) -> tuple[TemplateSet, dict[str, Any]]:
-    """Score labelled images with ``version`` and choose its validation threshold (hetmm_ray.validation)."""
+    """Score labelled images with ``version`` and choose its validation threshold (hetmm_ray.validation;
+    a tiled product at the frame level, its frames at their own resolution)."""
     from ..data.decode import decode_image
-    from ..detector import HETMM
+    from ..tiled import load_detector
     from ..validation import calibrate_with_labels
 
     use_assigned_cpus()
-    det = HETMM.load(open_store(store_uri), product, version)
+    det = load_detector(open_store(store_uri), product, version)  # HETMM.load for an untiled product
     decoded = [decode_image(data) for data in images]
     return calibrate_with_labels(det, decoded, labels, objective=objective, max_false_alarm_rate=cap)
 
@@ -138,6 +139,20 @@ def _tiled_fit(config: dict[str, Any], images: list[bytes], registry: Any, job_i
         )
     det.fit(frames)
     return det.template_set()
+
+
+@ray.remote(num_cpus=TASK_CPUS)
+def _tiled_update(store_uri: str, product: str, version: int, images: list[bytes]) -> tuple[TemplateSet | None, int]:
+    """``TiledHETMM.update`` of ``product`` at ``version`` with encoded good frames, in a task: the new
+    template set (None when every frame was already held) and how many frames it added."""
+    from ..data.decode import decode_image
+    from ..tiled import TiledHETMM
+
+    use_assigned_cpus()
+    det = TiledHETMM.load(open_store(store_uri), product, version)
+    det.update([decode_image(data) for data in images])
+    added = len(images) - det.skipped_duplicates
+    return (det.template_set() if added else None), added
 
 
 class _TileReport:
@@ -498,6 +513,25 @@ class ProductRegistry:
             await self._publish(product, version, calibrated)
         return version
 
+    async def _update_tiled(self, product: str, images: list[bytes], progress: JobProgress) -> int:
+        """Hot update of a tiled product: ``TiledHETMM.update`` on the head in a task
+        (:func:`_tiled_update`: every position grown, re-selected and recalibrated), published with
+        ``expect_head`` and its (tile, layer) shards loaded again from the store. Frames already held
+        are skipped (``skipped_duplicates``); with nothing new the head stays. A failure publishes nothing."""
+        async with self._lock(product):
+            head = await asyncio.to_thread(self.store.head, product)
+            progress.stage("tile features, select and calibrate", len(images))
+            ts, added = await _tiled_update.remote(self.store_uri, product, head, images)
+            progress.note(skipped_duplicates=len(images) - added, added_images=added)
+            if ts is None:
+                if product not in self.shards or self.versions.get(product) != head:
+                    await self._load_shards(product)
+                return head
+            progress.stage("publish")
+            version = await asyncio.to_thread(self.store.put, product, ts, expect_head=head)
+            await self._load_shards(product)
+        return version
+
     async def rollback(self, product: str, version: int) -> int:
         """Make a kept older version head again, in the store, the shards and the replicas."""
         async with self._lock(product):
@@ -576,7 +610,8 @@ class ProductRegistry:
         """Hot-update ``product`` with encoded good images, as a job; returns the job record."""
         version = await self.head(product)  # ProductNotFound before any work starts
         cfg = (await asyncio.to_thread(self.store.record, product, version)).config
-        _refuse_tiled(product, cfg, "a hot update (normals)")
+        if cfg.geometry.tiled:
+            return self.jobs.start("normals", product, partial(self._update_tiled, product, images))
 
         async def work(progress: JobProgress) -> int:
             features, digests = await self._extract(cfg, images, progress)
@@ -591,8 +626,6 @@ class ProductRegistry:
         """Labelled validation of ``product``'s head (``hetmm calibrate``), as a job: scores the
         images, stores the chosen threshold as a new version and publishes it."""
         version = await self.head(product)  # ProductNotFound before any work starts
-        cfg = (await asyncio.to_thread(self.store.record, product, version)).config
-        _refuse_tiled(product, cfg, "labelled calibration")
 
         async def work(progress: JobProgress) -> int:
             progress.stage("score labelled images", len(images))

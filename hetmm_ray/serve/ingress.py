@@ -19,6 +19,7 @@ a failed job's included (:func:`job_answer`).
 import asyncio
 import functools
 import hmac
+import json
 import logging
 import os
 import time
@@ -35,7 +36,7 @@ from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from ..config import ConfigError, DetectorConfig, ServiceConfig, merge_product_config
+from ..config import DetectorConfig, ServiceConfig, merge_product_config
 from ..core.calibration import check_rate
 from ..data.decode import decode_image
 from ..data.region_file import region_from_json
@@ -153,18 +154,14 @@ def timed(route: str) -> Callable[[Callable[..., Awaitable[Response]]], Callable
 
 
 def _check_region(config: dict[str, Any]) -> None:
-    """ConfigError (400) for a region that counts no pixel, at the reference size or on the map, and
-    for a region with tiles (hetmm_ray/tiled.py does not take one yet)."""
+    """ConfigError (400) for a region that counts no pixel, at the reference size or on the map (a
+    tiled product: on one tile's map at least, checked when its job cuts the region per tile)."""
     region = config.get("region")
     if region is not None:
         region_from_json(region)
         cfg = DetectorConfig.from_dict(config)
-        if cfg.geometry.tiled:
-            raise ConfigError(
-                "an inspection region (region) with geometry.tiles is not supported yet: "
-                "use one of them, or leave geometry.tiles at [1, 1]"
-            )
-        check_visible(cfg)
+        if not cfg.geometry.tiled:
+            check_visible(cfg)
 
 
 MAP_SIZE_MAX = 8192  # ?map_size: the longest heat-map side a predict answer may ask for
@@ -179,8 +176,13 @@ def _tiles_field(text: str) -> dict[str, Any]:
     rows, sep, cols = value.lower().partition("x")
     if sep and rows.strip().isdigit() and cols.strip().isdigit():
         return {"tiles": [int(rows), int(cols)]}
-    parsed = parse_json_object(f'{{"tiles": {value}}}', what="the 'tiles' field")
-    return {"tiles": parsed["tiles"]}
+    try:
+        grid = json.loads(value)
+    except ValueError:
+        grid = None
+    if not isinstance(grid, list):
+        raise Refused(400, "bad_request", f"the 'tiles' field: auto, RxC (2x2) or [rows, cols], not {value[:40]!r}")
+    return {"tiles": grid}  # its values are checked with the product's configuration
 
 
 # Serve captures this module's globals when the class below is decorated: every helper

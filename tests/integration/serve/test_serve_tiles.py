@@ -156,16 +156,55 @@ def test_settings_route_and_product_list(service, product, tiled) -> None:
     assert client.get("/v1/products/bad%20name").json()["error"]["code"] == "bad_product_name"
 
 
-def test_refusals_on_tiled_products(service, product, tiled) -> None:
-    client = service["client"]
-    r = client.post(
-        f"/v1/products/{tiled}/normals", content=png(product.good(50)), headers={**ADMIN, "content-type": "image/png"}
-    )
-    assert r.status_code == 409 and "tiled" in r.json()["error"]["message"], r.text
-    region = {"size": [FRAME, FRAME], "exclude": [{"rect": [0, 0, 9, 9]}]}
+def test_hot_update_and_labelled_calibration_of_a_tiled_product(service, product) -> None:
+    client, store = service["client"], open_store(service["store"])
+    assert create(client, "grown", product, tiles="2x2").status_code == 200
+    new = [product.good(i) for i in (40, 41)]
+    files = [("images", (f"n{i}.png", png(f), "image/png")) for i, f in enumerate(new)]
+    r = client.post("/v1/products/grown/normals?wait=true", files=files, headers=ADMIN)
+    assert r.status_code == 200, r.text
+    assert r.json()["job"]["version"] == 2 and r.json()["job"]["added_images"] == 2
+    expected = TiledHETMM.load(store, "grown", 1, device="cpu").update(new)
+    stored = TiledHETMM.load(store, "grown", 2, device="cpu")
+    np.testing.assert_allclose(stored.calibration.scores, expected.calibration.scores, rtol=1e-5)
+    assert store.record("grown", 2).images == 8
+    frames = _frames(product)
+    one = {"content": png(frames[1]), "headers": {"content-type": "image/png"}}
+    r = client.post("/v1/products/grown/predict", **one)
+    assert r.status_code == 200 and r.json()["version"] == 2, r.text
+    assert r.json()["score"] == pytest.approx(float(expected.predict(frames[1:2]).scores[0]), rel=1e-4)
+    # a retried update adds nothing: the head stays
+    r = client.post("/v1/products/grown/normals?wait=true", files=files, headers=ADMIN)
+    assert r.status_code == 200 and r.json()["job"]["version"] == 2 and r.json()["job"]["skipped_duplicates"] == 2
+    # labelled calibration at the frame level
+    labelled = [("good", (f"g{i}.png", png(f), "image/png")) for i, f in enumerate([product.good(60), frames[0]])]
+    labelled += [("defective", (f"d{i}.png", png(f), "image/png")) for i, f in enumerate(frames[1:])]
+    r = client.post("/v1/products/grown/calibrate?wait=true", files=labelled, headers=ADMIN)
+    assert r.status_code == 200 and r.json()["job"]["version"] == 3, r.text
+    rec = store.record("grown", 3)
+    assert rec.config.threshold.rule == "validation"
+    r = client.post("/v1/products/grown/predict", **one)
+    assert r.json()["version"] == 3 and r.json()["threshold"] == pytest.approx(rec.operating_point().threshold)
+
+
+def test_region_with_tiles_and_refusals(service, product, tiled) -> None:
+    client, store = service["client"], open_store(service["store"])
+    region = {"size": [FRAME, FRAME], "include": [], "exclude": [{"rect": [0, 0, 40, 40]}]}
+    r = create(client, "tiledregion", product, tiles="2x2", region=json.dumps(region))
+    assert r.status_code == 200, r.text
+    got = client.get("/v1/products/tiledregion").json()
+    assert got["region"] == region and got["tiles"] == [2, 2]
+    local = TiledHETMM.load(store, "tiledregion", device="cpu")
+    frame = _frames(product)[2]
+    r = client.post("/v1/products/tiledregion/predict", content=png(frame), headers={"content-type": "image/png"})
+    assert r.status_code == 200, r.text
+    assert r.json()["score"] == pytest.approx(float(local.predict([frame]).scores[0]), rel=1e-4)
+    # another region for a tiled product, and the far rule (a new rate re-scales every tile): not yet
     r = client.put(f"/v1/products/{tiled}/region", json={"region": region}, headers=ADMIN)
     assert r.status_code == 409 and "tiled" in r.json()["error"]["message"], r.text
-    r = create(client, "tiledregion", product, tiles="2x2", region=json.dumps(region))
-    assert r.status_code == 400 and "geometry.tiles" in r.json()["error"]["message"], r.text
+    r = client.post(f"/v1/products/{tiled}/calibrate", json={"false_alarm_rate": 0.05}, headers=ADMIN)
+    assert r.status_code == 409 and "tiled" in r.json()["error"]["message"], r.text
     r = create(client, "badtiles", product, tiles="2y2")
-    assert r.status_code == 400, r.text
+    assert r.status_code == 400 and "RxC" in r.json()["error"]["message"], r.text
+    r = create(client, "badtiles", product, tiles="[0, 2]")
+    assert r.status_code == 400 and r.json()["error"]["code"] == "bad_config", r.text
