@@ -387,16 +387,12 @@ class ProductRegistry:
                 raise f.exception()  # type: ignore[misc]
         tiles = None
         if source.config.geometry.tiled:  # the positions' settings and calibrations ride in the manifest's meta
-            meta = source.meta if isinstance(source, TemplateSet) else await self._manifest_meta(product, version)
-            tiles = meta["tiles"]
+            tiles = dict(source.meta["tiles"] if isinstance(source, TemplateSet) else source.tiles or {}) or None
         # The tiny sets are ObjectRefs owned by this actor: replicas read them from shared memory.
         self.published[product] = _snapshot(product, version, source, tiny, tiles)
         self.versions[product] = version
         async with self._condition(product):
             self._condition(product).notify_all()
-
-    async def _manifest_meta(self, product: str, version: int) -> dict[str, Any]:
-        return (await asyncio.to_thread(self.store.manifest, product, version)).get("meta") or {}
 
     async def shard_handles(self, product: str) -> dict[str, Any]:
         async with self._lock(product):
