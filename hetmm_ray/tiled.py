@@ -57,7 +57,9 @@ the grid):
   digest) are skipped. The result is the product a fit on the old frames followed by the new ones
   gives.
 
-In process only: Ray shards per tile do not exist yet. Nothing here imports Ray.
+The HTTP service holds a tiled product as (tile position, layer) shards on its template hosts
+(``distributed/registry.py``) and its replicas score it with :meth:`TiledHETMM.serving` over those
+shards' tiny sets. Nothing here imports Ray.
 """
 
 from __future__ import annotations

@@ -582,7 +582,7 @@ async function regionJob(kind) {
 $("region-preview").addEventListener("click", () => regionJob("preview"));
 $("region-save").addEventListener("click", () => regionJob("save"));
 
-// The product's stored region (GET /v1/products/{p}): described above the canvas and its rectangles and
+// The product's stored region (GET /v1/products/{p}): described under the shapes' list and its rectangles and
 // polygons loaded as the shapes to edit (they show once a training image of the region's size is picked).
 function storedShapes(stored) {
   const shapes = [];

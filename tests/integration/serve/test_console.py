@@ -459,6 +459,7 @@ def test_region_drawn_over_a_training_image_previewed_then_saved(
     goto(page, "region")
     path = tmp_path / "train.png"
     path.write_bytes(png(GEAR.good(0)))
+    until(page, "() => document.getElementById('region-stored').innerText.includes('v1: no stored region')")
     page.set_input_files("[data-testid=region-file]", str(path))
     until(page, "() => document.getElementById('region-size').dataset.width === '64'")
     assert page.locator("[data-testid=part-exclude]").is_checked()  # the default part
@@ -521,6 +522,14 @@ def test_region_drawn_over_a_training_image_previewed_then_saved(
     assert stored.config.region == drawn
     assert stored.operating_point().threshold == pytest.approx(proposed, rel=1e-6)
     assert head_threshold(api, product) == pytest.approx(proposed, rel=1e-6)
+    stored_text = "() => document.getElementById('region-stored').innerText"
+    until(page, f"{stored_text}.includes('v2: stored region 0 include, 1 exclude')")
+    # the view opened again shows the stored region: its shapes listed, ready to edit
+    use_product(page, product)
+    goto(page, "region")
+    until(page, "() => document.querySelectorAll('[data-testid=region-shape]').length === 1")
+    assert json.loads(shapes.first.get_attribute("data-shape")) == {"rect": [8, 4, 30, 16]}
+    assert shapes.first.get_attribute("data-part") == "exclude"
     assert not [m for m in _console if "Content Security Policy" in m], _console
 
 

@@ -116,6 +116,9 @@ def test_tiled_product_scores_as_in_process(service, product, tiled) -> None:
 
 
 def test_shards_are_tile_layers_and_a_host_holds_only_its_own(service, tiled) -> None:
+    # the store keeps one object per (tile, layer): a shard's load (get_layer) fetches its own only
+    chunks = open_store(service["store"]).manifest(tiled, 1)["chunks"]
+    assert sorted(ref["layer"] for ref in chunks) == sorted(KEYS)
     registry = get_registry(service["store"], detached=True)
     where = ray.get(registry.placement_of.remote(tiled))
     assert set(where) == KEYS
