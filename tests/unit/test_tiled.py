@@ -401,3 +401,26 @@ def test_cli_compress_and_calibrate_of_a_tiled_product(frames, tmp_path, capsys)
     calibrated = TiledHETMM.load(store, "t", 3, batch_size=4, device="cpu")
     assert calibrated.config.threshold.rule == "validation"
     assert calibrated.threshold == calibrated.calibration.validation["threshold"]
+
+
+# --- cost made visible: hetmm fit prints the grid, the sheets and ms per frame first ---------------
+def test_fit_reports_the_cost_first_tiled_or_not(tmp_path, capsys):
+    from hetmm_ray.cli import main
+    from hetmm_ray.data.synthetic import write_mvtec_layout
+    from hetmm_ray.fitting import estimate_ms_per_frame
+
+    data = write_mvtec_layout(tmp_path / "data", n_train=5, n_test_good=1, n_test_per_defect=1, size=96)
+    train, store = str(data / "train" / "good"), str(tmp_path / "store")
+    assert main(["fit", train, "--product", "plain", "--store", store, *CLI_FLAGS]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    cost = "tiles 1 x 1 (1 per frame, a 96 x 96 frame, 3.00 frame px per canvas px), sheets 5 (all), estimated "
+    assert lines[0].startswith(cost) and lines[0].endswith(" ms per frame") and "version 1" in lines[1]
+    auto = ["--templates", "pts", "--sheets", "auto", "--set", "geometry.tiles=[2,2]"]
+    assert main(["fit", train, "--product", "t", "--store", store, *CLI_FLAGS, *auto]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith("tiles 2 x 2 (4 per frame") and "sheets at most 5 per tile (pts_o, sheets auto)" in first
+    # the shared estimate: more sheets and more scored tiles cost more ATMM time, never nothing
+    det = HETMM(config())
+    frame = SyntheticProduct(seed=0, size=64).good(0)
+    assert 0 < estimate_ms_per_frame(det.scorer, [frame], 2) < float("inf")
+    assert TiledHETMM(config(**TILED)).estimate_ms_per_frame(SyntheticProduct(seed=0, size=FRAME).good(0), 6) > 0
