@@ -513,6 +513,8 @@ def cmd_region(args: argparse.Namespace) -> int:
     store = _open(args)
     head = store.head(args.product)
     version = head if args.version is None else args.version
+    if store.record(args.product, version).config.geometry.tiled:
+        return _region_tiled(args, store, head, version, region)
     det = HETMM.load(store, args.product, version, progress=True)
     ts = det.templates
     assert ts is not None
@@ -530,6 +532,26 @@ def cmd_region(args: argparse.Namespace) -> int:
     print(
         f"product {args.product}: version {new} (from v{version}) region {_describe_region(region)}; threshold "
         f"{_describe_operating_point(before)} -> {_describe_operating_point(after)}"
+    )
+    return 0
+
+
+def _region_tiled(args: argparse.Namespace, store: Any, head: int, version: int, region: Any) -> int:
+    """``hetmm region`` of a tiled product (``TiledHETMM.with_region``): every position recalibrated."""
+    from .tiled import TiledHETMM
+
+    det = TiledHETMM.load(store, args.product, version, progress=True)
+    if det.config.threshold.rule == "validation":
+        raise CLIError(
+            f"product {args.product!r} uses the validation threshold rule, chosen on labelled images under its "
+            "old region: refit or change its rule first"
+        )
+    before = det.operating_point()
+    new_det = det.with_region(region)
+    new = store.put(args.product, new_det.template_set(), expect_head=head)
+    print(
+        f"product {args.product}: version {new} (from v{version}) region {_describe_region(region)}; threshold "
+        f"{_describe_operating_point(before)} -> {_describe_operating_point(new_det.operating_point())}"
     )
     return 0
 

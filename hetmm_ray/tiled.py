@@ -57,6 +57,9 @@ the grid):
   digest) are skipped. The result is the product a fit on the old frames followed by the new ones
   gives.
 
+- **Another region** (:meth:`TiledHETMM.with_region`, ``hetmm region``): every position keeps its
+  templates and is recalibrated under its part of the new region.
+
 In process only: Ray shards per tile do not exist yet. Nothing here imports Ray.
 """
 
@@ -310,6 +313,22 @@ class TiledHETMM:
             self.config = self.config.replace(**{f"templates.{k}": v for k, v in changes.items()})
         self._install(sets, self.frame_digests)
         return self
+
+    def with_region(self, region: dict[str, Any] | None) -> TiledHETMM:
+        """This product under another region (None: every pixel counts): a new detector whose
+        positions keep their templates (bank and selection) and are recalibrated under their parts
+        of ``region`` (:meth:`FitPipeline.calibrated`), as ``hetmm region`` does for an untiled
+        product; so it equals a fit under that region. Unsaved (version None)."""
+        new = TiledHETMM(replace(self.config, region=region), progress=self.progress, map_size=self.map_size)
+        for det in new.dets:
+            det.scorer.backbone = self.backbone  # no second build
+        sets = []
+        for det, old in zip(new.dets, self.dets, strict=True):
+            ts = old.scorer.require_templates()
+            sets.append(det.pipeline.calibrated(replace(ts, config=replace(ts.config, region=det.config.region))))
+        new.frame = self.frame
+        new._install(sets, self.frame_digests)
+        return new
 
     def _install(self, sets: list[TemplateSet], digests: tuple[str, ...], version: int | None = None) -> None:
         for det, ts in zip(self.dets, sets, strict=True):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -424,3 +425,28 @@ def test_fit_reports_the_cost_first_tiled_or_not(tmp_path, capsys):
     frame = SyntheticProduct(seed=0, size=64).good(0)
     assert 0 < estimate_ms_per_frame(det.scorer, [frame], 2) < float("inf")
     assert TiledHETMM(config(**TILED)).estimate_ms_per_frame(SyntheticProduct(seed=0, size=FRAME).good(0), 6) > 0
+
+
+def test_another_region_equals_a_fit_under_it(frames, tmp_path, capsys):
+    """hetmm region on a tiled product: the templates kept, every position recalibrated under its
+    part; the same product a fit under that region gives (the reference)."""
+    from hetmm_ray.cli import main
+
+    train, test = frames
+    region = {"size": [FRAME, FRAME], "include": [], "exclude": [{"rect": [20, 30, 90, 50]}]}
+    store = open_store(tmp_path / "store")
+    TiledHETMM(config(**TILED)).fit(train).save(store, "t")
+    (tmp_path / "region.json").write_text(json.dumps(region))
+    assert (
+        main(
+            ["region", "--product", "t", "--store", str(tmp_path / "store"), "--region", str(tmp_path / "region.json")]
+        )
+        == 0
+    )
+    assert "version 2 (from v1) region" in capsys.readouterr().out
+    loaded = TiledHETMM.load(store, "t", 2, batch_size=4, device="cpu")
+    assert loaded.config.region is not None
+    assert_same_tiled(loaded, TiledHETMM(config(**TILED, region=region)).fit(train), test)
+    back = loaded.with_region(None)
+    assert back.config.region is None
+    assert_same_tiled(back, TiledHETMM(config(**TILED)).fit(train), test)
