@@ -260,7 +260,7 @@ def test_a_tile_wholly_outside_the_region_never_counts(frames):
 
 
 def test_cli_fit_and_evaluate_with_a_region_and_tiles(tmp_path, capsys):
-    import json
+    from PIL import Image
 
     from hetmm_ray.cli import main
     from hetmm_ray.data.synthetic import write_mvtec_layout
@@ -273,6 +273,13 @@ def test_cli_fit_and_evaluate_with_a_region_and_tiles(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "4 tiles" in out and "0 of 4 tiles wholly outside it" in out
     assert open_store(store).record("t").config.region["exclude"] == [{"rect": [0, 0, 96, 20]}]
+    heat = tmp_path / "heat"
+    assert main(["predict", str(data / "test" / "good"), "--product", "t", "--store", store, "--out", str(heat)]) == 0
+    capsys.readouterr()
+    overlay = np.asarray(Image.open(next(heat.rglob("*_heatmap.png"))).convert("RGB")).astype(int)
+    top, rest = overlay[:20], overlay[20:]
+    assert (np.abs(top - top.mean(axis=2, keepdims=True)) < 3).all()  # the excluded band is grey
+    assert (np.abs(rest - rest.mean(axis=2, keepdims=True)) >= 3).any()  # the rest is coloured
     res = tmp_path / "e.json"
     assert main(["evaluate", "--data", str(data), "--json", str(res), *flags]) == 0
     result = json.loads(res.read_text())
