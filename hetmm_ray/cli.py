@@ -169,6 +169,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
             return _fit_tiled(args, config, paths)
     det = HETMM(config, progress=True, steps=_steps(args))
     bb = config.backbone
+    _print_untiled_cost(det, paths)
     det.fit(load_images(paths, bb.image_size, progress=True, desc="decode", geometry=bb.geometry))
     version = det.save(_open(args), args.product)
     print(
@@ -178,6 +179,31 @@ def cmd_fit(args: argparse.Namespace) -> int:
     if config.region is not None:
         print(f"region {_describe_region(config.region)}")
     return 0
+
+
+def _sheets_text(tc: Any, n_images: int) -> str:
+    """``5 (all)``, ``40 (pts_o)``, ``at most 120 (pts_o, sheets auto)``: what a fit will hold."""
+    k = tc.sheets_of(n_images)
+    if tc.kind != "all" and tc.sheets == "auto":
+        return f"at most {k} ({tc.kind}, sheets auto)"
+    return f"{k} ({tc.kind})"
+
+
+def _print_untiled_cost(det: Any, paths: list[Path]) -> None:
+    """``hetmm fit`` of an untiled product: the cost line before the long work (as a tiled fit's)."""
+    from .evaluation import load_images
+    from .fitting import estimate_ms_per_frame
+    from .tiled import frame_shape
+
+    bb = det.config.backbone
+    h, w = frame_shape(paths[0])
+    first = load_images(paths[:1], bb.image_size, geometry=bb.geometry)  # as the fit will get it
+    ms = estimate_ms_per_frame(det.scorer, first, det.config.templates.sheets_of(len(paths)))
+    print(
+        f"tiles 1 x 1 (1 per frame, a {h} x {w} frame, {max(h, w) / bb.image_size:.2f} frame px per canvas px), "
+        f"sheets {_sheets_text(det.config.templates, len(paths))}, estimated {ms:.0f} ms per frame",
+        flush=True,
+    )
 
 
 def _fit_tiled(args: argparse.Namespace, config: Any, paths: list[Path]) -> int:
@@ -190,13 +216,12 @@ def _fit_tiled(args: argparse.Namespace, config: Any, paths: list[Path]) -> int:
     h, w = frame_shape(paths[0])
     tile = det.tiles_of(h, w)[0]
     size = config.backbone.image_size
-    tc = config.templates
-    sheets = tc.sheets_of(len(paths))
+    sheets = _sheets_text(config.templates, len(paths)).replace(" (", " per tile (", 1)
     ms = det.estimate_ms_per_frame(paths[0], len(paths))
     print(
         f"tiles {det.rows} x {det.cols} ({det.n_tiles} per frame, {tile.height} x {tile.width} px of a "
         f"{h} x {w} frame, {max(tile.height, tile.width) / size:.2f} frame px per canvas px), "
-        f"sheets {sheets} per tile ({tc.kind}), estimated {ms:.0f} ms per frame",
+        f"sheets {sheets}, estimated {ms:.0f} ms per frame",
         flush=True,
     )
     det.fit(paths)
@@ -488,6 +513,8 @@ def cmd_region(args: argparse.Namespace) -> int:
     store = _open(args)
     head = store.head(args.product)
     version = head if args.version is None else args.version
+    if store.record(args.product, version).config.geometry.tiled:
+        return _region_tiled(args, store, head, version, region)
     det = HETMM.load(store, args.product, version, progress=True)
     ts = det.templates
     assert ts is not None
@@ -505,6 +532,26 @@ def cmd_region(args: argparse.Namespace) -> int:
     print(
         f"product {args.product}: version {new} (from v{version}) region {_describe_region(region)}; threshold "
         f"{_describe_operating_point(before)} -> {_describe_operating_point(after)}"
+    )
+    return 0
+
+
+def _region_tiled(args: argparse.Namespace, store: Any, head: int, version: int, region: Any) -> int:
+    """``hetmm region`` of a tiled product (``TiledHETMM.with_region``): every position recalibrated."""
+    from .tiled import TiledHETMM
+
+    det = TiledHETMM.load(store, args.product, version, progress=True)
+    if det.config.threshold.rule == "validation":
+        raise CLIError(
+            f"product {args.product!r} uses the validation threshold rule, chosen on labelled images under its "
+            "old region: refit or change its rule first"
+        )
+    before = det.operating_point()
+    new_det = det.with_region(region)
+    new = store.put(args.product, new_det.template_set(), expect_head=head)
+    print(
+        f"product {args.product}: version {new} (from v{version}) region {_describe_region(region)}; threshold "
+        f"{_describe_operating_point(before)} -> {_describe_operating_point(new_det.operating_point())}"
     )
     return 0
 

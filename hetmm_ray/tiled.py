@@ -57,6 +57,9 @@ the grid):
   digest) are skipped. The result is the product a fit on the old frames followed by the new ones
   gives.
 
+- **Another region** (:meth:`TiledHETMM.with_region`, ``hetmm region``): every position keeps its
+  templates and is recalibrated under its part of the new region.
+
 The HTTP service holds a tiled product as (tile position, layer) shards on its template hosts
 (``distributed/registry.py``) and its replicas score it with :meth:`TiledHETMM.serving` over those
 shards' tiny sets. Nothing here imports Ray.
@@ -85,7 +88,7 @@ from .core.scoring import Calibration, OperatingPoint, calibration_json, content
 from .core.templates import TemplateError, TemplateSet, unseen_positions
 from .core.tiles import Tile, cut, grid_of, stitch, tile_grid
 from .detector import HETMM
-from .fitting import check_visible
+from .fitting import check_visible, estimate_ms_per_frame
 from .scorer import ImageInput, Prediction, as_rgb
 
 __all__ = ["TiledHETMM", "TiledPrediction", "frame_shape", "load_detector", "resolve_tiles"]
@@ -228,26 +231,12 @@ class TiledHETMM:
     # --- fit -------------------------------------------------------------------------------
     def estimate_ms_per_frame(self, frame: ImageInput, n_train: int) -> float:
         """Milliseconds to score one frame with all its tiles against as many sheets as the fit will
-        keep per position (``templates.sheets_of``), measured on ``frame`` against copies of its own
-        tile features after one untimed pass: the backbone pass of its tiles plus ATMM per tile."""
-        decoded = [as_rgb(frame)]
-        self._tile_features(decoded, bank=False)  # untimed: builds the backbone (and its runtime's network)
-        t0 = time.perf_counter()
-        feats, boxes, _ = self._tile_features(decoded, bank=False)
-        backbone_s = time.perf_counter() - t0
-        scorer = self.dets[0].scorer
-        k = self.config.templates.sheets_of(n_train)
-        one = {name: v[:1] for name, v in feats.items()}
-        fake = TemplateSet(
-            bank={name: v[:1].repeat(k, 1, 1, 1).cpu() for name, v in feats.items()},
-            config=scorer.config,
-            weights_id="estimate",
-            image_digests=tuple(str(i) for i in range(k)),
-        )
-        t0 = time.perf_counter()
-        scorer.score_maps(one, scorer.prepare(fake), None if boxes is None else boxes[:1])
-        atmm_s = time.perf_counter() - t0
-        return 1000 * (backbone_s + atmm_s * sum(self.live))
+        keep per position (``templates.sheets_of``): :func:`~hetmm_ray.fitting.estimate_ms_per_frame`
+        on ``frame``'s tiles (positions the region leaves out are not scored)."""
+        x = as_rgb(frame)
+        crops = [np.ascontiguousarray(c) for c in cut(x, self.tiles_of(x.shape[0], x.shape[1]))]
+        sheets = self.config.templates.sheets_of(n_train)
+        return estimate_ms_per_frame(self.dets[0].scorer, crops, sheets, scored=sum(self.live))
 
     def _extract(
         self, frames: Sequence[ImageInput], desc: str
@@ -330,6 +319,22 @@ class TiledHETMM:
             self.config = self.config.replace(**{f"templates.{k}": v for k, v in changes.items()})
         self._install(sets, self.frame_digests)
         return self
+
+    def with_region(self, region: dict[str, Any] | None) -> TiledHETMM:
+        """This product under another region (None: every pixel counts): a new detector whose
+        positions keep their templates (bank and selection) and are recalibrated under their parts
+        of ``region`` (:meth:`FitPipeline.calibrated`), as ``hetmm region`` does for an untiled
+        product; so it equals a fit under that region. Unsaved (version None)."""
+        new = TiledHETMM(replace(self.config, region=region), progress=self.progress, map_size=self.map_size)
+        for det in new.dets:
+            det.scorer.backbone = self.backbone  # no second build
+        sets = []
+        for det, old in zip(new.dets, self.dets, strict=True):
+            ts = old.scorer.require_templates()
+            sets.append(det.pipeline.calibrated(replace(ts, config=replace(ts.config, region=det.config.region))))
+        new.frame = self.frame
+        new._install(sets, self.frame_digests)
+        return new
 
     def _install(self, sets: list[TemplateSet], digests: tuple[str, ...], version: int | None = None) -> None:
         for det, ts in zip(self.dets, sets, strict=True):

@@ -21,6 +21,12 @@ its steps placed here: PTS as pixel-chunk tasks, a hot update's selection on the
 template shards, ``sheets: auto`` and the out-of-fold calibration each in a task on a full CPU
 (reporting its progress to the job).
 
+A tiled product (``geometry.tiles``, hetmm_ray/tiled.py) has one shard per (tile position,
+layer), named by its bank key ``tile<p>/<layer>``; its create, hot update, region and labelled
+calibration jobs run the in-process :class:`~hetmm_ray.tiled.TiledHETMM` in a task each and
+publish like any other version (the shards reload from the store); the far rule at a new rate is
+refused (409).
+
 Hot update, in order (docs/design.md): the shards append the new features and
 re-select their tiny sets (PTS fanned out as tasks) -> the template set is
 rebuilt from the shards and recalibrated -> published to the store with
@@ -153,6 +159,16 @@ def _tiled_update(store_uri: str, product: str, version: int, images: list[bytes
     det.update([decode_image(data) for data in images])
     added = len(images) - det.skipped_duplicates
     return (det.template_set() if added else None), added
+
+
+@ray.remote(num_cpus=TASK_CPUS)
+def _tiled_with_region(store_uri: str, product: str, version: int, region: dict[str, Any] | None) -> TemplateSet:
+    """``product`` at ``version`` under another region (``TiledHETMM.with_region``: every tile position
+    keeps its templates and is recalibrated under its part), in a task; unsaved."""
+    from ..tiled import TiledHETMM
+
+    use_assigned_cpus()
+    return TiledHETMM.load(open_store(store_uri), product, version).with_region(region).template_set()
 
 
 class _TileReport:
@@ -645,13 +661,13 @@ class ProductRegistry:
 
         version = await self.head(product)  # ProductNotFound before any work starts
         cfg = (await asyncio.to_thread(self.store.record, product, version)).config
-        _refuse_tiled(product, cfg, "an inspection region")
         if cfg.threshold.rule == "validation":
             raise ConfigError(
                 f"product {product!r} uses the validation threshold rule, chosen on labelled images under its "
                 "old region: set the far rule first"
             )
-        check_visible(replace(cfg, region=region))
+        if not cfg.geometry.tiled:  # a tiled product's region is cut per tile and checked there (its job)
+            check_visible(replace(cfg, region=region))
         return version, cfg
 
     async def _under_region(
@@ -660,6 +676,8 @@ class ProductRegistry:
         """``version``'s template set, and the same set under ``region`` recalibrated (its out-of-fold
         scores count the region's pixels only): the one computation of a region job and its preview."""
         base = await asyncio.to_thread(self.store.get, product, version)
+        if base.config.geometry.tiled:  # every position recalibrated under its part (TiledHETMM.with_region)
+            return base, await _tiled_with_region.remote(self.store_uri, product, version, region)
         ts = replace(base, config=replace(base.config, region=region))
         return base, await asyncio.to_thread(self._pipeline(ts.config, progress).calibrated, ts)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -259,7 +260,7 @@ def test_a_tile_wholly_outside_the_region_never_counts(frames):
 
 
 def test_cli_fit_and_evaluate_with_a_region_and_tiles(tmp_path, capsys):
-    import json
+    from PIL import Image
 
     from hetmm_ray.cli import main
     from hetmm_ray.data.synthetic import write_mvtec_layout
@@ -272,6 +273,13 @@ def test_cli_fit_and_evaluate_with_a_region_and_tiles(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "4 tiles" in out and "0 of 4 tiles wholly outside it" in out
     assert open_store(store).record("t").config.region["exclude"] == [{"rect": [0, 0, 96, 20]}]
+    heat = tmp_path / "heat"
+    assert main(["predict", str(data / "test" / "good"), "--product", "t", "--store", store, "--out", str(heat)]) == 0
+    capsys.readouterr()
+    overlay = np.asarray(Image.open(next(heat.rglob("*_heatmap.png"))).convert("RGB")).astype(int)
+    top, rest = overlay[:20], overlay[20:]
+    assert (np.abs(top - top.mean(axis=2, keepdims=True)) < 3).all()  # the excluded band is grey
+    assert (np.abs(rest - rest.mean(axis=2, keepdims=True)) >= 3).any()  # the rest is coloured
     res = tmp_path / "e.json"
     assert main(["evaluate", "--data", str(data), "--json", str(res), *flags]) == 0
     result = json.loads(res.read_text())
@@ -401,3 +409,51 @@ def test_cli_compress_and_calibrate_of_a_tiled_product(frames, tmp_path, capsys)
     calibrated = TiledHETMM.load(store, "t", 3, batch_size=4, device="cpu")
     assert calibrated.config.threshold.rule == "validation"
     assert calibrated.threshold == calibrated.calibration.validation["threshold"]
+
+
+# --- cost made visible: hetmm fit prints the grid, the sheets and ms per frame first ---------------
+def test_fit_reports_the_cost_first_tiled_or_not(tmp_path, capsys):
+    from hetmm_ray.cli import main
+    from hetmm_ray.data.synthetic import write_mvtec_layout
+    from hetmm_ray.fitting import estimate_ms_per_frame
+
+    data = write_mvtec_layout(tmp_path / "data", n_train=5, n_test_good=1, n_test_per_defect=1, size=96)
+    train, store = str(data / "train" / "good"), str(tmp_path / "store")
+    assert main(["fit", train, "--product", "plain", "--store", store, *CLI_FLAGS]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    cost = "tiles 1 x 1 (1 per frame, a 96 x 96 frame, 3.00 frame px per canvas px), sheets 5 (all), estimated "
+    assert lines[0].startswith(cost) and lines[0].endswith(" ms per frame") and "version 1" in lines[1]
+    auto = ["--templates", "pts", "--sheets", "auto", "--set", "geometry.tiles=[2,2]"]
+    assert main(["fit", train, "--product", "t", "--store", store, *CLI_FLAGS, *auto]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith("tiles 2 x 2 (4 per frame") and "sheets at most 5 per tile (pts_o, sheets auto)" in first
+    # the shared estimate: more sheets and more scored tiles cost more ATMM time, never nothing
+    det = HETMM(config())
+    frame = SyntheticProduct(seed=0, size=64).good(0)
+    assert 0 < estimate_ms_per_frame(det.scorer, [frame], 2) < float("inf")
+    assert TiledHETMM(config(**TILED)).estimate_ms_per_frame(SyntheticProduct(seed=0, size=FRAME).good(0), 6) > 0
+
+
+def test_another_region_equals_a_fit_under_it(frames, tmp_path, capsys):
+    """hetmm region on a tiled product: the templates kept, every position recalibrated under its
+    part; the same product a fit under that region gives (the reference)."""
+    from hetmm_ray.cli import main
+
+    train, test = frames
+    region = {"size": [FRAME, FRAME], "include": [], "exclude": [{"rect": [20, 30, 90, 50]}]}
+    store = open_store(tmp_path / "store")
+    TiledHETMM(config(**TILED)).fit(train).save(store, "t")
+    (tmp_path / "region.json").write_text(json.dumps(region))
+    assert (
+        main(
+            ["region", "--product", "t", "--store", str(tmp_path / "store"), "--region", str(tmp_path / "region.json")]
+        )
+        == 0
+    )
+    assert "version 2 (from v1) region" in capsys.readouterr().out
+    loaded = TiledHETMM.load(store, "t", 2, batch_size=4, device="cpu")
+    assert loaded.config.region is not None
+    assert_same_tiled(loaded, TiledHETMM(config(**TILED, region=region)).fit(train), test)
+    back = loaded.with_region(None)
+    assert back.config.region is None
+    assert_same_tiled(back, TiledHETMM(config(**TILED)).fit(train), test)

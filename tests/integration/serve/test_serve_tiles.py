@@ -202,9 +202,19 @@ def test_region_with_tiles_and_refusals(service, product, tiled) -> None:
     r = client.post("/v1/products/tiledregion/predict", content=png(frame), headers={"content-type": "image/png"})
     assert r.status_code == 200, r.text
     assert r.json()["score"] == pytest.approx(float(local.predict([frame]).scores[0]), rel=1e-4)
-    # another region for a tiled product, and the far rule (a new rate re-scales every tile): not yet
-    r = client.put(f"/v1/products/{tiled}/region", json={"region": region}, headers=ADMIN)
-    assert r.status_code == 409 and "tiled" in r.json()["error"]["message"], r.text
+    # another region (here: none) for a tiled product: every position recalibrated, as in process
+    other = {"size": [FRAME, FRAME], "include": [], "exclude": [{"rect": [60, 0, 128, 30]}]}
+    r = client.put("/v1/products/tiledregion/region?wait=true", json={"region": other}, headers=ADMIN)
+    assert r.status_code == 200 and r.json()["job"]["version"] == 2, r.text
+    expected = local.with_region(other)
+    stored = TiledHETMM.load(store, "tiledregion", 2, device="cpu")
+    assert stored.config.region == other
+    np.testing.assert_allclose(stored.calibration.scores, expected.calibration.scores, rtol=1e-5)
+    assert client.get("/v1/products/tiledregion").json()["region"] == other
+    r = client.post("/v1/products/tiledregion/predict", content=png(frame), headers={"content-type": "image/png"})
+    assert r.json()["version"] == 2
+    assert r.json()["score"] == pytest.approx(float(expected.predict([frame]).scores[0]), rel=1e-4)
+    # the far rule at another rate re-scales every tile: not yet for a tiled product
     r = client.post(f"/v1/products/{tiled}/calibrate", json={"false_alarm_rate": 0.05}, headers=ADMIN)
     assert r.status_code == 409 and "tiled" in r.json()["error"]["message"], r.text
     r = create(client, "badtiles", product, tiles="2y2")
