@@ -164,7 +164,7 @@ def _check_region(config: dict[str, Any]) -> None:
             check_visible(cfg)
 
 
-MAP_SIZE_MAX = 8192  # ?map_size: the longest heat-map side a predict answer may ask for
+MAP_SIZE_MAX = 8192  # ?map_size: a heat-map's long side at most (never enlarged, serve/replica.py)
 
 
 def _tiles_field(text: str) -> dict[str, Any]:

@@ -84,11 +84,11 @@ def _encode_png(image: np.ndarray) -> str:
 
 
 def _sized(image: np.ndarray, map_size: int | None) -> np.ndarray:
-    """The heat-map's picture at ``map_size`` (its long side, the aspect kept, bilinear); unchanged
-    without one (``heatmap_overlay`` then draws the map and region at the picture's size)."""
-    if map_size is None:
-        return image
+    """The heat-map's picture with its long side at most ``map_size`` (the aspect kept, bilinear; never
+    enlarged); unchanged without one. ``heatmap_overlay`` then draws the map and region at its size."""
     h, w = image.shape[:2]
+    if map_size is None or map_size >= max(h, w):
+        return image
     f = map_size / max(h, w)
     size = (max(1, round(w * f)), max(1, round(h * f)))  # PIL: (width, height)
     return image if size == (w, h) else np.asarray(Image.fromarray(image).resize(size, Image.BILINEAR))
@@ -186,7 +186,7 @@ class Detector:
         self, images: list[np.ndarray], want_maps: bool = False, map_size: int | None = None
     ) -> list[dict[str, Any]]:
         """Score one request's images (all by the same template version); ``map_size``: the heat-maps'
-        long side in pixels (None: the canvas view, or a tiled product's frame resolution)."""
+        long side at most, in pixels (None: the canvas view, or a tiled product's frame resolution)."""
         model_id = serve.get_multiplexed_model_id()  # the product, or one of its warm-set aliases
         request = ScoreRequest(images, want_maps, time.perf_counter(), map_size)
         return await self._batcher.submit(model_id, request, len(images))

@@ -199,18 +199,25 @@ async function teachDefect(product, imageBytes, r, box) {
 }
 
 // --- Inspect --------------------------------------------------------------------------------
+const INSPECT_MAP_PX = 1024;
+
 async function inspect(files) {
   clearError();
   const product = state.product;
   if (!product) return showError(new ApiError(0, "no_product", "no product to inspect: create one first"));
   const out = $("inspect-results");
   const chunk = 16; // the service's default max_images_per_request
+  // A tiled product's heat-map is stitched at the frame's resolution: asked at most INSPECT_MAP_PX on
+  // its long side, so a camera frame's map stays a small PNG (an untiled product's is its canvas view).
+  const listed = state.products.find((p) => p.product === product);
+  const tiled = listed && listed.tiles && listed.tiles[0] * listed.tiles[1] > 1;
+  const query = tiled ? `?map=png&map_size=${INSPECT_MAP_PX}` : "?map=png";
   for (let i = 0; i < files.length; i += chunk) {
     const part = files.slice(i, i + chunk);
     const form = new FormData();
     for (const f of part) form.append("images", f, f.name);
     try {
-      const data = await api("POST", `/v1/products/${enc(product)}/predict?map=png`, { body: form });
+      const data = await api("POST", `/v1/products/${enc(product)}/predict${query}`, { body: form });
       data.results.forEach((r, j) => {
         const file = part[j];
         out.prepend(resultCard(product, r, URL.createObjectURL(file), `data:image/png;base64,${r.heatmap_png}`, async () => file));

@@ -112,6 +112,8 @@ def test_tiled_product_scores_as_in_process(service, product, tiled) -> None:
     assert r.status_code == 200, r.text
     assert r.json()["score"] == pytest.approx(got[0], rel=1e-4)  # alone, not in a batch of 3: float32 rounding
     assert Image.open(io.BytesIO(base64.b64decode(r.json()["heatmap_png"]))).size == (48, 48)
+    r = client.post(f"/v1/products/{tiled}/predict?map=png&map_size=500", **one)  # at most: never enlarged
+    assert Image.open(io.BytesIO(base64.b64decode(r.json()["heatmap_png"]))).size == (FRAME, FRAME)
     assert client.post(f"/v1/products/{tiled}/predict?map_size=0", **one).status_code == 400
 
 
