@@ -223,3 +223,17 @@ def test_region_with_tiles_and_refusals(service, product, tiled) -> None:
     assert r.status_code == 400 and "RxC" in r.json()["error"]["message"], r.text
     r = create(client, "badtiles", product, tiles="[0, 2]")
     assert r.status_code == 400 and r.json()["error"]["code"] == "bad_config", r.text
+
+
+def test_auto_tiles_are_resolved_from_the_uploaded_frames(service) -> None:
+    """``tiles: auto`` from the frames' largest side: 160 px on a 64-px canvas needs 2 x 2 (tiles of at
+    most 2 frame px per canvas px); 128 px fits at that scale: one tile, an ordinary untiled product."""
+    client, store = service["client"], open_store(service["store"])
+    big = SyntheticProduct(seed=4, size=160)
+    r = create(client, "autotiled", big, tiles="auto")
+    assert r.status_code == 200 and r.json()["job"]["tiles"] == [2, 2], r.text
+    assert store.record("autotiled").config.geometry.tiles == (2, 2)
+    r = create(client, "autoone", SyntheticProduct(seed=4, size=FRAME), tiles="auto")
+    assert r.status_code == 200 and "tiles" not in r.json()["job"], r.text
+    rec = store.record("autoone")
+    assert rec.config.geometry.tiles == (1, 1) and not any(k.startswith("tile") for k in rec.layers)
