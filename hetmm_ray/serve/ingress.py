@@ -167,10 +167,14 @@ def _check_region(config: dict[str, Any]) -> None:
 MAP_SIZE_MAX = 8192  # ?map_size: a heat-map's long side at most (never enlarged, serve/replica.py)
 
 
-def _tiles_field(text: str) -> dict[str, Any]:
-    """The create form's ``tiles`` field: ``auto``, ``RxC`` (``2x2``) or JSON ``[rows, cols]``, as a
-    ``geometry`` section (checked with the product's configuration)."""
-    value = text.strip()
+def _tiles_field(given: Any) -> dict[str, Any]:
+    """A create request's ``tiles``: ``auto``, ``RxC`` (``2x2``) or ``[rows, cols]`` (JSON text in a
+    form field, a list in a JSON body), as ``geometry`` settings (checked with the product's configuration)."""
+    if isinstance(given, list):
+        return {"tiles": given}
+    if not isinstance(given, str):
+        raise Refused(400, "bad_request", f"'tiles': give auto, RxC (2x2) or [rows, cols], not {type(given).__name__}")
+    value = given.strip()
     if value == "auto":
         return {"tiles": "auto"}
     rows, sep, cols = value.lower().partition("x")
@@ -356,16 +360,17 @@ class Ingress:
             )
             config_data = body.config or {}
             region = body.region
+            tiles = None if body.tiles is None else _tiles_field(body.tiles)
         else:
             uploads, fields = await self._uploads(request, max_images=self.service.max_images_per_job)
             config_data = parse_json_object(fields.get("config", "{}"), what="the 'config' field")
             region = parse_json_object(fields["region"], what="the 'region' field") if "region" in fields else None
-            if "tiles" in fields:  # the tile grid (issue 22): a field of its own, or config's "geometry"
-                geometry = config_data.get("geometry") if isinstance(config_data, dict) else None
-                geometry = {**(geometry if isinstance(geometry, dict) else {}), **_tiles_field(fields["tiles"])}
-                config_data = {**config_data, "geometry": geometry}
+            tiles = _tiles_field(fields["tiles"]) if "tiles" in fields else None
         if not isinstance(config_data, dict):
             raise Refused(400, "bad_config", "'config' must be a JSON object")
+        if tiles is not None:  # the tile grid (issue 22): a field of its own, or config's "geometry"
+            geometry = config_data.get("geometry")
+            config_data = {**config_data, "geometry": {**(geometry if isinstance(geometry, dict) else {}), **tiles}}
         if region is not None:  # the inspection region: a field of its own, or config's "region"
             config_data = {**config_data, "region": region}
         config = merge_product_config(self.service.product_defaults, config_data)  # over the service's defaults
