@@ -45,7 +45,13 @@ from .product import (
 )
 from .replica import ReplicaSettings
 from .run_time import BACKBONE_RUNTIMES, MODEL_CACHE_ENV, PTS_CHUNK_PIXELS, TASK_CPUS, model_cache_dir
-from .service import DEFAULT_STORE, HEATMAP_VMAX_OVER_THRESHOLD, SERVE_ENVIRONMENT, ServiceConfig
+from .service import (
+    DEFAULT_STORE,
+    HEATMAP_VMAX_OVER_THRESHOLD,
+    SERVE_BY_VALUE_MAX_BYTES,
+    SERVE_ENVIRONMENT,
+    ServiceConfig,
+)
 
 __all__ = [
     "BACKBONES",
@@ -65,6 +71,7 @@ __all__ = [
     "PACKAGED_WEIGHTS",
     "PTS_CHUNK_PIXELS",
     "RUN_TIME_SETTINGS",
+    "SERVE_BY_VALUE_MAX_BYTES",
     "SERVE_ENVIRONMENT",
     "TASK_CPUS",
     "TEMPLATE_KINDS",

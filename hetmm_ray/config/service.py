@@ -15,7 +15,13 @@ from typing import Any, ClassVar
 from ._constraints import Check, Range, Settings, setting
 from .detector import DetectorConfig
 
-__all__ = ["DEFAULT_STORE", "HEATMAP_VMAX_OVER_THRESHOLD", "SERVE_ENVIRONMENT", "ServiceConfig"]
+__all__ = [
+    "DEFAULT_STORE",
+    "HEATMAP_VMAX_OVER_THRESHOLD",
+    "SERVE_BY_VALUE_MAX_BYTES",
+    "SERVE_ENVIRONMENT",
+    "ServiceConfig",
+]
 
 DEFAULT_STORE = "hetmm-store"
 """The template store when none is named: a folder in the working directory (CLI and service)."""
@@ -31,6 +37,12 @@ green; above it yellow to red). Values beyond the top are drawn as the top colou
 # gRPC, not Ray actor calls through the object store, take a third less CPU per request in the
 # raylet, the ingress and the proxy. A value already in the environment wins.
 SERVE_ENVIRONMENT: dict[str, str] = {"RAY_SERVE_USE_GRPC_BY_DEFAULT": "1"}
+
+# Images of one handle call to a detector replica larger than this (decoded bytes) go through the
+# object store instead of by value over gRPC: a replica's gRPC server takes messages of at most
+# 4 MiB (Ray Serve's RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH default), which a tiled product's whole
+# frames pass (a 2048 x 2048 RGB frame is 12 MiB). Canvas-sized images stay far under it.
+SERVE_BY_VALUE_MAX_BYTES = 3 * 2**20
 
 _STRINGS = Check(lambda v: all(isinstance(s, str) and s for s in v), "must be a list of non-empty strings")
 

@@ -36,7 +36,7 @@ from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from ..config import DetectorConfig, ServiceConfig, merge_product_config
+from ..config import SERVE_BY_VALUE_MAX_BYTES, DetectorConfig, ServiceConfig, merge_product_config
 from ..core.calibration import check_rate
 from ..data.decode import decode_image
 from ..data.region_file import region_from_json
@@ -208,6 +208,9 @@ class Ingress:
         # the process that built the application may have read Serve's default before
         # config.SERVE_ENVIRONMENT was applied (that setting covers the proxy's hop to this replica).
         self.detector = detector.options(_by_reference=False)
+        # ... except a call whose images exceed what a replica's gRPC server takes (a tiled product's
+        # whole frames): those go through the object store (config.SERVE_BY_VALUE_MAX_BYTES).
+        self.detector_by_reference = detector.options(_by_reference=True)
         self.registry = get_registry(self.service.store, detached=True)
         self.registry.set_poll.remote(self.service.store_poll_s)  # follow other writers of the store
         self.registry.set_hosts.remote(self.service.template_hosts)  # template host processes (issue 14)
@@ -220,7 +223,11 @@ class Ingress:
         self._canvas = CanvasCache(lambda p: self.registry.snapshot.remote(p), self.service.store_poll_s)
         # the console's state and answers (serve/ui.py): the recent-predictions ring, the labelled set
         self.console = Console(
-            self.service, registry=self.registry, detector=self.detector, store=open_store(self.service.store)
+            self.service,
+            registry=self.registry,
+            detector=self.detector,
+            store=open_store(self.service.store),
+            detector_by_reference=self.detector_by_reference,
         )
 
     # --- plumbing -------------------------------------------------------------------------------
@@ -323,7 +330,8 @@ class Ingress:
         decode_ms = round(1000 * (time.perf_counter() - decode_start), 3)
         started = time.perf_counter()
         with self.warm.request(product) as model_id:  # the product's id, or an alias while it is hot
-            handle = self.detector.options(multiplexed_model_id=model_id)
+            large = sum(im.nbytes for im in images) > SERVE_BY_VALUE_MAX_BYTES
+            handle = (self.detector_by_reference if large else self.detector).options(multiplexed_model_id=model_id)
             try:
                 results = await handle.predict.remote(images, map == "png", map_size)
             except RayActorError:  # the replica died under the request: scoring is idempotent, retry once

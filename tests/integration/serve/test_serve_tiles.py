@@ -115,6 +115,12 @@ def test_tiled_product_scores_as_in_process(service, product, tiled) -> None:
     r = client.post(f"/v1/products/{tiled}/predict?map=png&map_size=500", **one)  # at most: never enlarged
     assert Image.open(io.BytesIO(base64.b64decode(r.json()["heatmap_png"]))).size == (FRAME, FRAME)
     assert client.post(f"/v1/products/{tiled}/predict?map_size=0", **one).status_code == 400
+    # a frame larger than a replica's gRPC message limit (4 MiB decoded) goes by reference, scored alike
+    big = np.asarray(Image.fromarray(frames[1]).resize((1200, 1200), Image.BILINEAR))
+    r = client.post(f"/v1/products/{tiled}/predict?map=png&map_size=256", content=png(big), headers=one["headers"])
+    assert r.status_code == 200, r.text
+    assert r.json()["score"] == pytest.approx(float(local.predict([big]).scores[0]), rel=1e-4)
+    assert Image.open(io.BytesIO(base64.b64decode(r.json()["heatmap_png"]))).size == (256, 256)
 
 
 def test_shards_are_tile_layers_and_a_host_holds_only_its_own(service, tiled) -> None:
