@@ -149,13 +149,15 @@ def _tiled_fit(config: dict[str, Any], images: list[bytes], registry: Any, job_i
 
 @ray.remote(num_cpus=TASK_CPUS)
 def _tiled_update(store_uri: str, product: str, version: int, images: list[bytes]) -> tuple[TemplateSet | None, int]:
-    """``TiledHETMM.update`` of ``product`` at ``version`` with encoded good frames, in a task: the new
-    template set (None when every frame was already held) and how many frames it added."""
+    """``TiledHETMM.update`` of ``product`` at ``version`` with encoded good frames, in a task (PTS fanned
+    out): the new template set (None when every frame was already held) and how many frames it added."""
     from ..data.decode import decode_image
     from ..tiled import TiledHETMM
 
     use_assigned_cpus()
     det = TiledHETMM.load(open_store(store_uri), product, version)
+    for d in det.dets:  # each position's re-selection: PTS fanned out as pixel-chunk tasks, as in the fit
+        d.pipeline.steps = FitSteps(pts=partial(pts_indices_ray, num_cpus=TASK_CPUS))
     det.update([decode_image(data) for data in images])
     added = len(images) - det.skipped_duplicates
     return (det.template_set() if added else None), added
