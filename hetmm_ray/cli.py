@@ -171,6 +171,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
             return _fit_tiled(args, config, paths)
     det = HETMM(config, progress=True, steps=_steps(args))
     bb = config.backbone
+    _print_untiled_cost(det, paths)
     det.fit(load_images(paths, bb.image_size, progress=True, desc="decode", geometry=bb.geometry))
     version = det.save(_open(args), args.product)
     print(
@@ -180,6 +181,31 @@ def cmd_fit(args: argparse.Namespace) -> int:
     if config.region is not None:
         print(f"region {_describe_region(config.region)}")
     return 0
+
+
+def _sheets_text(tc: Any, n_images: int) -> str:
+    """``5 (all)``, ``40 (pts_o)``, ``at most 120 (pts_o, sheets auto)``: what a fit will hold."""
+    k = tc.sheets_of(n_images)
+    if tc.kind != "all" and tc.sheets == "auto":
+        return f"at most {k} ({tc.kind}, sheets auto)"
+    return f"{k} ({tc.kind})"
+
+
+def _print_untiled_cost(det: Any, paths: list[Path]) -> None:
+    """``hetmm fit`` of an untiled product: the cost line before the long work (as a tiled fit's)."""
+    from .evaluation import load_images
+    from .fitting import estimate_ms_per_frame
+    from .tiled import frame_shape
+
+    bb = det.config.backbone
+    h, w = frame_shape(paths[0])
+    first = load_images(paths[:1], bb.image_size, geometry=bb.geometry)  # as the fit will get it
+    ms = estimate_ms_per_frame(det.scorer, first, det.config.templates.sheets_of(len(paths)))
+    print(
+        f"tiles 1 x 1 (1 per frame, a {h} x {w} frame, {max(h, w) / bb.image_size:.2f} frame px per canvas px), "
+        f"sheets {_sheets_text(det.config.templates, len(paths))}, estimated {ms:.0f} ms per frame",
+        flush=True,
+    )
 
 
 def _fit_tiled(args: argparse.Namespace, config: Any, paths: list[Path]) -> int:
@@ -192,13 +218,12 @@ def _fit_tiled(args: argparse.Namespace, config: Any, paths: list[Path]) -> int:
     h, w = frame_shape(paths[0])
     tile = det.tiles_of(h, w)[0]
     size = config.backbone.image_size
-    tc = config.templates
-    sheets = tc.sheets_of(len(paths))
+    sheets = _sheets_text(config.templates, len(paths)).replace(" (", " per tile (", 1)
     ms = det.estimate_ms_per_frame(paths[0], len(paths))
     print(
         f"tiles {det.rows} x {det.cols} ({det.n_tiles} per frame, {tile.height} x {tile.width} px of a "
         f"{h} x {w} frame, {max(tile.height, tile.width) / size:.2f} frame px per canvas px), "
-        f"sheets {sheets} per tile ({tc.kind}), estimated {ms:.0f} ms per frame",
+        f"sheets {sheets}, estimated {ms:.0f} ms per frame",
         flush=True,
     )
     det.fit(paths)
@@ -208,6 +233,9 @@ def _fit_tiled(args: argparse.Namespace, config: Any, paths: list[Path]) -> int:
         f"({det.backbone.weights_id}); {det.n_tiles} tiles; threshold "
         f"{_describe_operating_point(det.operating_point())}; store {args.store}"
     )
+    if config.region is not None:
+        dead = det.n_tiles - sum(det.live)
+        print(f"region {_describe_region(config.region)}; {dead} of {det.n_tiles} tiles wholly outside it")
     return 0
 
 
@@ -345,6 +373,8 @@ def cmd_update(args: argparse.Namespace) -> int:
 
     store = _open(args)
     head = store.head(args.product)
+    if store.record(args.product, head).config.geometry.tiled:
+        return _update_tiled(args, store, head)
     det = HETMM.load(store, args.product, head, progress=True, steps=_steps(args))
     paths = [p for p, _ in _image_paths(args.images)]
     bb = det.config.backbone
@@ -364,11 +394,38 @@ def cmd_update(args: argparse.Namespace) -> int:
     return 0
 
 
+def _update_tiled(args: argparse.Namespace, store: Any, head: int) -> int:
+    """``hetmm update`` of a tiled product (``TiledHETMM.update``): frames at their own resolution."""
+    from .tiled import TiledHETMM
+
+    if getattr(args, "address", None):
+        raise CLIError("tiled products are updated in process: drop --address")
+    det = TiledHETMM.load(store, args.product, head, progress=True)
+    paths = [p for p, _ in _image_paths(args.images)]
+    det.update(paths)
+    if det.skipped_duplicates:
+        print(f"hetmm: skipped: {det.skipped_duplicates} image(s) already in v{head} (same content)", file=sys.stderr)
+    if det.skipped_duplicates == len(paths):
+        print(f"product {args.product}: no new images; head stays v{head}")
+        return 0
+    version = store.put(args.product, det.template_set(), expect_head=head)
+    print(
+        f"product {args.product}: version {version} (from v{head}) with "
+        f"{len(paths) - det.skipped_duplicates} more good images, "
+        f"{len(det.frame_digests)} in all; {det.n_tiles} tiles; threshold "
+        f"{_describe_operating_point(det.operating_point())}"
+    )
+    return 0
+
+
 def cmd_compress(args: argparse.Namespace) -> int:
     from .detector import HETMM
 
     store = _open(args)
     overrides = {k: v for k, v in (("device", args.device),) if v}
+    version = store.head(args.product) if args.version is None else args.version
+    if store.record(args.product, version).config.geometry.tiled:
+        return _compress_tiled(args, store, version, overrides)
     det = HETMM.load(store, args.product, args.version, progress=True, steps=_steps(args), **overrides)
     start = time.perf_counter()
     det.compress(_template_kind(args.templates), args.sheets, seed=args.seed)
@@ -386,6 +443,32 @@ def cmd_compress(args: argparse.Namespace) -> int:
     return 0
 
 
+def _compress_tiled(args: argparse.Namespace, store: Any, version: int, overrides: dict[str, Any]) -> int:
+    """``hetmm compress`` of a tiled product (``TiledHETMM.compress``): a selection per tile position."""
+    from .tiled import TiledHETMM
+
+    if getattr(args, "address", None):
+        raise CLIError("tiled products are compressed in process: drop --address")
+    det = TiledHETMM.load(store, args.product, version, progress=True, **overrides)
+    start = time.perf_counter()
+    det.compress(_template_kind(args.templates), args.sheets, seed=args.seed)
+    seconds = time.perf_counter() - start
+    new = det.save(store, args.product)
+    sets = [d.templates for d in det.dets]
+    for p, ts in enumerate(sets):
+        auto = ts.meta.get("sheets_auto")  # present only when this position measured its K
+        if auto:
+            print(f"tile {p}: sheets auto chose K = {auto['chosen']} ({auto['why']})")
+    sheets = sorted({ts.sheets for ts in sets})
+    held = str(sheets[0]) if len(sheets) == 1 else f"{sheets[0]}-{sheets[-1]}"
+    print(
+        f"product {args.product}: version {new} = {det.config.templates.kind} with {held} sheets per tile "
+        f"({det.n_tiles} tiles) of {len(det.frame_digests)} images ({seconds:.1f}s); threshold "
+        f"{_describe_operating_point(det.operating_point())}"
+    )
+    return 0
+
+
 def _describe_operating_point(op: Any) -> str:
     """``0.4321 (rule far 1%, estimated false alarms 1.00%)``; ``none`` before calibration."""
     if op is None:
@@ -397,8 +480,8 @@ def _describe_operating_point(op: Any) -> str:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
+    from .data.decode import decode_image
     from .data.labelled import labelled_images
-    from .detector import HETMM
     from .evaluation import load_images
     from .validation import calibrate_with_labels
 
@@ -407,9 +490,11 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     version = head if args.version is None else args.version
     if (args.val is None) == (not args.val_store):
         raise CLIError("give one of --val DIR or --val-store")
-    det = HETMM.load(store, args.product, version, progress=True)
+    from .tiled import TiledHETMM, load_detector
+
+    det = load_detector(store, args.product, version, progress=True)
+    tiled = isinstance(det, TiledHETMM)
     if args.val_store:  # the labels taught in the console (store/labels.py), beside the product's versions
-        from .data.decode import decode_image
         from .store.labels import LabelSet
 
         stored = LabelSet(store.backend).labelled(args.product)
@@ -418,9 +503,12 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     else:
         labelled = labelled_images(args.val)
         bb = det.config.backbone
-        images = load_images(
-            [p for p, _ in labelled], bb.image_size, progress=True, desc="decode", geometry=bb.geometry
-        )
+        if tiled:  # frames at their own resolution: the tiles are cut from them
+            images = [decode_image(p) for p, _ in labelled]
+        else:
+            images = load_images(
+                [p for p, _ in labelled], bb.image_size, progress=True, desc="decode", geometry=bb.geometry
+            )
     try:
         ts, record = calibrate_with_labels(
             det,
@@ -474,6 +562,8 @@ def cmd_region(args: argparse.Namespace) -> int:
     store = _open(args)
     head = store.head(args.product)
     version = head if args.version is None else args.version
+    if store.record(args.product, version).config.geometry.tiled:
+        return _region_tiled(args, store, head, version, region)
     det = HETMM.load(store, args.product, version, progress=True)
     ts = det.templates
     assert ts is not None
@@ -491,6 +581,26 @@ def cmd_region(args: argparse.Namespace) -> int:
     print(
         f"product {args.product}: version {new} (from v{version}) region {_describe_region(region)}; threshold "
         f"{_describe_operating_point(before)} -> {_describe_operating_point(after)}"
+    )
+    return 0
+
+
+def _region_tiled(args: argparse.Namespace, store: Any, head: int, version: int, region: Any) -> int:
+    """``hetmm region`` of a tiled product (``TiledHETMM.with_region``): every position recalibrated."""
+    from .tiled import TiledHETMM
+
+    det = TiledHETMM.load(store, args.product, version, progress=True)
+    if det.config.threshold.rule == "validation":
+        raise CLIError(
+            f"product {args.product!r} uses the validation threshold rule, chosen on labelled images under its "
+            "old region: refit or change its rule first"
+        )
+    before = det.operating_point()
+    new_det = det.with_region(region)
+    new = store.put(args.product, new_det.template_set(), expect_head=head)
+    print(
+        f"product {args.product}: version {new} (from v{version}) region {_describe_region(region)}; threshold "
+        f"{_describe_operating_point(before)} -> {_describe_operating_point(new_det.operating_point())}"
     )
     return 0
 

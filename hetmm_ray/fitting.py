@@ -51,7 +51,7 @@ from .core.templates import SheetsAuto, TemplateMeta, TemplateSet, unseen_positi
 from .scorer import ImageInput, Scorer, as_rgb
 from .steps import FitSteps, Progress, Report
 
-__all__ = ["FitPipeline", "ImageInput", "check_visible"]
+__all__ = ["FitPipeline", "ImageInput", "check_visible", "estimate_ms_per_frame"]
 
 
 class FitPipeline:
@@ -408,6 +408,44 @@ class FitPipeline:
             return self.steps.calibrate(ts)
         oof = self.out_of_fold(ts, templates=ts.config.templates)
         return replace(ts, calibration=Calibration(scores=oof.scores))
+
+
+def estimate_ms_per_frame(
+    scorer: Scorer, crops: Sequence[ImageInput], sheets: int, *, scored: int | None = None
+) -> float:
+    """Milliseconds to score one frame whose canvases are ``crops`` (its tiles, or the image itself)
+    against ``sheets`` templates per canvas: the backbone pass of all ``crops`` in one batch, plus
+    ATMM of one crop against ``sheets`` copies of its own features times ``scored`` (default: every
+    crop; a tile the region leaves out is not scored). Measured after one untimed pass (which builds
+    the backbone and its runtime's network), on this host's settings; ``hetmm fit`` prints it before
+    the long work, for tiled and untiled products alike."""
+
+    def features() -> tuple[dict[str, Tensor], list[Box] | None]:
+        parts: dict[str, list[Tensor]] = {}
+        boxes: list[Box] | None = None if scorer.config.backbone.geometry == "squash" else []
+        for _, batch, b in scorer.decoded_batches(crops, "estimate"):
+            if boxes is not None and b is not None:
+                boxes.extend(b)
+            for k, v in scorer.features(batch, b).items():
+                parts.setdefault(k, []).append(v)
+        return {k: torch.cat(v) for k, v in parts.items()}, boxes
+
+    features()  # untimed
+    t0 = time.perf_counter()
+    feats, boxes = features()
+    backbone_s = time.perf_counter() - t0
+    fake = TemplateSet(
+        bank={name: v[:1].repeat(sheets, 1, 1, 1).cpu() for name, v in feats.items()},
+        config=scorer.config,
+        weights_id="estimate",
+        image_digests=tuple(str(i) for i in range(sheets)),
+    )
+    one = {name: v[:1] for name, v in feats.items()}
+    prepared = scorer.prepare(fake)
+    t0 = time.perf_counter()
+    scorer.score_maps(one, prepared, None if boxes is None else boxes[:1])
+    atmm_s = time.perf_counter() - t0
+    return 1000 * (backbone_s + atmm_s * (len(crops) if scored is None else scored))
 
 
 def check_visible(config: DetectorConfig) -> None:

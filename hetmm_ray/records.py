@@ -42,8 +42,12 @@ class ProductSnapshot:
     config: DetectorConfig  # the product's stored settings (run-time ones at their defaults)
     weights_id: str
     calibration: Calibration | None
-    # layer -> ObjectRef of the (K, C, H, W) tiny set, owned by the registry (shared memory)
+    # layer -> ObjectRef of the (K, C, H, W) tiny set, owned by the registry (shared memory); a tiled
+    # product's keys are ``tile<p>/<layer>`` (one per (tile position, layer) shard, hetmm_ray/tiled.py)
     tiny: dict[str, Any] = field(default_factory=dict)
+    # a tiled product's stored ``meta["tiles"]`` (grid, layers, each position's configuration and
+    # calibration: tiled.TiledHETMM.serving); None for an untiled one
+    tiles: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -65,6 +69,9 @@ class ProductDescription:
     rule_target: float | None
     estimated_false_alarm_rate: float | None
     created: float | None
+    # whether the product has an inspection region, and its tile grid ([1, 1]: untiled), issue 22
+    region: bool = False
+    tiles: tuple[int, int] = (1, 1)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -108,3 +115,9 @@ class JobRecord(TypedDict, total=False):
     finished: float | None
     skipped_duplicates: int  # normals: images already in the bank
     preview: dict[str, Any]  # region_preview: current vs proposed (distributed/registry.py region_preview)
+    # create of a tiled product, before the long work: its grid, tile size, sheets per position and the
+    # estimated milliseconds per frame with all its tiles (TiledHETMM.estimate_ms_per_frame)
+    tiles: list[int]
+    tile_px: list[int]
+    sheets: int
+    estimated_ms_per_frame: float

@@ -38,8 +38,31 @@ the grid):
   largest training frame and never stored). Untiled products never come here: they are stored and
   scored exactly as before.
 
-In process only: hot updates, compress, labelled calibration, Ray shards per tile and the HTTP
-service do not take tiled products yet (they refuse them). Nothing here imports Ray.
+- **Region** (``config.region``, in frame coordinates; ``core/region.py`` rule 4): tile position ``p``
+  gets the part of the region inside its rectangle of the grid at the region's reference size, as a
+  region of its own (its set's configuration holds it), mapped onto the tile's canvas by the
+  product's geometry like any region. So a tile's excluded pixels never count: not in its scores,
+  its out-of-fold calibration (hence its scale) nor its maps (0 there). A position whose part counts
+  no pixel of its map (all excluded, or a sliver under one map pixel) is not scored: its tile scores
+  are NaN, its map 0, and the frame score and frame calibration are the maxima over the other
+  positions. ``Prediction.regions`` holds the region on each stitched map (its raster sampled at
+  the nearest pixel: a frame of the reference size gets exactly its own pixels), which heat-maps
+  grey and ``evaluate``'s pixel metrics leave out. A frame of another size than the region's is cut
+  by its own grid; each tile's part is stretched or letterboxed onto it by the geometry, and the
+  stitched map's region is the raster stretched to the frame.
+- **Hot update** (:meth:`TiledHETMM.update`, ``hetmm update``): each position's set grows by the new
+  frames' tiles through :meth:`~hetmm_ray.fitting.FitPipeline.grown` and is refit
+  (:meth:`~hetmm_ray.fitting.FitPipeline.refit`: re-selected, recalibrated), exactly as an untiled
+  hot update; the scales and the frame calibration are then recomputed. Frames already held (same
+  digest) are skipped. The result is the product a fit on the old frames followed by the new ones
+  gives.
+
+- **Another region** (:meth:`TiledHETMM.with_region`, ``hetmm region``): every position keeps its
+  templates and is recalibrated under its part of the new region.
+
+The HTTP service holds a tiled product as (tile position, layer) shards on its template hosts
+(``distributed/registry.py``) and its replicas score it with :meth:`TiledHETMM.serving` over those
+shards' tiny sets. Nothing here imports Ray.
 """
 
 from __future__ import annotations
@@ -60,10 +83,12 @@ from .config import ConfigError, DetectorConfig, GeometryConfig, check_number, s
 from .core.calibration import TailModel
 from .core.device import TORCH_DTYPES, image_digest
 from .core.geometry import Box
+from .core.region import TilePart, map_mask, raster, tile_regions
 from .core.scoring import Calibration, OperatingPoint, calibration_json, content_maps, image_scores, operating_point
-from .core.templates import TemplateError, TemplateSet
+from .core.templates import TemplateError, TemplateSet, unseen_positions
 from .core.tiles import Tile, cut, grid_of, stitch, tile_grid
 from .detector import HETMM
+from .fitting import check_visible, estimate_ms_per_frame
 from .scorer import ImageInput, Prediction, as_rgb
 
 __all__ = ["TiledHETMM", "TiledPrediction", "frame_shape", "load_detector", "resolve_tiles"]
@@ -104,30 +129,57 @@ def _tile_key(p: int, layer: str) -> str:
 
 
 class TiledHETMM:
-    """A tiled product in process (see the module docstring): ``fit``, ``predict``, ``save``, ``load``."""
+    """A tiled product in process (see the module docstring): ``fit``, ``update``, ``predict``, ``save``, ``load``."""
 
-    def __init__(self, config: DetectorConfig, *, progress: bool = False, map_size: int | None = None) -> None:
+    def __init__(
+        self, config: DetectorConfig, *, progress: bool = False, map_size: int | None = None, backbone: Any = None
+    ) -> None:
         if config.geometry.tiles == "auto":
             raise ValueError("geometry.tiles 'auto' is resolved from frames first (resolve_tiles)")
-        if config.region is not None:  # a region is in frame pixels; each tile would need its own part of it
-            raise ConfigError(
-                "an inspection region (region) with geometry.tiles is not supported yet: "
-                "use one of them, or leave geometry.tiles at [1, 1]"
-            )
         self.config = config
         self.progress = progress
         self.map_size = map_size
         self.rows, self.cols = (int(v) for v in config.geometry.tiles)
-        tile_config = replace(config, geometry=GeometryConfig())
-        self.dets = [HETMM(tile_config, progress=progress) for _ in range(self.n_tiles)]
+        tile_config = replace(config, geometry=GeometryConfig(), region=None)
+        parts = self._region_parts(tile_config)
+        self.live = [part.counts for part in parts]  # False: the region counts none of its pixels
+        self.dets = [HETMM(replace(tile_config, region=part.region), progress=progress) for part in parts]
         for det in self.dets:  # sheets: auto's time budget is per frame: each position gets budget / tiles
             det.pipeline.tiles = self.n_tiles
+        if backbone is not None:  # an already-built one (replicas: one per backbone, not per product)
+            self.dets[0].scorer.backbone = backbone
         self._share_backbone()
         self.scales: list[float] = []
         self.calibration: Calibration | None = None
         self.frame: tuple[int, int] | None = None
         self.version: int | None = None
         self.frame_digests: tuple[str, ...] = ()
+        self.skipped_duplicates = 0  # frames the last update() skipped: already held
+
+    def _region_parts(self, tile_config: DetectorConfig) -> list[TilePart]:
+        """Each position's part of the product's region ("Region" in the module docstring)."""
+        region = self.config.region
+        if region is None:
+            return [TilePart(True, None)] * self.n_tiles
+        parts = tile_regions(region, self.tiles_of(*region["size"]))
+        for p, part in enumerate(parts):
+            if part.region is not None:
+                try:
+                    check_visible(replace(tile_config, region=part.region))
+                except ConfigError:  # a sliver that covers no pixel of the tile's map: nothing counts there
+                    parts[p] = TilePart(False, None)
+        if not any(part.counts for part in parts):
+            h, w = region["size"]
+            raise ConfigError(f"region: its included area covers no pixel of any tile's map of a {w} x {h} frame")
+        return parts
+
+    def _frame_regions(self, shapes: Sequence[tuple[int, int]]) -> list[np.ndarray] | None:
+        """The region on each stitched map of these shapes (nearest sampling of its raster; None: no region)."""
+        region = self.config.region
+        if region is None:
+            return None
+        full = raster(region)
+        return [map_mask(full, shape, shape, "squash") for shape in shapes]
 
     def _share_backbone(self) -> None:
         backbone = self.dets[0].backbone  # built once, shared by every position
@@ -181,36 +233,23 @@ class TiledHETMM:
     # --- fit -------------------------------------------------------------------------------
     def estimate_ms_per_frame(self, frame: ImageInput, n_train: int) -> float:
         """Milliseconds to score one frame with all its tiles against as many sheets as the fit will
-        keep per position (``templates.sheets_of``), measured on ``frame`` against copies of its own
-        tile features after one untimed pass: the backbone pass of its tiles plus ATMM per tile."""
-        decoded = [as_rgb(frame)]
-        self._tile_features(decoded, bank=False)  # untimed: builds the backbone (and its runtime's network)
-        t0 = time.perf_counter()
-        feats, boxes, _ = self._tile_features(decoded, bank=False)
-        backbone_s = time.perf_counter() - t0
-        scorer = self.dets[0].scorer
-        k = self.config.templates.sheets_of(n_train)
-        one = {name: v[:1] for name, v in feats.items()}
-        fake = TemplateSet(
-            bank={name: v[:1].repeat(k, 1, 1, 1).cpu() for name, v in feats.items()},
-            config=scorer.config,
-            weights_id="estimate",
-            image_digests=tuple(str(i) for i in range(k)),
-        )
-        t0 = time.perf_counter()
-        scorer.score_maps(one, scorer.prepare(fake), None if boxes is None else boxes[:1])
-        atmm_s = time.perf_counter() - t0
-        return 1000 * (backbone_s + atmm_s * self.n_tiles)
+        keep per position (``templates.sheets_of``): :func:`~hetmm_ray.fitting.estimate_ms_per_frame`
+        on ``frame``'s tiles (positions the region leaves out are not scored)."""
+        x = as_rgb(frame)
+        crops = [np.ascontiguousarray(c) for c in cut(x, self.tiles_of(x.shape[0], x.shape[1]))]
+        sheets = self.config.templates.sheets_of(n_train)
+        return estimate_ms_per_frame(self.dets[0].scorer, crops, sheets, scored=sum(self.live))
 
-    def fit(self, frames: Sequence[ImageInput]) -> Self:
-        """One template set and one calibration per tile position from good frames; the frame calibration."""
-        if len(frames) < 2:
-            raise ValueError(f"fit needs at least 2 good images, got {len(frames)}")
+    def _extract(
+        self, frames: Sequence[ImageInput], desc: str
+    ) -> tuple[dict[str, Tensor], list[Box] | None, list[str], set[tuple[int, int]]]:
+        """Bank features of every tile of ``frames`` (frame-major, position-minor: position ``p`` every
+        ``T`` rows), their canvas boxes, the frames' digests and their (height, width) sizes."""
         parts: dict[str, list[Tensor]] = {}
         boxes: list[Box] | None = None if self.config.backbone.geometry == "squash" else []
         digests: list[str] = []
         shapes: set[tuple[int, int]] = set()
-        for decoded in self._groups(frames, "fit: tile features"):
+        for decoded in self._groups(frames, desc):
             digests.extend(image_digest(x) for x in decoded)
             shapes.update((x.shape[0], x.shape[1]) for x in decoded)
             feats, b, _ = self._tile_features(decoded, bank=True)
@@ -218,12 +257,23 @@ class TiledHETMM:
                 boxes.extend(b)
             for k, v in feats.items():
                 parts.setdefault(k, []).append(v)
-        feats = {k: torch.cat(v) for k, v in parts.items()}
+        return {k: torch.cat(v) for k, v in parts.items()}, boxes, digests, shapes
+
+    def _position(
+        self, feats: dict[str, Tensor], boxes: list[Box] | None, p: int
+    ) -> tuple[dict[str, Tensor], list[Box] | None]:
+        """Position ``p``'s rows of frame-major tile features (and boxes)."""
         t = self.n_tiles
+        return {k: v[p::t].contiguous() for k, v in feats.items()}, None if boxes is None else boxes[p::t]
+
+    def fit(self, frames: Sequence[ImageInput]) -> Self:
+        """One template set and one calibration per tile position from good frames; the frame calibration."""
+        if len(frames) < 2:
+            raise ValueError(f"fit needs at least 2 good images, got {len(frames)}")
+        feats, boxes, digests, shapes = self._extract(frames, "fit: tile features")
         sets = []
         for p, det in enumerate(self.dets):
-            pos = {k: v[p::t].contiguous() for k, v in feats.items()}  # frame-major: position p every t rows
-            pos_boxes = None if boxes is None else boxes[p::t]
+            pos, pos_boxes = self._position(feats, boxes, p)
             ts = det.pipeline.fit_features(
                 pos, digests, weights_id=self.backbone.weights_id, config=det.config, boxes=pos_boxes
             )
@@ -232,17 +282,74 @@ class TiledHETMM:
         self._install(sets, tuple(digests))
         return self
 
+    def update(self, frames: Sequence[ImageInput]) -> Self:
+        """Hot update: every position's set grown by the new frames' tiles, re-selected and recalibrated
+        (:meth:`FitPipeline.grown` then :meth:`FitPipeline.refit`, as :meth:`HETMM.update` does for an
+        untiled product); the scales and the frame calibration are recomputed. So the result equals a
+        fit on the old frames followed by the new ones (same banks, same folds, same scores).
+
+        Frames already held (same content digest as a held frame or an earlier new one) are skipped:
+        a retried update changes nothing; ``self.skipped_duplicates`` says how many were skipped.
+        The version becomes None (unsaved) when anything was added."""
+        if not self.scales:
+            raise RuntimeError("this detector has no templates yet: call fit() or load() first")
+        feats, boxes, digests, shapes = self._extract(frames, "update: tile features")
+        keep = unseen_positions(self.frame_digests, digests)
+        self.skipped_duplicates = len(digests) - len(keep)
+        if not keep:
+            return self
+        sets = []
+        for p, det in enumerate(self.dets):
+            pos, pos_boxes = self._position(feats, boxes, p)
+            grown, kept = det.pipeline.grown(det.scorer.require_templates(), pos, digests, pos_boxes)
+            assert grown is not None and kept == keep  # every position holds the same frames' digests
+            sets.append(det.pipeline.refit(grown))
+        self.frame = max([*shapes, *([self.frame] if self.frame else [])])
+        self._install(sets, sets[0].image_digests)
+        return self
+
+    def compress(self, kind: str | None = None, sheets: int | str | None = None, *, seed: int | None = None) -> Self:
+        """Every position's bank under another selection (``kind``, ``sheets``, ``seed``; None keeps
+        each position's own), refit per position (:meth:`FitPipeline.compress`, as :meth:`HETMM.compress`):
+        with ``sheets: auto`` each position measures its own K. The scales and the frame calibration
+        are recomputed; the product's ``templates`` section takes the given values. The version
+        becomes None (unsaved)."""
+        changes = {"kind": kind, "sheets": sheets, "seed": seed}
+        changes = {k: v for k, v in changes.items() if v is not None}
+        sets = [det.pipeline.compress(det.scorer.require_templates(), kind, sheets, seed=seed) for det in self.dets]
+        if changes:
+            self.config = self.config.replace(**{f"templates.{k}": v for k, v in changes.items()})
+        self._install(sets, self.frame_digests)
+        return self
+
+    def with_region(self, region: dict[str, Any] | None) -> TiledHETMM:
+        """This product under another region (None: every pixel counts): a new detector whose
+        positions keep their templates (bank and selection) and are recalibrated under their parts
+        of ``region`` (:meth:`FitPipeline.calibrated`), as ``hetmm region`` does for an untiled
+        product; so it equals a fit under that region. Unsaved (version None)."""
+        new = TiledHETMM(replace(self.config, region=region), progress=self.progress, map_size=self.map_size)
+        for det in new.dets:
+            det.scorer.backbone = self.backbone  # no second build
+        sets = []
+        for det, old in zip(new.dets, self.dets, strict=True):
+            ts = old.scorer.require_templates()
+            sets.append(det.pipeline.calibrated(replace(ts, config=replace(ts.config, region=det.config.region))))
+        new.frame = self.frame
+        new._install(sets, self.frame_digests)
+        return new
+
     def _install(self, sets: list[TemplateSet], digests: tuple[str, ...], version: int | None = None) -> None:
         for det, ts in zip(self.dets, sets, strict=True):
             det.scorer.install(ts, version)
         self.frame_digests = digests
         self.version = version
-        self.scales = [self._scale(ts) for ts in sets]
+        self.scales = [self._scale(ts, live) for ts, live in zip(sets, self.live, strict=True)]
         self.calibration = self._frame_calibration(sets)
 
-    def _scale(self, ts: TemplateSet) -> float:
-        """The tile's own threshold: ``far`` at the product's false-alarm rate on its out-of-fold scores."""
-        if ts.calibration is None:
+    def _scale(self, ts: TemplateSet, live: bool = True) -> float:
+        """The tile's own threshold: ``far`` at the product's false-alarm rate on its out-of-fold scores
+        (1 for a position that never counts)."""
+        if ts.calibration is None or not live:
             return 1.0
         t = TailModel(ts.calibration.scores).threshold(self.config.threshold.false_alarm_rate)
         return float(t) if np.isfinite(t) and t > 0 else 1.0
@@ -251,7 +358,8 @@ class TiledHETMM:
         if any(ts.calibration is None for ts in sets):
             return None
         scores = np.array([ts.calibration.scores for ts in sets], dtype=np.float64)  # (T, n): same frames
-        return Calibration(scores=tuple((scores / np.array(self.scales)[:, None]).max(axis=0).tolist()))
+        normalised = (scores / np.array(self.scales)[:, None])[self.live]  # positions that count
+        return Calibration(scores=tuple(normalised.max(axis=0).tolist()))
 
     # --- predict ---------------------------------------------------------------------------
     def operating_point(
@@ -294,23 +402,36 @@ class TiledHETMM:
             scores = np.zeros((n, t))
             tile_maps: list[list[Tensor]] = [[None] * t for _ in range(n)]  # type: ignore[list-item]
             for p, det in enumerate(self.dets):
+                if not self.live[p]:  # the region counts none of its pixels: not scored, 0 on the map
+                    scores[:, p] = np.nan
+                    for f in range(n):
+                        tile_maps[f][p] = torch.zeros(1, 1)
+                    continue
                 rows = list(range(p, n * t, t))
                 pos = {k: v[rows] for k, v in feats.items()}
                 pos_boxes = None if boxes is None else [boxes[i] for i in rows]
                 scorer = det.scorer
                 m = scorer.score_maps(pos, scorer.prepared, pos_boxes)
                 in_map = scorer.map_boxes(pos_boxes)
-                scores[:, p] = image_scores(m, sc.score_sigma, in_map).cpu().numpy() / self.scales[p]
-                for f, cm in enumerate(content_maps(m, sc.map_sigma, in_map)):
+                regions = scorer.region_masks(in_map, n)  # the position's part of the region (None: all)
+                scores[:, p] = image_scores(m, sc.score_sigma, in_map, regions).cpu().numpy() / self.scales[p]
+                for f, cm in enumerate(content_maps(m, sc.map_sigma, in_map, regions)):
                     tile_maps[f][p] = cm.cpu() / self.scales[p]
             for f, x in enumerate(decoded):
                 h, w = x.shape[:2]
                 maps.append(stitch(tile_maps[f], grids[f], (h, w), self._map_shape(h, w)).numpy())
             tile_scores.append(scores)
-            frame_scores.extend(scores.max(axis=1).tolist())
+            frame_scores.extend(scores[:, self.live].max(axis=1).tolist())
         s = np.asarray(frame_scores, dtype=np.float32)
         return TiledPrediction.judged(
-            s, maps, op, version=self.version, start=start, tile_scores=np.concatenate(tile_scores), tiles=t
+            s,
+            maps,
+            op,
+            version=self.version,
+            start=start,
+            regions=self._frame_regions([m.shape for m in maps]),
+            tile_scores=np.concatenate(tile_scores),
+            tiles=t,
         )
 
     # --- persistence -----------------------------------------------------------------------
@@ -387,6 +508,52 @@ class TiledHETMM:
         det.frame = tuple(info["frame"]) if info.get("frame") else None
         det._install(sets, ts.image_digests, version)
         det.calibration = ts.calibration  # the stored frame calibration (a labelled one would ride here)
+        return det
+
+    @classmethod
+    def serving(
+        cls,
+        config: DetectorConfig,
+        templates: dict[str, Tensor],
+        *,
+        tiles: dict[str, Any],
+        weights_id: str,
+        calibration: Calibration | None,
+        version: int | None,
+        backbone: Any = None,
+        map_size: int | None = None,
+    ) -> Self:
+        """A predict-only tiled detector over published tiny sets, as the service's replicas hold it:
+        ``templates`` maps ``tile<p>/<layer>`` to that position's (K, C, H, W) sheets (the template
+        hosts' shards), ``tiles`` is the stored ``meta["tiles"]`` (grid, layers, each position's
+        configuration and calibration), ``calibration`` the frame calibration. Each position scores
+        exactly as :meth:`from_template_set` would (the same sheets, scales and frame threshold)."""
+        det = cls(config, map_size=map_size, backbone=backbone)
+        if det.backbone.weights_id != weights_id:
+            raise TemplateError(
+                f"tiled templates were built with weights {weights_id}, the backbone has {det.backbone.weights_id}"
+            )
+        if len(tiles["sets"]) != det.n_tiles:
+            raise TemplateError(
+                f"tiled set holds {len(tiles['sets'])} positions, its grid {tiles['grid']} needs {det.n_tiles}"
+            )
+        sets = []
+        for p, stored in enumerate(tiles["sets"]):
+            bank = {layer: templates[_tile_key(p, layer)] for layer in tiles["layers"]}
+            k = next(iter(bank.values())).shape[0]
+            sets.append(
+                TemplateSet(
+                    bank=bank,
+                    config=stored_config(stored["config"]),
+                    weights_id=weights_id,
+                    image_digests=tuple(f"sheet-{i}" for i in range(k)),  # sheets, not images
+                    calibration=Calibration.from_json(stored["calibration"]),
+                    meta={"tiny": True},
+                )
+            )
+        det.frame = tuple(tiles["frame"]) if tiles.get("frame") else None
+        det._install(sets, (), version)
+        det.calibration = calibration  # the published frame calibration
         return det
 
     @classmethod

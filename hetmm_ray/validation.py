@@ -8,6 +8,7 @@ them with the product's stored version and picks the threshold for
 * ``recall``: the best recall with at most ``max_false_alarm_rate`` of the good
   labelled images flagged (ties: the higher threshold).
 
+Tiled products are calibrated the same way on their frame scores (``hetmm_ray/tiled.py``).
 It returns a new template set (same bank and selection) whose configuration
 says ``threshold.rule = "validation"`` and whose calibration carries the chosen
 threshold and how it was chosen; the out-of-fold scores are kept, so the
@@ -26,6 +27,7 @@ from .core.calibration import OBJECTIVES, best_f1_cut, check_rate, labelled_cuts
 from .core.scoring import Calibration
 from .core.templates import TemplateSet
 from .detector import HETMM, ImageInput
+from .tiled import TiledHETMM
 
 __all__ = ["calibrate_with_labels", "choose_threshold"]
 
@@ -48,15 +50,24 @@ def choose_threshold(
 
 
 def calibrate_with_labels(
-    detector: HETMM,
+    detector: HETMM | TiledHETMM,
     images: Sequence[ImageInput],
     labels: Sequence[int],
     *,
     objective: str = "f1",
     max_false_alarm_rate: float = 0.01,
 ) -> tuple[TemplateSet, dict[str, Any]]:
-    """``detector``'s template set with the labelled-validation threshold; and the record."""
-    ts = detector.scorer.require_templates()
+    """``detector``'s template set with the labelled-validation threshold; and the record.
+
+    A tiled product (:class:`~hetmm_ray.tiled.TiledHETMM`) is calibrated at the frame level: its
+    frame scores (the maximum of the tiles' normalised scores) on the labelled frames choose the
+    threshold, kept with its frame calibration (the per-frame out-of-fold maxima); the tile sets
+    and their scales are unchanged."""
+    if isinstance(detector, TiledHETMM):
+        ts = detector.template_set()
+        ts = replace(ts, calibration=detector.calibration)
+    else:
+        ts = detector.scorer.require_templates()
     if ts.calibration is None:
         raise ValueError("the product has no out-of-fold calibration to keep; refit it first")
     if len(images) != len(labels):

@@ -23,6 +23,7 @@ __all__ = [
     "GRPC_ROUTE_PREFIX",
     "GRPC_SERVICER",
     "HEATMAP_VMAX_OVER_THRESHOLD",
+    "SERVE_BY_VALUE_MAX_BYTES",
     "SERVE_ENVIRONMENT",
     "ServiceConfig",
 ]
@@ -57,6 +58,12 @@ SERVE_ENVIRONMENT: dict[str, str] = {
     "RAY_SERVE_GRPC_MAX_MESSAGE_SIZE": str(GRPC_MAX_MESSAGE_MIB * 2**20),
 }
 
+
+# Images of one handle call to a detector replica larger than this (decoded bytes) go through the
+# object store instead of by value over gRPC: a replica's gRPC server takes messages of at most
+# 4 MiB (Ray Serve's RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH default), which a tiled product's whole
+# frames pass (a 2048 x 2048 RGB frame is 12 MiB). Canvas-sized images stay far under it.
+SERVE_BY_VALUE_MAX_BYTES = 3 * 2**20
 
 _STRINGS = Check(lambda v: all(isinstance(s, str) and s for s in v), "must be a list of non-empty strings")
 

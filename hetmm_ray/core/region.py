@@ -38,6 +38,14 @@ the frame spanning ``[0, W] x [0, H]``). Exact semantics:
    pixel's centre, in exact integers). The result is a bool mask of the box's shape: what
    ``core.scoring.image_scores`` takes, cropped to the content box as the maps are.
 
+4. Tiles (:func:`tile_regions`, ``hetmm_ray/tiled.py``). The region is in frame coordinates; tile
+   position ``p`` gets the part of it inside its rectangle of the grid at the region's reference
+   size: ``raster(region)[top:top+height, left:left+width]``, as a region of that tile's own size
+   (rule 2's rectangles, exact). A part where every pixel counts is ``None`` (no region: the same
+   pixels, the plain arithmetic); a part where none counts says so (``TilePart.counts`` false): that
+   position never counts. Each part then reaches its tile's map like any region (rule 3), so a
+   frame of the reference size gets exactly its own pixels per tile.
+
 Pure numpy/torch; no I/O (reading a region file is ``data/region_file.py``).
 """
 
@@ -47,7 +55,7 @@ import functools
 import json
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -66,6 +74,8 @@ __all__ = [
     "raster",
     "reference_map_box",
     "region_from_mask",
+    "tile_regions",
+    "TilePart",
 ]
 
 
@@ -217,3 +227,27 @@ def check_region_visible(region: dict[str, Any], *, canvas: int, out: int, geome
 def covered_share(mask: np.ndarray) -> float:
     """Share of pixels that count (for reports)."""
     return float(np.count_nonzero(mask)) / max(math.prod(mask.shape), 1)
+
+
+class TilePart(NamedTuple):
+    """A tile position's part of a region (rule 4): ``counts`` false when none of its pixels count;
+    ``region`` None when all do (or none do), else the part as a region of the tile's size."""
+
+    counts: bool
+    region: dict[str, Any] | None
+
+
+def tile_regions(region: dict[str, Any], tiles: Sequence[Any]) -> list[TilePart]:
+    """Each tile's part of ``region`` (rule 4); ``tiles``: rectangles (``top``, ``left``, ``height``,
+    ``width``) of the grid at the region's reference size (``core.tiles.tile_grid``)."""
+    full = raster(region)
+    parts = []
+    for t in tiles:
+        part = full[t.top : t.top + t.height, t.left : t.left + t.width]
+        if part.all():
+            parts.append(TilePart(True, None))
+        elif not part.any():
+            parts.append(TilePart(False, None))
+        else:
+            parts.append(TilePart(True, region_from_mask(part)))
+    return parts

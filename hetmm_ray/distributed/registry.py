@@ -21,6 +21,12 @@ its steps placed here: PTS as pixel-chunk tasks, a hot update's selection on the
 template shards, ``sheets: auto`` and the out-of-fold calibration each in a task on a full CPU
 (reporting its progress to the job).
 
+A tiled product (``geometry.tiles``, hetmm_ray/tiled.py) has one shard per (tile position,
+layer), named by its bank key ``tile<p>/<layer>``; its create, hot update, region and labelled
+calibration jobs run the in-process :class:`~hetmm_ray.tiled.TiledHETMM` in a task each and
+publish like any other version (the shards reload from the store); the far rule at a new rate is
+refused (409).
+
 Hot update, in order (docs/design.md): the shards append the new features and
 re-select their tiny sets (PTS fanned out as tasks) -> the template set is
 rebuilt from the shards and recalibrated -> published to the store with
@@ -44,9 +50,11 @@ import torch
 from ..config import TASK_CPUS, DetectorConfig, ServiceConfig
 from ..core.templates import TemplateSet
 from ..records import ProductDescription, ProductSnapshot, UnreadableProduct
+from ..steps import FitSteps
 from ..store import ProductNotFound, StoreConflict, StoreError, VersionRecord, check_product_name, open_store
 from .hosts import HostPool
 from .jobs import JobBoard, JobProgress
+from .pts_fanout import pts_indices_ray
 from .runtime import use_assigned_cpus
 from .shard import ShardPlacement
 from .steps import JobReport, service_steps
@@ -64,13 +72,14 @@ REGISTRY_NAME = "hetmm-registry"
 def _labelled_calibration(
     store_uri: str, product: str, version: int, images: list[bytes], labels: list[int], objective: str, cap: float
 ) -> tuple[TemplateSet, dict[str, Any]]:
-    """Score labelled images with ``version`` and choose its validation threshold (hetmm_ray.validation)."""
+    """Score labelled images with ``version`` and choose its validation threshold (hetmm_ray.validation;
+    a tiled product at the frame level, its frames at their own resolution)."""
     from ..data.decode import decode_image
-    from ..detector import HETMM
+    from ..tiled import load_detector
     from ..validation import calibrate_with_labels
 
     use_assigned_cpus()
-    det = HETMM.load(open_store(store_uri), product, version)
+    det = load_detector(open_store(store_uri), product, version)  # HETMM.load for an untiled product
     decoded = [decode_image(data) for data in images]
     return calibrate_with_labels(det, decoded, labels, objective=objective, max_false_alarm_rate=cap)
 
@@ -85,11 +94,128 @@ def _features_to_bank(features: dict[str, np.ndarray]) -> dict[str, torch.Tensor
     return {k: torch.from_numpy(np.array(v)) for k, v in features.items()}
 
 
-def _snapshot(product: str, version: int, source: TemplateSet | VersionRecord, tiny: dict[str, Any]) -> ProductSnapshot:
+def _snapshot(
+    product: str,
+    version: int,
+    source: TemplateSet | VersionRecord,
+    tiny: dict[str, Any],
+    tiles: dict[str, Any] | None = None,
+) -> ProductSnapshot:
     """What replicas score ``version`` with: the tiny-set refs and the scoring metadata of a
     template set or of a stored version's record (so publishing a stored version reads its
-    manifest, not every layer's bank)."""
-    return ProductSnapshot(product, int(version), source.config, source.weights_id, source.calibration, dict(tiny))
+    manifest, not every layer's bank); ``tiles``: a tiled product's stored ``meta["tiles"]``."""
+    return ProductSnapshot(
+        product, int(version), source.config, source.weights_id, source.calibration, dict(tiny), tiles
+    )
+
+
+@ray.remote(num_cpus=TASK_CPUS)
+def _tiled_fit(config: dict[str, Any], images: list[bytes], registry: Any, job_id: str | None) -> TemplateSet:
+    """A tiled product's fit (hetmm_ray/tiled.py) in one task on a full CPU: every frame decoded, the
+    tiles of several frames through the backbone together (``TiledHETMM.fit``), each position's
+    selection with PTS fanned out as pixel-chunk tasks. Before the long work it reports the grid,
+    the tile size, the sheets per position and the estimated ms per frame to the job."""
+    from ..data.decode import decode_image
+    from ..tiled import TiledHETMM
+
+    use_assigned_cpus()
+    cfg = DetectorConfig.from_dict(config)
+    frames = [decode_image(data) for data in images]
+    det = TiledHETMM(cfg)
+    report = None if job_id is None else JobReport(registry, job_id)
+    for p, d in enumerate(det.dets):
+        d.pipeline.steps = FitSteps(pts=partial(pts_indices_ray, num_cpus=TASK_CPUS))
+        d.pipeline.report = None if report is None else _TileReport(report, p, det.n_tiles)
+    if report is not None:
+        h, w = max(f.shape[0] for f in frames), max(f.shape[1] for f in frames)
+        tile = det.tiles_of(h, w)[0]
+        sheets = cfg.templates.sheets_of(len(frames))
+        ms = det.estimate_ms_per_frame(frames[0], len(frames))
+        facts = {
+            "tiles": [det.rows, det.cols],
+            "tile_px": [tile.height, tile.width],
+            "sheets": sheets,
+            "estimated_ms_per_frame": round(ms, 1),
+        }
+        ray.get(registry.job_note.remote(job_id, facts))
+        report.stage(
+            f"fit {det.rows} x {det.cols} tiles ({tile.height} x {tile.width} px), {sheets} sheets per tile, "
+            f"about {ms:.0f} ms per frame",
+            len(frames),
+        )
+    det.fit(frames)
+    return det.template_set()
+
+
+@ray.remote(num_cpus=TASK_CPUS)
+def _tiled_update(store_uri: str, product: str, version: int, images: list[bytes]) -> tuple[TemplateSet | None, int]:
+    """``TiledHETMM.update`` of ``product`` at ``version`` with encoded good frames, in a task (PTS fanned
+    out): the new template set (None when every frame was already held) and how many frames it added."""
+    from ..data.decode import decode_image
+    from ..tiled import TiledHETMM
+
+    use_assigned_cpus()
+    det = TiledHETMM.load(open_store(store_uri), product, version)
+    for d in det.dets:  # each position's re-selection: PTS fanned out as pixel-chunk tasks, as in the fit
+        d.pipeline.steps = FitSteps(pts=partial(pts_indices_ray, num_cpus=TASK_CPUS))
+    det.update([decode_image(data) for data in images])
+    added = len(images) - det.skipped_duplicates
+    return (det.template_set() if added else None), added
+
+
+@ray.remote(num_cpus=TASK_CPUS)
+def _tiled_with_region(store_uri: str, product: str, version: int, region: dict[str, Any] | None) -> TemplateSet:
+    """``product`` at ``version`` under another region (``TiledHETMM.with_region``: every tile position
+    keeps its templates and is recalibrated under its part), in a task; unsaved."""
+    from ..tiled import TiledHETMM
+
+    use_assigned_cpus()
+    return TiledHETMM.load(open_store(store_uri), product, version).with_region(region).template_set()
+
+
+class _TileReport:
+    """A tile position's fit stages to the job, named with the position (``tile 2/4: calibrate``)."""
+
+    def __init__(self, report: JobReport, position: int, tiles: int) -> None:
+        self.report, self.prefix = report, f"tile {position + 1}/{tiles}: "
+
+    def stage(self, name: str, total: int = 0) -> None:
+        self.report.stage(self.prefix + name, total)
+
+    def __call__(self, done: int, total: int) -> None:
+        self.report(done, total)
+
+
+def _frames_grid(config: DetectorConfig, images: list[bytes]) -> DetectorConfig:
+    """``config`` with ``geometry.tiles: auto`` resolved from the frames' headers (nothing decoded,
+    the largest height and width, as ``tiled.resolve_tiles``); a given grid as it is."""
+    import io
+
+    from PIL import Image
+
+    from ..core.tiles import grid_of
+
+    g = config.geometry
+    if g.tiles != "auto":
+        return config
+    sizes = []
+    for data in images:
+        with Image.open(io.BytesIO(data)) as im:
+            sizes.append((im.height, im.width))
+    h, w = max(s[0] for s in sizes), max(s[1] for s in sizes)
+    rows, cols = grid_of("auto", h, w, config.backbone.image_size, g.tile_overlap)
+    return replace(config, geometry=replace(g, tiles=(rows, cols)))
+
+
+def _refuse_tiled(product: str, config: DetectorConfig, what: str) -> None:
+    """TemplateError (409) before any work: ``what`` does not take a tiled product yet."""
+    from ..core.templates import TemplateError
+
+    if config.geometry.tiled:
+        raise TemplateError(
+            f"product {product!r} is tiled (geometry.tiles {list(config.geometry.tiles)}): "
+            f"{what} does not take tiled products yet"
+        )
 
 
 @ray.remote
@@ -231,7 +357,25 @@ class ProductRegistry:
             rule_target=None if op is None else op.target,
             estimated_false_alarm_rate=None if op is None else op.false_alarm_rate,
             created=rec.created,
+            region=config.region is not None,
+            tiles=tuple(int(v) for v in config.geometry.tiles),  # type: ignore[arg-type]
         )
+
+    async def settings(self, product: str) -> dict[str, Any]:
+        """``GET /v1/products/{product}``: the head version's stored settings (the configuration a
+        manifest keeps, ``geometry`` always shown), and its region, tile grid and tile overlap."""
+        version = await self.head(product)  # ProductNotFound -> 404
+        config = (await asyncio.to_thread(self.store.record, product, version)).config
+        stored = config.stored_dict()
+        stored["geometry"] = config.to_dict()["geometry"]
+        return {
+            "product": product,
+            "version": version,
+            "config": stored,
+            "region": config.region,
+            "tiles": list(config.geometry.tiles),
+            "tile_overlap": config.geometry.tile_overlap,
+        }
 
     async def _load_shards(self, product: str) -> int:
         """Load the store head's layers on the product's template hosts and publish it; returns
@@ -259,8 +403,11 @@ class ProductRegistry:
         for f in futures:
             if f.exception() is not None:  # a host lost under the publish: the old version keeps serving
                 raise f.exception()  # type: ignore[misc]
+        tiles = None
+        if source.config.geometry.tiled:  # the positions' settings and calibrations ride in the manifest's meta
+            tiles = dict(source.meta["tiles"] if isinstance(source, TemplateSet) else source.tiles or {}) or None
         # The tiny sets are ObjectRefs owned by this actor: replicas read them from shared memory.
-        self.published[product] = _snapshot(product, version, source, tiny)
+        self.published[product] = _snapshot(product, version, source, tiny, tiles)
         self.versions[product] = version
         async with self._condition(product):
             self._condition(product).notify_all()
@@ -303,6 +450,12 @@ class ProductRegistry:
             progress.stage(stage, total)
         else:
             progress(done, total)
+
+    async def job_note(self, job_id: str, fields: dict[str, Any]) -> None:
+        """Facts a job's work running in a task reports besides progress (``JobProgress.note``)."""
+        progress = self.jobs.progress_of(job_id)
+        if progress is not None:
+            progress.note(**fields)
 
     async def create(
         self,
@@ -374,6 +527,25 @@ class ProductRegistry:
             await self._publish(product, version, calibrated)
         return version
 
+    async def _update_tiled(self, product: str, images: list[bytes], progress: JobProgress) -> int:
+        """Hot update of a tiled product: ``TiledHETMM.update`` on the head in a task
+        (:func:`_tiled_update`: every position grown, re-selected and recalibrated), published with
+        ``expect_head`` and its (tile, layer) shards loaded again from the store. Frames already held
+        are skipped (``skipped_duplicates``); with nothing new the head stays. A failure publishes nothing."""
+        async with self._lock(product):
+            head = await asyncio.to_thread(self.store.head, product)
+            progress.stage("tile features, select and calibrate", len(images))
+            ts, added = await _tiled_update.remote(self.store_uri, product, head, images)
+            progress.note(skipped_duplicates=len(images) - added, added_images=added)
+            if ts is None:
+                if product not in self.shards or self.versions.get(product) != head:
+                    await self._load_shards(product)
+                return head
+            progress.stage("publish")
+            version = await asyncio.to_thread(self.store.put, product, ts, expect_head=head)
+            await self._load_shards(product)
+        return version
+
     async def rollback(self, product: str, version: int) -> int:
         """Make a kept older version head again, in the store, the shards and the replicas."""
         async with self._lock(product):
@@ -426,6 +598,9 @@ class ProductRegistry:
         cfg = DetectorConfig.from_dict(config)
         if product in await asyncio.to_thread(self.store.products):
             raise StoreConflict(f"product {product!r} already exists; add images with .../normals")
+        cfg = await asyncio.to_thread(_frames_grid, cfg, images)  # tiles: auto -> a grid (1 x 1: untiled)
+        if cfg.geometry.tiled:
+            return self.jobs.start("create", product, partial(self._create_tiled, product, cfg, images))
 
         async def work(progress: JobProgress) -> int:
             features, digests = await self._extract(cfg, images, progress)
@@ -433,10 +608,24 @@ class ProductRegistry:
 
         return self.jobs.start("create", product, work)
 
+    async def _create_tiled(self, product: str, cfg: DetectorConfig, images: list[bytes], progress: JobProgress) -> int:
+        """A tiled product (``geometry.tiles``, resolved): fit in a task (:func:`_tiled_fit`), published
+        as v1; its shards are its (tile position, layer) objects, placed over the template hosts."""
+        progress.stage("tile features and fit", len(images))
+        me = ray.get_runtime_context().current_actor
+        ts = await _tiled_fit.remote(cfg.to_dict(), images, me, progress.job_id)
+        async with self._lock(product):
+            progress.stage("publish")
+            version = await asyncio.to_thread(self.store.put, product, ts, expect_head=0)
+            await self._load_shards(product)
+        return version
+
     async def start_normals(self, product: str, images: list[bytes]) -> dict[str, Any]:
         """Hot-update ``product`` with encoded good images, as a job; returns the job record."""
         version = await self.head(product)  # ProductNotFound before any work starts
         cfg = (await asyncio.to_thread(self.store.record, product, version)).config
+        if cfg.geometry.tiled:
+            return self.jobs.start("normals", product, partial(self._update_tiled, product, images))
 
         async def work(progress: JobProgress) -> int:
             features, digests = await self._extract(cfg, images, progress)
@@ -479,7 +668,8 @@ class ProductRegistry:
                 f"product {product!r} uses the validation threshold rule, chosen on labelled images under its "
                 "old region: set the far rule first"
             )
-        check_visible(replace(cfg, region=region))
+        if not cfg.geometry.tiled:  # a tiled product's region is cut per tile and checked there (its job)
+            check_visible(replace(cfg, region=region))
         return version, cfg
 
     async def _under_region(
@@ -488,6 +678,8 @@ class ProductRegistry:
         """``version``'s template set, and the same set under ``region`` recalibrated (its out-of-fold
         scores count the region's pixels only): the one computation of a region job and its preview."""
         base = await asyncio.to_thread(self.store.get, product, version)
+        if base.config.geometry.tiled:  # every position recalibrated under its part (TiledHETMM.with_region)
+            return base, await _tiled_with_region.remote(self.store_uri, product, version, region)
         ts = replace(base, config=replace(base.config, region=region))
         return base, await asyncio.to_thread(self._pipeline(ts.config, progress).calibrated, ts)
 
@@ -534,6 +726,8 @@ class ProductRegistry:
         version = await self.head(product)  # ProductNotFound before any work starts
         rec = await asyncio.to_thread(self.store.record, product, version)
         cfg = rec.config
+        # a tile's scale is its own threshold at the product's false-alarm rate: a new rate re-scales tiles
+        _refuse_tiled(product, cfg, "setting the far rule")
         if rec.calibration is None:
             raise TemplateError(f"product {product!r} v{version} has no out-of-fold scores: the far rule needs them")
         threshold = replace(cfg.threshold, rule="far", false_alarm_rate=false_alarm_rate)  # ConfigError if out of range

@@ -157,12 +157,14 @@ async def json_object(request: Request, *, limit: int, timeout: float) -> dict:
 class SourceBody(BaseModel):
     """``POST /v1/products/{p}`` as JSON: a server-side ``source`` (checked by
     ``security.resolve_source``), an optional ``config`` object and an optional inspection
-    ``region`` (``config/region.py``; both checked by the route)."""
+    ``region`` (``config/region.py``; both checked by the route), and optional ``tiles`` (the tile
+    grid: ``[rows, cols]``, ``"RxC"`` or ``"auto"``, as the form's field)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     source: Any
     config: Any = None
     region: Any = None
+    tiles: Any = None
 
 
 class LabelledSourceBody(BaseModel):

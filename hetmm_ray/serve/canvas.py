@@ -8,6 +8,9 @@ resize (``resize_to_geometry`` returns an image already at its shape unchanged, 
 letterbox box of a fitted image is the box of the original). Scores are the same as when the
 replica resizes: the same Pillow resize of the same pixels, run in another process.
 
+A tiled product (``geometry.tiles``) has no canvas here: its frames go to the replica at their
+own resolution, where each tile is cut and reaches the canvas (hetmm_ray/tiled.py).
+
 The canvas of a product comes from its published version's configuration (the registry's
 snapshot), cached for ``ttl_s`` seconds like the ingress's other product facts. A version
 published with another canvas inside that window is still scored correctly in geometry, from
@@ -33,10 +36,11 @@ class CanvasCache:
     def __init__(self, snapshot: Callable[[str], Awaitable[ProductSnapshot]], ttl_s: float) -> None:
         self._snapshot = snapshot
         self._ttl_s = ttl_s
-        self._cache: dict[str, tuple[float, tuple[int, str]]] = {}
+        self._cache: dict[str, tuple[float, tuple[int, str] | None]] = {}
 
     async def canvas(self, product: str) -> tuple[int, str] | None:
-        """The product's canvas, or None when it cannot be had (then the replica resizes)."""
+        """The product's canvas, or None when it cannot be had (then the replica resizes) or the
+        product is tiled (frames travel whole)."""
         now = time.monotonic()
         hit = self._cache.get(product)
         if hit is not None and hit[0] > now:
@@ -44,9 +48,10 @@ class CanvasCache:
         try:
             snap = await self._snapshot(product)
             bb = snap.config.backbone
+            tiled = snap.config.geometry.tiled
         except Exception:  # noqa: BLE001 - an optimisation only: the replica reports real errors
             return None
-        value = (bb.image_size, bb.geometry)
+        value = None if tiled else (bb.image_size, bb.geometry)
         self._cache[product] = (now + self._ttl_s, value)
         return value
 

@@ -19,6 +19,7 @@ a failed job's included (:func:`job_answer`).
 import asyncio
 import functools
 import hmac
+import json
 import logging
 import os
 import time
@@ -35,7 +36,7 @@ from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from ..config import DetectorConfig, ServiceConfig, merge_product_config
+from ..config import SERVE_BY_VALUE_MAX_BYTES, DetectorConfig, ServiceConfig, merge_product_config
 from ..core.calibration import check_rate
 from ..data.decode import decode_image
 from ..data.region_file import region_from_json
@@ -153,11 +154,39 @@ def timed(route: str) -> Callable[[Callable[..., Awaitable[Response]]], Callable
 
 
 def _check_region(config: dict[str, Any]) -> None:
-    """ConfigError (400) for a region that counts no pixel, at the reference size or on the map."""
+    """ConfigError (400) for a region that counts no pixel, at the reference size or on the map (a
+    tiled product: on one tile's map at least, checked when its job cuts the region per tile)."""
     region = config.get("region")
     if region is not None:
         region_from_json(region)
-        check_visible(DetectorConfig.from_dict(config))
+        cfg = DetectorConfig.from_dict(config)
+        if not cfg.geometry.tiled:
+            check_visible(cfg)
+
+
+MAP_SIZE_MAX = 8192  # ?map_size: a heat-map's long side at most (never enlarged, serve/replica.py)
+
+
+def _tiles_field(given: Any) -> dict[str, Any]:
+    """A create request's ``tiles``: ``auto``, ``RxC`` (``2x2``) or ``[rows, cols]`` (JSON text in a
+    form field, a list in a JSON body), as ``geometry`` settings (checked with the product's configuration)."""
+    if isinstance(given, list):
+        return {"tiles": given}
+    if not isinstance(given, str):
+        raise Refused(400, "bad_request", f"'tiles': give auto, RxC (2x2) or [rows, cols], not {type(given).__name__}")
+    value = given.strip()
+    if value == "auto":
+        return {"tiles": "auto"}
+    rows, sep, cols = value.lower().partition("x")
+    if sep and rows.strip().isdigit() and cols.strip().isdigit():
+        return {"tiles": [int(rows), int(cols)]}
+    try:
+        grid = json.loads(value)
+    except ValueError:
+        grid = None
+    if not isinstance(grid, list):
+        raise Refused(400, "bad_request", f"the 'tiles' field: auto, RxC (2x2) or [rows, cols], not {value[:40]!r}")
+    return {"tiles": grid}  # its values are checked with the product's configuration
 
 
 # Serve captures this module's globals when the class below is decorated: every helper
@@ -179,6 +208,9 @@ class Ingress:
         # the process that built the application may have read Serve's default before
         # config.SERVE_ENVIRONMENT was applied (that setting covers the proxy's hop to this replica).
         self.detector = detector.options(_by_reference=False)
+        # ... except a call whose images exceed what a replica's gRPC server takes (a tiled product's
+        # whole frames): those go through the object store (config.SERVE_BY_VALUE_MAX_BYTES).
+        self.detector_by_reference = detector.options(_by_reference=True)
         self.registry = get_registry(self.service.store, detached=True)
         self.registry.set_poll.remote(self.service.store_poll_s)  # follow other writers of the store
         self.registry.set_hosts.remote(self.service.template_hosts)  # template host processes (issue 14)
@@ -191,12 +223,16 @@ class Ingress:
         self.metrics = ServiceMetrics()
         self.limit = self.service.max_body_mib * 2**20
         self._known: dict[str, float] = {}  # product -> until when its existence is cached
-        self._handles: dict[str, Any] = {}  # model id -> the detector's predict under it (_predict_handle)
+        self._handles: dict[tuple[str, bool], Any] = {}  # (model id, by reference) -> predict (_predict_handle)
         # the canvas each product's replica needs: uploads are resized here (serve/canvas.py)
         self._canvas = CanvasCache(lambda p: self.registry.snapshot.remote(p), self.service.store_poll_s)
         # the console's state and answers (serve/ui.py): the recent-predictions ring, the labelled set
         self.console = Console(
-            self.service, registry=self.registry, detector=self.detector, store=open_store(self.service.store)
+            self.service,
+            registry=self.registry,
+            detector=self.detector,
+            store=open_store(self.service.store),
+            detector_by_reference=self.detector_by_reference,
         )
 
     # --- plumbing -------------------------------------------------------------------------------
@@ -232,13 +268,16 @@ class Ingress:
             request, max_images=max_images, limit=self.limit, timeout=self.service.body_timeout_s
         )
 
-    def _predict_handle(self, model_id: str) -> Any:
+    def _predict_handle(self, model_id: str, *, by_reference: bool = False) -> Any:
         """The detector's ``predict`` under ``model_id``, made once per model id: ``options()`` and the
         method lookup each copy the handle, per request before (issue 25). Model ids are products that
-        exist and their warm-set aliases; a deleted product's go with it."""
-        handle = self._handles.get(model_id)
+        exist and their warm-set aliases; a deleted product's go with it. ``by_reference``: the images
+        go through the object store (a request over ``SERVE_BY_VALUE_MAX_BYTES``)."""
+        key = (model_id, by_reference)
+        handle = self._handles.get(key)
         if handle is None:
-            handle = self._handles[model_id] = self.detector.options(multiplexed_model_id=model_id).predict
+            base = self.detector_by_reference if by_reference else self.detector
+            handle = self._handles[key] = base.options(multiplexed_model_id=model_id).predict
         return handle
 
     @staticmethod
@@ -283,11 +322,23 @@ class Ingress:
         described = await self.registry.describe.remote()
         return JSONResponse({"products": [d.to_json() for d in described]})
 
+    @app.get("/v1/products/{product}")
+    @timed("settings")
+    async def settings(self, product: str, request: Request) -> Response:
+        """The head version's stored settings: its configuration (``geometry`` included), region
+        (or null), tile grid and tile overlap (``ProductRegistry.settings``)."""
+        self._check_product(product)
+        return JSONResponse(await self.registry.settings.remote(product))  # ProductNotFound -> 404
+
     @app.post("/v1/products/{product}/predict")
     @timed("predict")
-    async def predict(self, product: str, request: Request, map: str | None = None) -> Response:
+    async def predict(
+        self, product: str, request: Request, map: str | None = None, map_size: int | None = None
+    ) -> Response:
         if map not in (None, "png"):
             raise Refused(400, "bad_request", f"map={map!r}: the only heat-map format is png")
+        if map_size is not None and not 1 <= map_size <= MAP_SIZE_MAX:
+            raise Refused(400, "bad_request", f"map_size={map_size}: the heat-map's long side, 1-{MAP_SIZE_MAX} px")
         await self._require_product(product)
         uploads, _ = await self._uploads(request, max_images=self.service.max_images_per_request)
         decode_start = time.perf_counter()
@@ -296,11 +347,12 @@ class Ingress:
         decode_ms = round(1000 * (time.perf_counter() - decode_start), 3)
         started = time.perf_counter()
         with self.warm.request(product) as model_id:  # the product's id, or an alias while it is hot
-            predict = self._predict_handle(model_id)
+            large = sum(im.nbytes for im in images) > SERVE_BY_VALUE_MAX_BYTES
+            predict = self._predict_handle(model_id, by_reference=large)
             try:
-                results = await predict.remote(images, map == "png")
+                results = await predict.remote(images, map == "png", map_size)
             except RayActorError:  # the replica died under the request: scoring is idempotent, retry once
-                results = await predict.remote(images, map == "png")
+                results = await predict.remote(images, map == "png", map_size)
         self.metrics.observe_results(product, results)
         self.console.remember(product, uploads, results)  # the console's recent ring; adds recent_id
         total_ms = round(1000 * (time.perf_counter() - started), 3)
@@ -333,12 +385,17 @@ class Ingress:
             )
             config_data = body.config or {}
             region = body.region
+            tiles = None if body.tiles is None else _tiles_field(body.tiles)
         else:
             uploads, fields = await self._uploads(request, max_images=self.service.max_images_per_job)
             config_data = parse_json_object(fields.get("config", "{}"), what="the 'config' field")
             region = parse_json_object(fields["region"], what="the 'region' field") if "region" in fields else None
+            tiles = _tiles_field(fields["tiles"]) if "tiles" in fields else None
         if not isinstance(config_data, dict):
             raise Refused(400, "bad_config", "'config' must be a JSON object")
+        if tiles is not None:  # the tile grid (issue 22): a field of its own, or config's "geometry"
+            geometry = config_data.get("geometry")
+            config_data = {**config_data, "geometry": {**(geometry if isinstance(geometry, dict) else {}), **tiles}}
         if region is not None:  # the inspection region: a field of its own, or config's "region"
             config_data = {**config_data, "region": region}
         config = merge_product_config(self.service.product_defaults, config_data)  # over the service's defaults
@@ -464,8 +521,8 @@ class Ingress:
         self._check_product(product)
         await self.registry.delete.remote(product)  # ProductNotFound -> 404
         self._known.pop(product, None)
-        for model_id in [m for m in self._handles if product_of(m) == product]:
-            del self._handles[model_id]
+        for key in [k for k in self._handles if product_of(k[0]) == product]:
+            del self._handles[key]
         self._canvas.forget(product)
         self.console.forget(product)  # the console's recent ring (serve/recent.py)
         return JSONResponse({"product": product, "deleted": True})

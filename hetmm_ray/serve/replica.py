@@ -36,11 +36,13 @@ from ray import serve
 
 from ..config import BackboneConfig, ReplicaSettings
 from ..core.backbone import Backbone
+from ..core.templates import TemplateError
 from ..data.decode import resize_to_geometry
 from ..detector import HETMM
 from ..distributed.registry import get_registry
 from ..distributed.runtime import use_assigned_cpus
 from ..records import ProductSnapshot
+from ..tiled import TiledHETMM
 from ..visualize import heatmap_overlay, heatmap_range
 from .autoscaling import IMAGES_IN_FLIGHT
 from .greedy import GreedyBatcher
@@ -56,6 +58,7 @@ class ScoreRequest:
     images: list[np.ndarray]
     want_maps: bool = False
     enqueued: float = 0.0
+    map_size: int | None = None  # the heat-map's long side (None: the map's own size)
 
 
 class ProductModel:
@@ -63,7 +66,7 @@ class ProductModel:
 
     def __init__(self, product: str) -> None:
         self.product = product
-        self.detector: HETMM | None = None
+        self.detector: HETMM | TiledHETMM | None = None
         self.version = -1
         self.swap_lock = asyncio.Lock()
 
@@ -79,6 +82,17 @@ def _encode_png(image: np.ndarray) -> str:
     buf = io.BytesIO()
     Image.fromarray(image).save(buf, format="PNG")
     return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def _sized(image: np.ndarray, map_size: int | None) -> np.ndarray:
+    """The heat-map's picture with its long side at most ``map_size`` (the aspect kept, bilinear; never
+    enlarged); unchanged without one. ``heatmap_overlay`` then draws the map and region at its size."""
+    h, w = image.shape[:2]
+    if map_size is None or map_size >= max(h, w):
+        return image
+    f = map_size / max(h, w)
+    size = (max(1, round(w * f)), max(1, round(h * f)))  # PIL: (width, height)
+    return image if size == (w, h) else np.asarray(Image.fromarray(image).resize(size, Image.BILINEAR))
 
 
 @serve.deployment(name="Detector", ray_actor_options={"num_cpus": 0.5}, max_ongoing_requests=32)
@@ -132,13 +146,26 @@ class Detector:
             self._backbones[config] = Backbone(config).to(self._device)
         return self._backbones[config]
 
-    def _build(self, snapshot: ProductSnapshot) -> HETMM:
-        """A detector scoring against a published tiny set (never the full bank)."""
+    def _build(self, snapshot: ProductSnapshot) -> HETMM | TiledHETMM:
+        """A detector scoring against a published tiny set (never the full bank); a tiled product's
+        from its (tile position, layer) tiny sets (``TiledHETMM.serving``)."""
         config = snapshot.config.replace(device=self._device)
         tiny = {
             k: torch.from_numpy(np.array(v))
             for k, v in zip(snapshot.tiny, ray.get(list(snapshot.tiny.values())), strict=True)
         }
+        if config.geometry.tiled:
+            if snapshot.tiles is None:
+                raise TemplateError(f"product {snapshot.product!r} v{snapshot.version} is tiled but has no tile record")
+            return TiledHETMM.serving(
+                config,
+                tiny,
+                tiles=snapshot.tiles,
+                weights_id=snapshot.weights_id,
+                calibration=snapshot.calibration,
+                version=snapshot.version,
+                backbone=self._backbone(config.backbone),
+            )
         return HETMM.serving(
             config,
             tiny,
@@ -157,10 +184,13 @@ class Detector:
             model.version = snapshot.version
 
     # --- scoring ------------------------------------------------------------------------------
-    async def predict(self, images: list[np.ndarray], want_maps: bool = False) -> list[dict[str, Any]]:
-        """Score one request's images (all by the same template version)."""
+    async def predict(
+        self, images: list[np.ndarray], want_maps: bool = False, map_size: int | None = None
+    ) -> list[dict[str, Any]]:
+        """Score one request's images (all by the same template version); ``map_size``: the heat-maps'
+        long side at most, in pixels (None: the canvas view, or a tiled product's frame resolution)."""
         model_id = serve.get_multiplexed_model_id()  # the product, or one of its warm-set aliases
-        return await self.score(model_id, ScoreRequest(images, want_maps, time.perf_counter()))
+        return await self.score(model_id, ScoreRequest(images, want_maps, time.perf_counter(), map_size))
 
     async def score(self, model_id: str, request: ScoreRequest) -> list[dict[str, Any]]:
         """``request`` scored in a greedy batch of ``model_id``; its images count as in flight meanwhile."""
@@ -219,10 +249,13 @@ class Detector:
                     },
                 }
                 if r.want_maps:
-                    # At the backbone's view of the image: squashed square, or the aspect kept.
-                    shown = resize_to_geometry(image, bb.image_size, bb.geometry)
+                    # At the backbone's view of the image: squashed square, or the aspect kept; a tiled
+                    # product's stitched map is at the frame's own resolution (hetmm_ray/tiled.py).
+                    tiled = isinstance(detector, TiledHETMM)
+                    shown = image if tiled else resize_to_geometry(image, bb.image_size, bb.geometry)
                     vmin, vmax = heatmap_range(pred.maps[i], pred.threshold)  # the version's fixed scale
                     region = None if pred.regions is None else pred.regions[i]  # outside: greyed
+                    shown = _sized(shown, r.map_size)
                     overlay = heatmap_overlay(shown, pred.maps[i], vmin=vmin, vmax=vmax, region=region)
                     result["heatmap_png"] = _encode_png(overlay)
                     result["heatmap_scale"] = {"vmin": vmin, "vmax": vmax}

@@ -45,7 +45,7 @@ from typing import Any
 
 from fastapi.responses import FileResponse, RedirectResponse, Response
 
-from ..config import HEATMAP_VMAX_OVER_THRESHOLD, ServiceConfig, check_number
+from ..config import HEATMAP_VMAX_OVER_THRESHOLD, SERVE_BY_VALUE_MAX_BYTES, ServiceConfig, check_number
 from ..core.calibration import check_rate
 from ..core.scoring import Calibration
 from ..data.decode import decode_image
@@ -99,10 +99,20 @@ class Console:
     ``Detector`` deployment); ``store``: the service's template store.
     """
 
-    def __init__(self, service: ServiceConfig, *, registry: Any, detector: Any, store: VersionedStore) -> None:
+    def __init__(
+        self,
+        service: ServiceConfig,
+        *,
+        registry: Any,
+        detector: Any,
+        store: VersionedStore,
+        detector_by_reference: Any = None,
+    ) -> None:
         self.service = service
         self.registry = registry
         self.detector = detector
+        # for calls whose images exceed a replica's gRPC message limit (config.SERVE_BY_VALUE_MAX_BYTES)
+        self.detector_by_reference = detector if detector_by_reference is None else detector_by_reference
         self.store = store
         self.recent = RecentPredictions(service.recent_per_product, service.recent_max_mib * 2**20)
         self.labels_set = LabelSet(store.backend)
@@ -121,11 +131,13 @@ class Console:
     async def _score(self, product: str, images: list[bytes], want_maps: bool = False) -> list[dict[str, Any]]:
         """Score encoded images with ``product``'s head through the detector replicas (not recorded)."""
         decoded = await asyncio.to_thread(lambda: [decode_image(d) for d in images])
-        handle = self.detector.options(multiplexed_model_id=product)
         step = self.service.max_images_per_request
         out: list[dict[str, Any]] = []
         for i in range(0, len(decoded), step):
-            out.extend(await handle.predict.remote(decoded[i : i + step], want_maps))
+            part = decoded[i : i + step]
+            large = sum(im.nbytes for im in part) > SERVE_BY_VALUE_MAX_BYTES  # e.g. a tiled product's frames
+            handle = (self.detector_by_reference if large else self.detector).options(multiplexed_model_id=product)
+            out.extend(await handle.predict.remote(part, want_maps))
         return out
 
     # --- the page -------------------------------------------------------------------------------

@@ -49,6 +49,9 @@ class VersionRecord:
     selected: bool
     sheets_auto: Mapping[str, Any] | None
     migrated_from: Mapping[str, Any] | None
+    # a tiled product's ``meta["tiles"]`` (hetmm_ray/tiled.py: grid, layers, each position's settings
+    # and calibration); None for an untiled one
+    tiles: Mapping[str, Any] | None = None
 
     @classmethod
     def parse(cls, manifest: Mapping[str, Any]) -> VersionRecord:
@@ -72,6 +75,7 @@ class VersionRecord:
             selected=selected,
             sheets_auto=meta.get("sheets_auto") if selected else None,
             migrated_from=meta.get("migrated_from"),
+            tiles=meta.get("tiles"),
         )
 
     @property

@@ -553,7 +553,9 @@ def test_default_geometry_is_never_stored_and_old_manifests_read_as_one_tile() -
     assert stored_config(tiled.stored_dict()) == tiled
 
 
-def test_service_refuses_tiled_products() -> None:
-    with pytest.raises(ConfigError, match=r"geometry\.tiles"):
-        merge_product_config({}, {"geometry": {"tiles": [2, 2]}})
+def test_service_takes_tiled_products() -> None:
+    assert merge_product_config({}, {"geometry": {"tiles": [2, 2]}})["geometry"]["tiles"] == [2, 2]
+    assert merge_product_config({}, {"geometry": {"tiles": "auto"}})["geometry"]["tiles"] == "auto"
     assert merge_product_config({}, {"geometry": {"tiles": [1, 1]}})["geometry"]["tiles"] == [1, 1]
+    with pytest.raises(ConfigError, match=r"geometry"):
+        merge_product_config({}, {"geometry": {"tiles": [0, 2]}})

@@ -33,6 +33,8 @@ DESCRIPTION_KEYS = [
     "rule_target",
     "estimated_false_alarm_rate",
     "created",
+    "region",  # issue 22: whether it has an inspection region, and its tile grid
+    "tiles",
 ]
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -121,7 +122,7 @@ def test_save_load_round_trip_one_object_per_tile_and_layer(tiled, frames, tmp_p
     np.testing.assert_array_equal(after.maps, before.maps)
     assert after.threshold == before.threshold
     with pytest.raises(TemplateError, match="tiled"):
-        HETMM.load(store, "tiled")  # update/compress/calibrate refuse tiles, never score them untiled
+        HETMM.load(store, "tiled")  # a tiled product is never scored untiled
 
 
 def test_untiled_products_store_and_load_as_before(frames, tmp_path):
@@ -199,39 +200,260 @@ def test_cli_fit_predict_evaluate_with_tiles(tmp_path, capsys):
     assert main(["evaluate", "--data", str(data), "--json", str(res), *CLI_FLAGS]) == 0
     assert "tiles" not in json.loads(res.read_text()) and "tiles/s" not in capsys.readouterr().out
 
-    # the routes that do not take tiles yet say so
-    code = main(["compress", "--product", "t", "--store", str(store), "--templates", "pts"])
-    assert code == 2 and "tiled" in capsys.readouterr().err
+
+# --- a region with tiles ------------------------------------------------------------------------------
+def hand_part(rect: list[int], tile) -> dict | None:
+    """The reference: an exclude rectangle in frame pixels clipped to a tile and shifted into its
+    coordinates by hand (None when it misses the tile)."""
+    x0, y0 = max(rect[0], tile.left) - tile.left, max(rect[1], tile.top) - tile.top
+    x1, y1 = min(rect[2], tile.left + tile.width) - tile.left, min(rect[3], tile.top + tile.height) - tile.top
+    if x0 >= x1 or y0 >= y1:
+        return None
+    return {"size": [tile.height, tile.width], "include": [], "exclude": [{"rect": [x0, y0, x1, y1]}]}
 
 
-def test_a_region_with_tiles_is_refused_in_one_line(tmp_path, capsys):
-    """Regions are in frame pixels and not yet cut per tile: a tiled fit with one is refused, not
-    silently applied to every tile as if it were the whole frame."""
-    from hetmm_ray.cli import main
-    from hetmm_ray.config import ConfigError
+def test_a_region_is_cut_per_position(frames, tmp_path):
+    """Each position scores as a plain product with its part of the region, clipped by hand."""
+    train, test = frames
+    rect = [20, 30, 90, 50]  # x0, y0, x1, y1: across the vertical seam, in tiles 0 and 1
+    region = {"size": [FRAME, FRAME], "include": [], "exclude": [{"rect": rect}]}
+    det = TiledHETMM(config(**TILED, region=region)).fit(train)
+    assert det.live == [True] * 4
+    pred = det.predict(test)
+    digests = tuple(image_digest(f) for f in train)
+    grid = tile_grid(FRAME, FRAME, (2, 2), OVERLAP)
+    parts = [hand_part(rect, tile) for tile in grid]
+    assert parts[2] is None and parts[3] is None and parts[0] is not None and parts[1] is not None
+    for p, (tiles_train, tiles_test) in enumerate(zip(per_position(train), per_position(test), strict=True)):
+        ref = HETMM(config(region=parts[p])).fit(tiles_train)
+        ref_ts = ref.calibrated(replace(ref.templates, image_digests=digests))
+        np.testing.assert_allclose(det.dets[p].templates.calibration.scores, ref_ts.calibration.scores, rtol=1e-5)
+        np.testing.assert_allclose(pred.tile_scores[:, p], ref.predict(tiles_test).scores / det.scales[p], rtol=1e-4)
+    counted = np.ones((FRAME, FRAME), bool)
+    counted[30:50, 20:90] = False
+    assert pred.regions.shape == (len(test), FRAME, FRAME) and (pred.regions == counted).all()
+    store = open_store(tmp_path / "store")
+    det.save(store, "r")
+    loaded = load_detector(store, "r", batch_size=4, device="cpu")
+    assert loaded.config.region == det.config.region
+    np.testing.assert_array_equal(loaded.predict(test).scores, pred.scores)
 
-    region = {"size": [FRAME, FRAME], "include": [], "exclude": [{"rect": [0, 0, 16, 16]}]}
-    with pytest.raises(ConfigError, match=r"region.*geometry\.tiles"):
-        TiledHETMM(config(**TILED, region=region))
-    train = tmp_path / "train"
-    train.mkdir()
-    prod = SyntheticProduct(seed=0, size=FRAME)
+
+def test_a_tile_wholly_outside_the_region_never_counts(frames):
+    """Position 0 wholly excluded: not scored, and anything painted where only it sees changes no
+    frame score; the frame calibration is the maximum over the other positions."""
+    train, test = frames
+    region = {"size": [FRAME, FRAME], "include": [], "exclude": [{"rect": [0, 0, 68, 68]}]}
+    det = TiledHETMM(config(**TILED, region=region)).fit(train)
+    assert det.live == [False, True, True, True]
+    pred = det.predict(test)
+    assert np.isnan(pred.tile_scores[:, 0]).all()
+    np.testing.assert_allclose(pred.scores, pred.tile_scores[:, 1:].max(axis=1), rtol=1e-6)
+    oof = np.array([d.templates.calibration.scores for d in det.dets[1:]]) / np.array(det.scales[1:])[:, None]
+    np.testing.assert_allclose(det.calibration.scores, oof.max(axis=0))
+    painted = [x.copy() for x in test]
+    for x in painted:
+        x[:60, :60] = 255 - x[:60, :60]  # pixels in tile 0 only (tiles 1-3 start at row or column 60)
+    np.testing.assert_array_equal(det.predict(painted).scores, pred.scores)
+    corner = TiledHETMM(config(**TILED, region={"size": [FRAME, FRAME], "include": [{"rect": [0, 0, 10, 10]}]}))
+    assert corner.live == [True, False, False, False]
+
+
+def test_cli_fit_and_evaluate_with_a_region_and_tiles(tmp_path, capsys):
     from PIL import Image
 
-    for i in range(3):
-        Image.fromarray(prod.good(i)).save(train / f"{i}.png")
-    (tmp_path / "region.json").write_text('{"size": [128, 128], "exclude": [{"rect": [0, 0, 16, 16]}]}')
-    argv = [
-        "fit",
-        str(train),
-        "--product",
-        "p",
-        "--store",
-        str(tmp_path / "store"),
-        "--region",
-        str(tmp_path / "region.json"),
-    ]
-    argv += ["--backbone", "resnet18", "--weights", "random", "--device", "cpu", "--set", "geometry.tiles=[2,2]"]
-    assert main(argv) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("hetmm: error: ") and "geometry.tiles" in err[0]
+    from hetmm_ray.cli import main
+    from hetmm_ray.data.synthetic import write_mvtec_layout
+
+    data = write_mvtec_layout(tmp_path / "data", n_train=5, n_test_good=2, n_test_per_defect=1, size=96)
+    (tmp_path / "region.json").write_text('{"size": [96, 96], "exclude": [{"rect": [0, 0, 96, 20]}]}')
+    flags = [*CLI_FLAGS, "--set", "geometry.tiles=[2,2]", "--region", str(tmp_path / "region.json")]
+    store = str(tmp_path / "store")
+    assert main(["fit", str(data / "train" / "good"), "--product", "t", "--store", store, *flags]) == 0
+    out = capsys.readouterr().out
+    assert "4 tiles" in out and "0 of 4 tiles wholly outside it" in out
+    assert open_store(store).record("t").config.region["exclude"] == [{"rect": [0, 0, 96, 20]}]
+    heat = tmp_path / "heat"
+    assert main(["predict", str(data / "test" / "good"), "--product", "t", "--store", store, "--out", str(heat)]) == 0
+    capsys.readouterr()
+    overlay = np.asarray(Image.open(next(heat.rglob("*_heatmap.png"))).convert("RGB")).astype(int)
+    top, rest = overlay[:20], overlay[20:]
+    assert (np.abs(top - top.mean(axis=2, keepdims=True)) < 3).all()  # the excluded band is grey
+    assert (np.abs(rest - rest.mean(axis=2, keepdims=True)) >= 3).any()  # the rest is coloured
+    res = tmp_path / "e.json"
+    assert main(["evaluate", "--data", str(data), "--json", str(res), *flags]) == 0
+    result = json.loads(res.read_text())
+    assert result["tiles"] == [2, 2] and result["pixel_auroc"] is not None
+
+
+# --- hot update (TiledHETMM.update, hetmm update) ------------------------------------------------
+def assert_same_tiled(a: TiledHETMM, b: TiledHETMM, test: list[np.ndarray]) -> None:
+    """Every position's bank, selection and calibration, the scales, the frame calibration and the
+    scores of ``test`` equal."""
+    assert a.frame_digests == b.frame_digests
+    for da, db in zip(a.dets, b.dets, strict=True):
+        ta, tb = da.templates, db.templates
+        assert ta.config.stored_dict() == tb.config.stored_dict()
+        for layer in ta.layers:
+            assert torch.equal(ta.bank[layer], tb.bank[layer])
+            if ta.indices is not None or tb.indices is not None:
+                assert torch.equal(ta.indices[layer], tb.indices[layer])
+        np.testing.assert_array_equal(ta.calibration.scores, tb.calibration.scores)
+    assert a.scales == b.scales
+    np.testing.assert_array_equal(a.calibration.scores, b.calibration.scores)
+    np.testing.assert_array_equal(a.predict(test).scores, b.predict(test).scores)
+
+
+@pytest.mark.parametrize("selection", [{}, {"templates.kind": "pts_o", "templates.sheets": 2}])
+def test_update_equals_a_fit_on_the_union(frames, selection):
+    """The defined semantics of a hot update: the product a fit on the old frames then the new
+    ones gives (the slow obvious reference); a frame already held is skipped, a retry is a no-op."""
+    train, test = frames
+    c = config(**TILED, **selection)
+    det = TiledHETMM(c).fit(train[:4])
+    det.update([train[4], train[0], train[5], train[4]])  # one held, one repeated
+    assert det.skipped_duplicates == 2 and det.version is None
+    reference = TiledHETMM(c).fit(train)
+    assert_same_tiled(det, reference, test)
+    before = det.calibration
+    det.update(train[:2])
+    assert det.skipped_duplicates == 2 and det.calibration is before  # nothing new: nothing recomputed
+
+
+def test_cli_update_of_a_tiled_product(frames, tmp_path, capsys):
+    from PIL import Image
+
+    from hetmm_ray.cli import main
+
+    train, test = frames
+    folders = {}
+    for name, imgs in (("old", train[:4]), ("new", [train[0], *train[4:]])):
+        folders[name] = tmp_path / name
+        folders[name].mkdir()
+        for i, x in enumerate(imgs):
+            Image.fromarray(x).save(folders[name] / f"{i}.png")
+    store = open_store(tmp_path / "store")
+    TiledHETMM(config(**TILED)).fit(train[:4]).save(store, "t")
+    assert main(["update", str(folders["new"]), "--product", "t", "--store", str(tmp_path / "store")]) == 0
+    captured = capsys.readouterr()
+    assert "1 image(s) already in v1" in captured.err
+    assert "version 2 (from v1) with 2 more good images, 6 in all; 4 tiles" in captured.out
+    loaded = TiledHETMM.load(store, "t", batch_size=4, device="cpu")
+    assert loaded.version == 2 and store.record("t", 2).parent == 1
+    assert_same_tiled(loaded, TiledHETMM(config(**TILED)).fit(train), test)
+    assert main(["update", str(folders["new"]), "--product", "t", "--store", str(tmp_path / "store")]) == 0
+    assert "no new images; head stays v2" in capsys.readouterr().out
+
+
+# --- compress and labelled calibration (hetmm compress / calibrate) -------------------------------
+@pytest.mark.parametrize("sheets", [2, "auto"])
+def test_compress_equals_a_fit_under_that_selection(frames, sheets):
+    """Per position selection: compressing the ALL product equals fitting it from scratch with the
+    selection (the slow obvious reference); with sheets auto each position measures its own K."""
+    train, test = frames
+    det = TiledHETMM(config(**TILED)).fit(train)
+    det.compress("pts_o", sheets)
+    assert det.config.templates.kind == "pts_o" and det.config.templates.sheets == sheets
+    reference = TiledHETMM(config(**TILED, **{"templates.kind": "pts_o", "templates.sheets": sheets})).fit(train)
+    assert_same_tiled(det, reference, test)
+    for d in det.dets:
+        assert d.templates.indices is not None
+        assert ("sheets_auto" in d.templates.meta) == (sheets == "auto")
+
+
+def test_labelled_calibration_is_at_the_frame_level(tiled, frames, tmp_path):
+    """The chosen threshold is the one the frame scores computed by hand (each position's own HETMM
+    score of its tile over its scale, the maximum over tiles) give; stored and used for verdicts."""
+    from hetmm_ray.validation import calibrate_with_labels, choose_threshold
+
+    _, test = frames
+    labels = [0, 0, *[1] * (len(test) - 2)]
+    by_hand = np.max(
+        [tiled.dets[p].predict(tiles).scores / tiled.scales[p] for p, tiles in enumerate(per_position(test))], axis=0
+    )
+    ts, record = calibrate_with_labels(tiled, test, labels)
+    expected = choose_threshold(by_hand.tolist(), labels)
+    assert record["threshold"] == pytest.approx(expected["threshold"], rel=1e-5)
+    assert ts.config.threshold.rule == "validation"
+    assert ts.calibration.scores == tiled.calibration.scores  # the frame out-of-fold scores kept
+    store = open_store(tmp_path / "store")
+    version = store.put("t", ts)
+    loaded = TiledHETMM.load(store, "t", version, batch_size=4, device="cpu")
+    assert loaded.threshold == record["threshold"] and loaded.scales == tiled.scales
+    pred = loaded.predict(test)
+    assert np.array_equal(pred.is_anomaly, pred.scores > record["threshold"])
+
+
+def test_cli_compress_and_calibrate_of_a_tiled_product(frames, tmp_path, capsys):
+    from PIL import Image
+
+    from hetmm_ray.cli import main
+
+    train, test = frames
+    val = tmp_path / "val"
+    for name, imgs in (("good", test[:2]), ("scratch", test[2:])):
+        (val / name).mkdir(parents=True)
+        for i, x in enumerate(imgs):
+            Image.fromarray(x).save(val / name / f"{i}.png")
+    store_uri = str(tmp_path / "store")
+    store = open_store(store_uri)
+    TiledHETMM(config(**TILED)).fit(train).save(store, "t")
+    assert main(["compress", "--product", "t", "--store", store_uri, "--templates", "pts", "--sheets", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "version 2 = pts_o with 2 sheets per tile (4 tiles) of 6 images" in out
+    compressed = TiledHETMM.load(store, "t", 2, batch_size=4, device="cpu")
+    reference = TiledHETMM(config(**TILED, **{"templates.kind": "pts_o", "templates.sheets": 2})).fit(train)
+    assert_same_tiled(compressed, reference, test)
+    assert main(["calibrate", "--product", "t", "--store", store_uri, "--val", str(val)]) == 0
+    assert "version 3 (from v2) threshold" in capsys.readouterr().out
+    calibrated = TiledHETMM.load(store, "t", 3, batch_size=4, device="cpu")
+    assert calibrated.config.threshold.rule == "validation"
+    assert calibrated.threshold == calibrated.calibration.validation["threshold"]
+
+
+# --- cost made visible: hetmm fit prints the grid, the sheets and ms per frame first ---------------
+def test_fit_reports_the_cost_first_tiled_or_not(tmp_path, capsys):
+    from hetmm_ray.cli import main
+    from hetmm_ray.data.synthetic import write_mvtec_layout
+    from hetmm_ray.fitting import estimate_ms_per_frame
+
+    data = write_mvtec_layout(tmp_path / "data", n_train=5, n_test_good=1, n_test_per_defect=1, size=96)
+    train, store = str(data / "train" / "good"), str(tmp_path / "store")
+    assert main(["fit", train, "--product", "plain", "--store", store, *CLI_FLAGS]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    cost = "tiles 1 x 1 (1 per frame, a 96 x 96 frame, 3.00 frame px per canvas px), sheets 5 (all), estimated "
+    assert lines[0].startswith(cost) and lines[0].endswith(" ms per frame") and "version 1" in lines[1]
+    auto = ["--templates", "pts", "--sheets", "auto", "--set", "geometry.tiles=[2,2]"]
+    assert main(["fit", train, "--product", "t", "--store", store, *CLI_FLAGS, *auto]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith("tiles 2 x 2 (4 per frame") and "sheets at most 5 per tile (pts_o, sheets auto)" in first
+    # the shared estimate: more sheets and more scored tiles cost more ATMM time, never nothing
+    det = HETMM(config())
+    frame = SyntheticProduct(seed=0, size=64).good(0)
+    assert 0 < estimate_ms_per_frame(det.scorer, [frame], 2) < float("inf")
+    assert TiledHETMM(config(**TILED)).estimate_ms_per_frame(SyntheticProduct(seed=0, size=FRAME).good(0), 6) > 0
+
+
+def test_another_region_equals_a_fit_under_it(frames, tmp_path, capsys):
+    """hetmm region on a tiled product: the templates kept, every position recalibrated under its
+    part; the same product a fit under that region gives (the reference)."""
+    from hetmm_ray.cli import main
+
+    train, test = frames
+    region = {"size": [FRAME, FRAME], "include": [], "exclude": [{"rect": [20, 30, 90, 50]}]}
+    store = open_store(tmp_path / "store")
+    TiledHETMM(config(**TILED)).fit(train).save(store, "t")
+    (tmp_path / "region.json").write_text(json.dumps(region))
+    assert (
+        main(
+            ["region", "--product", "t", "--store", str(tmp_path / "store"), "--region", str(tmp_path / "region.json")]
+        )
+        == 0
+    )
+    assert "version 2 (from v1) region" in capsys.readouterr().out
+    loaded = TiledHETMM.load(store, "t", 2, batch_size=4, device="cpu")
+    assert loaded.config.region is not None
+    assert_same_tiled(loaded, TiledHETMM(config(**TILED, region=region)).fit(train), test)
+    back = loaded.with_region(None)
+    assert back.config.region is None
+    assert_same_tiled(back, TiledHETMM(config(**TILED)).fit(train), test)

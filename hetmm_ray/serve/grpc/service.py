@@ -46,6 +46,7 @@ from ...errors import Refused, grpc_code
 from ...store import StoreError, check_product_name
 from ..canvas import decode_to_canvas
 from ..ingress import classify
+from ...tiled import TiledHETMM
 from ..replica import Detector, ScoreRequest
 from ..security import JSONResponse, refuse_open_bind
 from ..warm_set import product_of
@@ -154,9 +155,11 @@ class InspectionDetector(Detector.func_or_class):  # type: ignore[name-defined,m
         detector = model.detector
         assert detector is not None
         bb = detector.config.backbone
+        # a tiled product's frames reach the replica whole (serve/canvas.py): it cuts them itself
+        canvas = None if isinstance(detector, TiledHETMM) else (bb.image_size, bb.geometry)
         uploads = [(im.name or f"<image {i}>", im.data) for i, im in enumerate(request.images)]
         decode_start = time.perf_counter()
-        images = await asyncio.to_thread(decode_to_canvas, uploads, (bb.image_size, bb.geometry))
+        images = await asyncio.to_thread(decode_to_canvas, uploads, canvas)
         decode_ms = round(1000 * (time.perf_counter() - decode_start), 3)
         scored = ScoreRequest(images, request.heatmap, time.perf_counter())
         results = await self.score(model_id, scored)

@@ -199,18 +199,25 @@ async function teachDefect(product, imageBytes, r, box) {
 }
 
 // --- Inspect --------------------------------------------------------------------------------
+const INSPECT_MAP_PX = 1024;
+
 async function inspect(files) {
   clearError();
   const product = state.product;
   if (!product) return showError(new ApiError(0, "no_product", "no product to inspect: create one first"));
   const out = $("inspect-results");
   const chunk = 16; // the service's default max_images_per_request
+  // A tiled product's heat-map is stitched at the frame's resolution: asked at most INSPECT_MAP_PX on
+  // its long side, so a camera frame's map stays a small PNG (an untiled product's is its canvas view).
+  const listed = state.products.find((p) => p.product === product);
+  const tiled = listed && listed.tiles && listed.tiles[0] * listed.tiles[1] > 1;
+  const query = tiled ? `?map=png&map_size=${INSPECT_MAP_PX}` : "?map=png";
   for (let i = 0; i < files.length; i += chunk) {
     const part = files.slice(i, i + chunk);
     const form = new FormData();
     for (const f of part) form.append("images", f, f.name);
     try {
-      const data = await api("POST", `/v1/products/${enc(product)}/predict?map=png`, { body: form });
+      const data = await api("POST", `/v1/products/${enc(product)}/predict${query}`, { body: form });
       data.results.forEach((r, j) => {
         const file = part[j];
         out.prepend(resultCard(product, r, URL.createObjectURL(file), `data:image/png;base64,${r.heatmap_png}`, async () => file));
@@ -575,11 +582,34 @@ async function regionJob(kind) {
       const started = await api("PUT", `/v1/products/${enc(product)}/region`, { admin: true, type: "application/json", body: sent });
       await followJob(started.job, box);
       await loadProducts();
+      await loadStoredRegion(product, false); // the stored region is now the saved one
     }
   } catch (exc) { showError(exc, box); }
 }
 $("region-preview").addEventListener("click", () => regionJob("preview"));
 $("region-save").addEventListener("click", () => regionJob("save"));
+
+// The product's stored region (GET /v1/products/{p}): described under the shapes' list and its rectangles and
+// polygons loaded as the shapes to edit (they show once a training image of the region's size is picked).
+function storedShapes(stored) {
+  const shapes = [];
+  for (const part of ["include", "exclude"]) {
+    for (const s of stored[part] || []) {
+      if (s.rect) shapes.push({ part, rect: s.rect });
+      else if (s.polygon) shapes.push({ part, polygon: s.polygon });
+    }
+  }
+  return shapes;
+}
+
+function describeStored(settings) {
+  const tiles = settings.tiles || [1, 1];
+  const tiled = tiles[0] * tiles[1] > 1 ? `; tiled ${tiles[0]} x ${tiles[1]} (a region does not take tiles yet)` : "";
+  const r = settings.region;
+  if (!r) return `v${settings.version}: no stored region (every pixel counts)${tiled}`;
+  return `v${settings.version}: stored region ${(r.include || []).length} include, ${(r.exclude || []).length} exclude, `
+    + `${r.size[1]} x ${r.size[0]} px${tiled}`;
+}
 
 async function renderRegion() {
   if (region.product !== state.product) { // shapes belong to a product
@@ -587,8 +617,21 @@ async function renderRegion() {
     region.shapes = [];
     region.points = [];
     $("region-job").replaceChildren();
+    $("region-stored").textContent = "";
+    if (state.product) await loadStoredRegion(state.product, true);
   }
   regionChanged();
+}
+
+// shapes: also load the stored region's shapes for editing (when the view opens on a product)
+async function loadStoredRegion(product, shapes) {
+  try {
+    const settings = await api("GET", `/v1/products/${enc(product)}`);
+    if (region.product !== product) return; // another product was picked meanwhile
+    $("region-stored").textContent = describeStored(settings);
+    $("region-stored").dataset.version = String(settings.version);
+    if (shapes && settings.region && !region.shapes.length) region.shapes = storedShapes(settings.region);
+  } catch (exc) { showError(exc); }
 }
 
 // --- views ----------------------------------------------------------------------------------

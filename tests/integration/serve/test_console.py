@@ -459,6 +459,7 @@ def test_region_drawn_over_a_training_image_previewed_then_saved(
     goto(page, "region")
     path = tmp_path / "train.png"
     path.write_bytes(png(GEAR.good(0)))
+    until(page, "() => document.getElementById('region-stored').innerText.includes('v1: no stored region')")
     page.set_input_files("[data-testid=region-file]", str(path))
     until(page, "() => document.getElementById('region-size').dataset.width === '64'")
     assert page.locator("[data-testid=part-exclude]").is_checked()  # the default part
@@ -521,6 +522,14 @@ def test_region_drawn_over_a_training_image_previewed_then_saved(
     assert stored.config.region == drawn
     assert stored.operating_point().threshold == pytest.approx(proposed, rel=1e-6)
     assert head_threshold(api, product) == pytest.approx(proposed, rel=1e-6)
+    stored_text = "() => document.getElementById('region-stored').innerText"
+    until(page, f"{stored_text}.includes('v2: stored region 0 include, 1 exclude')")
+    # the view opened again shows the stored region: its shapes listed, ready to edit
+    use_product(page, product)
+    goto(page, "region")
+    until(page, "() => document.querySelectorAll('[data-testid=region-shape]').length === 1")
+    assert json.loads(shapes.first.get_attribute("data-shape")) == {"rect": [8, 4, 30, 16]}
+    assert shapes.first.get_attribute("data-part") == "exclude"
     assert not [m for m in _console if "Content Security Policy" in m], _console
 
 
@@ -682,3 +691,32 @@ def test_static_files_and_unknown_ui_path(api: httpx.Client) -> None:
     assert r.status_code == 404
     r = api.get("/ui/nothing.js")
     assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+
+
+def test_tiled_product_inspected_and_taught_in_the_console(
+    page: Any, api: httpx.Client, store: str, tmp_path: Path
+) -> None:
+    """A tiled product (2 x 2 tiles of 128-px frames) in the Inspect view: its stitched heat-map at
+    the frame's resolution, the verdict as the service scores it, and "good part" hot-updating it
+    (TiledHETMM.update in the registry's task) to a new version."""
+    from hetmm_ray.tiled import TiledHETMM
+
+    frames = SyntheticProduct(seed=11, size=128)
+    product = "t-tiled"
+    cfg = config().replace(**{"geometry.tiles": [2, 2], "geometry.tile_overlap": 8})
+    TiledHETMM(cfg).fit([frames.good(j) for j in range(5)]).save(open_store(store), product)
+    assert product in product_names(api)
+    frame = frames.defective(3, "hole")[0]
+    expected = score(api, frame, product)
+    set_token(page, TOKEN)
+    use_product(page, product)
+    card = upload(page, tmp_path, "frame.png", frame)
+    heat = card.locator("[data-testid=heatmap]")
+    until(page, "(img) => img.complete && img.naturalWidth > 0", arg=heat.element_handle())
+    assert heat.evaluate("img => [img.naturalWidth, img.naturalHeight]") == [128, 128]  # stitched, frame size
+    assert card.get_attribute("data-flagged") == str(expected["is_anomaly"]).lower()
+    card.locator("[data-testid=good-part]").click()
+    rescored = card.locator("[data-testid=rescored]")
+    rescored.wait_for(timeout=1000 * JOB_WAIT_S)
+    assert rescored.get_attribute("data-version") == "2"
+    assert open_store(store).record(product, 2).images == 6  # the frame joined every tile position's bank

@@ -164,3 +164,22 @@ def test_map_masks_by_box_and_reference_aspect() -> None:
     assert not m[:, : box.width // 2].any() and m[:, box.width // 2 :].all()
     (sq,) = map_masks(region, [Box(0, 0, 64, 64)], canvas=canvas, out=64, geometry="squash")
     assert sq.shape == (64, 64) and not sq[:, :32].any() and sq[:, 32:].all()
+
+
+def test_tile_regions_cut_the_raster_per_tile() -> None:
+    from hetmm_ray.core.region import tile_regions
+    from hetmm_ray.core.tiles import tile_grid
+
+    region = {"size": [40, 60], "include": [{"polygon": [[5, 5], [55, 10], [30, 38]]}], "exclude": []}
+    tiles = tile_grid(40, 60, (2, 3), 4)
+    parts = tile_regions(region, tiles)
+    full = raster(region)
+    for t, part in zip(tiles, parts, strict=True):
+        cut = full[t.top : t.top + t.height, t.left : t.left + t.width]
+        assert part.counts == bool(cut.any())
+        if part.region is None:
+            assert cut.all() or not cut.any()
+        else:
+            assert part.region["size"] == [t.height, t.width] and np.array_equal(raster(part.region), cut)
+    whole = tile_regions({"size": [40, 60], "include": [], "exclude": [{"rect": [0, 0, 20, 20]}]}, tiles)
+    assert whole[0].counts and whole[0].region is not None and whole[5] == (True, None)

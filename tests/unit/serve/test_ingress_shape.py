@@ -47,7 +47,7 @@ def test_routes_have_no_nested_handlers_and_share_one_decorator() -> None:
 
 def test_timed_routes_keep_the_signature_serve_and_fastapi_read() -> None:
     cls = ingress.Ingress.func_or_class
-    assert list(inspect.signature(cls.predict).parameters) == ["self", "product", "request", "map"]
+    assert list(inspect.signature(cls.predict).parameters) == ["self", "product", "request", "map", "map_size"]
     assert cls.predict.__qualname__ == "Ingress.predict"  # how Serve finds a class's routes
     assert inspect.iscoroutinefunction(cls.create)
 

@@ -1,0 +1,245 @@
+"""Tiled products over real HTTP (Ray Serve on 127.0.0.1, a local store, two template hosts): a
+product created with ``tiles`` scores as the in-process :class:`~hetmm_ray.tiled.TiledHETMM` on the
+same frames and templates, its shards are its (tile position, layer) objects spread over the hosts,
+heat-maps come at the frame's resolution (or ``?map_size``), and ``GET /v1/products/{p}`` answers
+the stored settings (region, tiles). Tiny frames and a 2 x 2 grid: CI is a loaded 2-core machine."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+import ray
+from helpers import free_port, png
+from PIL import Image
+
+from hetmm_ray.data.synthetic import DEFECT_KINDS, SyntheticProduct
+from hetmm_ray.distributed import get_registry
+from hetmm_ray.store import open_store
+from hetmm_ray.tiled import TiledHETMM
+
+pytestmark = pytest.mark.usefixtures("local_ray")
+
+FRAME = 128
+CANVAS = 64
+TOKEN_ENV = "HETMM_TEST_TILES_TOKEN"
+TOKEN = "tiles-token-91ab"
+ADMIN = {"Authorization": f"Bearer {TOKEN}"}
+SMALL = {
+    "backbone": {"name": "resnet18", "weights": "random", "image_size": CANVAS, "layers": ["layer2", "layer3"]},
+    "scoring": {"forward_windows": [3, 3], "backward_windows": [3, 3], "alphas": [0.5, 0.5], "layer_weights": [1, 1]},
+    "templates": {"kind": "pts_k", "sheets": 4},
+    "threshold": {"folds": 3},
+    "geometry": {"tile_overlap": 8},
+}
+KEYS = {f"tile{p}/{layer}" for p in range(4) for layer in ("layer2", "layer3")}
+
+
+@pytest.fixture(scope="module")
+def product() -> SyntheticProduct:
+    return SyntheticProduct(seed=3, size=FRAME)
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    from ray import serve
+
+    from hetmm_ray.serve.run import start_service, stop_service
+
+    store = str(tmp_path_factory.mktemp("servetiles") / "store")
+    os.environ[TOKEN_ENV] = TOKEN
+    running = start_service(
+        store=store,
+        port=free_port(),
+        args={"admin_token_env": TOKEN_ENV, "template_hosts": 2},
+        deployments={"Detector": {"num_replicas": 1, "user_config": {"threads": 1}}},
+    )
+    with httpx.Client(base_url=running.url, timeout=300) as client:
+        yield {"store": store, "client": client}
+    stop_service(running)
+    serve.shutdown()
+    os.environ.pop(TOKEN_ENV, None)
+
+
+def create(client: httpx.Client, name: str, product: SyntheticProduct, **fields: str) -> httpx.Response:
+    files = [("images", (f"{i}.png", png(product.good(i)), "image/png")) for i in range(6)]
+    data = {"config": json.dumps(SMALL), **fields}
+    return client.post(f"/v1/products/{name}?wait=true", files=files, data=data, headers=ADMIN)
+
+
+@pytest.fixture(scope="module")
+def tiled(service, product) -> str:
+    r = create(service["client"], "tiled", product, tiles="2x2")
+    assert r.status_code == 200, r.text
+    job = r.json()["job"]
+    # the cost was reported before the fit: grid, tile size, sheets per tile, estimated ms per frame
+    assert job["tiles"] == [2, 2] and job["sheets"] == 4 and job["estimated_ms_per_frame"] > 0, job
+    assert job["tile_px"] == [68, 68], job  # ceil((128 + 8) / 2)
+    return "tiled"
+
+
+def _frames(product: SyntheticProduct) -> list[np.ndarray]:
+    return [product.good(100), *(product.defective(200 + i, k)[0] for i, k in enumerate(DEFECT_KINDS[:2]))]
+
+
+def test_tiled_product_scores_as_in_process(service, product, tiled) -> None:
+    client, store = service["client"], open_store(service["store"])
+    rec = store.record(tiled)
+    assert set(rec.layers) == KEYS and rec.config.geometry.tiles == (2, 2)
+    local = TiledHETMM.load(store, tiled, device="cpu")
+    frames = _frames(product)
+    expected = local.predict(frames)
+    files = [("images", (f"{i}.png", png(f), "image/png")) for i, f in enumerate(frames)]
+    r = client.post(f"/v1/products/{tiled}/predict?map=png", files=files)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["version"] == 1
+    got = [x["score"] for x in body["results"]]
+    np.testing.assert_allclose(got, expected.scores, rtol=1e-4)
+    assert [x["is_anomaly"] for x in body["results"]] == [bool(v) for v in expected.is_anomaly]
+    assert body["results"][0]["threshold"] == pytest.approx(expected.threshold, rel=1e-6)
+    heat = Image.open(io.BytesIO(base64.b64decode(body["results"][0]["heatmap_png"])))
+    assert heat.size == (FRAME, FRAME)  # stitched at the frame's resolution
+    one = {"content": png(frames[0]), "headers": {"content-type": "image/png"}}
+    r = client.post(f"/v1/products/{tiled}/predict?map=png&map_size=48", **one)
+    assert r.status_code == 200, r.text
+    assert r.json()["score"] == pytest.approx(got[0], rel=1e-4)  # alone, not in a batch of 3: float32 rounding
+    assert Image.open(io.BytesIO(base64.b64decode(r.json()["heatmap_png"]))).size == (48, 48)
+    r = client.post(f"/v1/products/{tiled}/predict?map=png&map_size=500", **one)  # at most: never enlarged
+    assert Image.open(io.BytesIO(base64.b64decode(r.json()["heatmap_png"]))).size == (FRAME, FRAME)
+    assert client.post(f"/v1/products/{tiled}/predict?map_size=0", **one).status_code == 400
+    # a frame larger than a replica's gRPC message limit (4 MiB decoded) goes by reference, scored alike
+    big = np.asarray(Image.fromarray(frames[1]).resize((1200, 1200), Image.BILINEAR))
+    r = client.post(f"/v1/products/{tiled}/predict?map=png&map_size=256", content=png(big), headers=one["headers"])
+    assert r.status_code == 200, r.text
+    assert r.json()["score"] == pytest.approx(float(local.predict([big]).scores[0]), rel=1e-4)
+    assert Image.open(io.BytesIO(base64.b64decode(r.json()["heatmap_png"]))).size == (256, 256)
+
+
+def test_shards_are_tile_layers_and_a_host_holds_only_its_own(service, tiled) -> None:
+    # the store keeps one object per (tile, layer): a shard's load (get_layer) fetches its own only
+    chunks = open_store(service["store"]).manifest(tiled, 1)["chunks"]
+    assert sorted(ref["layer"] for ref in chunks) == sorted(KEYS)
+    registry = get_registry(service["store"], detached=True)
+    where = ray.get(registry.placement_of.remote(tiled))
+    assert set(where) == KEYS
+    assert len(set(where.values())) == 2  # 8 shards over 2 hosts: both hold some
+    handles = ray.get(registry.shard_handles.remote(tiled))
+    for key, handle in handles.items():
+        info = ray.get(handle.info.remote())
+        assert info["layer"] == key and info["images"] == 6 and info["sheets"] == 4, info
+        held = {layer for product, layer in ray.get(handle.host.held.remote()) if product == tiled}
+        assert held == {k for k, slot in where.items() if slot == handle.slot}  # its tiles, no other
+
+
+def test_settings_route_and_product_list(service, product, tiled) -> None:
+    client = service["client"]
+    r = client.get(f"/v1/products/{tiled}")
+    assert r.status_code == 200, r.text
+    got = r.json()
+    assert got["version"] == 1 and got["tiles"] == [2, 2] and got["tile_overlap"] == 8 and got["region"] is None
+    assert got["config"]["geometry"]["tiles"] == [2, 2] and got["config"]["backbone"]["image_size"] == CANVAS
+    listed = {p["product"]: p for p in client.get("/v1/products").json()["products"]}
+    assert listed[tiled]["tiles"] == [2, 2] and listed[tiled]["region"] is False
+    # an untiled product with a region: GET answers it as stored
+    region = {"size": [FRAME, FRAME], "include": [], "exclude": [{"rect": [0, 0, 20, 20]}]}
+    plain = dict(SMALL, templates={"kind": "all"})
+    files = [("images", (f"{i}.png", png(product.good(i)), "image/png")) for i in range(4)]
+    r = client.post(
+        "/v1/products/ruled?wait=true",
+        files=files,
+        data={"config": json.dumps(plain), "region": json.dumps(region)},
+        headers=ADMIN,
+    )
+    assert r.status_code == 200, r.text
+    got = client.get("/v1/products/ruled").json()
+    assert got["region"] == region and got["tiles"] == [1, 1] and got["config"]["region"] == region
+    listed = {p["product"]: p for p in client.get("/v1/products").json()["products"]}
+    assert listed["ruled"]["region"] is True and listed["ruled"]["tiles"] == [1, 1]
+    assert client.get("/v1/products/nope").status_code == 404
+    assert client.get("/v1/products/bad%20name").json()["error"]["code"] == "bad_product_name"
+
+
+def test_hot_update_and_labelled_calibration_of_a_tiled_product(service, product) -> None:
+    client, store = service["client"], open_store(service["store"])
+    assert create(client, "grown", product, tiles="2x2").status_code == 200
+    new = [product.good(i) for i in (40, 41)]
+    files = [("images", (f"n{i}.png", png(f), "image/png")) for i, f in enumerate(new)]
+    r = client.post("/v1/products/grown/normals?wait=true", files=files, headers=ADMIN)
+    assert r.status_code == 200, r.text
+    assert r.json()["job"]["version"] == 2 and r.json()["job"]["added_images"] == 2
+    expected = TiledHETMM.load(store, "grown", 1, device="cpu").update(new)
+    stored = TiledHETMM.load(store, "grown", 2, device="cpu")
+    np.testing.assert_allclose(stored.calibration.scores, expected.calibration.scores, rtol=1e-5)
+    assert store.record("grown", 2).images == 8
+    frames = _frames(product)
+    one = {"content": png(frames[1]), "headers": {"content-type": "image/png"}}
+    r = client.post("/v1/products/grown/predict", **one)
+    assert r.status_code == 200 and r.json()["version"] == 2, r.text
+    assert r.json()["score"] == pytest.approx(float(expected.predict(frames[1:2]).scores[0]), rel=1e-4)
+    # a retried update adds nothing: the head stays
+    r = client.post("/v1/products/grown/normals?wait=true", files=files, headers=ADMIN)
+    assert r.status_code == 200 and r.json()["job"]["version"] == 2 and r.json()["job"]["skipped_duplicates"] == 2
+    # labelled calibration at the frame level
+    labelled = [("good", (f"g{i}.png", png(f), "image/png")) for i, f in enumerate([product.good(60), frames[0]])]
+    labelled += [("defective", (f"d{i}.png", png(f), "image/png")) for i, f in enumerate(frames[1:])]
+    r = client.post("/v1/products/grown/calibrate?wait=true", files=labelled, headers=ADMIN)
+    assert r.status_code == 200 and r.json()["job"]["version"] == 3, r.text
+    rec = store.record("grown", 3)
+    assert rec.config.threshold.rule == "validation"
+    r = client.post("/v1/products/grown/predict", **one)
+    assert r.json()["version"] == 3 and r.json()["threshold"] == pytest.approx(rec.operating_point().threshold)
+
+
+def test_region_with_tiles_and_refusals(service, product, tiled) -> None:
+    client, store = service["client"], open_store(service["store"])
+    region = {"size": [FRAME, FRAME], "include": [], "exclude": [{"rect": [0, 0, 40, 40]}]}
+    r = create(client, "tiledregion", product, tiles="2x2", region=json.dumps(region))
+    assert r.status_code == 200, r.text
+    got = client.get("/v1/products/tiledregion").json()
+    assert got["region"] == region and got["tiles"] == [2, 2]
+    local = TiledHETMM.load(store, "tiledregion", device="cpu")
+    frame = _frames(product)[2]
+    r = client.post("/v1/products/tiledregion/predict", content=png(frame), headers={"content-type": "image/png"})
+    assert r.status_code == 200, r.text
+    assert r.json()["score"] == pytest.approx(float(local.predict([frame]).scores[0]), rel=1e-4)
+    # another region (here: none) for a tiled product: every position recalibrated, as in process
+    other = {"size": [FRAME, FRAME], "include": [], "exclude": [{"rect": [60, 0, 128, 30]}]}
+    r = client.put("/v1/products/tiledregion/region?wait=true", json={"region": other}, headers=ADMIN)
+    assert r.status_code == 200 and r.json()["job"]["version"] == 2, r.text
+    expected = local.with_region(other)
+    stored = TiledHETMM.load(store, "tiledregion", 2, device="cpu")
+    assert stored.config.region == other
+    np.testing.assert_allclose(stored.calibration.scores, expected.calibration.scores, rtol=1e-5)
+    assert client.get("/v1/products/tiledregion").json()["region"] == other
+    r = client.post("/v1/products/tiledregion/predict", content=png(frame), headers={"content-type": "image/png"})
+    assert r.json()["version"] == 2
+    assert r.json()["score"] == pytest.approx(float(expected.predict([frame]).scores[0]), rel=1e-4)
+    # the far rule at another rate re-scales every tile: not yet for a tiled product
+    r = client.post(f"/v1/products/{tiled}/calibrate", json={"false_alarm_rate": 0.05}, headers=ADMIN)
+    assert r.status_code == 409 and "tiled" in r.json()["error"]["message"], r.text
+    r = create(client, "badtiles", product, tiles="2y2")
+    assert r.status_code == 400 and "RxC" in r.json()["error"]["message"], r.text
+    r = create(client, "badtiles", product, tiles="[0, 2]")
+    assert r.status_code == 400 and r.json()["error"]["code"] == "bad_config", r.text
+
+
+def test_auto_tiles_are_resolved_from_the_uploaded_frames(service) -> None:
+    """``tiles: auto`` from the frames' largest side: 160 px on a 64-px canvas needs 2 x 2 (tiles of at
+    most 2 frame px per canvas px); 128 px fits at that scale: one tile, an ordinary untiled product."""
+    client, store = service["client"], open_store(service["store"])
+    big = SyntheticProduct(seed=4, size=160)
+    r = create(client, "autotiled", big, tiles="auto")
+    assert r.status_code == 200 and r.json()["job"]["tiles"] == [2, 2], r.text
+    assert store.record("autotiled").config.geometry.tiles == (2, 2)
+    r = create(client, "autoone", SyntheticProduct(seed=4, size=FRAME), tiles="auto")
+    assert r.status_code == 200 and "tiles" not in r.json()["job"], r.text
+    rec = store.record("autoone")
+    assert rec.config.geometry.tiles == (1, 1) and not any(k.startswith("tile") for k in rec.layers)
