@@ -44,9 +44,9 @@ from ray import serve
 from ...config import ServiceConfig
 from ...errors import Refused, grpc_code
 from ...store import StoreError, check_product_name
+from ...tiled import TiledHETMM
 from ..canvas import decode_to_canvas
 from ..ingress import classify
-from ...tiled import TiledHETMM
 from ..replica import Detector, ScoreRequest
 from ..security import JSONResponse, refuse_open_bind
 from ..warm_set import product_of
