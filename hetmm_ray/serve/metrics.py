@@ -39,6 +39,14 @@ class ServiceMetrics:
             ["product"],
             registry=self.registry,
         )
+        # The three-way verdict (core/review.py; issue 23): ok | review | reject per product.
+        self.verdicts = Counter(
+            "hetmm_verdicts", "images by verdict (ok, review, reject)", ["product", "verdict"], registry=self.registry
+        )
+
+    def register(self, collector: object) -> None:
+        """Another source of series in this registry (the drift alarms: serve/inspections.py)."""
+        self.registry.register(collector)  # type: ignore[arg-type]
 
     def observe_request(self, route: str, status: int, seconds: float) -> None:
         self.requests.labels(route, str(status)).inc()
@@ -49,6 +57,7 @@ class ServiceMetrics:
             self.images.labels(product).inc()
             if r["is_anomaly"]:
                 self.anomalies.labels(product).inc()
+            self.verdicts.labels(product, r.get("verdict") or ("reject" if r["is_anomaly"] else "ok")).inc()
         if results:
             self.version.labels(product).set(results[0]["version"])
             # Every image of a batch reports the batch; count the batch once per request.
