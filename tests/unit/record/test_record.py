@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pytest
 from helpers import REPO
 
 from hetmm_ray.record.layout import IMAGES, INSPECTIONS, day_of, image_size_of, keep_image
