@@ -241,8 +241,7 @@ def test_drift_monitor_windows_follow_one_version_and_series_bands() -> None:
     )
     now = time.time()
     rows = [
-        {"time": now, "version": 1, "score": 0.5 + 0.002 * i, "threshold": 0.9, "is_anomaly": False}
-        for i in range(200)
+        {"time": now, "version": 1, "score": 0.5 + 0.002 * i, "threshold": 0.9, "is_anomaly": False} for i in range(200)
     ]
     for r in rows:
         r["expected_rate"] = 0.01
