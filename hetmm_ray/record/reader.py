@@ -141,7 +141,10 @@ def recent_rows(
             break
     if not out:
         return []
-    table = pa.concat_tables(out).sort_by([("time", "descending")]).slice(0, limit)
+    table = pa.concat_tables(out)
+    # newest first; rows of one request share their time: reversed write order first, then a stable sort
+    table = table.take(pa.array(range(table.num_rows - 1, -1, -1), pa.int64()))
+    table = table.sort_by([("time", "descending")]).slice(0, limit)
     return _with_labels(backend, product, table).to_pylist()
 
 

@@ -107,6 +107,7 @@ class _Entry:
     data: bytes
     result: dict[str, Any]
     request_id: str
+    mono: float  # time.monotonic() at submit: the batch's age
 
 
 def _verdict(result: dict[str, Any]) -> str:
@@ -147,14 +148,14 @@ class InspectionRecorder:
         self._cond = threading.Condition()
         self._flush_now = False
         self._closed = False
-        self._generation = 0  # completed passes (flush waits for one that started after it asked)
+        self._accepted = 0  # entries accepted by submit (not dropped)
+        self._done = 0  # of those, entries a pass has made rows of (written, or waiting in _unwritten)
         self._seq = 0
         self._kept: dict[tuple[str, str], int] = {}  # (product, day) -> image bytes kept
         self._seen_images: set[str] = set()
         self._products: set[str] = set()
         self._last_retention = 0.0
         self._retry_at = 0.0
-        self._passing = False
         self._thread = threading.Thread(target=self._run, name="inspection-record", daemon=True)
         self._thread.start()
         atexit.register(_close_at_exit, weakref.ref(self))
@@ -173,7 +174,8 @@ class InspectionRecorder:
                     continue
                 if not self._pending:
                     self._oldest = time.monotonic()
-                self._pending.append(_Entry(product, now, name, data, result, request_id))
+                self._pending.append(_Entry(product, now, name, data, result, request_id, time.monotonic()))
+                self._accepted += 1
             if len(self._pending) >= self.settings.batch_rows:
                 self._cond.notify()
 
@@ -193,13 +195,10 @@ class InspectionRecorder:
     def flush(self, timeout: float = 60.0) -> bool:
         """Write everything submitted so far; True when done within ``timeout`` seconds."""
         with self._cond:
-            # a pass running now may have taken its batch before this call: wait for the next one too
-            target = self._generation + (2 if self._passing else 1)
+            target = self._accepted  # entries are taken in order: done once this many passed through
             self._flush_now = True
             self._cond.notify_all()
-            return self._cond.wait_for(
-                lambda: self._closed or (self._generation >= target and not self._unwritten), timeout
-            )
+            return self._cond.wait_for(lambda: self._closed or (self._done >= target and not self._unwritten), timeout)
 
     def close(self, timeout: float = 30.0) -> None:
         """Write what is pending and stop the thread."""
@@ -239,11 +238,13 @@ class InspectionRecorder:
                     self._cond.wait(self._wait_s())
                 if self._closed:
                     return
-                batch, self._pending = self._pending, []
-                self._oldest = None
+                # at most batch_rows rows a pass (and a file): a writer that fell behind catches up in steps
+                n = self.settings.batch_rows
+                batch, self._pending = self._pending[:n], self._pending[n:]
+                self._oldest = self._pending[0].mono if self._pending else None
+                # a flush asked for goes on until the rest is written too (flush() waits for it)
+                self._flush_now = self._flush_now and bool(self._pending or self._unwritten)
                 self._in_flight = len(batch)  # one pass at a time: the pass's rows
-                self._flush_now = False
-                self._passing = True
             try:
                 self._pass(batch)
             except Exception:  # the writer must outlive a bad batch; rows stay for the retry
@@ -251,8 +252,7 @@ class InspectionRecorder:
                 self._retry_at = time.monotonic() + RETRY_S
             with self._cond:
                 self._in_flight = 0
-                self._generation += 1
-                self._passing = False
+                self._done += len(batch)
                 self._cond.notify_all()
 
     def _pass(self, batch: list[_Entry]) -> None:
