@@ -112,11 +112,13 @@ class ServiceConfig(Settings):
     record_pass_sample: float = setting(0.02, Range(0.0, 1.0))
     record_image_mib_per_day: int = setting(1024, Range(0, 1_048_576, int))
     record_retention_days: int = setting(90, Range(1, 36_500, int))
-    # Drift alarms (core/drift.py): windows of the last N parts of one version, and of the last S
+    # Drift alarms (core/drift.py): windows of the last N parts of one version (a short and a long
+    # one: drift_parts_short, drift_parts_long), and of the last S
     # seconds; a test fires below drift_alpha; the flagged share is tested against
     # drift_rate_tolerance x the calibrated rate; a score shift counts from KS distance drift_min_shift;
     # windows with fewer than drift_min_parts parts stay ok.
-    drift_windows: tuple[int, ...] = setting((200, 2000), Range(10, 100_000, int), many=True)
+    drift_parts_short: int = setting(200, Range(10, 100_000, int))
+    drift_parts_long: int = setting(2000, Range(10, 100_000, int))
     drift_window_s: float = setting(3600.0, Range(10.0, 7 * 86400.0))
     drift_alpha: float = setting(0.0001, Range(1e-12, 0.5))
     drift_rate_tolerance: float = setting(2.0, Range(1.0, 1000.0))

@@ -50,7 +50,7 @@ class DriftSettings:
     @classmethod
     def of(cls, service: Any) -> DriftSettings:
         return cls(
-            windows=tuple(service.drift_windows),
+            windows=tuple(sorted({service.drift_parts_short, service.drift_parts_long})),
             window_s=service.drift_window_s,
             alpha=service.drift_alpha,
             tolerance=service.drift_rate_tolerance,

@@ -38,7 +38,7 @@ def dashboard_queries() -> list[str]:
 def exported(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
     """The metric names a service exports once it has scored parts (every family has a sample)."""
     store = open_store(tmp_path_factory.mktemp("store"))
-    inspections = Inspections(ServiceConfig(drift_windows=(10, 20), drift_min_parts=1), store)
+    inspections = Inspections(ServiceConfig(drift_parts_short=10, drift_parts_long=20, drift_min_parts=1), store)
     inspections.monitor.reference = lambda product, version: Calibration(tuple(0.1 * i for i in range(10)))
     metrics = ServiceMetrics()
     metrics.register(DriftCollector(inspections))
