@@ -7,6 +7,7 @@ Three measurements, each without and with the record, alternated run by run (``-
 - **in-process**: a loop of one-image ``HETMM.predict`` calls, each followed (record on) by the
   ``submit`` the ingress makes, with the writer thread hashing, encoding Parquet and writing
   images in the same process (its CPU and GIL share is the cost);
+- **query**: ``--query-rows`` rows (100,000) over a day in files of 1000, read back by a time range;
 - **HTTP**: ``POST /v1/products/{p}/predict`` of one PNG per request at each ``--concurrency``,
   the service of deploy.yaml started with ``record: false`` and then ``record: true`` (same store,
   same port), ``record_pass_sample: 1`` so every image is written too (the worst case).
@@ -93,6 +94,30 @@ def submit_us(recorder: InspectionRecorder, body: bytes, n: int) -> float:
     return 1e6 * (time.perf_counter() - start) / n
 
 
+def query(backend: Any, rows: int, batch: int) -> list[list[str]]:
+    """``rows`` rows over the last 24 hours written in files of ``batch`` rows, then read back by
+    time range through ``read_rows`` (pyarrow.dataset): seconds for a tenth of the day and for all."""
+    from hetmm_ray.record.reader import read_rows
+
+    now = time.time()
+    t = [now - 86400 + 86400 * i / rows for i in range(rows)]
+    clock = iter(t)
+    recorder = InspectionRecorder(
+        backend, RecordSettings(batch, 3600.0, rows + 1, 0.0, 0, 30), clock=lambda: next(clock, now)
+    )
+    result = {"score": 0.1, "threshold": 1.0, "is_anomaly": False, "version": 1, "recent_id": "q"}
+    for i in range(rows):
+        recorder.submit("query", [("x", i.to_bytes(8, "little"))], [result], "r")
+    assert recorder.flush(600.0)
+    recorder.close()
+    out = []
+    for what, since, until in (("a tenth of the day", t[rows // 2], t[rows // 2 + rows // 10]), ("all", None, None)):
+        start = time.perf_counter()
+        n = read_rows(backend, "query", since=since, until=until).num_rows
+        out.append([f"query {rows} rows: {what}", "-", "-", f"{time.perf_counter() - start:.3f} s", "", f"{n} rows"])
+    return out
+
+
 def http(store: str, port: int, record: bool, body: bytes, concurrency: list[int], requests: int) -> dict[int, float]:
     from hetmm_ray.serve.run import start_service, stop_service
 
@@ -124,9 +149,10 @@ def main() -> None:
     parser.add_argument("--concurrency", nargs="+", type=int, default=[1, 8])
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--no-http", action="store_true", help="in-process figures only (no Ray)")
+    parser.add_argument("--query-rows", type=int, default=100_000, help="rows of the time-range query check")
     args = parser.parse_args()
     if args.tiny:
-        args.size, args.images, args.inproc, args.requests, args.runs = 32, 4, 20, 8, 1
+        args.size, args.images, args.inproc, args.requests, args.runs, args.query_rows = 32, 4, 20, 8, 1, 2000
         args.backbone, args.concurrency = "resnet18", [1, 2]
 
     work = tempfile.mkdtemp(prefix="bench-record-")
@@ -141,6 +167,8 @@ def main() -> None:
     us = statistics.median(submit_us(recorder, body, 2000 if not args.tiny else 50) for _ in range(args.runs))
     recorder.close()
     rows.append(["submit (one image)", "-", "-", f"{us:.1f} us", "", ""])
+
+    rows += query(backend, args.query_rows, 1000)
 
     off, on = [], []
     for _ in range(args.runs):  # alternated: the machine's drift hits both alike
@@ -168,7 +196,7 @@ def main() -> None:
             rows.append(["HTTP", conc, f"{a:.2f}", f"{b:.2f}", f"{100 * (1 - b / a):+.1f}%", ""])
     from hetmm_ray.record.reader import read_rows
 
-    rows[-1][-1] = f"{read_rows(backend, PRODUCT, columns=['time']).num_rows} rows recorded"
+    rows[-1][-1] = rows[-1][-1] or f"{read_rows(backend, PRODUCT, columns=['time']).num_rows} rows recorded"
     print(table(["path", "concurrency", "images/s without", "images/s with", "cost", "note"], rows))
     print(
         f"\n{args.backbone} at {args.size} px, {args.images} templates (ALL), one image per request, "

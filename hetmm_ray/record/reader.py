@@ -11,7 +11,7 @@ Exact semantics (layout and columns in record/layout.py):
   credentials chain as boto3 (environment, profile, instance role).
 - ``label`` is filled from the product's labelled set (store/labels.py), by the first 16 hex
   digits of ``image_digest``, unless ``labels=False``.
-- :func:`recent_rows`: the newest ``limit`` rows (optionally only ``reject``/``review`` ones),
+- :func:`recent_rows`: the newest ``limit`` rows (optionally only flagged ones, ``is_anomaly``),
   newest first, reading the newest day partitions first and stopping once it has enough.
 - Rows a writer has not flushed yet are not there (record/writer.py: the crash bound).
 """
@@ -129,8 +129,8 @@ def recent_rows(
         if before is not None and day > day_of(before):
             continue
         filt = None
-        if flagged_only:
-            filt = ds.field("verdict") != "ok"
+        if flagged_only:  # flagged as the ring means it: is_anomaly (a review verdict is not flagged)
+            filt = ds.field("is_anomaly")
         if before is not None:
             older = ds.field("time") < before
             filt = older if filt is None else filt & older
