@@ -601,7 +601,7 @@ async function renderRegion() {
 // --- Drift (issue 23): flagged share over time with the expected band, the live windows -----
 function driftChart(data) {
   const W = 720, H = 240, pad = 36;
-  const pts = data.points.map((p) => ({ t: p.time ?? (p.start + p.end) / 2, share: p.flagged_share ?? p.windows?.[Object.keys(p.windows)[0]]?.flagged_share,
+  const pts = data.points.map((p) => ({ t: p.time ?? (p.start + p.end) / 2, t0: p.start, t1: p.end, share: p.flagged_share ?? p.windows?.[Object.keys(p.windows)[0]]?.flagged_share,
     rate: p.expected_rate, band: p.band ?? p.windows?.[Object.keys(p.windows)[0]]?.band }));
   const NS = "http://www.w3.org/2000/svg";
   const svg = document.createElementNS(NS, "svg");
@@ -621,7 +621,11 @@ function driftChart(data) {
   const x = (t) => pad + ((W - 2 * pad) * (t - t0)) / Math.max(1e-9, t1 - t0);
   const y = (v) => H - pad - ((H - 2 * pad) * v) / top;
   const banded = pts.filter((p) => p.band && p.band[0] != null);
-  if (banded.length) {
+  if (banded.length && banded[0].t0 !== undefined) { // buckets of the record: the band of each bucket's parts
+    banded.forEach((p) => add("rect", { x: x(p.t0), y: y(p.band[1]), width: Math.max(1, x(p.t1) - x(p.t0) - 1),
+      height: Math.max(1, y(p.band[0]) - y(p.band[1])), fill: "#cfe3f7", "data-testid": "drift-band" }));
+    add("polyline", { points: banded.map((p) => `${x(p.t)},${y(p.rate)}`).join(" "), fill: "none", stroke: "#1a56c4", "stroke-dasharray": "5,4" });
+  } else if (banded.length) {
     const upper = banded.map((p) => `${x(p.t)},${y(p.band[1])}`), lower = banded.map((p) => `${x(p.t)},${y(p.band[0])}`).reverse();
     add("polygon", { points: [...upper, ...lower].join(" "), fill: "#cfe3f7", "data-testid": "drift-band" });
     add("polyline", { points: banded.map((p) => `${x(p.t)},${y(p.rate)}`).join(" "), fill: "none", stroke: "#1a56c4", "stroke-dasharray": "5,4" });
