@@ -144,3 +144,17 @@ def test_review_band_verdicts() -> None:
     assert verdict(main + 1, main, None) == "reject" and verdict(0.5, main, None) == "ok"
     assert verdict(0.99, float("inf"), None) == "ok"
     assert review_threshold(None, 0.1) is None and review_threshold(cal, None) is None
+
+
+def test_review_band_setting_is_stored_only_when_set() -> None:
+    from hetmm_ray.config import ConfigError, DetectorConfig, stored_config
+
+    plain = DetectorConfig().stored_dict()
+    assert "review_false_alarm_rate" not in plain["threshold"]  # manifests without a band: as before
+    banded = DetectorConfig.from_dict({"threshold": {"review_false_alarm_rate": 0.05}})
+    stored = banded.stored_dict()
+    assert stored["threshold"]["review_false_alarm_rate"] == 0.05
+    assert stored_config(stored).threshold.review_false_alarm_rate == 0.05
+    assert stored_config(plain).threshold.review_false_alarm_rate is None
+    with pytest.raises(ConfigError, match=r"threshold\.review_false_alarm_rate"):
+        DetectorConfig.from_dict({"threshold": {"review_false_alarm_rate": 0.9}})
