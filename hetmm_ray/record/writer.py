@@ -4,8 +4,10 @@ Exact semantics (issue 23, item 3; keys, columns and image policy in record/layo
 
 - :meth:`InspectionRecorder.submit` is all the predict path does: it appends one entry per
   image (references to the upload's bytes and the result dict, no copy, no hashing, no I/O) to a
-  list under a lock and returns. Everything else runs on one background thread: the image digest,
-  the verdict's policy, image writes, the Parquet encoding and the store writes.
+  list under a lock and returns. Everything else runs on one background thread, in two stages:
+  within ``MAKE_ROWS_S`` (0.1 s) an entry becomes a row (the image digest, the image policy, the
+  kept image written) and the upload's bytes are let go, so memory holds rows, not images; rows
+  are then written as Parquet files by the batch rule below.
 - A batch is written when ``batch_rows`` rows are pending or the oldest pending row is
   ``flush_s`` old, whichever comes first (so a quiet line still flushes); :meth:`flush` writes
   everything now. One Parquet file per product and UTC day per batch; each kept image is written
@@ -49,6 +51,8 @@ __all__ = ["InspectionRecorder", "RecordSettings", "schema"]
 logger = logging.getLogger(__name__)
 RETENTION_EVERY_S = 3600.0
 RETRY_S = 1.0  # after a failed write
+MAKE_ROWS_S = 0.1  # uploads wait at most this long before their row is made (their bytes let go)
+MAKE_ROWS_AT = 256  # ... or until this many are pending
 
 
 @dataclass(frozen=True)
@@ -142,9 +146,9 @@ class InspectionRecorder:
         self.images_kept = 0
         self.by_product: dict[str, dict[str, int]] = {}  # product -> {"written", "dropped"}
         self._pending: list[_Entry] = []
-        self._unwritten: list[tuple[str, dict[str, Any]]] = []  # made rows whose file is not written yet
-        self._in_flight = 0
-        self._oldest: float | None = None  # monotonic time of the oldest pending entry
+        # made rows whose file is not written yet: (product, row, monotonic time of submit), oldest first
+        self._unwritten: list[tuple[str, dict[str, Any], float]] = []
+        self._in_flight = 0  # rows a pass holds outside both lists (being made, or being written)
         self._cond = threading.Condition()
         self._flush_now = False
         self._closed = False
@@ -167,17 +171,16 @@ class InspectionRecorder:
         """Hand one request's results over (module docstring: no I/O, never waits on a write)."""
         now = self.clock()
         with self._cond:
+            was_empty = not self._pending
             for (name, data), result in zip(uploads, results, strict=True):
                 if self._held() >= self.settings.max_pending_rows:
                     self.dropped += 1
                     self._count(product, "dropped")
                     continue
-                if not self._pending:
-                    self._oldest = time.monotonic()
                 self._pending.append(_Entry(product, now, name, data, result, request_id, time.monotonic()))
                 self._accepted += 1
-            if len(self._pending) >= self.settings.batch_rows:
-                self._cond.notify()
+            if (was_empty and self._pending) or len(self._pending) >= MAKE_ROWS_AT:
+                self._cond.notify()  # the thread sets its next wake-up by the oldest entry
 
     def _count(self, product: str, what: str, n: int = 1) -> None:
         self.by_product.setdefault(product, {"written": 0, "dropped": 0})[what] += n
@@ -211,40 +214,38 @@ class InspectionRecorder:
         self._thread.join(timeout)
 
     # --- the background thread --------------------------------------------------------------
-    def _due(self) -> bool:
-        now = time.monotonic()
-        if self._flush_now:
-            return True
-        if self._unwritten and now >= self._retry_at:
-            return True
+    # Two stages, so that uploads are not held for a whole batch: entries become rows within
+    # MAKE_ROWS_S (the digest, the image kept or not; the upload's bytes are then let go), and rows
+    # are written as files by the batch rule (batch_rows or flush_s).
+    def _rows_due(self, now: float) -> bool:
         if not self._pending:
             return False
-        assert self._oldest is not None
-        return len(self._pending) >= self.settings.batch_rows or now - self._oldest >= self.settings.flush_s
+        return self._flush_now or len(self._pending) >= MAKE_ROWS_AT or now - self._pending[0].mono >= MAKE_ROWS_S
 
-    def _wait_s(self) -> float:
-        now = time.monotonic()
+    def _write_due(self, now: float) -> bool:
+        if not self._unwritten or now < self._retry_at:
+            return False
+        if self._flush_now or len(self._unwritten) >= self.settings.batch_rows:
+            return True
+        return now - self._unwritten[0][2] >= self.settings.flush_s
+
+    def _wait_s(self, now: float) -> float:
         waits = [self.settings.flush_s]
-        if self._oldest is not None:
-            waits.append(self.settings.flush_s - (now - self._oldest))
+        if self._pending:
+            waits.append(MAKE_ROWS_S - (now - self._pending[0].mono))
         if self._unwritten:
-            waits.append(self._retry_at - now)
+            waits.append(max(self._retry_at, self._unwritten[0][2] + self.settings.flush_s) - now)
         return max(0.005, min(waits))
 
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._closed and not self._due():
-                    self._cond.wait(self._wait_s())
+                while not self._closed and not (self._rows_due(now := time.monotonic()) or self._write_due(now)):
+                    self._cond.wait(self._wait_s(now))
                 if self._closed:
                     return
-                # at most batch_rows rows a pass (and a file): a writer that fell behind catches up in steps
-                n = self.settings.batch_rows
-                batch, self._pending = self._pending[:n], self._pending[n:]
-                self._oldest = self._pending[0].mono if self._pending else None
-                # a flush asked for goes on until the rest is written too (flush() waits for it)
-                self._flush_now = self._flush_now and bool(self._pending or self._unwritten)
-                self._in_flight = len(batch)  # one pass at a time: the pass's rows
+                batch, self._pending = self._pending, []
+                self._in_flight = len(batch)
             try:
                 self._pass(batch)
             except Exception:  # the writer must outlive a bad batch; rows stay for the retry
@@ -253,38 +254,50 @@ class InspectionRecorder:
             with self._cond:
                 self._in_flight = 0
                 self._done += len(batch)
+                if not self._pending and not self._unwritten:
+                    self._flush_now = False
                 self._cond.notify_all()
 
     def _pass(self, batch: list[_Entry]) -> None:
-        made: dict[str, list[dict[str, Any]]] = {}
+        made: dict[str, list[tuple[dict[str, Any], float]]] = {}
         for e in batch:
-            made.setdefault(e.product, []).append(self._row(e))
-        for product, rows in made.items():
-            if self.sink is not None:
+            made.setdefault(e.product, []).append((self._row(e), e.mono))
+        if self.sink is not None:
+            for product, rows in made.items():
                 try:
-                    self.sink(product, rows)
+                    self.sink(product, [r for r, _ in rows])
                 except Exception:  # a monitor's bug must not lose the record
                     logger.exception("inspection record: the sink failed")
+        if self.backend is None:
+            return  # the record is off: the sink was all
         with self._cond:
-            rows_out = self._unwritten + [(p, r) for p, rows in made.items() for r in rows]
-            self._unwritten = []
-            overflow = len(rows_out) + len(self._pending) - self.settings.max_pending_rows
+            self._unwritten += [(p, r, mono) for p, rows in made.items() for r, mono in rows]
+            self._unwritten.sort(key=lambda x: x[2])  # oldest first, whatever the product
+            self._in_flight = 0  # now in _unwritten
+            overflow = self._held() - self.settings.max_pending_rows
             if overflow > 0:  # failed writes piled up: drop the oldest, counted
-                for p, _ in rows_out[:overflow]:
+                for p, _, _ in self._unwritten[:overflow]:
                     self._count(p, "dropped")
                 self.dropped += overflow
-                del rows_out[:overflow]
-            self._in_flight = len(rows_out)
-        if self.backend is None:
-            return
-        self._write(rows_out)
+                del self._unwritten[:overflow]
+        while True:
+            with self._cond:
+                if not self._write_due(time.monotonic()):
+                    break
+                n = self.settings.batch_rows
+                chunk, self._unwritten = self._unwritten[:n], self._unwritten[n:]
+                self._in_flight = len(chunk)  # held while written: counted in the bound
+            self._write(chunk)
+            with self._cond:
+                self._in_flight = 0
         if time.monotonic() - self._last_retention >= RETENTION_EVERY_S:
             self._last_retention = time.monotonic()
             self._retention()
 
     def _row(self, e: _Entry) -> dict[str, Any]:
         r = e.result
-        digest = hashlib.sha256(e.data).hexdigest()
+        # the digest names the image in the store; with the record off nothing needs it
+        digest = hashlib.sha256(e.data).hexdigest() if self.backend is not None else ""
         verdict = _verdict(r)
         key = None
         if self.backend is not None:
@@ -332,33 +345,38 @@ class InspectionRecorder:
         self.images_kept += 1
         return key
 
-    def _write(self, rows: list[tuple[str, dict[str, Any]]]) -> None:
+    def _write(self, rows: list[tuple[str, dict[str, Any], float]]) -> None:
+        """One Parquet file per (product, day) of ``rows``; on a failure the rows not written go
+        back to the front of ``_unwritten`` (the retry) and the error is raised."""
         import pyarrow as pa
         import pyarrow.parquet as pq
 
         assert self.backend is not None
-        groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
-        for product, row in rows:
-            groups.setdefault((product, day_of(row["time"])), []).append(row)
+        groups: dict[tuple[str, str], list[tuple[str, dict[str, Any], float]]] = {}
+        for item in rows:
+            groups.setdefault((item[0], day_of(item[1]["time"])), []).append(item)
         todo = list(groups.items())
         while todo:
             (product, _), group = todo[0]
             try:
-                table = pa.Table.from_pylist(group, schema=schema())
+                table = pa.Table.from_pylist([r for _, r, _ in group], schema=schema())
                 buffer = io.BytesIO()
                 pq.write_table(table, buffer, compression="zstd")
                 self._seq += 1
-                key = parquet_key(product, group[0]["time"], self.writer, self._seq)
+                key = parquet_key(product, group[0][1]["time"], self.writer, self._seq)
                 self.backend.write(key, buffer.getvalue())
             except Exception:
                 with self._cond:  # the groups not written wait for the retry (module docstring)
-                    self._unwritten[:0] = [(p, r) for (p, _), g in todo for r in g]
+                    back = sorted((item for _, g in todo for item in g), key=lambda x: x[2])
+                    self._unwritten[:0] = back
+                    self._in_flight = 0
                 raise
             todo.pop(0)
             with self._cond:
                 self.written += len(group)
                 self.files += 1
                 self._count(product, "written", len(group))
+                self._in_flight -= len(group)
             self._products.add(product)
 
     def _retention(self) -> None:
