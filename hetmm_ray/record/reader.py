@@ -13,6 +13,8 @@ Exact semantics (layout and columns in record/layout.py):
   digits of ``image_digest``, unless ``labels=False``.
 - :func:`recent_rows`: the newest ``limit`` rows (optionally only flagged ones, ``is_anomaly``),
   newest first, reading the newest day partitions first and stopping once it has enough.
+- :func:`recorded_images`: the kept images of a time range as ``(name, bytes)`` with their rows:
+  the image set of "compare before promote" (issue 23, item 2) when it names the record.
 - Rows a writer has not flushed yet are not there (record/writer.py: the crash bound).
 """
 
@@ -29,7 +31,7 @@ from ..store.labels import LabelSet
 from .layout import INSPECTIONS, day_of
 from .writer import schema
 
-__all__ = ["filesystem_of", "read_rows", "recent_rows", "row_of"]
+__all__ = ["filesystem_of", "read_rows", "recent_rows", "recorded_images", "row_of"]
 
 
 def filesystem_of(backend: Backend) -> tuple[pafs.FileSystem, str]:
@@ -157,3 +159,19 @@ def row_of(backend: Backend, product: str, recent_id: str, *, days: int = 3) -> 
         if table.num_rows:
             return table.slice(table.num_rows - 1).to_pylist()[0]
     return None
+
+
+def recorded_images(
+    backend: Backend, product: str, *, since: float | None = None, until: float | None = None
+) -> list[tuple[dict[str, Any], bytes]]:
+    """``(row, image bytes)`` of every row in ``[since, until)`` whose image the record kept, by
+    time (rows whose image retention deleted meanwhile are left out)."""
+    out = []
+    for row in read_rows(backend, product, since=since, until=until).to_pylist():
+        if row["image_key"] is None:
+            continue
+        try:
+            out.append((row, backend.read(row["image_key"])[0]))
+        except KeyError:
+            continue
+    return out

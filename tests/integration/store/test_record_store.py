@@ -7,7 +7,7 @@ import time
 from typing import Any
 
 from hetmm_ray.record.layout import IMAGES
-from hetmm_ray.record.reader import read_rows, recent_rows, row_of
+from hetmm_ray.record.reader import read_rows, recent_rows, recorded_images, row_of
 from hetmm_ray.record.writer import InspectionRecorder, RecordSettings
 from hetmm_ray.store import open_store
 from hetmm_ray.store.labels import LabelSet
@@ -54,6 +54,10 @@ def test_record_written_and_read_back(location: str) -> None:
     assert read_rows(store.backend, "line", since=time.time() + 60).num_rows == 0
     assert [r["recent_id"] for r in recent_rows(store.backend, "line", 2)] == ["b-99", "b-98"]
     assert row_of(store.backend, "line", "b-42")["request_id"] == "req-40"
+    kept = recorded_images(store.backend, "line", since=t0 - 5)  # compare's image set (item 2's seam)
+    assert [(r["name"], data) for r, data in kept] == [
+        (f"{j}.png", f"image-{j}".encode() * 10) for j in range(0, 100, 10)
+    ]
     LabelSet(store.backend).add("line", b"image-20" * 10, "defective")
     assert read_rows(store.backend, "line").to_pylist()[20]["label"] == "defective"
     rec.close()
