@@ -20,7 +20,8 @@ product) and calls the console method of the same name, which answers it. The ro
 ====== ================================================ ======================================
 GET    ``/ui/``, ``/ui/app.js``, ``/ui/app.css``         the console
 GET    ``/v1/recent``                                    per product: scored / flagged since start
-GET    ``/v1/products/{p}/recent[?flagged=true]``        the recent ring (serve/recent.py), newest first
+GET    ``/v1/products/{p}/recent[?flagged=true]``        the recent ring (serve/recent.py), newest first;
+                                                         with ``record: true`` topped up from the record
 GET    ``/v1/products/{p}/recent/{id}/image``            the uploaded image
 GET    ``/v1/products/{p}/recent/{id}/heatmap.png``      its heat-map (drawn on demand if not kept)
 GET    ``/v1/products/{p}/versions``                     history: parent, images, what changed, rollbacks
