@@ -103,6 +103,8 @@ class DetectorConfig(Settings):
         data = json.loads(json.dumps(dataclasses.asdict(self)))
         if data["region"] is None:  # no region: the dict every product had before regions existed
             del data["region"]
+        if data["threshold"].get("review_false_alarm_rate") is None:  # no review band (issue 23): as before it
+            data["threshold"].pop("review_false_alarm_rate", None)
         return data
 
     def stored_dict(self) -> dict[str, Any]:

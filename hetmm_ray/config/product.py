@@ -247,6 +247,10 @@ class ThresholdConfig(Settings):
     folds: int = setting(10, Range(2, 100, int))
     max_images: int = setting(1000, Range(2, 100_000, int))
     seed: int = setting(0, SEED)
+    # The review band (issue 23, core/review.py): the far rule's threshold at this rate is a second,
+    # lower threshold; scores between it and the threshold get the verdict ``review``. None: no band
+    # (then it is left out of the stored dict, so manifests without one are what they always were).
+    review_false_alarm_rate: float | None = setting(None, Range(0.0001, 0.5))
 
 
 # Settings that older versions wrote to manifests and that no longer exist: (section, key) -> why.

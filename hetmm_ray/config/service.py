@@ -134,6 +134,37 @@ class ServiceConfig(Settings):
     # interface whatever is asked); another address answers every peer and, like a non-loopback
     # HTTP bind, needs the admin token set.
     grpc_host: str = setting("127.0.0.1", Check(lambda v: isinstance(v, str) and v != "", "a host name or address"))
+    # --- the inspection record and drift alarms (issue 23; hetmm_ray/record/, core/drift.py) --------
+    # The inspection record: every prediction as a row of Parquet files in the store beside the
+    # versions ({product}/inspections/date=YYYY-MM-DD/*.parquet). Off by default: it writes to the
+    # template store, whose size and retention an operator should choose; the console's Recent view
+    # then reads the in-memory ring only, as before.
+    record: bool = False
+    # A batch is written once it holds this many rows, or once its oldest row is this old (so a quiet
+    # line still flushes). A crash (SIGKILL) loses at most the rows not yet in a written file: fewer
+    # than record_max_pending_rows (rows beyond that are dropped and counted, never block predict).
+    record_batch_rows: int = setting(1000, Range(1, 1_000_000, int))
+    record_flush_s: float = setting(30.0, Range(0.05, 3600.0))
+    record_max_pending_rows: int = setting(8000, Range(2, 10_000_000, int))
+    # Images kept ({product}/inspection-images/YYYY-MM-DD/): every flagged or review part, this share
+    # of passed parts (chosen by image digest: the same image always gets the same answer), at most
+    # record_image_mib_per_day per product and UTC day; rows and images older than
+    # record_retention_days are deleted by the writer (checked hourly).
+    record_pass_sample: float = setting(0.02, Range(0.0, 1.0))
+    record_image_mib_per_day: int = setting(1024, Range(0, 1_048_576, int))
+    record_retention_days: int = setting(90, Range(1, 36_500, int))
+    # Drift alarms (core/drift.py): windows of the last N parts of one version (a short and a long
+    # one: drift_parts_short, drift_parts_long), and of the last S
+    # seconds; a test fires below drift_alpha; the flagged share is tested against
+    # drift_rate_tolerance x the calibrated rate; a score shift counts from KS distance drift_min_shift;
+    # windows with fewer than drift_min_parts parts stay ok.
+    drift_parts_short: int = setting(200, Range(10, 100_000, int))
+    drift_parts_long: int = setting(2000, Range(10, 100_000, int))
+    drift_window_s: float = setting(3600.0, Range(10.0, 7 * 86400.0))
+    drift_alpha: float = setting(0.0001, Range(1e-12, 0.5))
+    drift_rate_tolerance: float = setting(2.0, Range(1.0, 1000.0))
+    drift_min_shift: float = setting(0.2, Range(0.0, 1.0))
+    drift_min_parts: int = setting(50, Range(1, 100_000, int))
 
     def _check(self) -> None:
         DetectorConfig.from_dict(self.product_defaults)  # fail at start-up, not at the first create

@@ -233,6 +233,7 @@ class Ingress:
             detector=self.detector,
             store=open_store(self.service.store),
             detector_by_reference=self.detector_by_reference,
+            metrics=self.metrics,  # the drift alarms' gauges (serve/inspections.py)
         )
 
     # --- plumbing -------------------------------------------------------------------------------
@@ -558,12 +559,12 @@ class Ingress:
     @timed("recent")
     async def recent_items(self, product: str, request: Request, flagged: bool = False, limit: int = 0) -> Response:
         await self._require_product(product)
-        return self.console.recent_items(product, flagged, limit)
+        return await self.console.recent_items(product, flagged, limit)
 
     @app.get("/v1/products/{product}/recent/{item_id}/image")
     @timed("recent")
     async def recent_image(self, product: str, item_id: str, request: Request) -> Response:
-        return self.console.recent_image(product, item_id)
+        return await self.console.recent_image(product, item_id)
 
     @app.get("/v1/products/{product}/recent/{item_id}/heatmap.png")
     @timed("recent")
@@ -609,3 +610,9 @@ class Ingress:
     async def calibration(self, product: str, request: Request, false_alarm_rate: float | None = None) -> Response:
         await self._require_product(product)
         return await self.console.calibration(product, false_alarm_rate)
+
+    @app.get("/v1/products/{product}/drift")
+    @timed("drift")
+    async def drift(self, product: str, request: Request, hours: float = 24.0, buckets: int = 96) -> Response:
+        await self._require_product(product)
+        return await self.console.drift(product, hours, buckets)

@@ -39,6 +39,14 @@ class ServiceMetrics:
             ["product"],
             registry=self.registry,
         )
+        # The three-way verdict (core/review.py; issue 23): ok | review | reject per product.
+        self.verdicts = Counter(
+            "hetmm_verdicts", "images by verdict (ok, review, reject)", ["product", "verdict"], registry=self.registry
+        )
+
+    def register(self, collector: object) -> None:
+        """Another source of series in this registry (the drift alarms: serve/inspections.py)."""
+        self.registry.register(collector)  # type: ignore[arg-type]
 
     def observe_request(self, route: str, status: int, seconds: float) -> None:
         self.requests.labels(route, str(status)).inc()
@@ -50,6 +58,12 @@ class ServiceMetrics:
         anomalies = sum(1 for r in results if r["is_anomaly"])
         if anomalies:
             self.anomalies.labels(product).inc(anomalies)
+        verdicts: dict[str, int] = {}
+        for r in results:
+            v = r.get("verdict") or ("reject" if r["is_anomaly"] else "ok")
+            verdicts[v] = verdicts.get(v, 0) + 1
+        for v, n in verdicts.items():
+            self.verdicts.labels(product, v).inc(n)
         if results:
             self.version.labels(product).set(results[0]["version"])
             # Every image of a batch reports the batch; count the batch once per request.

@@ -36,6 +36,7 @@ from ray import serve
 
 from ..config import BackboneConfig, ReplicaSettings
 from ..core.backbone import Backbone
+from ..core.review import review_threshold, verdict
 from ..core.templates import TemplateError
 from ..data.decode import resize_to_geometry
 from ..detector import HETMM
@@ -69,6 +70,20 @@ class ProductModel:
         self.detector: HETMM | TiledHETMM | None = None
         self.version = -1
         self.swap_lock = asyncio.Lock()
+        self.review: tuple[int, float | None] | None = None  # (version, its review threshold: core/review.py)
+
+    def review_threshold(self) -> float | None:
+        """The review band's lower threshold of the current version (None: no band), computed once per version."""
+        if self.review is None or self.review[0] != self.version:
+            assert self.detector is not None
+            det = self.detector
+            if isinstance(det, TiledHETMM):  # the frame calibration (per-frame max of normalised tile scores)
+                cal = det.calibration
+            else:
+                cal = det.templates.calibration if det.templates is not None else None
+            rate = self.detector.config.threshold.review_false_alarm_rate
+            self.review = (self.version, review_threshold(cal, rate))
+        return self.review[1]
 
 
 def _replica_id() -> str:
@@ -230,6 +245,7 @@ class Detector:
         bb = detector.config.backbone
         op = pred.operating_point
         rule = {} if op is None else {k: v for k, v in op.to_json().items() if k != "threshold"}
+        review = model.review_threshold()  # the review band (issue 23): a verdict of three
         out, i = [], 0
         for r in requests:
             results = []
@@ -239,6 +255,8 @@ class Detector:
                     "threshold": float(pred.threshold),
                     "is_anomaly": bool(pred.is_anomaly[i]),
                     **rule,  # threshold_rule, rule_target, estimated_false_alarm_rate
+                    "verdict": verdict(float(pred.scores[i]), float(pred.threshold), review),
+                    **({} if review is None else {"review_threshold": review}),
                     "version": model.version,
                     "timing": {
                         "queue_ms": round(1000 * (started - r.enqueued), 3),

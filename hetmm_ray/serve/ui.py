@@ -20,7 +20,8 @@ product) and calls the console method of the same name, which answers it. The ro
 ====== ================================================ ======================================
 GET    ``/ui/``, ``/ui/app.js``, ``/ui/app.css``         the console
 GET    ``/v1/recent``                                    per product: scored / flagged since start
-GET    ``/v1/products/{p}/recent[?flagged=true]``        the recent ring (serve/recent.py), newest first
+GET    ``/v1/products/{p}/recent[?flagged=true]``        the recent ring (serve/recent.py), newest first;
+                                                         with ``record: true`` topped up from the record
 GET    ``/v1/products/{p}/recent/{id}/image``            the uploaded image
 GET    ``/v1/products/{p}/recent/{id}/heatmap.png``      its heat-map (drawn on demand if not kept)
 GET    ``/v1/products/{p}/versions``                     history: parent, images, what changed, rollbacks
@@ -32,6 +33,7 @@ GET    ``/v1/products/{p}/labels/{id}/image``            a labelled image
 DELETE ``/v1/products/{p}/labels/{id}``                  admin: forget a label
 GET    ``/v1/products/{p}/calibration[?false_alarm_rate]`` out-of-fold good scores, labelled scores
                                                          at the head, and a preview for a rate
+GET    ``/v1/products/{p}/drift[?hours&buckets]``        the drift chart (serve/inspections.py)
 ====== ================================================ ======================================
 """
 
@@ -53,7 +55,8 @@ from ..errors import Refused
 from ..store import StoreError, VersionedStore, VersionRecord
 from ..store.labels import LABELS, LabelSet
 from .bodies import FarRuleBody
-from .recent import RecentPredictions, image_media_type
+from .inspections import DriftCollector, Inspections
+from .recent import RecentItem, RecentPredictions, image_media_type
 from .security import JSONResponse
 
 __all__ = ["STATIC", "Console"]
@@ -107,6 +110,7 @@ class Console:
         detector: Any,
         store: VersionedStore,
         detector_by_reference: Any = None,
+        metrics: Any = None,
     ) -> None:
         self.service = service
         self.registry = registry
@@ -115,6 +119,10 @@ class Console:
         self.detector_by_reference = detector if detector_by_reference is None else detector_by_reference
         self.store = store
         self.recent = RecentPredictions(service.recent_per_product, service.recent_max_mib * 2**20)
+        # the inspection record and the drift alarms (serve/inspections.py; issue 23)
+        self.inspections = Inspections(service, store)
+        if metrics is not None:
+            metrics.register(DriftCollector(self.inspections))
         self.labels_set = LabelSet(store.backend)
         self._label_scores: dict[tuple[str, int, str], float] = {}  # (product, version, label id) -> score
 
@@ -123,10 +131,12 @@ class Console:
         for (name, data), r in zip(uploads, results, strict=True):
             heat = r.get("heatmap_png")
             r["recent_id"] = self.recent.record(product, name, data, r, base64.b64decode(heat) if heat else None)
+        self.inspections.submit(product, uploads, results)  # no I/O here: a background thread writes
 
     def forget(self, product: str) -> None:
-        """A deleted product's recent predictions."""
+        """A deleted product's recent predictions (and its drift windows)."""
         self.recent.forget(product)
+        self.inspections.forget(product)
 
     async def _score(self, product: str, images: list[bytes], want_maps: bool = False) -> list[dict[str, Any]]:
         """Score encoded images with ``product``'s head through the detector replicas (not recorded)."""
@@ -162,33 +172,74 @@ class Console:
             {"since": self.recent.started, "per_product": self.recent.per_product, "products": self.recent.counts()}
         )
 
-    def recent_items(self, product: str, flagged: bool, limit: int) -> Response:
+    async def recent_items(self, product: str, flagged: bool, limit: int) -> Response:
+        """The ring's predictions, newest first; with the record on, topped up to ``limit`` (or
+        ``recent_per_product``) from the record's older rows, so the view survives a restart."""
         if limit < 0:
             raise Refused(400, "bad_request", "limit: must be >= 0 (0: all held)")
         items = self.recent.items(product, flagged_only=flagged, limit=limit or None)
+        want = (limit or self.recent.per_product) - len(items)
+        if self.inspections.recording and want > 0:
+            before = min((i["at"] for i in items), default=None)
+            older = await asyncio.to_thread(self._recorded, product, want, flagged, before)
+            items += older
         return JSONResponse({"product": product, "items": items, "per_product": self.recent.per_product})
 
-    def _recent_item(self, product: str, item_id: str) -> Any:
+    def _recorded(self, product: str, limit: int, flagged: bool, before: float | None) -> list[dict[str, Any]]:
+        """Record rows as the Recent view's items (``recorded``: true; an image only when the record's
+        policy kept it)."""
+        from ..record.reader import recent_rows
+
+        rows = recent_rows(self.store.backend, product, limit, flagged_only=flagged, before=before)
+        return [_recorded_item(product, row) for row in rows]
+
+    async def _recent_item(self, product: str, item_id: str) -> RecentItem:
         item = self.recent.get(product, item_id)
+        if item is None and self.inspections.recording:  # before a restart: the record may have it
+            item = await asyncio.to_thread(self._recorded_image, product, item_id)
         if item is None:
             raise Refused(
                 404, "unknown_prediction", f"no recent prediction {item_id!r} of {product!r} (dropped or restarted)"
             )
         return item
 
-    def recent_image(self, product: str, item_id: str) -> Response:
-        item = self._recent_item(product, item_id)
+    def _recorded_image(self, product: str, item_id: str) -> RecentItem | None:
+        from ..record.reader import row_of
+
+        row = row_of(self.store.backend, product, item_id)
+        if row is None or row.get("image_key") is None:
+            return None  # not recorded, or its image not kept by the record's policy
+        try:
+            data = self.store.backend.read(row["image_key"])[0]
+        except KeyError:
+            return None  # deleted by retention meanwhile
+        summary = _recorded_item(product, row)
+        result = {k: summary[k] for k in ("score", "threshold", "is_anomaly", "version", "verdict")}
+        return RecentItem(id=item_id, product=product, at=row["time"], name=row["name"], result=result, image=data)
+
+    async def recent_image(self, product: str, item_id: str) -> Response:
+        item = await self._recent_item(product, item_id)
         return Response(item.image, media_type=image_media_type(item.image), headers={"Cache-Control": "no-cache"})
 
     async def recent_heatmap(self, product: str, item_id: str) -> Response:
-        item = self._recent_item(product, item_id)
+        item = await self._recent_item(product, item_id)
         if item.heatmap_png is None:  # the request did not ask for one: draw it with the head now
             result = (await self._score(product, [item.image], want_maps=True))[0]
             png = base64.b64decode(result["heatmap_png"])
             self.recent.set_heatmap(item, png, result["version"], result.get("heatmap_scale"))
+            if item.heatmap_png is None:  # an item of the record, not held by the ring: drawn for this answer
+                item.heatmap_png, item.heatmap_version = png, result["version"]
         assert item.heatmap_png is not None
         headers = {"Cache-Control": "no-cache", "X-Heatmap-Version": str(item.heatmap_version)}
         return Response(item.heatmap_png, media_type="image/png", headers=headers)
+
+    # --- drift (issue 23, item 4) ----------------------------------------------------------------
+    async def drift(self, product: str, hours: float, buckets: int) -> Response:
+        """The drift chart: flagged share over time with the expected band, the passed parts' score
+        quantiles, and the live windows' state (serve/inspections.py ``Inspections.chart``)."""
+        if not (0 < hours <= 24 * 366) or not (1 <= buckets <= 2000):
+            raise Refused(400, "bad_request", "hours: in (0, 8784]; buckets: in [1, 2000]")
+        return JSONResponse(await asyncio.to_thread(self.inspections.chart, product, hours, buckets))
 
     # --- versions -------------------------------------------------------------------------------
     async def versions(self, product: str) -> Response:
@@ -320,6 +371,31 @@ class Console:
             for r, result in zip(missing, await self._score(product, images), strict=True):
                 self._label_scores[(product, version, r["id"])] = float(result["score"])
         return [{**r, "score": self._label_scores[(product, version, r["id"])]} for r in records]
+
+
+def _recorded_item(product: str, row: dict[str, Any]) -> dict[str, Any]:
+    """A record row (record/layout.py) in the shape of a ring item's summary (serve/recent.py)."""
+    item = {
+        "id": row["recent_id"] or f"{row['request_id']}-{row['image_digest'][:8]}",
+        "product": product,
+        "at": row["time"],
+        "name": row["name"],
+        "score": row["score"],
+        "threshold": row["threshold"],
+        "is_anomaly": row["is_anomaly"],
+        "verdict": row["verdict"],
+        "version": row["version"],
+        "estimated_false_alarm_rate": row["expected_rate"],
+        "label": row.get("label"),
+        "recorded": True,
+        "has_image": row["image_key"] is not None,
+        "has_heatmap": False,
+        "heatmap_version": None,
+        "heatmap_scale": None,
+    }
+    if row["review_threshold"] is not None:
+        item["review_threshold"] = row["review_threshold"]
+    return item
 
 
 def _preview(cal: Calibration, labelled: list[dict[str, Any]], rate: float) -> dict[str, Any]:

@@ -152,20 +152,25 @@ function legend(threshold, scale) {
 // r: a prediction result; imageSrc: URL of the inspected image; heatSrc: URL of its heat-map;
 // imageBytes(): resolves to a Blob of the image (to teach with).
 function resultCard(product, r, imageSrc, heatSrc, imageBytes) {
-  const verdict = r.is_anomaly ? "FLAGGED" : "pass";
+  // the review band (issue 23): a part between the review threshold and the threshold is "REVIEW"
+  const review = r.verdict === "review";
+  const verdict = r.is_anomaly ? "FLAGGED" : review ? "REVIEW" : "pass";
   const timing = r.timing ? `${fmt(r.timing.total_ms ?? r.timing.score_ms, 1)} ms` : "";
   const teach = el("div", { class: "teach", "data-testid": "teach" });
   const card = el("div", { class: `card${r.is_anomaly ? " flagged" : ""}`, "data-testid": "result-card",
-    "data-flagged": String(r.is_anomaly), "data-score": String(r.score), "data-version": String(r.version) },
+    "data-flagged": String(r.is_anomaly), "data-score": String(r.score), "data-version": String(r.version),
+    "data-verdict": String(r.verdict || (r.is_anomaly ? "reject" : "ok")) },
     el("div", { class: "name", text: r.name && r.name !== "<body>" ? r.name : (r.id || "") }),
-    el("div", { class: "pics" },
-      el("img", { src: imageSrc, alt: "inspected image", loading: "lazy" }),
-      el("img", { src: heatSrc, alt: "heat-map", loading: "lazy", "data-testid": "heatmap" })),
+    imageSrc === null
+      ? el("div", { class: "pics none", text: "image not kept (the record's image policy)" })
+      : el("div", { class: "pics" },
+        el("img", { src: imageSrc, alt: "inspected image", loading: "lazy" }),
+        el("img", { src: heatSrc, alt: "heat-map", loading: "lazy", "data-testid": "heatmap" })),
     // A recent prediction sent without ?map=png has its heat-map drawn later by the head: same rule.
     legend(r.threshold, r.heatmap_scale || (r.threshold ? { vmax: 2 * r.threshold } : null)),
     el("div", {},
-      el("span", { class: `verdict ${r.is_anomaly ? "bad" : "good"}`, "data-testid": "verdict", text: verdict }),
-      ` score ${fmt(r.score)} vs threshold ${fmt(r.threshold)}`),
+      el("span", { class: `verdict ${r.is_anomaly ? "bad" : review ? "review" : "good"}`, "data-testid": "verdict", text: verdict }),
+      ` score ${fmt(r.score)} vs threshold ${fmt(r.threshold)}${r.review_threshold != null ? ` (review above ${fmt(r.review_threshold)})` : ""}`),
     el("div", { class: "meta", text: `v${r.version}${r.threshold_rule ? `, rule ${r.threshold_rule}` : ""}${timing ? `, ${timing}` : ""}${r.at ? `, ${when(r.at)}` : ""}` }),
     el("div", { class: "actions" },
       el("button", { type: "button", "data-testid": "good-part", onclick: () => teachGood(product, imageBytes, r, teach) }, "Good part (false alarm)"),
@@ -238,11 +243,13 @@ async function renderRecent() {
   const flagged = $("flagged-only").checked;
   const data = await api("GET", `/v1/products/${enc(product)}/recent?flagged=${flagged}`);
   const c = state.counts[product] || { scored: 0, flagged: 0 };
+  const recorded = data.items.filter((r) => r.recorded).length;
   $("recent-hint").textContent = `The last ${data.per_product} predictions of each product, kept in the service's memory `
-    + `(lost when it restarts): ${data.items.length} shown of ${c.scored} scored since start.`;
+    + `(lost when it restarts): ${data.items.length} shown of ${c.scored} scored since start`
+    + (recorded ? `, ${recorded} of them read from the inspection record (from before the last restart).` : ".");
   const base = `/v1/products/${enc(product)}/recent/`;
   const shown = data.items.slice(0, state.recentShown);
-  $("recent-results").replaceChildren(...shown.map((r) => resultCard(product, r, `${base}${enc(r.id)}/image`,
+  $("recent-results").replaceChildren(...shown.map((r) => resultCard(product, r, r.recorded && !r.has_image ? null : `${base}${enc(r.id)}/image`,
     `${base}${enc(r.id)}/heatmap.png`, async () => (await api("GET", `${base}${enc(r.id)}/image`, { raw: true })).blob())));
   $("recent-more").hidden = data.items.length <= shown.length;
 }
@@ -634,9 +641,71 @@ async function loadStoredRegion(product, shapes) {
   } catch (exc) { showError(exc); }
 }
 
+
+// --- Drift (issue 23): flagged share over time with the expected band, the live windows -----
+function driftChart(data) {
+  const W = 720, H = 240, pad = 36;
+  const pts = data.points.map((p) => ({ t: p.time ?? (p.start + p.end) / 2, t0: p.start, t1: p.end, share: p.flagged_share ?? p.windows?.[Object.keys(p.windows)[0]]?.flagged_share,
+    rate: p.expected_rate, band: p.band ?? p.windows?.[Object.keys(p.windows)[0]]?.band }));
+  const NS = "http://www.w3.org/2000/svg";
+  const svg = document.createElementNS(NS, "svg");
+  const add = (tag, attrs, text) => {
+    const n = document.createElementNS(NS, tag);
+    for (const [k, v] of Object.entries(attrs)) n.setAttribute(k, v);
+    if (text !== undefined) n.textContent = text;
+    svg.append(n);
+    return n;
+  };
+  svg.setAttribute("viewBox", `0 0 ${W} ${H}`);
+  svg.setAttribute("width", W);
+  svg.setAttribute("height", H);
+  add("rect", { x: 0, y: 0, width: W, height: H, fill: "#fff" });
+  const t0 = data.since, t1 = data.until;
+  const top = Math.max(1e-3, ...pts.map((p) => p.share ?? 0), ...pts.map((p) => (p.band && p.band[1] != null ? p.band[1] : 0))) * 1.1;
+  const x = (t) => pad + ((W - 2 * pad) * (t - t0)) / Math.max(1e-9, t1 - t0);
+  const y = (v) => H - pad - ((H - 2 * pad) * v) / top;
+  const banded = pts.filter((p) => p.band && p.band[0] != null);
+  if (banded.length && banded[0].t0 !== undefined) { // buckets of the record: the band of each bucket's parts
+    banded.forEach((p) => add("rect", { x: x(p.t0), y: y(p.band[1]), width: Math.max(1, x(p.t1) - x(p.t0) - 1),
+      height: Math.max(1, y(p.band[0]) - y(p.band[1])), fill: "#cfe3f7", "data-testid": "drift-band" }));
+    add("polyline", { points: banded.map((p) => `${x(p.t)},${y(p.rate)}`).join(" "), fill: "none", stroke: "#1a56c4", "stroke-dasharray": "5,4" });
+  } else if (banded.length) {
+    const upper = banded.map((p) => `${x(p.t)},${y(p.band[1])}`), lower = banded.map((p) => `${x(p.t)},${y(p.band[0])}`).reverse();
+    add("polygon", { points: [...upper, ...lower].join(" "), fill: "#cfe3f7", "data-testid": "drift-band" });
+    add("polyline", { points: banded.map((p) => `${x(p.t)},${y(p.rate)}`).join(" "), fill: "none", stroke: "#1a56c4", "stroke-dasharray": "5,4" });
+  }
+  add("polyline", { points: pts.filter((p) => p.share != null).map((p) => `${x(p.t)},${y(p.share)}`).join(" "), fill: "none", stroke: "#c0261a", "stroke-width": 2 });
+  pts.forEach((p) => { if (p.share != null) add("circle", { cx: x(p.t), cy: y(p.share), r: 3, fill: "#c0261a", "data-testid": "drift-point", "data-share": p.share }); });
+  add("line", { x1: pad, y1: H - pad, x2: W - pad, y2: H - pad, stroke: "#333" });
+  add("line", { x1: pad, y1: pad, x2: pad, y2: H - pad, stroke: "#333" });
+  for (let k = 0; k <= 4; k++) add("text", { x: 2, y: y((k * top) / 4) + 4 }, pct((k * top) / 4, 1));
+  add("text", { x: pad, y: H - 8 }, when(t0));
+  add("text", { x: W - pad - 130, y: H - 8 }, when(t1));
+  add("text", { x: pad + 4, y: 14 }, `flagged share (red) vs expected rate (dashed) and its band at alpha ${data.alpha} (blue); source: ${data.source}`);
+  return svg;
+}
+
+async function renderDrift() {
+  const product = state.product;
+  const hours = Number($("drift-hours").value);
+  const data = await api("GET", `/v1/products/${enc(product)}/drift?hours=${hours}&buckets=48`);
+  $("drift-chart").replaceChildren(driftChart(data));
+  const live = data.live;
+  const rows = live ? Object.entries(live.windows).map(([name, w]) => el("tr", { "data-testid": "drift-window", "data-state": w.state },
+    el("td", { text: name }), el("td", { text: String(w.parts) }), el("td", { text: pct(w.flagged_share, 2) }),
+    el("td", { text: pct(live.expected_rate, 2) }), el("td", { text: w.flag_p.toExponential(2) }),
+    el("td", { text: w.score_quantiles.map((q) => fmt(q, 3)).join(" / ") }),
+    el("td", { text: live.reference_quantiles.map((q) => fmt(q, 3)).join(" / ") }),
+    el("td", { text: fmt(w.shift, 3) }), el("td", { class: `state ${w.state}`, text: w.state }))) : [];
+  $("drift-body").replaceChildren(...rows);
+  $("drift-hint").textContent = live ? `v${live.version}: windows of the parts this service scored since it started (a new version starts them afresh).`
+    : "No part of this product scored since the service started.";
+}
+$("drift-hours").addEventListener("change", () => renderDrift().catch(showError));
+
 // --- views ----------------------------------------------------------------------------------
 const VIEWS = { products: renderProducts, inspect: async () => {}, recent: renderRecent, calibration: renderCalibration,
-  versions: renderVersions, region: renderRegion };
+  versions: renderVersions, region: renderRegion, drift: renderDrift };
 
 async function render() {
   const view = VIEWS[location.hash.slice(1)] ? location.hash.slice(1) : "products";
