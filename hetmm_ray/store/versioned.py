@@ -275,7 +275,9 @@ class VersionedStore:
         self._swap_head(product, head, etag, version, candidate=candidate and found is not None)
         return version
 
-    def _swap_head(self, product: str, head: dict[str, Any], etag: str | None, version: int, *, candidate: bool) -> None:
+    def _swap_head(
+        self, product: str, head: dict[str, Any], etag: str | None, version: int, *, candidate: bool
+    ) -> None:
         """The last step of a publish: a compare-and-swap of HEAD on ``etag`` that makes ``version``
         head (appended to the history) or, for a candidate, adds it to ``candidates`` (HEAD's
         version and history unchanged). Other candidates are carried over either way."""
