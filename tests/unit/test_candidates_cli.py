@@ -164,3 +164,40 @@ def test_candidate_compare_promote_discard(capsys, tmp_path, folders) -> None:
     code, out, err = run(capsys, "compress", "--product", "q", "--store", store, "--live", "--sheets", 2)
     assert code == 0, err
     assert open_store(store).head("q") == 3 and open_store(store).candidates("q") == [2]
+
+
+def test_tiled_candidate_and_compare(tmp_path, capsys) -> None:
+    """A tiled product (geometry.tiles 2x2): a hot update as a candidate, then compare_versions scores
+    whole frames with both versions, equal to each version's own predict; flips carry frame-sized maps."""
+    from hetmm_ray.compare import compare_versions
+    from hetmm_ray.config import BackboneConfig, DetectorConfig, ThresholdConfig
+    from hetmm_ray.data.synthetic import DEFECT_KINDS
+    from hetmm_ray.tiled import TiledHETMM, load_detector
+
+    part = SyntheticProduct(seed=0, size=128)
+    config = DetectorConfig(
+        backbone=BackboneConfig(name="resnet18", weights="random", image_size=64),
+        threshold=ThresholdConfig(max_images=6, folds=2),
+        batch_size=4,
+        device="cpu",
+    ).replace(**{"geometry.tiles": [2, 2], "geometry.tile_overlap": 8})
+    store = open_store(tmp_path / "store")
+    TiledHETMM(config).fit([part.good(i) for i in range(4)]).save(store, "t")
+    new = tmp_path / "new"
+    new.mkdir()
+    for i in range(4, 6):
+        Image.fromarray(part.good(i)).save(new / f"{i}.png")
+    code, _, err = run(capsys, "update", new, "--product", "t", "--store", tmp_path / "store", "--candidate")
+    assert code == 0, err
+    assert store.head("t") == 1 and store.candidates("t") == [2]
+    test = [part.good(100), *(part.defective(200 + i, k)[0] for i, k in enumerate(DEFECT_KINDS))]
+    result = compare_versions(store, "t", 2, [(f"f{i}", x) for i, x in enumerate(test)])
+    preds = [load_detector(store, "t", v).predict(test) for v in (1, 2)]
+    assert result["threshold"]["base"] == pytest.approx(preds[0].threshold, rel=1e-6)
+    assert result["threshold"]["candidate"] == pytest.approx(preds[1].threshold, rel=1e-6)
+    flips = [f"f{i}" for i in range(len(test)) if preds[0].is_anomaly[i] != preds[1].is_anomaly[i]]
+    assert [f["image"] for f in result["flips"]] == flips
+    assert result["flagged"] == {"base": int(preds[0].is_anomaly.sum()), "candidate": int(preds[1].is_anomaly.sum())}
+    diff = sorted(float(b - a) for a, b in zip(preds[0].scores, preds[1].scores, strict=True))
+    assert result["score_shift"]["difference"][0] == pytest.approx(diff[0], abs=1e-5)
+    assert result["score_shift"]["difference"][-1] == pytest.approx(diff[-1], abs=1e-5)
