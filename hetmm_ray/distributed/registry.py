@@ -654,9 +654,9 @@ class ProductRegistry:
         job (kind ``compare``) in a task; its record gets ``compare`` (flips, score shift, false-alarm
         rates, labelled recall) and its ``version`` is the candidate's. Nothing is published.
         ProductNotFound before any work for an unknown product or version."""
-        await asyncio.to_thread(self.store.manifest, product, version)
+        await asyncio.to_thread(self.store.record, product, version)
         if base is not None:
-            await asyncio.to_thread(self.store.manifest, product, base)
+            await asyncio.to_thread(self.store.record, product, base)
 
         async def work(progress: JobProgress) -> int:
             progress.stage("score with both versions", len(images))
