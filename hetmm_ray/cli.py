@@ -802,11 +802,22 @@ def _compare_images(args: argparse.Namespace) -> tuple[list[tuple[str, Any]], li
     from .data.labelled import labelled_images
     from .data.sources import read_image_source
 
-    if args.since is not None or args.until is not None:
-        raise CLIError(
-            "--since/--until (the product's inspection record) is not available in this build: "
-            "give images, folders, an s3:// prefix or --labelled DIR"
-        )
+    if args.since is not None or args.until is not None:  # the product's inspection record
+        from .compare import parse_time, record_images, record_reader
+
+        if record_reader() is None:
+            raise CLIError(
+                "--since/--until (the product's inspection record) is not available in this build: "
+                "give images, folders, an s3:// prefix or --labelled DIR"
+            )
+        if args.images or args.labelled:
+            raise CLIError("give --since/--until, images or --labelled DIR, one of them")
+        try:
+            since, until = parse_time(args.since), parse_time(args.until)
+        except ValueError as exc:
+            raise CLIError(str(exc)) from None
+        found, labels = record_images(_open(args), args.product, since, until)
+        return [(name, decode_image(data, source=name)) for name, data in found], labels
     if bool(args.images) == bool(args.labelled):
         raise CLIError("give images (files, folders or an s3:// prefix) or --labelled DIR, not both")
     if args.labelled:
@@ -1062,8 +1073,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--candidate", type=int, required=True, metavar="V", help="the candidate version")
     p.add_argument("--base", type=int, metavar="V", help="the version to compare against (default: head)")
     p.add_argument("--labelled", metavar="DIR", help="labelled folder (good/ + defect sub-folders): recall per version")
-    p.add_argument("--since", help="the product's inspection record from this time (not in this build)")
-    p.add_argument("--until", help="the product's inspection record up to this time (not in this build)")
+    p.add_argument("--since", help="the product's inspection record from this time (unix seconds or ISO 8601, UTC)")
+    p.add_argument("--until", help="the product's inspection record up to this time (excluded)")
     p.add_argument("--max-images", type=int, default=10_000, help="at most this many images per s3:// prefix")
     p.add_argument("--out", metavar="DIR", help="write each flip's two heat-maps here")
     p.add_argument("--json", metavar="FILE", help="write the comparison as JSON")

@@ -595,14 +595,11 @@ class Ingress:
                 await self._json(request),
                 refusal="JSON body: give 'source' (folder, s3:// prefix or store:labels), optional 'labelled', 'base'",
             )
-            if body.since is not None or body.until is not None:
-                raise Refused(
-                    400,
-                    "bad_request",
-                    "the inspection record is not a compare source in this build: give 'source' or upload images",
-                )
             base = body.base
-            if body.source == STORED_LABELS:  # the console's labelled set (store/labels.py)
+            labelled = None
+            if body.since is not None or body.until is not None:  # the product's inspection record
+                uploads, labels = await self._record_set(product, body)
+            elif body.source == STORED_LABELS:  # the console's labelled set (store/labels.py)
                 labelled = await self.console.labelled(product)
             elif body.labelled:
                 uri, _ = resolve_source(body.source, self.service.source_roots)
@@ -612,7 +609,6 @@ class Ingress:
                 uploads = await asyncio.to_thread(
                     read_image_source, uri, max_images=self.service.max_images_per_job, confine_to=confine_to
                 )
-                labelled = None
             if labelled is not None:
                 uploads = [(name, data) for name, data, _ in labelled]
                 labels = [label for _, _, label in labelled]
@@ -626,6 +622,25 @@ class Ingress:
         await self._decode(uploads)  # every bad image is a 400 now, not a failed job later
         record = await self.registry.start_compare.remote(product, version, uploads, labels, base)
         return await self._job_response(record, wait)
+
+    async def _record_set(
+        self, product: str, body: bodies.CompareBody
+    ) -> tuple[list[tuple[str, bytes]], list[int] | None]:
+        """A compare's set from the inspection record over ``[since, until)`` (compare.record_images:
+        labels when every image is labelled); refused (400) where this build has no record."""
+        from ..compare import parse_time, record_images, record_reader
+
+        if record_reader() is None:
+            raise Refused(
+                400, "bad_request", "the inspection record is not a compare source in this build: give 'source'"
+            )
+        if body.source is not None:
+            raise Refused(400, "bad_request", "give 'source' or 'since'/'until', not both")
+        try:
+            since, until = parse_time(body.since), parse_time(body.until)
+        except ValueError as exc:
+            raise Refused(400, "bad_request", f"since/until: {exc}") from None
+        return await asyncio.to_thread(record_images, self.console.store, product, since, until)
 
     @app.get("/v1/jobs/{job_id}")
     @timed("job")

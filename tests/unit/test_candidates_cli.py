@@ -201,3 +201,18 @@ def test_tiled_candidate_and_compare(tmp_path, capsys) -> None:
     diff = sorted(float(b - a) for a, b in zip(preds[0].scores, preds[1].scores, strict=True))
     assert result["score_shift"]["difference"][0] == pytest.approx(diff[0], abs=1e-5)
     assert result["score_shift"]["difference"][-1] == pytest.approx(diff[-1], abs=1e-5)
+
+
+def test_record_source_times_and_seam() -> None:
+    """The inspection record as a compare source: times parse (unix seconds, ISO 8601 as UTC); where
+    this build has no record, reading it is refused (the CLI's one-line error is checked above)."""
+    from hetmm_ray.compare import parse_time, record_images, record_reader
+
+    assert parse_time(None) is None and parse_time(12.5) == 12.5 and parse_time("100") == 100.0
+    assert parse_time("1970-01-02T00:00:00") == 86400.0
+    assert parse_time("1970-01-01T01:00:00+01:00") == 0.0
+    with pytest.raises(ValueError, match="ISO 8601"):
+        parse_time("yesterday")
+    if record_reader() is None:
+        with pytest.raises(RuntimeError, match="not in this build"):
+            record_images(None, "p", None, None)
