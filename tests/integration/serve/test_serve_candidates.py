@@ -1,4 +1,5 @@
-"""Candidate versions over real HTTP (issue 23; Ray Serve on 127.0.0.1, a local store): a hot update
+"""Candidate versions over real HTTP (issue 23; Ray Serve on 127.0.0.1, on a local store and on S3
+through a moto server): a hot update
 published as a candidate leaves HEAD, and what the replicas serve, at the previous version; the
 compare job lists the flips that scoring each version alone gives; promote moves HEAD and the
 replicas serve the candidate within the store-poll bound; discard drops a candidate. Admin routes
@@ -24,8 +25,6 @@ from hetmm_ray.data.synthetic import SyntheticProduct
 from hetmm_ray.store import open_store
 from hetmm_ray.tiled import load_detector
 
-pytestmark = pytest.mark.usefixtures("local_ray")
-
 SIZE = 32
 TOKEN_ENV = "HETMM_TEST_CAND_TOKEN"
 TOKEN = "cand-token-5e1f"
@@ -39,12 +38,28 @@ PNG = {"content-type": "image/png"}
 
 
 @pytest.fixture(scope="module")
-def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+def ray_with_aws(own_ray, aws_env) -> Iterator[None]:
+    import ray
+    from helpers import LOCAL_RAY_ARGS
+
+    ray.init(**LOCAL_RAY_ARGS)  # after aws_env: workers inherit the dummy credentials
+    yield
+
+
+@pytest.fixture(scope="module", params=["local", "s3"])
+def service(
+    request: pytest.FixtureRequest, ray_with_aws: None, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Any]]:
     from ray import serve
+    from s3_server import new_bucket
 
     from hetmm_ray.serve.run import start_service, stop_service
 
-    store = str(tmp_path_factory.mktemp("servecand") / "store")
+    if request.param == "local":
+        store = str(tmp_path_factory.mktemp("servecand") / "store")
+    else:
+        endpoint = request.getfixturevalue("s3_endpoint")
+        store = f"s3://{new_bucket(endpoint)}/templates?endpoint={endpoint}"
     os.environ[TOKEN_ENV] = TOKEN
     running = start_service(
         store=store,
