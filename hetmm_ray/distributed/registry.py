@@ -587,6 +587,7 @@ class ProductRegistry:
         async with self._lock(product):
             head = await asyncio.to_thread(self.store.head, product)
             progress.stage("tile features, select and calibrate", len(images))
+            progress.note(candidate=candidate)
             ts, added = await _tiled_update.remote(self.store_uri, product, head, images)
             progress.note(skipped_duplicates=len(images) - added, added_images=added)
             if ts is None:
