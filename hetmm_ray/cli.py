@@ -385,7 +385,7 @@ def cmd_update(args: argparse.Namespace) -> int:
         print(f"product {args.product}: no new images; head stays v{head}")
         return 0
     # expect_head: a concurrent update in between makes this one fail cleanly instead of losing images.
-    version = store.put(args.product, det.templates, expect_head=head)
+    version = _publish(args, store, det.templates, expect_head=head)
     print(
         f"product {args.product}: version {version} (from v{head}) with "
         f"{len(paths) - det.skipped_duplicates} more good images, "
@@ -408,7 +408,7 @@ def _update_tiled(args: argparse.Namespace, store: Any, head: int) -> int:
     if det.skipped_duplicates == len(paths):
         print(f"product {args.product}: no new images; head stays v{head}")
         return 0
-    version = store.put(args.product, det.template_set(), expect_head=head)
+    version = _publish(args, store, det.template_set(), expect_head=head)
     print(
         f"product {args.product}: version {version} (from v{head}) with "
         f"{len(paths) - det.skipped_duplicates} more good images, "
@@ -430,7 +430,7 @@ def cmd_compress(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     det.compress(_template_kind(args.templates), args.sheets, seed=args.seed)
     seconds = time.perf_counter() - start
-    version = det.save(store, args.product)
+    version = _publish(args, store, det.templates) if _candidate(args, det.config) else det.save(store, args.product)
     ts = det.templates
     assert ts is not None
     auto = ts.meta.get("sheets_auto")  # present only when this selection measured its K
@@ -453,7 +453,7 @@ def _compress_tiled(args: argparse.Namespace, store: Any, version: int, override
     start = time.perf_counter()
     det.compress(_template_kind(args.templates), args.sheets, seed=args.seed)
     seconds = time.perf_counter() - start
-    new = det.save(store, args.product)
+    new = _publish(args, store, det.template_set()) if _candidate(args, det.config) else det.save(store, args.product)
     sets = [d.templates for d in det.dets]
     for p, ts in enumerate(sets):
         auto = ts.meta.get("sheets_auto")  # present only when this position measured its K
@@ -519,7 +519,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         )
     except ValueError as exc:
         raise CLIError(str(exc)) from None
-    new = store.put(args.product, ts, expect_head=head)
+    new = _publish(args, store, ts, expect_head=head)
     print(
         f"product {args.product}: version {new} (from v{version}) threshold {record['threshold']:.4f} "
         f"for {record['objective']} on {record['good']} good + {record['defective']} defective images: "
@@ -576,7 +576,7 @@ def cmd_region(args: argparse.Namespace) -> int:
     config = replace(ts.config, region=region)
     check_visible(config)
     new_ts = det.calibrated(replace(ts, config=config))
-    new = store.put(args.product, new_ts, expect_head=head)
+    new = _publish(args, store, new_ts, expect_head=head)
     after = HETMM.load(store, args.product, new).operating_point()
     print(
         f"product {args.product}: version {new} (from v{version}) region {_describe_region(region)}; threshold "
@@ -597,12 +597,35 @@ def _region_tiled(args: argparse.Namespace, store: Any, head: int, version: int,
         )
     before = det.operating_point()
     new_det = det.with_region(region)
-    new = store.put(args.product, new_det.template_set(), expect_head=head)
+    new = _publish(args, store, new_det.template_set(), expect_head=head)
     print(
         f"product {args.product}: version {new} (from v{version}) region {_describe_region(region)}; threshold "
         f"{_describe_operating_point(before)} -> {_describe_operating_point(new_det.operating_point())}"
     )
     return 0
+
+
+def _candidate(args: argparse.Namespace, config: Any) -> bool:
+    """Whether this command publishes a candidate (issue 23): ``--candidate`` / ``--live`` if given,
+    else the product's ``publish`` setting, else ``live`` (the default of ``hetmm`` on one machine)."""
+    chosen = getattr(args, "publish", None) or config.publish or "live"
+    return chosen == "candidate"
+
+
+def _publish(args: argparse.Namespace, store: Any, ts: Any, *, expect_head: int | None = None) -> int:
+    """Store ``ts`` as the product's next version: HEAD (``live``) or a candidate beside it
+    (:func:`_candidate`); a candidate is announced on stderr with how to compare and promote it."""
+    if not _candidate(args, ts.config):
+        return int(store.put(args.product, ts, expect_head=expect_head))
+    version = int(store.put(args.product, ts, expect_head=expect_head, candidate=True))
+    head = store.head(args.product)
+    if head != version:  # a product's first version is always head
+        print(
+            f"hetmm: v{version} is a candidate; HEAD stays v{head} (hetmm compare / promote / discard "
+            f"{args.product} {version})",
+            file=sys.stderr,
+        )
+    return version
 
 
 def _ladder_table(auto: dict[str, Any]) -> str:
@@ -688,7 +711,11 @@ def cmd_versions(args: argparse.Namespace) -> int:
     if args.product is None:
         products = store.products()
         for name in products:
-            print(f"{name}  head v{store.head(name)}  versions {store.versions(name)}")
+            cands = store.candidates(name)
+            print(
+                f"{name}  head v{store.head(name)}  versions {store.versions(name)}"
+                + (f"  candidates {cands}" if cands else "")
+            )
         if not products:
             print(f"no products in {args.store}")
         return 0
@@ -709,6 +736,10 @@ def cmd_versions(args: argparse.Namespace) -> int:
         print("(sheets 'Ka': K chosen by sheets: auto, the smallest K whose verdicts match ALL's)")
     print(f"{'version':>7}  {'parent':>6}  {'images':>6}  {'sheets':>6}  created              weights")
     print("\n".join(rows))
+    cands = store.candidates(args.product)
+    if cands:  # issue 23: stored beside the head, not served until promoted
+        described = ", ".join(f"v{v} (over v{store.record(args.product, v).parent})" for v in cands)
+        print(f"candidates: {described}")
     return 0
 
 
@@ -749,6 +780,112 @@ def cmd_rollback(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- candidates and compare (issue 23) ----------------------------------------------------------
+def cmd_promote(args: argparse.Namespace) -> int:
+    store = _open(args)
+    old = store.head(args.product)
+    store.promote(args.product, args.version, expect_head=args.expect_head)
+    print(f"product {args.product}: head is now v{args.version} (was v{old}; promoted, recorded)")
+    return 0
+
+
+def cmd_discard(args: argparse.Namespace) -> int:
+    store = _open(args)
+    store.discard(args.product, args.version)
+    print(f"product {args.product}: candidate v{args.version} discarded; head stays v{store.head(args.product)}")
+    return 0
+
+
+def _compare_images(args: argparse.Namespace) -> tuple[list[tuple[str, Any]], list[int] | None]:
+    """The images ``hetmm compare`` scores: files / folders / ``s3://`` prefixes, or ``--labelled``."""
+    from .data.decode import decode_image
+    from .data.labelled import labelled_images
+    from .data.sources import read_image_source
+
+    if args.since is not None or args.until is not None:  # the product's inspection record
+        from .compare import parse_time, record_images, record_reader
+
+        if record_reader() is None:
+            raise CLIError(
+                "--since/--until (the product's inspection record) is not available in this build: "
+                "give images, folders, an s3:// prefix or --labelled DIR"
+            )
+        if args.images or args.labelled:
+            raise CLIError("give --since/--until, images or --labelled DIR, one of them")
+        try:
+            since, until = parse_time(args.since), parse_time(args.until)
+        except ValueError as exc:
+            raise CLIError(str(exc)) from None
+        found, labels = record_images(_open(args), args.product, since, until)
+        return [(name, decode_image(data, source=name)) for name, data in found], labels
+    if bool(args.images) == bool(args.labelled):
+        raise CLIError("give images (files, folders or an s3:// prefix) or --labelled DIR, not both")
+    if args.labelled:
+        found = labelled_images(args.labelled)
+        return [(str(p), decode_image(p)) for p, _ in found], [int(v) for _, v in found]
+    out: list[tuple[str, Any]] = []
+    local = [item for item in args.images if not item.startswith("s3://")]
+    for item in args.images:
+        if item.startswith("s3://"):
+            for name, data in read_image_source(item, max_images=args.max_images):
+                out.append((f"{item.rstrip('/')}/{name}", decode_image(data, source=name)))
+    out.extend((str(path), decode_image(path)) for path, _ in (_image_paths(local) if local else []))
+    return out, None
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    """HEAD (or ``--base``) and a candidate side by side (compare.py); flips' heat-maps to ``--out``."""
+    from .compare import compare_versions
+
+    store = _open(args)
+    images, labels = _compare_images(args)
+    if not images:
+        raise CLIError("no images to compare on")
+    result = compare_versions(
+        store, args.product, args.candidate, images, labels, base=args.base, maps=args.out is not None
+    )
+    b, c = result["base"], result["candidate"]
+    out = Path(args.out) if args.out else None
+    for i, flip in enumerate(result["flips"]):
+        fb, fc = flip["base"], flip["candidate"]
+        verdict = "ok -> ANOMALY" if fc["is_anomaly"] else "ANOMALY -> ok"
+        print(f"flip  {verdict:<13}  v{b} {fb['score']:.4f}  v{c} {fc['score']:.4f}  {flip['image']}")
+        if out is not None:
+            for side, png_bytes in flip.pop("heatmaps").items():
+                target = out / f"flip{i:04d}_{side}.png"
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(png_bytes)
+                flip.setdefault("heatmaps", {})[side] = str(target)
+    far = result["false_alarm_rate"]
+    shift = result["score_shift"]
+    print(
+        f"{result['images']} images: {len(result['flips'])} verdict flips; flagged v{b} {result['flagged']['base']}, "
+        f"v{c} {result['flagged']['candidate']}"
+    )
+    print(f"threshold v{b} {result['threshold']['base']:.4f}, v{c} {result['threshold']['candidate']:.4f}")
+    for side, v in (("base", b), ("candidate", c)):
+        est = far[side]["estimated"]
+        est_text = "-" if est is None else f"{100 * est:.2f}%"
+        share = far[side]["flagged_share"]
+        share_text = "-" if share is None else f"{100 * share:.2f}%"
+        print(f"v{v}: estimated false alarms {est_text} (out-of-fold), flagged share of the good set {share_text}")
+    print("score quantiles " + " ".join(f"q{q:g}" for q in shift["quantiles"]))
+    for key in ("base", "candidate", "difference"):
+        print(f"  {key:<10} " + " ".join("-" if x is None else f"{x:.4f}" for x in shift[key]))
+    if "labelled" in result:
+        lab = result["labelled"]
+        for side, v in (("base", b), ("candidate", c)):
+            r, f = lab[side]["recall"], lab[side]["false_alarm_rate"]
+            print(
+                f"v{v} on {lab['good']} good + {lab['defective']} defective: recall "
+                f"{'-' if r is None else f'{100 * r:.1f}%'}, false alarms {'-' if f is None else f'{100 * f:.1f}%'}"
+            )
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=1))
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
@@ -768,6 +905,19 @@ def _add_address_flag(p: argparse.ArgumentParser, what: str) -> None:
         metavar="ADDR",
         help=f"Ray cluster to {what} (auto, host:port or ray://host:port; default: RAY_ADDRESS, else local)",
     )
+
+
+def _add_publish_flags(p: argparse.ArgumentParser) -> None:
+    """``--candidate`` / ``--live`` (issue 23): override the product's ``publish`` setting."""
+    group = p.add_mutually_exclusive_group()
+    group.add_argument(
+        "--candidate",
+        dest="publish",
+        action="store_const",
+        const="candidate",
+        help="publish as a candidate beside the head (hetmm compare / promote / discard)",
+    )
+    group.add_argument("--live", dest="publish", action="store_const", const="live", help="publish as the head")
 
 
 def _add_store_flags(p: argparse.ArgumentParser, *, default: str | None = DEFAULT_STORE) -> None:
@@ -843,6 +993,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--version", type=int, help="version to calibrate (default: head)")
     _add_store_flags(p)
+    _add_publish_flags(p)
     p.set_defaults(func=cmd_calibrate)
 
     p = sub.add_parser("region", help="give a stored product another inspection region (a new version, recalibrated)")
@@ -855,6 +1006,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--version", type=int, help="version to start from (default: head)")
     _add_store_flags(p)
+    _add_publish_flags(p)
     p.set_defaults(func=cmd_region)
 
     p = sub.add_parser("update", help="hot update: add good images to a stored product (new version)")
@@ -862,6 +1014,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--product", required=True)
     _add_store_flags(p)
     _add_address_flag(p, "extract features and run PTS on")
+    _add_publish_flags(p)
     p.set_defaults(func=cmd_update)
 
     p = sub.add_parser("compress", help="select a stored product's tiny template set (PTS) and publish it")
@@ -878,6 +1031,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device")
     _add_store_flags(p)
     _add_address_flag(p, "run PTS on")
+    _add_publish_flags(p)
     p.set_defaults(func=cmd_compress)
 
     p = sub.add_parser("versions", help="list products, or the kept versions of one product (* = head)")
@@ -899,6 +1053,33 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", type=int, required=True)
     _add_store_flags(p)
     p.set_defaults(func=cmd_rollback)
+
+    p = sub.add_parser("promote", help="make a candidate version the head (a recorded move)")
+    p.add_argument("--product", required=True)
+    p.add_argument("--version", type=int, required=True, help="the candidate")
+    p.add_argument("--expect-head", type=int, metavar="V", help="refuse unless the head is still V (what you compared)")
+    _add_store_flags(p)
+    p.set_defaults(func=cmd_promote)
+
+    p = sub.add_parser("discard", help="drop a candidate version (the head does not move)")
+    p.add_argument("--product", required=True)
+    p.add_argument("--version", type=int, required=True, help="the candidate")
+    _add_store_flags(p)
+    p.set_defaults(func=cmd_discard)
+
+    p = sub.add_parser("compare", help="score images with the head and a candidate side by side; list verdict flips")
+    p.add_argument("images", nargs="*", help="images, folders or s3:// prefixes")
+    p.add_argument("--product", required=True)
+    p.add_argument("--candidate", type=int, required=True, metavar="V", help="the candidate version")
+    p.add_argument("--base", type=int, metavar="V", help="the version to compare against (default: head)")
+    p.add_argument("--labelled", metavar="DIR", help="labelled folder (good/ + defect sub-folders): recall per version")
+    p.add_argument("--since", help="the product's inspection record from this time (unix seconds or ISO 8601, UTC)")
+    p.add_argument("--until", help="the product's inspection record up to this time (excluded)")
+    p.add_argument("--max-images", type=int, default=10_000, help="at most this many images per s3:// prefix")
+    p.add_argument("--out", metavar="DIR", help="write each flip's two heat-maps here")
+    p.add_argument("--json", metavar="FILE", help="write the comparison as JSON")
+    _add_store_flags(p)
+    p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("repair", help="rebuild a garbage or missing HEAD from the newest version that loads")
     p.add_argument("--product", required=True)

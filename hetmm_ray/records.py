@@ -105,7 +105,7 @@ class JobError(TypedDict):
 
 class JobRecord(TypedDict, total=False):
     id: str
-    kind: str  # create | normals | calibrate | region | region_preview
+    kind: str  # create | normals | calibrate | region | region_preview | compare
     product: str
     state: str  # running | succeeded | failed
     progress: JobProgressRecord
@@ -121,3 +121,7 @@ class JobRecord(TypedDict, total=False):
     tile_px: list[int]
     sheets: int
     estimated_ms_per_frame: float
+    # issue 23: whether the job stores its version as a candidate (normals, calibrate, region), and a
+    # compare job's result (compare.py, heat-maps as PNG data URLs)
+    candidate: bool
+    compare: dict[str, Any]

@@ -24,6 +24,7 @@ from typing import Any, ClassVar
 from ._constraints import Check, ConfigError, OneOf, Range, Settings, is_run_time, setting
 from .product import (
     DTYPES,
+    PUBLISH_MODES,
     RETIRED_SETTINGS,
     BackboneConfig,
     GeometryConfig,
@@ -87,6 +88,10 @@ class DetectorConfig(Settings):
     # Tiles (issue 22, product.GeometryConfig): stored, but left out of a manifest at its default, so
     # every manifest written before it existed, and every untiled one since, stays byte for byte alike.
     geometry: GeometryConfig = dataclasses.field(default_factory=GeometryConfig)
+    # How this product's new versions are published (issue 23, config.PUBLISH_MODES): None = the
+    # surface's default (CLI ``live``, service ``ServiceConfig.publish``). Stored, but left out of a
+    # manifest when None, so every manifest written before it existed stays byte for byte alike.
+    publish: str | None = setting(None, OneOf(PUBLISH_MODES, "publish mode"))
 
     def _check(self) -> None:
         if self.region is not None:
@@ -105,6 +110,8 @@ class DetectorConfig(Settings):
             del data["region"]
         if data["threshold"].get("review_false_alarm_rate") is None:  # no review band (issue 23): as before it
             data["threshold"].pop("review_false_alarm_rate", None)
+        if data["publish"] is None:  # the surface's default: the dict every product had before issue 23
+            del data["publish"]
         return data
 
     def stored_dict(self) -> dict[str, Any]:

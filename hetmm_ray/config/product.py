@@ -23,6 +23,7 @@ __all__ = [
     "GEOMETRIES",
     "TILE_GRID_MAX",
     "PACKAGED_WEIGHTS",
+    "PUBLISH_MODES",
     "RETIRED_SETTINGS",
     "SEED",
     "TEMPLATE_KINDS",
@@ -316,3 +317,11 @@ class GeometryConfig(Settings):
     def tiled(self) -> bool:
         """Whether frames are cut (anything but ``[1, 1]``)."""
         return self.tiles != (1, 1)
+
+
+# --- publishing (issue 23) ------------------------------------------------------------------------
+PUBLISH_MODES = ("live", "candidate")
+"""How a new version of a product is published: ``live`` makes it HEAD at once (every replica serves it
+within the store-poll bound); ``candidate`` stores, verifies and calibrates it beside HEAD until
+``promote`` (store/versioned.py). A product's ``publish`` setting (``DetectorConfig.publish``; None =
+the surface's default: ``live`` for ``hetmm`` on one machine, ``ServiceConfig.publish`` for the service)."""

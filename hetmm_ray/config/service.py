@@ -12,8 +12,9 @@ from __future__ import annotations
 from dataclasses import MISSING, dataclass
 from typing import Any, ClassVar
 
-from ._constraints import Check, Range, Settings, setting
+from ._constraints import Check, OneOf, Range, Settings, setting
 from .detector import DetectorConfig
+from .product import PUBLISH_MODES
 
 __all__ = [
     "DEFAULT_GRPC_PORT",
@@ -165,6 +166,13 @@ class ServiceConfig(Settings):
     drift_rate_tolerance: float = setting(2.0, Range(1.0, 1000.0))
     drift_min_shift: float = setting(0.2, Range(0.0, 1.0))
     drift_min_parts: int = setting(50, Range(1, 100_000, int))
+
+    # How the admin routes publish a new version of a product whose own ``publish`` is unset
+    # (config.PUBLISH_MODES, issue 23). ``live`` by default: the routes answer as they always did (a
+    # finished job's version is HEAD), so existing clients and the console's one-click "good part"
+    # keep working; a line that wants every change compared first sets ``candidate`` here or per
+    # product. A request's ``?publish=`` overrides both.
+    publish: str = setting("live", OneOf(PUBLISH_MODES, "publish mode"))
 
     def _check(self) -> None:
         DetectorConfig.from_dict(self.product_defaults)  # fail at start-up, not at the first create

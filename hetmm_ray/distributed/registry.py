@@ -47,7 +47,7 @@ import numpy as np
 import ray
 import torch
 
-from ..config import TASK_CPUS, DetectorConfig, ServiceConfig
+from ..config import PUBLISH_MODES, TASK_CPUS, ConfigError, DetectorConfig, ServiceConfig
 from ..core.templates import TemplateSet
 from ..records import ProductDescription, ProductSnapshot, UnreadableProduct
 from ..steps import FitSteps
@@ -66,6 +66,8 @@ if TYPE_CHECKING:
 __all__ = ["REGISTRY_NAME", "ProductRegistry", "get_registry", "region_preview", "registry_name"]
 
 REGISTRY_NAME = "hetmm-registry"
+COMPARE_MAX_MAPS = 50  # flips whose two heat-maps a compare job's record carries (the rest: scores only)
+COMPARE_MAP_SIZE = 512  # a tiled product's compare heat-maps: long side at most (a frame's map is large)
 
 
 @ray.remote(num_cpus=TASK_CPUS)
@@ -82,6 +84,32 @@ def _labelled_calibration(
     det = load_detector(open_store(store_uri), product, version)  # HETMM.load for an untiled product
     decoded = [decode_image(data) for data in images]
     return calibrate_with_labels(det, decoded, labels, objective=objective, max_false_alarm_rate=cap)
+
+
+@ray.remote(num_cpus=TASK_CPUS)
+def _compare_task(
+    store_uri: str,
+    product: str,
+    candidate: int,
+    base: int | None,
+    images: list[tuple[str, bytes]],
+    labels: list[int] | None,
+    max_maps: int,
+) -> dict[str, Any]:
+    """``compare.compare_versions`` of ``candidate`` against ``base`` (None = HEAD) on encoded images,
+    as JSON (flips' heat-maps as PNG data URLs, the first ``max_maps`` flips only; each side's map at
+    most ``COMPARE_MAP_SIZE`` pixels long for a tiled product)."""
+    from ..compare import as_json, compare_versions
+    from ..data.decode import decode_image
+
+    use_assigned_cpus()
+    decoded = [(name, decode_image(data, source=name)) for name, data in images]
+    result = compare_versions(
+        open_store(store_uri), product, candidate, decoded, labels, base=base, map_size=COMPARE_MAP_SIZE
+    )
+    for flip in result["flips"][max_maps:]:
+        flip.pop("heatmaps", None)
+    return as_json(result)
 
 
 def _weights_identity(config: Any) -> str:
@@ -231,6 +259,7 @@ class ProductRegistry:
         self.changed: dict[str, asyncio.Condition] = {}
         self.jobs = JobBoard()
         self.poll_s = ServiceConfig().store_poll_s  # the service sets its own with set_poll()
+        self.publish_default = ServiceConfig().publish  # the service sets its own with set_publish()
         self._watch: asyncio.Task[None] | None = None
         self._hosts: HostPool | None = None  # started on first use (set_hosts may size it first)
         self.host_count = self.placement.hosts or ServiceConfig().template_hosts
@@ -280,6 +309,20 @@ class ProductRegistry:
         """How often to re-read the HEADs of served products (ServiceConfig.store_poll_s)."""
         self.poll_s = float(seconds)
         self._ensure_watch()
+
+    async def set_publish(self, mode: str) -> None:
+        """How jobs publish a product whose own ``publish`` is unset (ServiceConfig.publish)."""
+        if mode not in PUBLISH_MODES:
+            raise ConfigError(f"publish: choose one of {', '.join(PUBLISH_MODES)}, got {mode!r}")
+        self.publish_default = mode
+
+    def _candidate(self, publish: str | None, config: DetectorConfig) -> bool:
+        """Whether a job publishes a candidate: the request's ``publish``, else the product's, else
+        the service's (issue 23)."""
+        mode = publish or config.publish or self.publish_default
+        if mode not in PUBLISH_MODES:
+            raise ConfigError(f"publish: choose one of {', '.join(PUBLISH_MODES)}, got {mode!r}")
+        return mode == "candidate"
 
     async def sync_heads(self) -> None:
         """Make what is served here follow each held product's HEAD in the store (store_watch.py);
@@ -488,8 +531,12 @@ class ProductRegistry:
         features: dict[str, np.ndarray],
         digests: list[str],
         progress: JobProgress | None = None,
+        candidate: bool = False,
     ) -> int:
         """Hot update with new good images' features (layer -> (n, C, H, W)); returns the new version.
+
+        ``candidate``: stored as a candidate beside the head (issue 23); the shards, which appended
+        and re-selected in place, load the head again, so the head keeps serving unchanged.
 
         Images already in the head's bank (same content digest) are skipped and counted in the
         job's ``skipped_duplicates``; with nothing new the head stays as it is (idempotent retries).
@@ -515,19 +562,24 @@ class ProductRegistry:
                 await asyncio.gather(*(shards[k].append.remote(np.asarray(v)[keep]) for k, v in features.items()))
                 calibrated = await asyncio.to_thread(pipeline.refit, grown)
                 version = await asyncio.to_thread(
-                    self.store.put, product, calibrated, expect_head=self.versions[product]
+                    partial(self.store.put, candidate=candidate),
+                    product,
+                    calibrated,
+                    expect_head=self.versions[product],
                 )
             except BaseException:
                 await self._load_shards(product)  # back to the old head everywhere
                 raise
-            if auto:
+            if auto or candidate:  # a candidate: the shards go back to the head, which did not move
                 await self._load_shards(product)
                 return version
             await asyncio.gather(*(s.mark_published.remote(version) for s in shards.values()))
             await self._publish(product, version, calibrated)
         return version
 
-    async def _update_tiled(self, product: str, images: list[bytes], progress: JobProgress) -> int:
+    async def _update_tiled(
+        self, product: str, images: list[bytes], progress: JobProgress, candidate: bool = False
+    ) -> int:
         """Hot update of a tiled product: ``TiledHETMM.update`` on the head in a task
         (:func:`_tiled_update`: every position grown, re-selected and recalibrated), published with
         ``expect_head`` and its (tile, layer) shards loaded again from the store. Frames already held
@@ -535,6 +587,7 @@ class ProductRegistry:
         async with self._lock(product):
             head = await asyncio.to_thread(self.store.head, product)
             progress.stage("tile features, select and calibrate", len(images))
+            progress.note(candidate=candidate)
             ts, added = await _tiled_update.remote(self.store_uri, product, head, images)
             progress.note(skipped_duplicates=len(images) - added, added_images=added)
             if ts is None:
@@ -542,8 +595,11 @@ class ProductRegistry:
                     await self._load_shards(product)
                 return head
             progress.stage("publish")
-            version = await asyncio.to_thread(self.store.put, product, ts, expect_head=head)
-            await self._load_shards(product)
+            version = await asyncio.to_thread(
+                partial(self.store.put, candidate=candidate), product, ts, expect_head=head
+            )
+            if not candidate:
+                await self._load_shards(product)
         return version
 
     async def rollback(self, product: str, version: int) -> int:
@@ -552,6 +608,66 @@ class ProductRegistry:
             await asyncio.to_thread(self.store.rollback, product, version)
             await self._load_shards(product)
         return version
+
+    # --- candidates (issue 23) ---------------------------------------------------------------
+    async def candidates(self, product: str) -> list[dict[str, Any]]:
+        """The product's candidate versions (oldest first): version, the head it was built over,
+        when, its threshold and estimated false-alarm rate. ProductNotFound for an unknown product."""
+        out = []
+        for v in await asyncio.to_thread(self.store.candidates, product):
+            rec = await asyncio.to_thread(self.store.record, product, v)
+            op = rec.operating_point()
+            out.append(
+                {
+                    "version": v,
+                    "parent": rec.parent,
+                    "created": rec.created,
+                    "images": rec.images,
+                    "threshold": None if op is None else op.threshold,
+                    "estimated_false_alarm_rate": None if op is None else op.false_alarm_rate,
+                }
+            )
+        return out
+
+    async def promote(self, product: str, version: int, expect_head: int | None = None) -> int:
+        """Make candidate ``version`` head (``VersionedStore.promote``: a CAS, recorded), then load it on
+        the template hosts and publish it to the replicas, as a rollback does."""
+        async with self._lock(product):
+            await asyncio.to_thread(partial(self.store.promote, expect_head=expect_head), product, version)
+            await self._load_shards(product)
+        return version
+
+    async def discard(self, product: str, version: int) -> int:
+        """Drop candidate ``version`` (``VersionedStore.discard``); what is served does not change."""
+        async with self._lock(product):
+            await asyncio.to_thread(self.store.discard, product, version)
+        return version
+
+    async def start_compare(
+        self,
+        product: str,
+        version: int,
+        images: list[tuple[str, bytes]],
+        labels: list[int] | None = None,
+        base: int | None = None,
+    ) -> dict[str, Any]:
+        """Score ``images`` with ``base`` (None = HEAD) and ``version`` side by side (compare.py), as a
+        job (kind ``compare``) in a task; its record gets ``compare`` (flips, score shift, false-alarm
+        rates, labelled recall) and its ``version`` is the candidate's. Nothing is published.
+        ProductNotFound before any work for an unknown product or version."""
+        await asyncio.to_thread(self.store.record, product, version)
+        if base is not None:
+            await asyncio.to_thread(self.store.record, product, base)
+
+        async def work(progress: JobProgress) -> int:
+            progress.stage("score with both versions", len(images))
+            result = await _compare_task.remote(
+                self.store_uri, product, version, base, images, labels, COMPARE_MAX_MAPS
+            )
+            progress.note(compare=result)
+            return version
+
+        return self.jobs.start("compare", product, work, done="compared")
 
     async def delete(self, product: str) -> None:
         """Remove a product from the store (every version) and stop serving it here."""
@@ -620,26 +736,38 @@ class ProductRegistry:
             await self._load_shards(product)
         return version
 
-    async def start_normals(self, product: str, images: list[bytes]) -> dict[str, Any]:
-        """Hot-update ``product`` with encoded good images, as a job; returns the job record."""
+    async def start_normals(self, product: str, images: list[bytes], publish: str | None = None) -> dict[str, Any]:
+        """Hot-update ``product`` with encoded good images, as a job; returns the job record.
+        ``publish``: ``live`` / ``candidate`` for this job (None: the product's, else the service's)."""
         version = await self.head(product)  # ProductNotFound before any work starts
         cfg = (await asyncio.to_thread(self.store.record, product, version)).config
+        candidate = self._candidate(publish, cfg)
         if cfg.geometry.tiled:
-            return self.jobs.start("normals", product, partial(self._update_tiled, product, images))
+            return self.jobs.start(
+                "normals", product, partial(self._update_tiled, product, images, candidate=candidate)
+            )
 
         async def work(progress: JobProgress) -> int:
             features, digests = await self._extract(cfg, images, progress)
             progress.stage("select and publish")
-            return await self.update(product, features, digests, progress)
+            progress.note(candidate=candidate)
+            return await self.update(product, features, digests, progress, candidate=candidate)
 
         return self.jobs.start("normals", product, work)
 
     async def start_calibrate(
-        self, product: str, images: list[bytes], labels: list[int], objective: str, max_false_alarm_rate: float
+        self,
+        product: str,
+        images: list[bytes],
+        labels: list[int],
+        objective: str,
+        max_false_alarm_rate: float,
+        publish: str | None = None,
     ) -> dict[str, Any]:
         """Labelled validation of ``product``'s head (``hetmm calibrate``), as a job: scores the
-        images, stores the chosen threshold as a new version and publishes it."""
+        images, stores the chosen threshold as a new version and publishes it (or stores a candidate)."""
         version = await self.head(product)  # ProductNotFound before any work starts
+        candidate = self._candidate(publish, (await asyncio.to_thread(self.store.record, product, version)).config)
 
         async def work(progress: JobProgress) -> int:
             progress.stage("score labelled images", len(images))
@@ -647,9 +775,13 @@ class ProductRegistry:
                 self.store_uri, product, version, images, labels, objective, max_false_alarm_rate
             )
             progress.stage("publish")
+            progress.note(candidate=candidate)
             async with self._lock(product):
-                new = await asyncio.to_thread(self.store.put, product, ts, expect_head=version)
-                await self._load_shards(product)
+                new = await asyncio.to_thread(
+                    partial(self.store.put, candidate=candidate), product, ts, expect_head=version
+                )
+                if not candidate:
+                    await self._load_shards(product)
             return new
 
         return self.jobs.start("calibrate", product, work)
@@ -683,21 +815,28 @@ class ProductRegistry:
         ts = replace(base, config=replace(base.config, region=region))
         return base, await asyncio.to_thread(self._pipeline(ts.config, progress).calibrated, ts)
 
-    async def start_region(self, product: str, region: dict[str, Any] | None) -> dict[str, Any]:
+    async def start_region(
+        self, product: str, region: dict[str, Any] | None, publish: str | None = None
+    ) -> dict[str, Any]:
         """Give ``product`` another inspection region (``hetmm region``), as a job (kind ``region``):
         the head's bank and templates under the new region, recalibrated (its out-of-fold scores
         count the region's pixels only), stored as a new version and published. Refused before
         any work (ConfigError) for a region that counts no map pixel, and for a product on the
         ``validation`` rule (its labelled threshold was chosen under the old region)."""
-        version, _ = await self._region_base(product, region)
+        version, cfg = await self._region_base(product, region)
+        candidate = self._candidate(publish, cfg)
 
         async def work(progress: JobProgress) -> int:
             progress.stage("calibrate under the region")
+            progress.note(candidate=candidate)
             async with self._lock(product):
                 _, calibrated = await self._under_region(product, version, region, progress)
                 progress.stage("publish")
-                new = await asyncio.to_thread(self.store.put, product, calibrated, expect_head=version)
-                await self._load_shards(product)
+                new = await asyncio.to_thread(
+                    partial(self.store.put, candidate=candidate), product, calibrated, expect_head=version
+                )
+                if not candidate:
+                    await self._load_shards(product)
             return new
 
         return self.jobs.start("region", product, work)
@@ -717,7 +856,7 @@ class ProductRegistry:
 
         return self.jobs.start("region_preview", product, work, done="previewed")
 
-    async def start_far_rule(self, product: str, false_alarm_rate: float) -> dict[str, Any]:
+    async def start_far_rule(self, product: str, false_alarm_rate: float, publish: str | None = None) -> dict[str, Any]:
         """Set ``product``'s threshold rule to ``far`` at ``false_alarm_rate`` as a new version (a job,
         kind ``calibrate``): the same bank, templates and out-of-fold scores, only the stored
         ``threshold`` settings change (``VersionedStore.republish``), then published to the replicas."""
@@ -732,12 +871,17 @@ class ProductRegistry:
             raise TemplateError(f"product {product!r} v{version} has no out-of-fold scores: the far rule needs them")
         threshold = replace(cfg.threshold, rule="far", false_alarm_rate=false_alarm_rate)  # ConfigError if out of range
         config = replace(cfg, threshold=threshold).stored_dict()
+        candidate = self._candidate(publish, cfg)
 
         async def work(progress: JobProgress) -> int:
             progress.stage("publish")
+            progress.note(candidate=candidate)
             async with self._lock(product):
-                new = await asyncio.to_thread(self.store.republish, product, config=config, expect_head=version)
-                await self._load_shards(product)
+                new = await asyncio.to_thread(
+                    partial(self.store.republish, candidate=candidate), product, config=config, expect_head=version
+                )
+                if not candidate:
+                    await self._load_shards(product)
             return new
 
         return self.jobs.start("calibrate", product, work)

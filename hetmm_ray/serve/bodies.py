@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, StrictInt, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt, ValidationError, model_validator
 from starlette.datastructures import FormData
 from starlette.formparsers import MultiPartParser
 from starlette.requests import Request
@@ -37,8 +37,10 @@ from .security import parse_json_object
 
 __all__ = [
     "RAW_IMAGE_TYPES",
+    "CompareBody",
     "FarRuleBody",
     "LabelledSourceBody",
+    "PromoteBody",
     "RollbackBody",
     "SourceBody",
     "content_type",
@@ -215,6 +217,28 @@ class RollbackBody(BaseModel):
 
     model_config = ConfigDict(extra="ignore", frozen=True)
     version: StrictInt
+
+
+class CompareBody(BaseModel):
+    """``POST .../versions/{v}/compare`` as JSON (issue 23): a server-side ``source`` (folder or
+    s3:// prefix, as create's; ``store:labels``: the console's labelled set), ``labelled`` (the
+    folder is good/ + defect sub-folders: then recall per version), ``base`` (default HEAD), and
+    ``since`` / ``until`` (the inspection record's time range: refused while it is not built in)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    source: Any = None
+    labelled: StrictBool = False
+    base: StrictInt | None = None
+    since: Any = None
+    until: Any = None
+
+
+class PromoteBody(BaseModel):
+    """``POST .../versions/{v}/promote``: optional ``{"expect_head": n}`` (refused with 409 unless the
+    head is still ``n``: the head the candidate was compared with)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    expect_head: StrictInt | None = None
 
 
 Body = TypeVar("Body", bound=BaseModel)

@@ -36,7 +36,7 @@ from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from ..config import SERVE_BY_VALUE_MAX_BYTES, DetectorConfig, ServiceConfig, merge_product_config
+from ..config import PUBLISH_MODES, SERVE_BY_VALUE_MAX_BYTES, DetectorConfig, ServiceConfig, merge_product_config
 from ..core.calibration import check_rate
 from ..data.decode import decode_image
 from ..data.region_file import region_from_json
@@ -91,6 +91,14 @@ def job_answer(record: dict[str, Any]) -> JSONResponse:
         body = {"error": {"code": code, "message": err.get("message", "")}, "job": record}
         return JSONResponse(body, status_code=status)
     return JSONResponse({"job": record}, status_code=200)
+
+
+def _publish_mode(publish: str | None) -> str | None:
+    """A request's ``?publish=`` (issue 23): ``live``, ``candidate`` or absent (the product's setting,
+    else the service's); anything else is a 400."""
+    if publish is not None and publish not in PUBLISH_MODES:
+        raise Refused(400, "bad_request", f"publish: choose one of {', '.join(PUBLISH_MODES)}, got {publish!r}")
+    return publish
 
 
 def _serving_origins() -> tuple[str, ...]:
@@ -214,6 +222,7 @@ class Ingress:
         self.registry = get_registry(self.service.store, detached=True)
         self.registry.set_poll.remote(self.service.store_poll_s)  # follow other writers of the store
         self.registry.set_hosts.remote(self.service.template_hosts)  # template host processes (issue 14)
+        self.registry.set_publish.remote(self.service.publish)  # live | candidate when a product names none
         # A hot product spreads over several replicas (serve/warm_set.py).
         self.warm = WarmSet(
             hot_inflight=self.service.hot_product_inflight,
@@ -409,13 +418,14 @@ class Ingress:
 
     @app.put("/v1/products/{product}/region")
     @timed("region")
-    async def region(self, product: str, request: Request, wait: bool = False) -> Response:
+    async def region(self, product: str, request: Request, wait: bool = False, publish: str | None = None) -> Response:
         """Another inspection region for ``product`` (``hetmm region``): JSON ``{"region": R}`` (R
         as in ``config/region.py``, or null: every pixel counts), or R itself. A job (202) that
-        recalibrates the head's templates under R and publishes a new version."""
+        recalibrates the head's templates under R and publishes a new version (``?publish=``)."""
         self._admin(request)
+        publish = _publish_mode(publish)
         region = await self._region_body(product, request)
-        record = await self.registry.start_region.remote(product, region)
+        record = await self.registry.start_region.remote(product, region, publish)
         return await self._job_response(record, wait)
 
     @app.post("/v1/products/{product}/region/preview")
@@ -439,27 +449,31 @@ class Ingress:
 
     @app.post("/v1/products/{product}/normals")
     @timed("normals")
-    async def normals(self, product: str, request: Request, wait: bool = False) -> Response:
+    async def normals(self, product: str, request: Request, wait: bool = False, publish: str | None = None) -> Response:
         self._admin(request)
+        publish = _publish_mode(publish)
         await self._require_product(product)
         uploads, _ = await self._uploads(request, max_images=self.service.max_images_per_job)
         await self._decode(uploads)
-        record = await self.registry.start_normals.remote(product, [d for _, d in uploads])
+        record = await self.registry.start_normals.remote(product, [d for _, d in uploads], publish)
         return await self._job_response(record, wait)
 
     @app.post("/v1/products/{product}/calibrate")
     @timed("calibrate")
-    async def calibrate(self, product: str, request: Request, wait: bool = False) -> Response:
+    async def calibrate(
+        self, product: str, request: Request, wait: bool = False, publish: str | None = None
+    ) -> Response:
         """Labelled validation (``hetmm calibrate``): multipart files under the field names ``good``
         and ``defective`` (text fields ``objective`` f1|recall, ``max_false_alarm_rate``), or JSON
         ``{"source": server-side folder, "objective", "max_false_alarm_rate"}``. A job (202)."""
         self._admin(request)
+        publish = _publish_mode(publish)
         await self._require_product(product)
         if bodies.content_type(request) == "application/json":
             spec = await self._json(request)
             if "rule" in spec or "false_alarm_rate" in spec:  # the far rule at a rate (serve/ui.py)
                 far = bodies.typed(bodies.FarRuleBody, spec, refusal="JSON body: give 'false_alarm_rate'")
-                return await self._job_response(await self.console.set_far_rule(product, far), wait)
+                return await self._job_response(await self.console.set_far_rule(product, far, publish), wait)
             body = bodies.typed(
                 bodies.LabelledSourceBody,
                 spec,
@@ -491,7 +505,9 @@ class Ingress:
         if not 0 < sum(labels) < len(labels):
             raise Refused(400, "bad_request", "labelled validation needs good and defective images")
         await self._decode(uploads)
-        record = await self.registry.start_calibrate.remote(product, [d for _, d in uploads], labels, objective, cap)
+        record = await self.registry.start_calibrate.remote(
+            product, [d for _, d in uploads], labels, objective, cap, publish
+        )
         return await self._job_response(record, wait)
 
     async def _labelled_uploads(self, request: Request) -> tuple[list[tuple[str, bytes]], list[int], dict[str, str]]:
@@ -527,6 +543,105 @@ class Ingress:
         self._canvas.forget(product)
         self.console.forget(product)  # the console's recent ring (serve/recent.py)
         return JSONResponse({"product": product, "deleted": True})
+
+    # --- candidates and compare (issue 23) ---------------------------------------------------
+    @app.get("/v1/products/{product}/candidates")
+    @timed("candidates")
+    async def candidates(self, product: str, request: Request) -> Response:
+        """The product's candidate versions beside its head (``ProductRegistry.candidates``)."""
+        await self._require_product(product)
+        head = await self.registry.head.remote(product)
+        return JSONResponse(
+            {"product": product, "head": head, "candidates": await self.registry.candidates.remote(product)}
+        )
+
+    @app.post("/v1/products/{product}/versions/{version}/promote")
+    @timed("promote")
+    async def promote(self, product: str, version: int, request: Request) -> Response:
+        """Make candidate ``version`` head (a recorded move); optional JSON ``{"expect_head": n}``:
+        409 unless the head is still ``n``. 404 if it is not a candidate."""
+        self._admin(request)
+        await self._require_product(product)
+        raw = await self._body(request)  # an empty body: no expectation
+        spec = parse_json_object(raw, what="JSON body") if raw.strip() else {}
+        body = bodies.typed(bodies.PromoteBody, spec, refusal="JSON body: optional integer 'expect_head'")
+        old = await self.registry.head.remote(product)
+        done = await self.registry.promote.remote(product, version, body.expect_head)
+        return JSONResponse({"product": product, "version": done, "previous": old})
+
+    @app.post("/v1/products/{product}/versions/{version}/discard")
+    @timed("discard")
+    async def discard(self, product: str, version: int, request: Request) -> Response:
+        """Drop candidate ``version``; the head does not move. 404 if it is not a candidate."""
+        self._admin(request)
+        await self._require_product(product)
+        await self.registry.discard.remote(product, version)
+        return JSONResponse({"product": product, "version": version, "discarded": True})
+
+    @app.post("/v1/products/{product}/versions/{version}/compare")
+    @timed("compare")
+    async def compare(self, product: str, version: int, request: Request, wait: bool = False) -> Response:
+        """Score a set of images with the head (or ``base``) and ``version`` side by side: a job (202,
+        kind ``compare``) whose record gets ``compare`` (compare.py: flips with both heat-maps, the
+        score shift, each version's false-alarm rates; recall with labelled images). The set: a
+        multipart upload of images, or JSON ``bodies.CompareBody`` (a server-side folder or s3://
+        prefix, a labelled folder, or ``store:labels``, the console's labelled set)."""
+        self._admin(request)
+        await self._require_product(product)
+        labels: list[int] | None = None
+        base = None
+        if bodies.content_type(request) == "application/json":
+            body = bodies.typed(
+                bodies.CompareBody,
+                await self._json(request),
+                refusal="JSON body: give 'source' (folder, s3:// prefix or store:labels), optional 'labelled', 'base'",
+            )
+            base = body.base
+            labelled = None
+            if body.since is not None or body.until is not None:  # the product's inspection record
+                uploads, labels = await self._record_set(product, body)
+            elif body.source == STORED_LABELS:  # the console's labelled set (store/labels.py)
+                labelled = await self.console.labelled(product)
+            elif body.labelled:
+                uri, _ = resolve_source(body.source, self.service.source_roots)
+                labelled = await asyncio.to_thread(_labelled_folder, uri)
+            else:
+                uri, confine_to = resolve_source(body.source, self.service.source_roots)
+                uploads = await asyncio.to_thread(
+                    read_image_source, uri, max_images=self.service.max_images_per_job, confine_to=confine_to
+                )
+            if labelled is not None:
+                uploads = [(name, data) for name, data, _ in labelled]
+                labels = [label for _, _, label in labelled]
+        else:
+            uploads, _ = await self._uploads(request, max_images=self.service.max_images_per_job)
+        if len(uploads) > self.service.max_images_per_job:
+            limit = self.service.max_images_per_job
+            raise Refused(413, "too_many_images", f"{len(uploads)} images; the limit is {limit}")
+        if not uploads:
+            raise Refused(400, "bad_request", "no images to compare on")
+        await self._decode(uploads)  # every bad image is a 400 now, not a failed job later
+        record = await self.registry.start_compare.remote(product, version, uploads, labels, base)
+        return await self._job_response(record, wait)
+
+    async def _record_set(
+        self, product: str, body: bodies.CompareBody
+    ) -> tuple[list[tuple[str, bytes]], list[int] | None]:
+        """A compare's set from the inspection record over ``[since, until)`` (compare.record_images:
+        labels when every image is labelled); refused (400) where this build has no record."""
+        from ..compare import parse_time, record_images, record_reader
+
+        if record_reader() is None:
+            raise Refused(
+                400, "bad_request", "the inspection record is not a compare source in this build: give 'source'"
+            )
+        if body.source is not None:
+            raise Refused(400, "bad_request", "give 'source' or 'since'/'until', not both")
+        try:
+            since, until = parse_time(body.since), parse_time(body.until)
+        except ValueError as exc:
+            raise Refused(400, "bad_request", f"since/until: {exc}") from None
+        return await asyncio.to_thread(record_images, self.console.store, product, since, until)
 
     @app.get("/v1/jobs/{job_id}")
     @timed("job")

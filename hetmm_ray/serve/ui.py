@@ -289,14 +289,14 @@ class Console:
             "changes": changes,
         }
 
-    async def set_far_rule(self, product: str, body: FarRuleBody) -> dict[str, Any]:
+    async def set_far_rule(self, product: str, body: FarRuleBody, publish: str | None = None) -> dict[str, Any]:
         """``POST /v1/products/{p}/calibrate`` with JSON ``{"rule": "far", "false_alarm_rate": r}``
         (``rule`` optional; its shape checked by :class:`~hetmm_ray.serve.bodies.FarRuleBody`): the
         far rule at rate ``r`` as a new version, a job like the labelled calibration (the console's
         Apply of the previewed far line); returns the job record. ``r`` is checked against the same
         range as the ``threshold.false_alarm_rate`` setting."""
         check_number("threshold.false_alarm_rate", body.false_alarm_rate)  # ConfigError: 400 bad_config
-        return await self.registry.start_far_rule.remote(product, float(body.false_alarm_rate))
+        return await self.registry.start_far_rule.remote(product, float(body.false_alarm_rate), publish)
 
     # --- labels ---------------------------------------------------------------------------------
     async def labels(self, product: str) -> Response:

@@ -4,7 +4,8 @@ Layout under a product::
 
     <product>/objects/<sha256>.safetensors   bank chunks and selections, content-addressed
     <product>/versions/<NNNNNN>.json        manifest of one version (immutable, carries its own sha256)
-    <product>/HEAD                          {"version": n, "history": [kept versions]}, written last
+    <product>/HEAD                          {"version": n, "history": [kept versions],
+                                             "candidates": [versions]} (candidates optional), written last
     <product>/moves/<time_ns>.json          one HEAD move that published nothing (rollback, repair)
 
 Publishing writes data objects, then the manifest (create-only: it claims the
@@ -34,6 +35,17 @@ One object per move rather than a list in HEAD: HEAD's format stays what older r
 writers expect (they ignore ``moves/``, and a writer that rewrites HEAD cannot drop the log),
 and appending needs no read-modify-write on S3. A crash between the swap and the record loses
 that one record (the move itself stands); a failed swap records nothing.
+
+Candidates (issue 23): ``put(..., candidate=True)`` (and ``republish``) writes the version
+exactly as a publish does (objects, then the create-only manifest) and then swaps HEAD, by the
+same compare-and-swap, to one that lists it under ``"candidates"`` with its ``version`` and
+``history`` unchanged: readers that follow HEAD never see it. :meth:`VersionedStore.promote`
+makes a candidate head (a CAS, then a move of kind ``promote`` in ``moves/``);
+:meth:`VersionedStore.discard` drops it from the list (a CAS; its manifest stays an orphan).
+Several candidates may exist at once. A candidate's ``parent`` is the head it was built over;
+promoting it after HEAD has moved replaces that newer head (the comparison, not the store,
+says whether it should). A HEAD without ``"candidates"`` is read as having none, so older
+stores read as they did; an older writer that rewrites HEAD drops the list (the manifests stay).
 
 Both formats are read. :meth:`VersionedStore.migrate` (``hetmm migrate``) republishes a
 format-1 head in format 2 as a new version with the same content (a CAS on HEAD, like any
@@ -78,6 +90,11 @@ def _sha256(data: bytes | bytearray | memoryview) -> str:
 
 def _canonical(manifest: dict[str, Any]) -> bytes:
     return json.dumps(manifest, sort_keys=True).encode()
+
+
+def _candidates(head: dict[str, Any]) -> list[int]:
+    """HEAD's candidate versions (issue 23; absent in a HEAD without any, and in older stores)."""
+    return [int(v) for v in head.get("candidates", [])]
 
 
 def _layout(ts: TemplateSet) -> dict[str, dict[str, Any]]:
@@ -215,11 +232,15 @@ class VersionedStore:
         n = int(parent["images"])
         return parent["layers"] == _layout(ts) and tuple(parent["image_digests"]) == ts.image_digests[:n]
 
-    def put(self, product: str, template_set: TemplateSet, *, expect_head: int | None = None) -> int:
+    def put(
+        self, product: str, template_set: TemplateSet, *, expect_head: int | None = None, candidate: bool = False
+    ) -> int:
         """Publish a new version and make it head; returns its number.
 
         ``expect_head``: fail with StoreConflict unless the head is still this version
-        (optimistic concurrency for read-modify-write updates).
+        (optimistic concurrency for read-modify-write updates). ``candidate``: store it as a
+        candidate of the head instead (HEAD keeps its version; see :meth:`promote`); a product's
+        first version is always made head.
         """
         check_product_name(product)
         self.sweep_temp(product)  # what a writer killed mid-object left behind
@@ -251,9 +272,22 @@ class VersionedStore:
         }
         sealed = {**manifest, "sha256": _sha256(_canonical(manifest))}
         self.backend.write(f"{product}/versions/{version:06d}.json", json.dumps(sealed).encode(), if_none_match=True)
-        new_head = {"version": version, "history": [*head["history"], version]}
-        self.backend.write(f"{product}/HEAD", json.dumps(new_head).encode(), if_none_match=etag is None, if_match=etag)
+        self._swap_head(product, head, etag, version, candidate=candidate and found is not None)
         return version
+
+    def _swap_head(
+        self, product: str, head: dict[str, Any], etag: str | None, version: int, *, candidate: bool
+    ) -> None:
+        """The last step of a publish: a compare-and-swap of HEAD on ``etag`` that makes ``version``
+        head (appended to the history) or, for a candidate, adds it to ``candidates`` (HEAD's
+        version and history unchanged). Other candidates are carried over either way."""
+        if candidate:
+            new_head = {**head, "candidates": [*_candidates(head), version]}
+        else:
+            new_head = {"version": version, "history": [*head["history"], version]}
+            if _candidates(head):
+                new_head["candidates"] = _candidates(head)
+        self.backend.write(f"{product}/HEAD", json.dumps(new_head).encode(), if_none_match=etag is None, if_match=etag)
 
     @staticmethod
     def _refuse_during_cleanup(product: str, head: dict[str, Any]) -> None:
@@ -272,7 +306,13 @@ class VersionedStore:
         return max([int(head["version"]), *existing]) + 1
 
     def republish(
-        self, product: str, *, config: dict[str, Any], expect_head: int, meta: dict[str, Any] | None = None
+        self,
+        product: str,
+        *,
+        config: dict[str, Any],
+        expect_head: int,
+        meta: dict[str, Any] | None = None,
+        candidate: bool = False,
     ) -> int:
         """Publish the head's content again under another stored configuration, as a new version.
 
@@ -282,7 +322,7 @@ class VersionedStore:
         and nothing but the parent's manifest is read. ``config``: a stored configuration
         (``DetectorConfig.stored_dict()``); one that ``stored_config`` refuses raises ConfigError
         and publishes nothing. ``meta`` is merged over the parent's. StoreConflict unless the head
-        is still ``expect_head``. Returns the new version.
+        is still ``expect_head``. ``candidate``: stored as a candidate (:meth:`put`). Returns the new version.
         """
         check_product_name(product)
         head, etag = self._require_head(product)
@@ -302,8 +342,7 @@ class VersionedStore:
         }
         sealed = {**manifest, "sha256": _sha256(_canonical(manifest))}
         self.backend.write(f"{product}/versions/{version:06d}.json", json.dumps(sealed).encode(), if_none_match=True)
-        new_head = {"version": version, "history": [*head["history"], version]}
-        self.backend.write(f"{product}/HEAD", json.dumps(new_head).encode(), if_match=etag)
+        self._swap_head(product, head, etag, version, candidate=candidate)
         return version
 
     def _selection_refs(self, product: str, ts: TemplateSet) -> Any:
@@ -394,6 +433,54 @@ class VersionedStore:
             out.append(move)
         return sorted(out, key=lambda m: m["time"])
 
+    # --- candidates (issue 23) -----------------------------------------------------------
+    def candidates(self, product: str) -> list[int]:
+        """The product's candidate versions, oldest first: stored and verified, not head."""
+        return _candidates(self._require_head(product)[0])
+
+    def promote(self, product: str, version: int, *, expect_head: int | None = None) -> int:
+        """Make candidate ``version`` head: one compare-and-swap of HEAD (the version appended to
+        the history, dropped from the candidates), then recorded as a move of kind ``promote``
+        (like a rollback). ``expect_head``: StoreConflict unless the head is still this version (a
+        promote decided on a comparison against that head). A racing writer that moved HEAD
+        between the read and the swap makes this raise StoreConflict; nothing changed then.
+        ProductNotFound if ``version`` is not a candidate. Returns ``version``."""
+        head, etag = self._require_head(product)
+        if version not in _candidates(head):
+            raise ProductNotFound(
+                f"product {product!r} has no candidate v{version} (candidates: {_candidates(head) or 'none'})"
+            )
+        old = int(head["version"])
+        if expect_head is not None and old != expect_head:
+            raise StoreConflict(f"{product}: head is v{old}, not v{expect_head}; compare again and retry")
+        self._refuse_during_cleanup(product, head)
+        self.get(product, version)  # verify it loads before pointing readers at it
+        rest = [v for v in _candidates(head) if v != version]
+        new_head = {k: v for k, v in head.items() if k != "candidates"}
+        new_head.update(version=version, history=[*head["history"], version])
+        if rest:
+            new_head["candidates"] = rest
+        self.backend.write(f"{product}/HEAD", json.dumps(new_head).encode(), if_match=etag)
+        self._record_move(product, "promote", old, version)
+        return version
+
+    def discard(self, product: str, version: int) -> int:
+        """Drop candidate ``version`` (a compare-and-swap of HEAD; the head does not move and no move
+        is recorded). Its manifest stays as an orphan that no reader follows, and its number is never
+        reused; its objects go with the next retention clean-up unless another version holds them.
+        ProductNotFound if it is not a candidate; StoreConflict if HEAD changed meanwhile."""
+        head, etag = self._require_head(product)
+        if version not in _candidates(head):
+            raise ProductNotFound(
+                f"product {product!r} has no candidate v{version} (candidates: {_candidates(head) or 'none'})"
+            )
+        rest = [v for v in _candidates(head) if v != version]
+        new_head = {k: v for k, v in head.items() if k != "candidates"}
+        if rest:
+            new_head["candidates"] = rest
+        self.backend.write(f"{product}/HEAD", json.dumps(new_head).encode(), if_match=etag)
+        return version
+
     def retain(self, product: str, keep: int) -> list[int]:
         """Keep the newest ``keep`` versions and the head; delete the rest. Returns deleted versions.
 
@@ -408,7 +495,8 @@ class VersionedStore:
         dropped = [v for v in history if v not in kept]
         if not dropped:
             return []
-        live = {ref["key"] for v in kept for ref in self._refs(self.manifest(product, v))}
+        # a candidate may share chunk objects with any kept or dropped version: they stay
+        live = {ref["key"] for v in [*kept, *_candidates(head)] for ref in self._refs(self.manifest(product, v))}
         doomed: set[str] = set()
         for v in dropped:
             doomed |= {ref["key"] for ref in self._refs(self.manifest(product, v))}

@@ -391,6 +391,57 @@ async function renderVersions() {
       el("td", {}, v.head ? null : el("button", { type: "button", "data-testid": `rollback-${v.version}`, onclick: () => rollback(product, v.version) }, "Roll back to this")));
   });
   $("versions-body").replaceChildren(...rows.filter((r) => r !== null));
+  await renderCandidates(product);
+}
+
+// --- Candidates (issue 23): stored beside the head; compare, then promote or discard ------------
+async function renderCandidates(product) {
+  const data = await api("GET", `/v1/products/${enc(product)}/candidates`);
+  const rows = data.candidates.map((c) => el("tr", { "data-testid": "candidate-row", "data-version": c.version },
+    el("td", { text: `v${c.version}` }), el("td", { text: c.parent ? `v${c.parent}` : "–" }), el("td", { text: c.images }),
+    el("td", { text: fmt(c.threshold) }), el("td", { text: when(c.created) }),
+    el("td", {},
+      el("button", { type: "button", "data-testid": `compare-${c.version}`, onclick: () => compareCandidate(product, c.version) }, "Compare"),
+      el("button", { type: "button", "data-testid": `promote-${c.version}`, onclick: () => promoteCandidate(product, c.version, data.head) }, "Promote"),
+      el("button", { type: "button", "data-testid": `discard-${c.version}`, onclick: () => discardCandidate(product, c.version) }, "Discard"))));
+  if (!rows.length) rows.push(el("tr", {}, el("td", { colspan: 6, text: "no candidates" })));
+  $("candidates-body").replaceChildren(...rows);
+}
+
+async function compareCandidate(product, version) {
+  clearError();
+  try {
+    const job = (await api("POST", `/v1/products/${enc(product)}/versions/${version}/compare`, { admin: true, type: "application/json", body: JSON.stringify({ source: "store:labels" }) })).job;
+    const done = await followJob(job, $("compare-job"), (j) => `compared v${j.compare.base} and v${j.compare.candidate}: ${j.compare.flips.length} verdict flip(s)`);
+    const c = done.compare;
+    const side = (v, s) => `v${v}: ${fmt(s.score)} ${s.is_anomaly ? "ANOMALY" : "ok"} (threshold ${fmt(s.threshold)})`;
+    const pairs = c.flips.map((f) => el("div", { class: "card", "data-testid": "flip" },
+      el("div", { text: f.image }),
+      f.heatmaps ? el("img", { src: f.heatmaps.base, alt: `v${c.base}`, "data-testid": "flip-base" }) : null,
+      f.heatmaps ? el("img", { src: f.heatmaps.candidate, alt: `v${c.candidate}`, "data-testid": "flip-candidate" }) : null,
+      el("div", { text: side(c.base, f.base) }), el("div", { text: side(c.candidate, f.candidate) })));
+    const shift = el("div", { "data-testid": "score-shift", text: `median score v${c.base} ${fmt(c.score_shift.base[2])}, v${c.candidate} ${fmt(c.score_shift.candidate[2])}` });
+    $("compare-result").replaceChildren(shift, el("div", { class: "cards" }, ...pairs));
+  } catch (exc) { showError(exc, $("compare-job")); }
+}
+
+async function promoteCandidate(product, version, head) {
+  clearError();
+  try {
+    await api("POST", `/v1/products/${enc(product)}/versions/${version}/promote`, { admin: true, type: "application/json", body: JSON.stringify({ expect_head: head }) });
+    await loadProducts();
+    await renderVersions();
+    notice(`${product}: v${version} promoted, head now`);
+  } catch (exc) { showError(exc); }
+}
+
+async function discardCandidate(product, version) {
+  clearError();
+  try {
+    await api("POST", `/v1/products/${enc(product)}/versions/${version}/discard`, { admin: true });
+    await renderVersions();
+    notice(`${product}: candidate v${version} discarded`);
+  } catch (exc) { showError(exc); }
 }
 
 async function rollback(product, version) {

@@ -243,3 +243,28 @@ def test_auto_tiles_are_resolved_from_the_uploaded_frames(service) -> None:
     assert r.status_code == 200 and "tiles" not in r.json()["job"], r.text
     rec = store.record("autoone")
     assert rec.config.geometry.tiles == (1, 1) and not any(k.startswith("tile") for k in rec.layers)
+
+
+def test_tiled_candidate_and_compare(service, product) -> None:
+    """Issue 23: a tiled product's hot update published as a candidate leaves the head serving, and
+    the compare job scores whole frames with both versions as the in-process detectors do."""
+    client, store = service["client"], open_store(service["store"])
+    assert create(client, "cand", product, tiles="2x2").status_code == 200
+    files = [("images", (f"n{i}.png", png(product.good(i)), "image/png")) for i in (50, 51)]
+    r = client.post("/v1/products/cand/normals?wait=true&publish=candidate", files=files, headers=ADMIN)
+    assert r.status_code == 200 and r.json()["job"]["version"] == 2 and r.json()["job"]["candidate"], r.text
+    assert store.head("cand") == 1 and store.candidates("cand") == [2]
+    frames = _frames(product)
+    r = client.post("/v1/products/cand/predict", content=png(frames[0]), headers={"content-type": "image/png"})
+    assert r.status_code == 200 and r.json()["version"] == 1, r.text
+    upload = [("images", (f"f{i}.png", png(f), "image/png")) for i, f in enumerate(frames)]
+    r = client.post("/v1/products/cand/versions/2/compare?wait=true", files=upload, headers=ADMIN)
+    assert r.status_code == 200, r.text
+    result = r.json()["job"]["compare"]
+    preds = [TiledHETMM.load(store, "cand", v, device="cpu").predict(frames) for v in (1, 2)]
+    assert result["threshold"]["base"] == pytest.approx(preds[0].threshold, rel=1e-5)
+    assert result["threshold"]["candidate"] == pytest.approx(preds[1].threshold, rel=1e-5)
+    flips = [f"f{i}.png" for i in range(len(frames)) if preds[0].is_anomaly[i] != preds[1].is_anomaly[i]]
+    assert [f["image"] for f in result["flips"]] == flips
+    assert result["score_shift"]["base"][0] == pytest.approx(float(min(preds[0].scores)), rel=1e-4)
+    assert result["score_shift"]["candidate"][-1] == pytest.approx(float(max(preds[1].scores)), rel=1e-4)
