@@ -269,7 +269,7 @@ class Ingress:
             raise Refused(403, "forbidden", "admin route: the bearer token is wrong")
 
     # --- bodies (serve/bodies.py), bounded by this service's limits -----------------------------
-    async def _body(self, request: Request) -> bytes:
+    async def _bounded_body(self, request: Request) -> bytes:
         return await bodies.read_body(request, limit=self.limit, timeout=self.service.body_timeout_s)
 
     async def _uploads(self, request: Request, *, max_images: int) -> tuple[list[tuple[str, bytes]], dict[str, str]]:
@@ -562,7 +562,7 @@ class Ingress:
         409 unless the head is still ``n``. 404 if it is not a candidate."""
         self._admin(request)
         await self._require_product(product)
-        raw = await self._body(request)  # an empty body: no expectation
+        raw = await self._bounded_body(request)  # an empty body: no expectation
         spec = parse_json_object(raw, what="JSON body") if raw.strip() else {}
         body = bodies.typed(bodies.PromoteBody, spec, refusal="JSON body: optional integer 'expect_head'")
         old = await self.registry.head.remote(product)
