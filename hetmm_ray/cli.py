@@ -803,13 +803,8 @@ def _compare_images(args: argparse.Namespace) -> tuple[list[tuple[str, Any]], li
     from .data.sources import read_image_source
 
     if args.since is not None or args.until is not None:  # the product's inspection record
-        from .compare import parse_time, record_images, record_reader
+        from .compare import parse_time, record_images
 
-        if record_reader() is None:
-            raise CLIError(
-                "--since/--until (the product's inspection record) is not available in this build: "
-                "give images, folders, an s3:// prefix or --labelled DIR"
-            )
         if args.images or args.labelled:
             raise CLIError("give --since/--until, images or --labelled DIR, one of them")
         try:
@@ -817,6 +812,8 @@ def _compare_images(args: argparse.Namespace) -> tuple[list[tuple[str, Any]], li
         except ValueError as exc:
             raise CLIError(str(exc)) from None
         found, labels = record_images(_open(args), args.product, since, until)
+        if not found:
+            raise CLIError(f"the inspection record of {args.product!r} kept no images in that time range")
         return [(name, decode_image(data, source=name)) for name, data in found], labels
     if bool(args.images) == bool(args.labelled):
         raise CLIError("give images (files, folders or an s3:// prefix) or --labelled DIR, not both")

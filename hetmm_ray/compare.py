@@ -28,7 +28,6 @@ Nothing is published or changed: this reads the store only. core/ and the detect
 from __future__ import annotations
 
 import base64
-import importlib
 import io
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -39,31 +38,16 @@ import numpy as np
 __all__ = [
     "CHUNK",
     "QUANTILES",
-    "RECORD_READER",
     "as_json",
     "compare_versions",
     "overlay_png",
     "parse_time",
     "record_images",
-    "record_reader",
     "scored_sides",
 ]
 
 CHUNK = 16  # images scored per predict call on each side: bounds the maps held at once
 QUANTILES = (0.0, 0.1, 0.5, 0.9, 0.99, 1.0)
-
-
-# The inspection record (issue 23 item 3, another branch): a compare source once it is built in.
-# Imported by name, so this module neither needs nor names it where it is absent.
-RECORD_READER = "hetmm_ray.record.reader"
-
-
-def record_reader() -> Any | None:
-    """The inspection record's reader module, or None where this build has no record."""
-    try:
-        return importlib.import_module(RECORD_READER)
-    except ImportError:
-        return None
 
 
 def parse_time(value: Any) -> float | None:
@@ -89,11 +73,10 @@ def record_images(
 ) -> tuple[list[tuple[str, bytes]], list[int] | None]:
     """The images the product's inspection record kept in ``[since, until)`` (encoded, named
     ``<time>/<name>``) and, when a person labelled every one of them, their labels (1 = defective).
-    RuntimeError where this build has no inspection record (:func:`record_reader` is None)."""
-    reader = record_reader()
-    if reader is None:
-        raise RuntimeError("the inspection record is not in this build")
-    rows = reader.recorded_images(store.backend, product, since=since, until=until)
+    Reads through ``record/reader.py`` (pyarrow), imported here so that scoring alone never needs it."""
+    from .record.reader import recorded_images
+
+    rows = recorded_images(store.backend, product, since=since, until=until)
     images = [(f"{row['time']:.3f}/{row.get('name') or 'image'}", data) for row, data in rows]
     labels = [row.get("label") for row, _ in rows]
     if rows and all(label in ("good", "defective") for label in labels):

@@ -628,13 +628,9 @@ class Ingress:
         self, product: str, body: bodies.CompareBody
     ) -> tuple[list[tuple[str, bytes]], list[int] | None]:
         """A compare's set from the inspection record over ``[since, until)`` (compare.record_images:
-        labels when every image is labelled); refused (400) where this build has no record."""
-        from ..compare import parse_time, record_images, record_reader
+        labels when every image is labelled)."""
+        from ..compare import parse_time, record_images
 
-        if record_reader() is None:
-            raise Refused(
-                400, "bad_request", "the inspection record is not a compare source in this build: give 'source'"
-            )
         if body.source is not None:
             raise Refused(400, "bad_request", "give 'source' or 'since'/'until', not both")
         try:

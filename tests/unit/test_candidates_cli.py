@@ -205,14 +205,11 @@ def test_tiled_candidate_and_compare(tmp_path, capsys) -> None:
 
 def test_record_source_times_and_seam() -> None:
     """The inspection record as a compare source: times parse (unix seconds, ISO 8601 as UTC); where
-    this build has no record, reading it is refused (the CLI's one-line error is checked above)."""
-    from hetmm_ray.compare import parse_time, record_images, record_reader
+    the record holds nothing in the range, the CLI refuses in one line (checked above)."""
+    from hetmm_ray.compare import parse_time
 
     assert parse_time(None) is None and parse_time(12.5) == 12.5 and parse_time("100") == 100.0
     assert parse_time("1970-01-02T00:00:00") == 86400.0
     assert parse_time("1970-01-01T01:00:00+01:00") == 0.0
     with pytest.raises(ValueError, match="ISO 8601"):
         parse_time("yesterday")
-    if record_reader() is None:
-        with pytest.raises(RuntimeError, match="not in this build"):
-            record_images(None, "p", None, None)
