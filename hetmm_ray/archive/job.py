@@ -174,7 +174,7 @@ def _pipeline(
         DetectorActor,
         batch_format="pyarrow",
         batch_size=opts.batch_size,
-        concurrency=concurrency,
+        compute=ray.data.ActorPoolStrategy(min_size=concurrency[0], max_size=concurrency[1]),
         num_cpus=opts.actor_cpus,
         num_gpus=gpus,
         fn_constructor_kwargs={
@@ -214,8 +214,8 @@ def inspect_archive(
     spec = FsSpec.for_uri(dest, opts.endpoint_url)
     source_spec = FsSpec.for_uri(source, opts.endpoint_url)  # refuses unknown schemes before Ray starts
     version, config = _product(opts, product, version)
-    start = time.perf_counter()
     connect(opts.address)
+    start = time.perf_counter()  # the job's own time: Ray's start is not the archive's
     done = done_paths(dest_base, spec)
     _clean_temporaries(dest_base, spec)
     refs, listed, skipped = _spool(source, source_spec, done, opts.progress)

@@ -72,16 +72,23 @@ class FsSpec:
 
     endpoint_url: str | None = None
     region: str | None = None
+    resolved: bool = False  # endpoint_url/region are final (None endpoint: AWS's own)
     _s3: Any = field(default=None, repr=False, compare=False)
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"endpoint_url": self.endpoint_url, "region": self.region, "_s3": None}
+        return {**self.__dict__, "_s3": None}
 
     @classmethod
     def for_uri(cls, uri: str, endpoint_url: str | None = None) -> FsSpec:
-        """The spec of ``uri``: ``endpoint_url`` first, else the URI's ``?endpoint=``/``?region=``."""
-        _, query = split_uri(uri)
-        return cls(endpoint_url or query.get("endpoint"), query.get("region"))
+        """The spec of ``uri``: ``endpoint_url`` first, else the URI's ``?endpoint=``/``?region=``, else
+        boto3's chain, resolved here (in the driver), so every worker of the job uses the same endpoint
+        whatever its own environment holds (credentials stay each node's own)."""
+        base, query = split_uri(uri)
+        spec = cls(endpoint_url or query.get("endpoint"), query.get("region"))
+        if not base.startswith("s3://"):
+            return spec
+        endpoint, region = spec._resolved()
+        return cls(endpoint, region, resolved=True)
 
     def s3(self) -> pafs.S3FileSystem:
         if self._s3 is None:
@@ -91,7 +98,7 @@ class FsSpec:
 
     def _resolved(self) -> tuple[str | None, str | None]:
         """(endpoint or None for AWS's own, region) by the store's rules (module docstring)."""
-        if self.endpoint_url and self.region:
+        if self.resolved or (self.endpoint_url and self.region):
             return self.endpoint_url, self.region
         import boto3  # boto3's chain: AWS_ENDPOINT_URL(_S3), the profile's endpoint_url and region
 
