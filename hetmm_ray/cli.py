@@ -26,7 +26,7 @@ from .config import (
     check_number,
     load_config,
 )
-from .config.archive import ACTOR_CPUS, SCORE_BATCH
+from .config.archive import ACTOR_CPUS, BLOCK_IMAGES, SCORE_BATCH
 from .errors import HetmmError, describe
 
 __all__ = ["main"]
@@ -612,6 +612,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         actor_cpus=args.actor_cpus,
         actor_gpus=args.actor_gpus,
         batch_size=args.batch_size,
+        block_size=args.block_size,
         device=args.device,
         dtype=args.dtype,
         sigmas=args.sigmas,
@@ -691,6 +692,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--actor-gpus", type=float, help="GPUs per detector actor (default 1 where the cluster has GPUs)")
     p.add_argument("--batch-size", type=int, default=SCORE_BATCH, help=f"images per actor call (default {SCORE_BATCH})")
+    p.add_argument(
+        "--block-size", type=int, default=BLOCK_IMAGES, help=f"images per Parquet part (default {BLOCK_IMAGES})"
+    )
     p.add_argument("--sigmas", type=float, help="threshold = mean + SIGMAS * std of good scores")
     p.add_argument("--false-alarm-rate", type=float, metavar="RATE", help="threshold at this estimated share")
     p.add_argument("--device")

@@ -13,8 +13,9 @@ Exact semantics of :func:`inspect_archive`:
    a part is written whole or not at all, a retried block rewrites its own part under the same name
    (``stages.part_name``), and a file already in a part is never listed again.
 4. **Listing, streamed.** SOURCE is walked (``listing.iter_source``) and put into Ray's object store
-   in blocks of ``config.archive.LISTING_CHUNK`` URIs: the driver holds one block and the references,
-   never the whole listing (the store may spill it to disk). The count gives the progress bar's total.
+   in blocks of ``block_size`` URIs (``config.archive.BLOCK_IMAGES``): the driver holds one block and the
+   references, never the whole listing (the store may spill it to disk). The count gives the progress
+   bar's total. Each block goes through the pipeline as one Ray Data block and is written as one part.
 5. **The pipeline** (``ray.data``, streaming with Ray Data's backpressure: a bounded number of decoded
    blocks in flight whatever the archive's size): ``read_and_fit`` tasks (``DECODE_CPUS`` each) ->
    ``DetectorActor`` pool (``concurrency`` = (min, max) actors, each ``ACTOR_CPUS`` CPUs and, where
@@ -39,7 +40,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from ..config.archive import ACTOR_CPUS, ACTOR_GPUS, DECODE_CPUS, LISTING_CHUNK, PART_PREFIX, SCORE_BATCH
+from ..config.archive import ACTOR_CPUS, ACTOR_GPUS, BLOCK_IMAGES, DECODE_CPUS, PART_PREFIX, SCORE_BATCH
 from .listing import done_paths, iter_source
 from .locations import ArchiveError, FsSpec, split_uri
 from .schema import SOURCE_SCHEMA
@@ -59,11 +60,19 @@ class JobOptions:
     actor_cpus: float = ACTOR_CPUS
     actor_gpus: float | None = None  # None: ACTOR_GPUS where the cluster has GPUs, else 0
     batch_size: int = SCORE_BATCH
+    block_size: int = BLOCK_IMAGES  # images per listing block = per Parquet part
     device: str | None = None
     dtype: str | None = None
     sigmas: float | None = None
     false_alarm_rate: float | None = None
     progress: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("batch_size", "block_size"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ArchiveError(f"{name} {getattr(self, name)!r}: expected a positive integer")
+        if self.actor_cpus <= 0 or (self.actor_gpus is not None and self.actor_gpus < 0):
+            raise ArchiveError(f"actor resources {self.actor_cpus} CPUs, {self.actor_gpus} GPUs: expected > 0 CPUs")
 
 
 @dataclass
@@ -96,7 +105,7 @@ def _product(opts: JobOptions, product: str, version: int | None) -> tuple[int, 
     return version, store.record(product, version).config
 
 
-def _spool(source: str, spec: FsSpec, done: set[str], progress: bool) -> tuple[list[Any], int, int]:
+def _spool(source: str, spec: FsSpec, done: set[str], block_size: int, progress: bool) -> tuple[list[Any], int, int]:
     """Listing blocks in the object store (module docstring, 4): (refs, listed, skipped)."""
     import ray
     from tqdm.auto import tqdm
@@ -121,7 +130,7 @@ def _spool(source: str, spec: FsSpec, done: set[str], progress: bool) -> tuple[l
         uris.append(uri)
         sizes.append(size)
         listed += 1
-        if len(uris) >= LISTING_CHUNK:
+        if len(uris) >= block_size:
             flush()
     flush()
     bar.close()
@@ -218,7 +227,7 @@ def inspect_archive(
     start = time.perf_counter()  # the job's own time: Ray's start is not the archive's
     done = done_paths(dest_base, spec)
     _clean_temporaries(dest_base, spec)
-    refs, listed, skipped = _spool(source, source_spec, done, opts.progress)
+    refs, listed, skipped = _spool(source, source_spec, done, opts.block_size, opts.progress)
     del done
     report = InspectReport(product, version, listed=listed, skipped=skipped)
     if listed:
@@ -254,7 +263,7 @@ def score_rows(source: str, product: str, version: int | None, opts: JobOptions)
     version, config = _product(opts, product, version)
     connect(opts.address)
     source_spec = FsSpec.for_uri(source, opts.endpoint_url)
-    refs, listed, _ = _spool(source, source_spec, set(), progress=False)
+    refs, listed, _ = _spool(source, source_spec, set(), opts.block_size, progress=False)
     if not listed:
         return
     ds = _pipeline(refs, product, version, config, opts, (source_spec, source_spec), None)

@@ -4,8 +4,10 @@ Exact semantics: these values change how many images travel together and how man
 asks Ray for; they never change a score or a verdict (scores do not depend on which images share
 a batch, ``scorer.Scorer.predict``).
 
-- :data:`LISTING_CHUNK`: URIs per listing block the driver puts in Ray's object store while it walks
-  the source (the driver holds one block at a time, and only references to the others).
+- :data:`BLOCK_IMAGES`: URIs per listing block the driver puts in Ray's object store while it walks
+  the source (the driver holds one block at a time, and only references to the others). A block is
+  read, decoded, scored and written as one Parquet part: the unit of a restart and of the memory a
+  block in flight takes (its decoded canvases).
 - :data:`SCORE_BATCH`: images per call of a detector actor (one ``predict`` per call).
 - :data:`DECODE_CPUS`: Ray's CPU share of one read-and-decode task.
 - :data:`ACTOR_CPUS`: Ray's CPU share of one detector actor on a CPU node (its torch threads follow
@@ -19,14 +21,14 @@ from __future__ import annotations
 __all__ = [
     "ACTOR_CPUS",
     "ACTOR_GPUS",
+    "BLOCK_IMAGES",
     "DECODE_CPUS",
-    "LISTING_CHUNK",
     "PART_PREFIX",
     "PART_SUFFIX",
     "SCORE_BATCH",
 ]
 
-LISTING_CHUNK = 1000
+BLOCK_IMAGES = 256
 SCORE_BATCH = 16
 DECODE_CPUS = 0.5
 ACTOR_CPUS = 1.0
