@@ -75,7 +75,18 @@ def test_sigint_midway_then_restart_completes_without_duplicates(gear_store: str
     dest = tmp_path / "out"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     argv = [sys.executable, "-m", "hetmm_ray.cli", "inspect", str(tmp_path / "in"), "--product", PRODUCT]
-    argv += ["--out", str(dest), "--store", gear_store, "--batch-size", "1", "--block-size", "2", "--concurrency", "1,1"]
+    argv += [
+        "--out",
+        str(dest),
+        "--store",
+        gear_store,
+        "--batch-size",
+        "1",
+        "--block-size",
+        "2",
+        "--concurrency",
+        "1,1",
+    ]
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         _wait_for(lambda: _rows_on_disk(dest) > 0 or proc.poll() is not None, 300, "the first part")
