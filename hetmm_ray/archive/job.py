@@ -21,7 +21,8 @@ Exact semantics of :func:`inspect_archive`:
    ``DetectorActor`` pool (``concurrency`` = (min, max) actors, each ``ACTOR_CPUS`` CPUs and, where
    the cluster has GPUs, ``ACTOR_GPUS`` GPUs; default min 1, max what the cluster's CPUs or GPUs hold,
    leaving one CPU for decoding on CPU clusters) -> ``write_part`` tasks. Ray Data places the actors
-   with its default SPREAD strategy, so each node of a cluster runs a share.
+   with its default SPREAD strategy (best effort), and the minimum number of actors is up before the
+   first block is scored (``config.archive.ACTORS_START_S``), so each of them takes a share.
 6. The driver follows the written rows with a progress bar (images/s and ETA) and returns an
    :class:`InspectReport`: rows written this run, errors, rows per node.
 
@@ -40,7 +41,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from ..config.archive import ACTOR_CPUS, ACTOR_GPUS, BLOCK_IMAGES, DECODE_CPUS, PART_PREFIX, SCORE_BATCH
+from ..config.archive import ACTOR_CPUS, ACTOR_GPUS, ACTORS_START_S, BLOCK_IMAGES, DECODE_CPUS, PART_PREFIX, SCORE_BATCH
 from .listing import done_paths, iter_source
 from .locations import ArchiveError, FsSpec, split_uri
 from .schema import SOURCE_SCHEMA
@@ -168,6 +169,7 @@ def _pipeline(
 
     ctx = ray.data.DataContext.get_current()
     ctx.enable_progress_bars = False  # the job's own bar (images/s, ETA) instead of one per operator
+    ctx.wait_for_min_actors_s = ACTORS_START_S  # every minimum actor up before the first block (config.archive)
     spec, dest_spec = specs
     bb = config.backbone
     decoded = ray.data.from_arrow_refs(refs).map_batches(

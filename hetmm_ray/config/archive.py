@@ -13,6 +13,9 @@ a batch, ``scorer.Scorer.predict``).
 - :data:`ACTOR_CPUS`: Ray's CPU share of one detector actor on a CPU node (its torch threads follow
   it, ``distributed.runtime.use_assigned_cpus``); an actor on a GPU node also takes
   :data:`ACTOR_GPUS` of a GPU.
+- :data:`ACTORS_START_S`: how long the job waits for its minimum number of detector actors to be up
+  before the first block is scored (so each of them gets a share; on an autoscaling cluster the
+  time new nodes take to join); past it the job stops with Ray Data's "Timed out while starting actors".
 - :data:`PART_PREFIX`, :data:`PART_SUFFIX`: the names of DEST's Parquet parts (``part-<digest>.parquet``).
 """
 
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 __all__ = [
     "ACTOR_CPUS",
+    "ACTORS_START_S",
     "ACTOR_GPUS",
     "BLOCK_IMAGES",
     "DECODE_CPUS",
@@ -33,5 +37,6 @@ SCORE_BATCH = 16
 DECODE_CPUS = 0.5
 ACTOR_CPUS = 1.0
 ACTOR_GPUS = 1.0
+ACTORS_START_S = 900
 PART_PREFIX = "part-"
 PART_SUFFIX = ".parquet"
