@@ -43,7 +43,6 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from PIL import Image
 
 REPO = Path(__file__).resolve().parents[1]
