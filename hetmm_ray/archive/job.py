@@ -106,7 +106,19 @@ def _product(opts: JobOptions, product: str, version: int | None) -> tuple[int, 
     return version, store.record(product, version).config
 
 
-def _spool(source: str, spec: FsSpec, done: set[str], block_size: int, progress: bool) -> tuple[list[Any], int, int]:
+def _listing(source: str, spec: FsSpec) -> Iterator[tuple[str, int]]:
+    """SOURCE's listing with its first entry already read: a missing or unreadable source fails
+    here, before Ray starts."""
+    import itertools
+
+    listing = iter_source(source, spec)
+    first = list(itertools.islice(listing, 1))
+    return itertools.chain(first, listing)
+
+
+def _spool(
+    listing: Iterator[tuple[str, int]], done: set[str], block_size: int, progress: bool
+) -> tuple[list[Any], int, int]:
     """Listing blocks in the object store (module docstring, 4): (refs, listed, skipped)."""
     import ray
     from tqdm.auto import tqdm
@@ -123,7 +135,7 @@ def _spool(source: str, spec: FsSpec, done: set[str], block_size: int, progress:
             uris.clear()
             sizes.clear()
 
-    for uri, size in iter_source(source, spec):
+    for uri, size in listing:
         bar.update()
         if uri in done:
             skipped += 1
@@ -225,11 +237,12 @@ def inspect_archive(
     spec = FsSpec.for_uri(dest, opts.endpoint_url)
     source_spec = FsSpec.for_uri(source, opts.endpoint_url)  # refuses unknown schemes before Ray starts
     version, config = _product(opts, product, version)
+    listing = _listing(source, source_spec)
     connect(opts.address)
     start = time.perf_counter()  # the job's own time: Ray's start is not the archive's
     done = done_paths(dest_base, spec)
     _clean_temporaries(dest_base, spec)
-    refs, listed, skipped = _spool(source, source_spec, done, opts.block_size, opts.progress)
+    refs, listed, skipped = _spool(listing, done, opts.block_size, opts.progress)
     del done
     report = InspectReport(product, version, listed=listed, skipped=skipped)
     if listed:
@@ -263,9 +276,10 @@ def score_rows(source: str, product: str, version: int | None, opts: JobOptions)
     from ..distributed.runtime import connect
 
     version, config = _product(opts, product, version)
-    connect(opts.address)
     source_spec = FsSpec.for_uri(source, opts.endpoint_url)
-    refs, listed, _ = _spool(source, source_spec, set(), opts.block_size, progress=False)
+    listing = _listing(source, source_spec)
+    connect(opts.address)
+    refs, listed, _ = _spool(listing, set(), opts.block_size, progress=False)
     if not listed:
         return
     ds = _pipeline(refs, product, version, config, opts, (source_spec, source_spec), None)

@@ -16,6 +16,7 @@ listing does not say; nothing is held beyond one folder's entries or one listing
 - **a list file** (a local or S3 ``.txt``, ``.lst`` or ``.parquet``): its URIs in order; a text file
   has one per line (blank lines and ``#`` comments skipped); a Parquet file's column ``path``, else
   ``uri``, else its first string column, read one record batch at a time.
+  A list that names a URI twice gives it two rows (lists are streamed, never held to be deduplicated).
 - a file that is none of these is a one-image source. A source that does not exist is an
   :class:`~hetmm_ray.archive.locations.ArchiveError`.
 

@@ -123,3 +123,18 @@ def test_real_bottle_images_score_as_predict(tmp_path: Path, local_ray) -> None:
     )
     assert [rows[p]["is_anomaly"] for p in sorted(rows)] == [predicted[p]["is_anomaly"] for p in sorted(rows)]
     assert (rows[str(test / "good" / "000.png")]["width"], rows[str(test / "good" / "000.png")]["height"]) == (900, 900)
+
+
+def test_score_rows_is_the_same_pipeline_without_writing(inspected: dict, gear_store: str) -> None:
+    """The seam for comparing candidate versions: rows of one version, nothing written or skipped."""
+    from hetmm_ray.archive import score_rows
+
+    folder = inspected["root"] / "in"
+    before = sorted(p.name for p in (inspected["root"] / "out").iterdir())
+    rows = {r["path"]: r for r in score_rows(str(folder), PRODUCT, 1, JobOptions(store=gear_store, batch_size=8))}
+    written = {r["path"]: r for r in inspected["rows"]}
+    assert rows.keys() == written.keys()
+    for path, row in rows.items():
+        assert row["version"] == 1 and row["error"] == written[path]["error"]
+        assert row["score"] == pytest.approx(written[path]["score"], rel=1e-5) if row["score"] is not None else True
+    assert sorted(p.name for p in (inspected["root"] / "out").iterdir()) == before
