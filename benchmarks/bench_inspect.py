@@ -301,8 +301,11 @@ def phase_throughput(args: argparse.Namespace, store: str, folder: Path, work: P
     predict_s = float(p.stdout.rsplit("WALL", 1)[1])
     scored = sum(1 for line in p.stdout.splitlines() if line.endswith(".jpg"))
     t0 = time.perf_counter()
+    # one actor with predict's threads (its batch split among single-threaded workers, as predict's),
+    # decoding beside it: the same cores however many CPUs the local Ray counts on this machine
+    actor = ["--concurrency", "1,1", "--actor-cpus", str(max(0.5, args.cores - 0.5))]
     q = subprocess.run(
-        _inspect_argv(str(folder), str(work / "tp-out"), store),
+        _inspect_argv(str(folder), str(work / "tp-out"), store, *actor),
         env=_env(),
         capture_output=True,
         text=True,
@@ -395,7 +398,12 @@ def main() -> None:
     ap.add_argument("--images", type=int, default=20_000)
     ap.add_argument("--throughput-images", type=int, default=2_000)
     ap.add_argument("--nodes", type=int, default=3)
-    ap.add_argument("--node-cpus", type=int, default=max(1, (os.cpu_count() or 3) // 3))
+    ap.add_argument(
+        "--node-cpus",
+        type=int,
+        default=max(2, (os.cpu_count() or 6) // 3),
+        help="logical CPUs per node: one detector actor each, the rest for reading and decoding (at least 2)",
+    )
     ap.add_argument("--cores", type=int, default=len(os.sched_getaffinity(0)), help="CPUs of phase 3 and 4")
     ap.add_argument("--block-size", type=int, default=256)
     ap.add_argument("--phases", nargs="*", default=["cluster", "throughput", "memory", "sigint"])
@@ -404,7 +412,6 @@ def main() -> None:
     args = ap.parse_args()
     if args.quick:
         args.images, args.throughput_images, args.block_size = 60, 30, 8
-        args.node_cpus = max(args.node_cpus, 2)
     work = Path(tempfile.mkdtemp(prefix="bench-inspect-"))
     results: dict[str, Any] = {"args": vars(args)}
     try:
