@@ -301,9 +301,9 @@ def phase_throughput(args: argparse.Namespace, store: str, folder: Path, work: P
     predict_s = float(p.stdout.rsplit("WALL", 1)[1])
     scored = sum(1 for line in p.stdout.splitlines() if line.endswith(".jpg"))
     t0 = time.perf_counter()
-    # one actor with predict's threads (its batch split among single-threaded workers, as predict's),
-    # decoding beside it: the same cores however many CPUs the local Ray counts on this machine
-    actor = ["--concurrency", "1,1", "--actor-cpus", str(max(0.5, args.cores - 0.5))]
+    # the same cores: every Ray process is pinned to them; one actor with all but one of them
+    # (the job's default leaves one CPU to reading and decoding), however many CPUs Ray counts
+    actor = ["--concurrency", "1,1", "--actor-cpus", str(max(1, args.cores - 1))]
     q = subprocess.run(
         _inspect_argv(str(folder), str(work / "tp-out"), store, *actor),
         env=_env(),
