@@ -688,9 +688,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--heatmaps", action="store_true", help="also write heat-map PNGs to DEST/heatmaps/")
     p.add_argument("--concurrency", metavar="MIN,MAX", help="detector actors (default 1 to what the cluster holds)")
     p.add_argument(
-        "--actor-cpus",
-        type=float,
-        help=f"CPUs per detector actor (default {ACTOR_CPUS:g}; on one CPU machine one actor with all CPUs)",
+        "--actor-cpus", type=float, default=ACTOR_CPUS, help=f"CPUs per detector actor (default {ACTOR_CPUS:g})"
     )
     p.add_argument("--actor-gpus", type=float, help="GPUs per detector actor (default 1 where the cluster has GPUs)")
     p.add_argument("--batch-size", type=int, default=SCORE_BATCH, help=f"images per actor call (default {SCORE_BATCH})")

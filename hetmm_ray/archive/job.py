@@ -20,9 +20,7 @@ Exact semantics of :func:`inspect_archive`:
    blocks in flight whatever the archive's size): ``read_and_fit`` tasks (``DECODE_CPUS`` each) ->
    ``DetectorActor`` pool (``concurrency`` = (min, max) actors, each ``ACTOR_CPUS`` CPUs and, where
    the cluster has GPUs, ``ACTOR_GPUS`` GPUs; default min 1, max what the cluster's CPUs or GPUs hold,
-   leaving one CPU for decoding on CPU clusters; on one CPU machine without a given concurrency or
-   actor CPUs, one actor with all its CPUs but ``DECODE_CPUS``, whose ``predict`` splits each batch
-   among single-threaded workers as ``hetmm predict`` does) -> ``write_part`` tasks. Ray Data places the actors
+   leaving one CPU for decoding on CPU clusters) -> ``write_part`` tasks. Ray Data places the actors
    with its default SPREAD strategy (best effort), and the minimum number of actors is up before the
    first block is scored (``config.archive.ACTORS_START_S``), so each of them takes a share.
 6. The driver follows the written rows with a progress bar (images/s and ETA) and returns an
@@ -60,7 +58,7 @@ class JobOptions:
     endpoint_url: str | None = None
     address: str | None = None
     concurrency: tuple[int, int] | None = None  # detector actors (min, max); None: from the cluster
-    actor_cpus: float | None = None  # None: see _actor_resources (ACTOR_CPUS, or one machine's CPUs)
+    actor_cpus: float = ACTOR_CPUS
     actor_gpus: float | None = None  # None: ACTOR_GPUS where the cluster has GPUs, else 0
     batch_size: int = SCORE_BATCH
     block_size: int = BLOCK_IMAGES  # images per listing block = per Parquet part
@@ -74,9 +72,7 @@ class JobOptions:
         for name in ("batch_size", "block_size"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ArchiveError(f"{name} {getattr(self, name)!r}: expected a positive integer")
-        if (self.actor_cpus is not None and self.actor_cpus <= 0) or (
-            self.actor_gpus is not None and self.actor_gpus < 0
-        ):
+        if self.actor_cpus <= 0 or (self.actor_gpus is not None and self.actor_gpus < 0):
             raise ArchiveError(f"actor resources {self.actor_cpus} CPUs, {self.actor_gpus} GPUs: expected > 0 CPUs")
 
 
@@ -154,30 +150,21 @@ def _spool(
     return refs, listed, skipped
 
 
-def _actor_resources(opts: JobOptions) -> tuple[tuple[int, int], float, float]:
-    """((min, max) actors, CPUs and GPUs per actor) for this cluster (module docstring, 5)."""
+def _actor_resources(opts: JobOptions) -> tuple[tuple[int, int], float]:
     import ray
 
     total = ray.cluster_resources()
     gpus = opts.actor_gpus if opts.actor_gpus is not None else (ACTOR_GPUS if total.get("GPU", 0) > 0 else 0.0)
-    cpus = opts.actor_cpus
-    one_node = len([n for n in ray.nodes() if n.get("Alive")]) == 1
-    if cpus is None:
-        if gpus == 0 and one_node and opts.concurrency is None:
-            # one machine: one actor with every CPU but the decoders' share; predict splits each
-            # batch among single-threaded workers inside it, as `hetmm predict` does
-            return (1, 1), max(DECODE_CPUS, total.get("CPU", 1) - DECODE_CPUS), gpus
-        cpus = ACTOR_CPUS
     if opts.concurrency is not None:
         lo, hi = opts.concurrency
         if not 1 <= lo <= hi:
             raise ArchiveError(f"concurrency {lo},{hi}: expected 1 <= min <= max")
-        return (lo, hi), cpus, gpus
+        return (lo, hi), gpus
     if gpus > 0:
         hi = int(total.get("GPU", 0) // gpus)
     else:
-        hi = int((total.get("CPU", 1) - 1) // cpus)  # one CPU left for reading and decoding
-    return (1, max(1, hi)), cpus, gpus
+        hi = int((total.get("CPU", 1) - 1) // opts.actor_cpus)  # one CPU left for reading and decoding
+    return (1, max(1, hi)), gpus
 
 
 def _pipeline(
@@ -204,14 +191,14 @@ def _pipeline(
         num_cpus=DECODE_CPUS,
         fn_kwargs={"spec": spec, "image_size": bb.image_size, "geometry": bb.geometry, "tiled": config.geometry.tiled},
     )
-    concurrency, cpus, gpus = _actor_resources(opts)
+    concurrency, gpus = _actor_resources(opts)
     overrides = {k: v for k, v in (("device", opts.device), ("dtype", opts.dtype)) if v}
     return decoded.map_batches(
         DetectorActor,
         batch_format="pyarrow",
         batch_size=opts.batch_size,
         compute=ray.data.ActorPoolStrategy(min_size=concurrency[0], max_size=concurrency[1]),
-        num_cpus=cpus,
+        num_cpus=opts.actor_cpus,
         num_gpus=gpus,
         fn_constructor_kwargs={
             "store": opts.store,
