@@ -26,6 +26,7 @@ from .config import (
     check_number,
     load_config,
 )
+from .config.archive import ACTOR_CPUS, BLOCK_IMAGES, SCORE_BATCH
 from .errors import HetmmError, describe
 
 __all__ = ["main"]
@@ -890,6 +891,38 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_inspect(args: argparse.Namespace) -> int:
+    """``hetmm inspect``: an archive scored by a Ray Data job into Parquet (hetmm_ray/archive/)."""
+    from .archive import JobOptions, inspect_archive
+
+    concurrency = None
+    if args.concurrency:
+        lo, _, hi = args.concurrency.partition(",")
+        try:
+            concurrency = (int(lo), int(hi or lo))
+        except ValueError:
+            raise CLIError(f"--concurrency {args.concurrency!r}: expected MIN,MAX or N") from None
+    if args.sigmas is not None and args.false_alarm_rate is not None:
+        raise CLIError("give --sigmas or --false-alarm-rate, not both")
+    opts = JobOptions(
+        store=args.store,
+        endpoint_url=args.endpoint_url,
+        address=args.address,
+        concurrency=concurrency,
+        actor_cpus=args.actor_cpus,
+        actor_gpus=args.actor_gpus,
+        batch_size=args.batch_size,
+        block_size=args.block_size,
+        device=args.device,
+        dtype=args.dtype,
+        sigmas=args.sigmas,
+        false_alarm_rate=args.false_alarm_rate,
+    )
+    report = inspect_archive(args.source, args.product, args.out, opts, version=args.version, heatmaps=args.heatmaps)
+    print(report.summary())
+    return 0
+
+
 def _open(args: argparse.Namespace) -> Any:
     from .store import open_store
 
@@ -961,6 +994,31 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--threshold", type=float, help="with --grpc: the verdict at this threshold (admin token)")
     p.set_defaults(func=cmd_predict)
+
+    p = sub.add_parser(
+        "inspect", help="score an archive (folder, glob, s3:// prefix, URI list) into Parquet with Ray Data"
+    )
+    p.add_argument("source", help="a folder, a glob, an s3:// prefix, or a .txt/.parquet list of URIs")
+    p.add_argument("--product", required=True)
+    p.add_argument("--version", type=int, help="template version (default: head at the start)")
+    p.add_argument("--out", required=True, metavar="DEST", help="folder or s3:// prefix for the Parquet parts")
+    p.add_argument("--heatmaps", action="store_true", help="also write heat-map PNGs to DEST/heatmaps/")
+    p.add_argument("--concurrency", metavar="MIN,MAX", help="detector actors (default 1 to what the cluster holds)")
+    p.add_argument(
+        "--actor-cpus", type=float, default=ACTOR_CPUS, help=f"CPUs per detector actor (default {ACTOR_CPUS:g})"
+    )
+    p.add_argument("--actor-gpus", type=float, help="GPUs per detector actor (default 1 where the cluster has GPUs)")
+    p.add_argument("--batch-size", type=int, default=SCORE_BATCH, help=f"images per actor call (default {SCORE_BATCH})")
+    p.add_argument(
+        "--block-size", type=int, default=BLOCK_IMAGES, help=f"images per Parquet part (default {BLOCK_IMAGES})"
+    )
+    p.add_argument("--sigmas", type=float, help="threshold = mean + SIGMAS * std of good scores")
+    p.add_argument("--false-alarm-rate", type=float, metavar="RATE", help="threshold at this estimated share")
+    p.add_argument("--device")
+    p.add_argument("--dtype", choices=DTYPES)
+    _add_store_flags(p)
+    _add_address_flag(p, "run on")
+    p.set_defaults(func=cmd_inspect)
 
     p = sub.add_parser("evaluate", help="fit on train/good of an MVTec-layout folder and measure on test/")
     p.add_argument("--data", required=True, help="category folder (train/good, test/<type>, ground_truth/<type>)")

@@ -31,6 +31,7 @@ ERRORS: dict[str, tuple[int, str]] = {
     "InsecureBind": (400, "bad_config"),
     "ImageError": (400, "bad_image"),
     "SourceError": (400, "bad_source"),
+    "ArchiveError": (400, "bad_archive"),  # hetmm inspect: a SOURCE or DEST it cannot use
     "DatasetError": (400, "bad_dataset"),
     "CLIError": (400, "bad_request"),
     "Refused": (400, "bad_request"),  # per instance

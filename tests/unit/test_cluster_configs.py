@@ -124,3 +124,37 @@ def test_sync_rewrites_only_the_applications(sync: ModuleType) -> None:
     }
     assert new.splitlines()[:5] == text.splitlines()[:5]  # comments kept
     assert sync.synced(new, changed) == new  # idempotent
+
+
+# --- KubeRay RayJob: hetmm inspect ---------------------------------------------------------
+def test_rayjob_runs_hetmm_inspect_with_the_real_parser() -> None:
+    import shlex
+
+    from hetmm_ray.cli import build_parser, cmd_inspect
+
+    manifest = load_yaml(CLUSTER / "rayjob.yaml")
+    assert manifest["apiVersion"] == "ray.io/v1" and manifest["kind"] == "RayJob"
+    spec = manifest["spec"]
+    argv = shlex.split(spec["entrypoint"])
+    assert argv[:2] == ["hetmm", "inspect"]
+    args = build_parser().parse_args(argv[1:])  # the entrypoint's flags are the CLI's (exit 2 otherwise)
+    assert args.func is cmd_inspect and args.source.startswith("s3://") and args.out.startswith("s3://")
+    assert args.store.startswith("s3://") and args.address is None  # RAY_ADDRESS: the job's own cluster
+    assert spec["shutdownAfterJobFinishes"] is True and spec["backoffLimit"] >= 1
+
+
+def test_rayjob_cluster_shape_matches_the_rayservice() -> None:
+    job = load_yaml(CLUSTER / "rayjob.yaml")["spec"]["rayClusterSpec"]
+    service = load_yaml(CLUSTER / "rayservice.yaml")["spec"]["rayClusterConfig"]
+    assert job["rayVersion"] == service["rayVersion"]
+    assert job["enableInTreeAutoscaling"] is True
+    assert job["headGroupSpec"]["rayStartParams"]["num-gpus"] == "0"
+    images = {c["image"] for c in job["headGroupSpec"]["template"]["spec"]["containers"]}
+    for g in job["workerGroupSpecs"]:
+        assert 0 <= g["minReplicas"] <= g["replicas"] <= g["maxReplicas"] and g["maxReplicas"] > g["minReplicas"]
+        (container,) = g["template"]["spec"]["containers"]
+        images.add(container["image"])
+        assert int(container["resources"]["limits"]["nvidia.com/gpu"]) >= 1
+        assert {"secretRef": {"name": "hetmm-s3", "optional": True}} in container["envFrom"]
+    service_images = {c["image"] for c in service["headGroupSpec"]["template"]["spec"]["containers"]}
+    assert images == service_images  # one image for the service and the jobs

@@ -1,0 +1,23 @@
+"""Inspecting an archive: batch scoring of a folder, a glob, an ``s3://`` prefix or a list of URIs into
+Parquet, as a Ray Data job (``hetmm inspect``; README "Inspecting an archive").
+
+Exact semantics, module by module:
+
+- :mod:`.locations`: local paths and ``s3://`` through ``pyarrow.fs`` with the template store's
+  endpoint and credential rules; size-checked reads; atomic writes.
+- :mod:`.listing`: what SOURCE names, streamed; what DEST already holds (a restart's skip set).
+- :mod:`.schema`: the output schema, one row per source file.
+- :mod:`.stages`: read + decode + canvas fit (CPU tasks), detector actors (one model each), part writer.
+- :mod:`.job`: :func:`inspect_archive` (the job) and :func:`score_rows` (the seam for comparing versions).
+
+A row's score is ``hetmm predict``'s for the same version; a bad file is a row with an ``error`` and no
+score and never stops the job; a restart with the same DEST writes only what is missing.
+"""
+
+from __future__ import annotations
+
+from .job import InspectReport, JobOptions, inspect_archive, score_rows
+from .locations import ArchiveError, FsSpec
+from .schema import OUTPUT_SCHEMA
+
+__all__ = ["OUTPUT_SCHEMA", "ArchiveError", "FsSpec", "InspectReport", "JobOptions", "inspect_archive", "score_rows"]
