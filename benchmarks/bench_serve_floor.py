@@ -169,7 +169,7 @@ def service_http_app(store: str):
 
     @serve.deployment(name="StubDetector", ray_actor_options={"num_cpus": 0.5}, max_ongoing_requests=32)
     class StubDetector:
-        async def predict(self, images: list, want_maps: bool = False) -> list[dict]:
+        async def predict(self, images: list, want_maps: bool = False, map_size: int | None = None) -> list[dict]:
             return _stub_results(images)
 
     service = dataclasses.asdict(ServiceConfig(store=store, http_host="127.0.0.1"))

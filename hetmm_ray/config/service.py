@@ -54,9 +54,13 @@ GRPC_MAX_MESSAGE_MIB = 65  # max_body_mib's default (64) and the message's frami
 # RAY_SERVE_GRPC_MAX_MESSAGE_SIZE bounds what Serve's gRPC proxy (the hetmm.v1.Inspection endpoint)
 # receives or sends in one message: a larger request is refused (RESOURCE_EXHAUSTED) before the proxy
 # holds it, as HTTP refuses an over-long Content-Length; the replica then checks max_body_mib.
+# RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH: the proxy hands that message to the replica over the
+# replica's own gRPC server, whose default is 4 MiB: without it a Predict of more than 4 MiB of images
+# (eight 900 x 900 PNGs) failed inside Serve although the proxy had taken it.
 SERVE_ENVIRONMENT: dict[str, str] = {
     "RAY_SERVE_USE_GRPC_BY_DEFAULT": "1",
     "RAY_SERVE_GRPC_MAX_MESSAGE_SIZE": str(GRPC_MAX_MESSAGE_MIB * 2**20),
+    "RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH": str(GRPC_MAX_MESSAGE_MIB * 2**20),
 }
 
 
