@@ -259,17 +259,9 @@ $("recent-more").addEventListener("click", () => { state.recentShown += RECENT_P
 // --- Calibration ----------------------------------------------------------------------------
 const farRate = (v) => 10 ** (-3 + (2.5 * v) / 100); // slider 0..100 -> 0.1% .. ~31.6%, log scale
 
-// previews: [{threshold, label, colour, testid}] drawn as dashed lines.
-function histogram(data, previews) {
-  const W = 640, H = 220, pad = 30;
-  const scores = data.oof_scores;
-  const marks = data.labels.map((l) => l.score);
-  const top = Math.max(...scores, ...marks, data.threshold || 0, ...previews.map((p) => p.threshold), 1e-9) * 1.08;
-  const bins = 24;
-  const counts = new Array(bins).fill(0);
-  for (const s of scores) counts[Math.min(bins - 1, Math.floor((s / top) * bins))] += 1;
-  const most = Math.max(1, ...counts);
-  const x = (v) => pad + ((W - 2 * pad) * v) / top;
+// A W x H SVG with a white background, and add(tag, attrs, text) appending an element to it
+// (the charts: the out-of-fold histogram and the drift chart).
+function svgCanvas(W, H) {
   const NS = "http://www.w3.org/2000/svg";
   const svg = document.createElementNS(NS, "svg");
   const add = (tag, attrs, text) => {
@@ -283,6 +275,21 @@ function histogram(data, previews) {
   svg.setAttribute("width", W);
   svg.setAttribute("height", H);
   add("rect", { x: 0, y: 0, width: W, height: H, fill: "#fff" });
+  return { svg, add };
+}
+
+// previews: [{threshold, label, colour, testid}] drawn as dashed lines.
+function histogram(data, previews) {
+  const W = 640, H = 220, pad = 30;
+  const scores = data.oof_scores;
+  const marks = data.labels.map((l) => l.score);
+  const top = Math.max(...scores, ...marks, data.threshold || 0, ...previews.map((p) => p.threshold), 1e-9) * 1.08;
+  const bins = 24;
+  const counts = new Array(bins).fill(0);
+  for (const s of scores) counts[Math.min(bins - 1, Math.floor((s / top) * bins))] += 1;
+  const most = Math.max(1, ...counts);
+  const x = (v) => pad + ((W - 2 * pad) * v) / top;
+  const { svg, add } = svgCanvas(W, H);
   counts.forEach((n, i) => {
     const h = ((H - 2 * pad) * n) / most;
     add("rect", { x: x((i * top) / bins), y: H - pad - h, width: Math.max(1, x(top / bins) - pad - 1), height: h, fill: "#8fa6bf" });
@@ -293,7 +300,7 @@ function histogram(data, previews) {
     const cx = x(l.score), cy = H - pad - 8 - (i % 4) * 9;
     add("circle", { cx, cy, r: 5, fill: l.label === "defective" ? "#d03020" : "#2a9a45", stroke: "#000",
       "data-testid": `mark-${l.label}`, "data-score": l.score }).append(
-      Object.assign(document.createElementNS(NS, "title"), { textContent: `${l.label} ${fmt(l.score)}` }));
+      Object.assign(document.createElementNS(svg.namespaceURI, "title"), { textContent: `${l.label} ${fmt(l.score)}` }));
   });
   if (data.threshold !== null) {
     add("line", { x1: x(data.threshold), y1: pad - 10, x2: x(data.threshold), y2: H - pad, stroke: "#000", "stroke-width": 2, "data-testid": "threshold-line" });
@@ -698,19 +705,7 @@ function driftChart(data) {
   const W = 720, H = 240, pad = 36;
   const pts = data.points.map((p) => ({ t: p.time ?? (p.start + p.end) / 2, t0: p.start, t1: p.end, share: p.flagged_share ?? p.windows?.[Object.keys(p.windows)[0]]?.flagged_share,
     rate: p.expected_rate, band: p.band ?? p.windows?.[Object.keys(p.windows)[0]]?.band }));
-  const NS = "http://www.w3.org/2000/svg";
-  const svg = document.createElementNS(NS, "svg");
-  const add = (tag, attrs, text) => {
-    const n = document.createElementNS(NS, tag);
-    for (const [k, v] of Object.entries(attrs)) n.setAttribute(k, v);
-    if (text !== undefined) n.textContent = text;
-    svg.append(n);
-    return n;
-  };
-  svg.setAttribute("viewBox", `0 0 ${W} ${H}`);
-  svg.setAttribute("width", W);
-  svg.setAttribute("height", H);
-  add("rect", { x: 0, y: 0, width: W, height: H, fill: "#fff" });
+  const { svg, add } = svgCanvas(W, H);
   const t0 = data.since, t1 = data.until;
   const top = Math.max(1e-3, ...pts.map((p) => p.share ?? 0), ...pts.map((p) => (p.band && p.band[1] != null ? p.band[1] : 0))) * 1.1;
   const x = (t) => pad + ((W - 2 * pad) * (t - t0)) / Math.max(1e-9, t1 - t0);
