@@ -720,3 +720,22 @@ def test_tiled_product_inspected_and_taught_in_the_console(
     rescored.wait_for(timeout=1000 * JOB_WAIT_S)
     assert rescored.get_attribute("data-version") == "2"
     assert open_store(store).record(product, 2).images == 6  # the frame joined every tile position's bank
+
+
+def test_drift_view_draws_the_flagged_share_and_the_live_windows(
+    page: Any, api: httpx.Client, fresh_product: str
+) -> None:
+    """The Drift view (issue 23) after parts were scored: the chart (one SVG, a point per bucket with
+    parts) and one row per live window, each with a state; both read from GET .../drift."""
+    for i in range(6):
+        score(api, GEAR.good(300 + i), fresh_product)
+    use_product(page, fresh_product)
+    goto(page, "drift")
+    until(page, "() => !!document.querySelector('[data-testid=drift-chart] svg')")
+    until(page, "() => document.querySelectorAll('[data-testid=drift-window]').length > 0")
+    states = page.eval_on_selector_all("[data-testid=drift-window]", "rows => rows.map(r => r.dataset.state)")
+    assert states and all(s in ("ok", "defects", "drift") for s in states), states
+    drift = api.get(f"/v1/products/{fresh_product}/drift").json()
+    live = drift.get("live") or {}
+    assert len(states) == len(live.get("windows", {})), (states, drift)
+    shot(page, "drift")
