@@ -288,7 +288,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
         return _predict_grpc(args)
     if args.threshold is not None:
         raise CLIError("--threshold overrides the verdict of a service: give it with --grpc")
-    from .data.decode import ImageError, decode_image, resize_to_geometry
+    from .data.decode import ImageError, decode_image
     from .visualize import heatmap_overlay, heatmap_range, save_png
 
     if args.sigmas is not None:
@@ -298,7 +298,6 @@ def cmd_predict(args: argparse.Namespace) -> int:
     overrides = {k: v for k, v in (("device", args.device), ("dtype", args.dtype)) if v}
     det = load_detector(_open(args), args.product, args.version, progress=True, **overrides)
     tiled = isinstance(det, TiledHETMM)
-    size = det.config.backbone.image_size
     good: list[tuple[Path, Path, Any]] = []
     failed = 0
     for path, name in _image_paths(args.images):
@@ -315,9 +314,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
         op = det.operating_point(sigmas=args.sigmas, false_alarm_rate=args.false_alarm_rate)
     except ValueError as exc:
         raise CLIError(str(exc)) from None
-    geometry = det.config.backbone.geometry
     pred = det.predict(
-        [img if tiled else resize_to_geometry(img, size, geometry) for _, _, img in good],
+        [det.input_view(img) for _, _, img in good],
         sigmas=args.sigmas,
         false_alarm_rate=args.false_alarm_rate,
     )

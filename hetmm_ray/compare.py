@@ -84,18 +84,6 @@ def record_images(
     return images, None
 
 
-def _prepare(det: Any, image: np.ndarray) -> np.ndarray:
-    """What ``predict`` of this detector takes: a tiled product scores whole frames, an untiled one
-    the frame resized to its canvas (as ``hetmm predict`` does)."""
-    from .data.decode import resize_to_geometry
-    from .tiled import TiledHETMM
-
-    if isinstance(det, TiledHETMM):
-        return image
-    bb = det.config.backbone
-    return resize_to_geometry(image, bb.image_size, bb.geometry)
-
-
 def _map(pred: Any, i: int) -> np.ndarray:
     return np.asarray(pred.maps[i])
 
@@ -127,7 +115,7 @@ def scored_sides(
     flips: list[dict[str, Any]] = []
     for start in range(0, len(images), CHUNK):
         chunk = images[start : start + CHUNK]
-        preds = [det.predict([_prepare(det, img) for img in chunk]) for det in (base_det, cand_det)]
+        preds = [det.predict([det.input_view(img) for img in chunk]) for det in (base_det, cand_det)]
         for side, pred in enumerate(preds):
             scores[side].extend(float(s) for s in pred.scores)
             verdicts[side].extend(bool(v) for v in pred.is_anomaly)

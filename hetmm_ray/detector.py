@@ -13,14 +13,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Self
 
+import numpy as np
 from torch import Tensor
 
 from . import persistence
 from .config import DetectorConfig, TemplateConfig
 from .core.backbone import Backbone
 from .core.calibration import OutOfFold
-from .core.scoring import OperatingPoint, operating_point
+from .core.scoring import Calibration, OperatingPoint, operating_point
 from .core.templates import TemplateSet
+from .data.decode import resize_to_geometry
 from .fitting import FitPipeline
 from .pipeline import keep_memory_mapped
 from .scorer import ImageInput, Prediction, Scorer
@@ -137,6 +139,17 @@ class HETMM:
         return persistence.serving(cls, config, templates, **provenance)
 
     # --- scoring (scorer.py) ------------------------------------------------------------
+    @property
+    def calibration(self) -> Calibration | None:
+        """The out-of-fold calibration of the templates in use (None before a fit)."""
+        return self.templates.calibration if self.templates is not None else None
+
+    def input_view(self, image: np.ndarray) -> np.ndarray:
+        """``image`` as ``predict`` is given it and as its maps are drawn over: fitted to the canvas
+        (``backbone.geometry``). :class:`~hetmm_ray.tiled.TiledHETMM` has the same method (whole frames)."""
+        bb = self.config.backbone
+        return resize_to_geometry(image, bb.image_size, bb.geometry)
+
     @property
     def threshold(self) -> float:
         """Current verdict threshold (``inf`` before calibration)."""

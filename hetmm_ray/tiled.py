@@ -368,6 +368,11 @@ class TiledHETMM:
         """The frame threshold under the product's rule (or the override), on the frame calibration."""
         return operating_point(self.calibration, self.config, sigmas=sigmas, false_alarm_rate=false_alarm_rate)
 
+    def input_view(self, image: np.ndarray) -> np.ndarray:
+        """``image`` as ``predict`` is given it: the whole frame (it is cut into tiles there), and its
+        stitched maps are at the frame's resolution (``HETMM.input_view``'s tiled counterpart)."""
+        return image
+
     @property
     def threshold(self) -> float:
         op = self.operating_point()

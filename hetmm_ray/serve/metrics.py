@@ -8,6 +8,8 @@ label space.
 
 from __future__ import annotations
 
+from collections import Counter as Tally
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
@@ -58,10 +60,7 @@ class ServiceMetrics:
         anomalies = sum(1 for r in results if r["is_anomaly"])
         if anomalies:
             self.anomalies.labels(product).inc(anomalies)
-        verdicts: dict[str, int] = {}
-        for r in results:
-            v = r.get("verdict") or ("reject" if r["is_anomaly"] else "ok")
-            verdicts[v] = verdicts.get(v, 0) + 1
+        verdicts = Tally(r.get("verdict") or ("reject" if r["is_anomaly"] else "ok") for r in results)
         for v, n in verdicts.items():
             self.verdicts.labels(product, v).inc(n)
         if results:

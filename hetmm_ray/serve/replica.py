@@ -38,7 +38,6 @@ from ..config import BackboneConfig, ReplicaSettings
 from ..core.backbone import Backbone
 from ..core.review import review_threshold, verdict
 from ..core.templates import TemplateError
-from ..data.decode import resize_to_geometry
 from ..detector import HETMM
 from ..distributed.registry import get_registry
 from ..distributed.runtime import use_assigned_cpus
@@ -76,13 +75,8 @@ class ProductModel:
         """The review band's lower threshold of the current version (None: no band), computed once per version."""
         if self.review is None or self.review[0] != self.version:
             assert self.detector is not None
-            det = self.detector
-            if isinstance(det, TiledHETMM):  # the frame calibration (per-frame max of normalised tile scores)
-                cal = det.calibration
-            else:
-                cal = det.templates.calibration if det.templates is not None else None
             rate = self.detector.config.threshold.review_false_alarm_rate
-            self.review = (self.version, review_threshold(cal, rate))
+            self.review = (self.version, review_threshold(self.detector.calibration, rate))
         return self.review[1]
 
 
@@ -242,7 +236,6 @@ class Detector:
                 self._fatal = exc
             raise
         score_ms = 1000 * (time.perf_counter() - started)
-        bb = detector.config.backbone
         op = pred.operating_point
         rule = {} if op is None else {k: v for k, v in op.to_json().items() if k != "threshold"}
         review = model.review_threshold()  # the review band (issue 23): a verdict of three
@@ -269,8 +262,7 @@ class Detector:
                 if r.want_maps:
                     # At the backbone's view of the image: squashed square, or the aspect kept; a tiled
                     # product's stitched map is at the frame's own resolution (hetmm_ray/tiled.py).
-                    tiled = isinstance(detector, TiledHETMM)
-                    shown = image if tiled else resize_to_geometry(image, bb.image_size, bb.geometry)
+                    shown = detector.input_view(image)
                     vmin, vmax = heatmap_range(pred.maps[i], pred.threshold)  # the version's fixed scale
                     region = None if pred.regions is None else pred.regions[i]  # outside: greyed
                     shown = _sized(shown, r.map_size)
