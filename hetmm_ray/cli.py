@@ -635,14 +635,18 @@ def _ladder_table(auto: dict[str, Any]) -> str:
         f"sheets: auto (agreement with ALL on out-of-fold scores, each at its own threshold: rank corr >= "
         f"{tol['min_rank_corr']}, norm diff <= {tol['max_norm_diff']}, verdicts >= "
         f"{100 * tol['min_verdict_agreement']:.0f}%"
-        + ("" if budget is None else f"; ATMM budget {budget:g} ms/frame")
+        + ("" if budget is None else f"; budget {budget:g} ms/frame, backbone + ATMM")
         + ")",
-        f"{'K':>6}  {'rank corr':>9}  {'norm diff':>9}  {'verdicts':>8}  {'ms/img':>7}  agrees",
+        f"{'K':>6}  {'rank corr':>9}  {'norm diff':>9}  {'verdicts':>8}  {'ms/img':>7}  agrees"
+        + ("" if budget is None else "  est. ms/frame"),
     ]
     for r in auto["ladder"]:
+        agrees = "yes" if r["agrees"] else "no"
+        if r.get("ms_per_frame") is not None:  # a budget was set: the frame estimate it was judged by
+            agrees = f"{agrees:<6}  {r['ms_per_frame']:>13.1f}"
         lines.append(
             f"{r['sheets']:>6}  {r['rank_corr']:>9.4f}  {r['norm_diff']:>9.4f}  "
-            f"{100 * r['verdict_agreement']:>7.1f}%  {r['ms_per_image']:>7.1f}  {'yes' if r['agrees'] else 'no'}"
+            f"{100 * r['verdict_agreement']:>7.1f}%  {r['ms_per_image']:>7.1f}  {agrees}"
         )
     lines.append(f"{'ALL':>6}  {'':>9}  {'':>9}  {'':>8}  {auto['all_ms_per_image']:>7.1f}")
     lines.append(f"chosen K = {auto['chosen']} ({auto['why']})")

@@ -29,6 +29,7 @@ imports Ray.
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
@@ -40,7 +41,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from .config import DetectorConfig, TemplateConfig
-from .core.auto_sheets import Rung, agreement, choose_sheets, scaled_ms, tile_budget
+from .core.auto_sheets import Rung, agreement, choose_sheets, scaled_ms
 from .core.calibration import OutOfFold, fold_plan
 from .core.device import TORCH_DTYPES, image_digest
 from .core.geometry import Box, boxes_from_features
@@ -51,7 +52,15 @@ from .core.templates import SheetsAuto, TemplateMeta, TemplateSet, unseen_positi
 from .scorer import ImageInput, Scorer, as_rgb
 from .steps import FitSteps, Progress, Report
 
-__all__ = ["FitPipeline", "ImageInput", "check_visible", "estimate_ms_per_frame"]
+__all__ = [
+    "FitPipeline",
+    "FrameCost",
+    "ImageInput",
+    "TimeBudgetWarning",
+    "blank_frame_crops",
+    "check_visible",
+    "estimate_ms_per_frame",
+]
 
 
 class FitPipeline:
@@ -76,9 +85,16 @@ class FitPipeline:
         self.steps = steps or FitSteps()
         self.progress = progress
         self.report = report
-        # Tiles per frame of the product this pipeline fits one position of (tiled.py): the
-        # sheets-auto time budget is per frame, so each position gets budget / tiles.
+        # Tiles per frame of the product this pipeline fits one position of (tiled.py), and how many
+        # of them are scored (None: all): the sheets-auto time budget is per frame with all its tiles.
         self.tiles = tiles
+        self.scored: int | None = None
+        # One frame's canvases as predict gets them (its tiles, or the image): what the time budget's
+        # backbone term is measured on. fit / update take their first image; tiled.py sets its
+        # frame's tiles; None: blank canvases of the backbone's size (blank_frame_crops).
+        self.cost_crops: Sequence[ImageInput] | None = None
+        # A frame cost already measured (tiled.py: one for all its positions); None: measured here.
+        self.cost: FrameCost | None = None
 
     @contextmanager
     def _stage(self, name: str, total: int, *, unit: str = "img", leave: bool = True) -> Iterator[Progress]:
@@ -150,6 +166,7 @@ class FitPipeline:
         the tiny set and the threshold calibration."""
         if len(images) < 2:
             raise ValueError(f"fit needs at least 2 good images, got {len(images)}")
+        self.cost_crops = list(images[:1])  # sheets auto's time budget: a frame as predict will get it
         feats, digests, boxes = self._extract(images, desc="fit: features", bank=True)
         return self.fit_features(feats, digests, config=config, weights_id=self.scorer.backbone.weights_id, boxes=boxes)
 
@@ -178,6 +195,8 @@ class FitPipeline:
     def update(self, ts: TemplateSet, images: Sequence[ImageInput]) -> tuple[TemplateSet | None, int]:
         """Hot update of ``ts`` with good images: (the refit set, or None when every image was
         already in the bank; how many were skipped as already there)."""
+        if len(images) > 0:
+            self.cost_crops = list(images[:1])
         feats, digests, boxes = self._extract(images, desc="update: features", bank=True)
         grown, keep = self.grown(ts, feats, digests, boxes)
         return (None if grown is None else self.refit(grown)), len(digests) - len(keep)
@@ -281,15 +300,32 @@ class FitPipeline:
         )
         return op.threshold
 
+    def frame_cost(self) -> FrameCost:
+        """:class:`FrameCost` of one frame of this product on this host: :attr:`cost` when given, else
+        measured on :attr:`cost_crops` (else ``tiles`` blank canvases), ``scored`` of them scored."""
+        if self.cost is not None:
+            return self.cost
+        crops = self.cost_crops if self.cost_crops is not None else blank_frame_crops(self.scorer.config, self.tiles)
+        return FrameCost(self.scorer, crops, scored=self.tiles if self.scored is None else self.scored)
+
     def auto_selected(self, ts: TemplateSet) -> TemplateSet:
         """The selection at the smallest ladder K that agrees with ALL within the time budget
         (``core.auto_sheets``), in this process; the result's config holds the chosen K,
-        ``meta.sheets_auto`` the ladder."""
+        ``meta.sheets_auto`` the ladder.
+
+        The budget ``templates.auto_max_ms_per_image`` is the whole frame's scoring cost,
+        :meth:`FrameCost.ms_per_frame` (backbone of all its tiles + ATMM of every scored tile),
+        estimated on this host for each rung as if every tile position held that rung's K: so a
+        tiled product's positions each keep their ATMM within ``(budget - backbone) / scored``
+        and the frame with all its tiles meets the budget. When even the cheapest choice is over
+        it (the backbone alone, or with the ladder's first rung), that choice is taken and a
+        :class:`TimeBudgetWarning` says what it would take; the reason is stored too."""
         config = ts.config
         tc = config.templates
         reference, all_ms = self._oof_scores(replace(ts, indices=None, centres=None), replace(tc, kind="all"))
         reference_threshold = self._verdict_threshold(config, reference)
-        budget = tile_budget(tc.auto_max_ms_per_image, self.tiles)  # per image of this position
+        budget = tc.auto_max_ms_per_image
+        cost = None if budget is None else self.frame_cost()  # no budget: nothing measured, as before
         made: dict[int, TemplateSet] = {}
 
         def evaluate(k: int) -> Rung:
@@ -297,7 +333,7 @@ class FitPipeline:
             indices, centres = self.select(ts, fixed)
             made[k] = replace(ts, config=replace(config, templates=fixed), indices=indices, centres=centres)
             scores, ms = self._oof_scores(made[k], fixed)
-            return agreement(
+            rung = agreement(
                 k,
                 scores,
                 self._verdict_threshold(config, scores),
@@ -308,17 +344,20 @@ class FitPipeline:
                 max_norm_diff=tc.auto_max_norm_diff,
                 min_verdict_agreement=tc.auto_min_verdict_agreement,
             )
+            return rung if cost is None else replace(rung, ms_per_frame=cost.ms_per_frame(k))
 
         def report(rung: Rung) -> None:
             if self.progress:
+                frame = "" if rung.ms_per_frame is None else f"  est. {rung.ms_per_frame:.1f} ms/frame"
                 tqdm.write(
                     f"sheets {rung.sheets:>5}: rank corr {rung.rank_corr:.4f}  norm diff {rung.norm_diff:.4f}  "
-                    f"verdicts {100 * rung.verdict_agreement:.1f}%  {rung.ms_per_image:.1f} ms/img  "
+                    f"verdicts {100 * rung.verdict_agreement:.1f}%  {rung.ms_per_image:.1f} ms/img{frame}  "
                     f"{'agrees' if rung.agrees else '-'}"
                 )
 
+        all_frame = None if cost is None else cost.ms_per_frame(ts.n_images)
         k, rungs, why = choose_sheets(
-            ts.n_images, evaluate, max_ms_per_image=budget, all_ms_per_image=all_ms, report=report
+            ts.n_images, evaluate, max_ms_per_frame=budget, all_ms_per_frame=all_frame, report=report
         )
         chosen = replace(config, templates=replace(tc, sheets=k))
         if k not in made:
@@ -330,8 +369,16 @@ class FitPipeline:
             "min_verdict_agreement": tc.auto_min_verdict_agreement,
             "max_ms_per_image": tc.auto_max_ms_per_image,
         }
-        if self.tiles > 1:  # the budget is per frame; this position's share
-            tolerance |= {"tiles": self.tiles, "max_ms_per_tile": budget}
+        if self.tiles > 1:
+            tolerance["tiles"] = self.tiles
+        if cost is not None and budget is not None:
+            estimate = cost.ms_per_frame(min(k, ts.n_images))
+            tolerance |= {
+                "backbone_ms_per_frame": round(cost.backbone_ms, 3),
+                "estimated_ms_per_frame": round(estimate, 3),  # every scored tile at this K
+            }
+            if estimate > budget:
+                why = _over_budget(why, cost, budget, k, estimate, config)
         record = SheetsAuto(
             chosen=k,
             images=ts.n_images,
@@ -410,17 +457,54 @@ class FitPipeline:
         return replace(ts, calibration=Calibration(scores=oof.scores))
 
 
-def estimate_ms_per_frame(
-    scorer: Scorer, crops: Sequence[ImageInput], sheets: int, *, scored: int | None = None
-) -> float:
-    """Milliseconds to score one frame whose canvases are ``crops`` (its tiles, or the image itself)
-    against ``sheets`` templates per canvas: the backbone pass of all ``crops`` in one batch, plus
-    ATMM of one crop against ``sheets`` copies of its own features times ``scored`` (default: every
-    crop; a tile the region leaves out is not scored). Measured after one untimed pass (which builds
-    the backbone and its runtime's network), on this host's settings; ``hetmm fit`` prints it before
-    the long work, for tiled and untiled products alike."""
+class TimeBudgetWarning(UserWarning):
+    """``templates.auto_max_ms_per_image`` cannot be met on this host: even the cheapest selection
+    is estimated over it (the reason and what it would take are in the message)."""
 
-    def features() -> tuple[dict[str, Tensor], list[Box] | None]:
+
+class FrameCost:
+    """What one frame costs to score on this host (the one estimate behind ``hetmm fit``'s cost
+    line, the create job's ``estimated_ms_per_frame`` and ``sheets: auto``'s time budget).
+
+    ``ms_per_frame(K) = backbone_ms + scored x atmm_ms(K)``:
+
+    - ``backbone_ms``: the backbone pass of all the frame's canvases (its tiles, or the image
+      itself) in one batch, decode to canvas included, timed after one untimed pass (which builds
+      the backbone and its runtime's network);
+    - ``atmm_ms(K)``: ATMM of one canvas against K copies of its own features (ATMM's cost depends on
+      K and the feature shapes, not on the values), the median of ``repeats`` timed calls;
+    - ``scored``: canvases scored per frame (a tile position the region leaves out is not).
+
+    Not counted: decoding the frame itself, cutting it into tiles, stitching the tiles' maps (a
+    tiled frame's full-resolution map) and the transport of a request.
+    """
+
+    def __init__(
+        self,
+        scorer: Scorer,
+        crops: Sequence[ImageInput],
+        *,
+        scored: int | None = None,
+        repeats: int = 3,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        if len(crops) == 0:
+            raise ValueError("a frame needs at least one canvas")
+        self.clock = clock  # seconds (tests give a clock that counts the work instead)
+        self.scorer = scorer
+        self.canvases = len(crops)
+        self.scored = len(crops) if scored is None else scored
+        self.repeats = max(1, repeats)
+        self._features(crops)  # untimed: builds the backbone and its runtime's network
+        t0 = self.clock()
+        feats, boxes = self._features(crops)
+        self.backbone_ms = 1000 * (self.clock() - t0)
+        self._one = {name: v[:1] for name, v in feats.items()}
+        self._box = None if boxes is None else boxes[:1]
+        self._atmm: dict[int, float] = {}
+
+    def _features(self, crops: Sequence[ImageInput]) -> tuple[dict[str, Tensor], list[Box] | None]:
+        scorer = self.scorer
         parts: dict[str, list[Tensor]] = {}
         boxes: list[Box] | None = None if scorer.config.backbone.geometry == "squash" else []
         for _, batch, b in scorer.decoded_batches(crops, "estimate"):
@@ -430,22 +514,75 @@ def estimate_ms_per_frame(
                 parts.setdefault(k, []).append(v)
         return {k: torch.cat(v) for k, v in parts.items()}, boxes
 
-    features()  # untimed
-    t0 = time.perf_counter()
-    feats, boxes = features()
-    backbone_s = time.perf_counter() - t0
-    fake = TemplateSet(
-        bank={name: v[:1].repeat(sheets, 1, 1, 1).cpu() for name, v in feats.items()},
-        config=scorer.config,
-        weights_id="estimate",
-        image_digests=tuple(str(i) for i in range(sheets)),
-    )
-    one = {name: v[:1] for name, v in feats.items()}
-    prepared = scorer.prepare(fake)
-    t0 = time.perf_counter()
-    scorer.score_maps(one, prepared, None if boxes is None else boxes[:1])
-    atmm_s = time.perf_counter() - t0
-    return 1000 * (backbone_s + atmm_s * (len(crops) if scored is None else scored))
+    def atmm_ms(self, sheets: int) -> float:
+        """ATMM ms of one canvas against ``sheets`` templates (measured once per ``sheets``)."""
+        if sheets < 1:
+            raise ValueError(f"sheets must be >= 1, got {sheets}")
+        if sheets not in self._atmm:
+            fake = TemplateSet(
+                bank={name: v.repeat(sheets, 1, 1, 1).cpu() for name, v in self._one.items()},
+                config=self.scorer.config,
+                weights_id="estimate",
+                image_digests=tuple(str(i) for i in range(sheets)),
+            )
+            prepared = self.scorer.prepare(fake)
+            times = []
+            for _ in range(self.repeats):
+                t0 = self.clock()
+                self.scorer.score_maps(self._one, prepared, self._box).cpu()  # .cpu(): waits for a GPU
+                times.append(self.clock() - t0)
+            self._atmm[sheets] = 1000 * float(np.median(times))
+        return self._atmm[sheets]
+
+    def ms_per_frame(self, sheets: int | Sequence[int]) -> float:
+        """Estimated ms per frame with ``sheets`` templates at every scored canvas, or one count per
+        scored canvas (a tiled product's positions may hold different counts)."""
+        if isinstance(sheets, int):
+            return self.backbone_ms + self.scored * self.atmm_ms(sheets)
+        return self.backbone_ms + sum(self.atmm_ms(k) for k in sheets)
+
+
+def estimate_ms_per_frame(
+    scorer: Scorer, crops: Sequence[ImageInput], sheets: int, *, scored: int | None = None
+) -> float:
+    """Milliseconds to score one frame whose canvases are ``crops`` (its tiles, or the image itself)
+    against ``sheets`` templates per canvas: :class:`FrameCost` (the backbone pass of all ``crops`` in
+    one batch, plus ATMM of one crop against ``sheets`` templates times ``scored``, default every
+    crop; a tile the region leaves out is not scored), on this host's settings; ``hetmm fit`` prints
+    it before the long work, for tiled and untiled products alike."""
+    return FrameCost(scorer, crops, scored=scored).ms_per_frame(sheets)
+
+
+def blank_frame_crops(config: DetectorConfig, tiles: int = 1) -> list[np.ndarray]:
+    """``tiles`` mid-grey canvases of the backbone's size: a frame's canvases for :class:`FrameCost`
+    where no frame is at hand (``hetmm compress``, the service's sheets-auto task); the cost of
+    resizing a larger frame to the canvas is then left out."""
+    size = config.backbone.image_size
+    return [np.full((size, size, 3), 128, dtype=np.uint8) for _ in range(tiles)]
+
+
+def _over_budget(why: str, cost: FrameCost, budget: float, k: int, estimate: float, config: DetectorConfig) -> str:
+    """The reason when the chosen selection is over the time budget, also warned
+    (:class:`TimeBudgetWarning`): a budget that cannot be met is never silent. A warning, not an
+    error: the figures are timings of this host now (another load, another figure), and a hot
+    update on the service must not fail for them; the cheapest selection is the closest to it."""
+    bb = config.backbone
+    tiles = f"{cost.canvases} canvas{'es' if cost.canvases > 1 else ''} of {bb.image_size} px"
+    if cost.backbone_ms >= budget:
+        need = (
+            f"the backbone alone takes {cost.backbone_ms:.1f} ms per frame ({tiles}, {bb.name}), so no template "
+            f"count meets it: raise the budget above {estimate:.1f} ms, or use fewer tiles (geometry.tiles) or a "
+            f"smaller backbone or canvas (backbone.name, backbone.image_size)"
+        )
+    else:
+        need = (
+            f"the backbone takes {cost.backbone_ms:.1f} ms per frame ({tiles}, {bb.name}) and {k} sheets per "
+            f"scored canvas bring it to {estimate:.1f} ms: raise the budget to at least {estimate:.1f} ms, or use "
+            f"fewer tiles or a smaller backbone"
+        )
+    message = f"templates.auto_max_ms_per_image {budget:g} ms per frame cannot be met on this host: {need}"
+    warnings.warn(message, TimeBudgetWarning, stacklevel=3)
+    return f"{why}; {message}"
 
 
 def check_visible(config: DetectorConfig) -> None:

@@ -88,7 +88,7 @@ from .core.scoring import Calibration, OperatingPoint, calibration_json, content
 from .core.templates import TemplateError, TemplateSet, unseen_positions
 from .core.tiles import Tile, cut, grid_of, stitch, tile_grid
 from .detector import HETMM
-from .fitting import check_visible, estimate_ms_per_frame
+from .fitting import FrameCost, blank_frame_crops, check_visible, estimate_ms_per_frame
 from .scorer import ImageInput, Prediction, as_rgb
 
 __all__ = ["TiledHETMM", "TiledPrediction", "frame_shape", "load_detector", "resolve_tiles"]
@@ -144,8 +144,9 @@ class TiledHETMM:
         parts = self._region_parts(tile_config)
         self.live = [part.counts for part in parts]  # False: the region counts none of its pixels
         self.dets = [HETMM(replace(tile_config, region=part.region), progress=progress) for part in parts]
-        for det in self.dets:  # sheets: auto's time budget is per frame: each position gets budget / tiles
+        for det in self.dets:  # sheets: auto's time budget is per frame with all its tiles (_measure_cost)
             det.pipeline.tiles = self.n_tiles
+            det.pipeline.scored = sum(self.live)
         if backbone is not None:  # an already-built one (replicas: one per backbone, not per product)
             self.dets[0].scorer.backbone = backbone
         self._share_backbone()
@@ -235,10 +236,29 @@ class TiledHETMM:
         """Milliseconds to score one frame with all its tiles against as many sheets as the fit will
         keep per position (``templates.sheets_of``): :func:`~hetmm_ray.fitting.estimate_ms_per_frame`
         on ``frame``'s tiles (positions the region leaves out are not scored)."""
-        x = as_rgb(frame)
-        crops = [np.ascontiguousarray(c) for c in cut(x, self.tiles_of(x.shape[0], x.shape[1]))]
+        crops = self._frame_crops(as_rgb(frame))
         sheets = self.config.templates.sheets_of(n_train)
         return estimate_ms_per_frame(self.dets[0].scorer, crops, sheets, scored=sum(self.live))
+
+    def _frame_crops(self, frame: np.ndarray) -> list[np.ndarray]:
+        return [np.ascontiguousarray(c) for c in cut(frame, self.tiles_of(frame.shape[0], frame.shape[1]))]
+
+    def _measure_cost(self, frame: ImageInput | None) -> None:
+        """With a time budget (``templates.auto_max_ms_per_image``), one :class:`~hetmm_ray.fitting.FrameCost`
+        of ``frame``'s tiles (None: a blank frame of the training frame's size) for every position's
+        sheets auto: the frame's backbone pass of all its tiles + ATMM of each scored tile. Without
+        a budget nothing is measured."""
+        cost = None
+        if self.config.templates.auto_max_ms_per_image is not None:
+            if frame is not None:
+                crops = self._frame_crops(as_rgb(frame))
+            elif self.frame is not None:
+                crops = self._frame_crops(np.full((*self.frame, 3), 128, dtype=np.uint8))
+            else:
+                crops = blank_frame_crops(self.config, self.n_tiles)
+            cost = FrameCost(self.dets[0].scorer, crops, scored=sum(self.live))
+        for det in self.dets:
+            det.pipeline.cost = cost
 
     def _extract(
         self, frames: Sequence[ImageInput], desc: str
@@ -270,6 +290,7 @@ class TiledHETMM:
         """One template set and one calibration per tile position from good frames; the frame calibration."""
         if len(frames) < 2:
             raise ValueError(f"fit needs at least 2 good images, got {len(frames)}")
+        self._measure_cost(frames[0])
         feats, boxes, digests, shapes = self._extract(frames, "fit: tile features")
         sets = []
         for p, det in enumerate(self.dets):
@@ -298,6 +319,7 @@ class TiledHETMM:
         self.skipped_duplicates = len(digests) - len(keep)
         if not keep:
             return self
+        self._measure_cost(frames[keep[0]])
         sets = []
         for p, det in enumerate(self.dets):
             pos, pos_boxes = self._position(feats, boxes, p)
@@ -316,6 +338,7 @@ class TiledHETMM:
         becomes None (unsaved)."""
         changes = {"kind": kind, "sheets": sheets, "seed": seed}
         changes = {k: v for k, v in changes.items() if v is not None}
+        self._measure_cost(None)
         sets = [det.pipeline.compress(det.scorer.require_templates(), kind, sheets, seed=seed) for det in self.dets]
         if changes:
             self.config = self.config.replace(**{f"templates.{k}": v for k, v in changes.items()})

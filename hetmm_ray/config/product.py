@@ -199,8 +199,11 @@ class TemplateConfig(Settings):
     auto_max_norm_diff: float = setting(0.2, Range(0.0, 1e9))
     # share of images with the same verdict, each side cut at its own threshold, at least
     auto_min_verdict_agreement: float = setting(0.98, Range(0.0, 1.0))
-    # optional ATMM budget in ms per FRAME with all its tiles (a tiled product gives each tile
-    # position budget / tiles): no K measured slower than this is chosen
+    # optional time budget in ms per FRAME: the whole frame's estimated scoring cost on the fitting
+    # host, backbone of all its tiles + ATMM of every scored tile (fitting.FrameCost, the estimate
+    # `hetmm fit` prints); no K estimated over it is chosen. A budget under what the backbone alone
+    # takes cannot be met: the cheapest selection is taken with a warning (TimeBudgetWarning).
+    # None: no budget (nothing is timed for it).
     auto_max_ms_per_image: float | None = setting(None, Range(0.001, 1_000_000.0))
 
     def sheets_of(self, n_images: int) -> int:

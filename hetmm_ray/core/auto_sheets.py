@@ -41,20 +41,21 @@ Exact semantics:
    (BENCHMARKS.md); where it does not, the chosen K still agrees with ALL by itself (it is
    only ever a rung that was measured to agree), it may just not be the smallest.
    If no K below N agrees, K = N: ALL itself.
-5. Time budget ``auto_max_ms_per_image``: milliseconds of ATMM scoring per FRAME with all its
-   tiles (the part of a frame's cost the template count controls; the backbone's share is
-   fixed by the backbone and the tile count and is not counted). A tiled product
-   (``geometry.tiles``, ``tiled.py``) chooses K per tile position, each position with
-   ``budget / tiles`` (:func:`tile_budget`), so the frame's total meets the budget. A rung's
-   ms per image is a measurement: the ATMM time of its out-of-fold scoring per image, scaled
-   by ``sheets(final) / sheets(fold)`` (the final selection holds ``min(K, N)`` sheets, a fold's
-   ``min(K, kept)``; ATMM's cost grows linearly with the sheets plus a fixed part per image,
-   BENCHMARKS.md "ATMM against sheets", so the scaled figure is never below the true one).
-   ALL's figure is measured and scaled the same way. With a budget, a rung over it counts as
-   "too big" (the search goes lower) and is never chosen; if no agreeing K within the budget
-   is found, the largest tried K within it is taken, agreeing or not, and ALL only when ALL
-   itself is within it (the reason says so). Only when even the ladder's first rung is over
-   the budget is that rung taken over budget (the reason says so too).
+5. Time budget ``auto_max_ms_per_image``: the whole frame's scoring cost in milliseconds, as a
+   user reads "ms per image": the backbone pass of all the frame's canvases (its tiles, or the image)
+   plus ATMM of every scored canvas, estimated on the fitting host (``fitting.FrameCost``, the
+   estimate ``hetmm fit`` prints). Each rung carries ``ms_per_frame``, that estimate with its K at
+   every scored canvas; a tiled product chooses K per tile position, each position judged by that
+   figure, so each keeps its ATMM within ``(budget - backbone) / scored`` and the frame with all its
+   tiles meets the budget. (``ms_per_image``, the rung's measured out-of-fold ATMM time per image
+   scaled by ``sheets(final) / sheets(fold)`` (:func:`scaled_ms`; ATMM's cost grows linearly with
+   the sheets plus a fixed part per image, BENCHMARKS.md "ATMM against sheets", so the scaled
+   figure is never below the true one), is reported only.) With a budget, a rung over it counts as
+   "too big" (the search goes lower) and is never chosen; if no agreeing K within the budget is
+   found, the largest tried K within it is taken, agreeing or not, and ALL only when ALL itself is
+   within it (the reason says so). Only when even the ladder's first rung is over the budget is that
+   rung taken over budget (the reason says so, and the fit warns: ``fitting.TimeBudgetWarning``,
+   naming the backbone's share when it alone is over). Without a budget nothing is timed for it.
 
 PTS's selection at K is not a prefix of its selection at a larger K (OPTICS's
 ``min_samples = max(2, N // K)`` changes with K, so the easy normals differ), so each rung
@@ -79,7 +80,6 @@ __all__ = [
     "normalised_diff",
     "scaled_ms",
     "spearman",
-    "tile_budget",
 ]
 
 LADDER = (10, 20, 40, 60, 100, 150, 200, 300, 400, 600, 800, 1000, 1500, 2000)
@@ -122,9 +122,15 @@ class Rung:
     ms_per_image: float  # ATMM ms per image (per tile for a tiled product) at the final sheet count
     agrees: bool
     scale: float = 1.0  # t_K / t_ALL: how much higher this selection's scores run (reported only)
+    # estimated ms per frame with this K at every scored canvas, backbone included (module
+    # docstring, 5); what the time budget is compared with; None: no budget, nothing measured
+    ms_per_frame: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: (round(v, 5) if isinstance(v, float) else v) for k, v in asdict(self).items()}
+        out = {k: (round(v, 5) if isinstance(v, float) else v) for k, v in asdict(self).items()}
+        if self.ms_per_frame is None:
+            del out["ms_per_frame"]  # records without a budget stay as they were
+        return out
 
 
 def normalised_diff(
@@ -167,14 +173,6 @@ def agreement(
     return Rung(sheets, rho, diff, same, ms_per_image, ok, scale)
 
 
-def tile_budget(max_ms_per_frame: float | None, tiles: int) -> float | None:
-    """The ATMM budget of one tile position: a frame's budget shared equally by its ``tiles``
-    positions (module docstring, 5), so that the frame's sum meets it."""
-    if tiles < 1:
-        raise ValueError(f"tiles must be >= 1, got {tiles}")
-    return None if max_ms_per_frame is None else max_ms_per_frame / tiles
-
-
 def scaled_ms(measured_ms: float, final_sheets: int, fold_sheets: float) -> float:
     """A rung's ATMM ms per image at its final sheet count from the out-of-fold measurement
     against ``fold_sheets`` (module docstring, 5): proportional scaling, an upper bound of an
@@ -186,14 +184,15 @@ def choose_sheets(
     n_images: int,
     evaluate: Callable[[int], Rung],
     *,
-    max_ms_per_image: float | None = None,
-    all_ms_per_image: float | None = None,
+    max_ms_per_frame: float | None = None,
+    all_ms_per_frame: float | None = None,
     report: Callable[[Rung], None] | None = None,
 ) -> tuple[int, list[Rung], str]:
     """Search the ladder (doubling, then bisection; see the module docstring): ``evaluate(K)``
-    measures one rung; ``all_ms_per_image``: ALL's figure, checked against the budget before ALL
-    is chosen (None: not known, ALL taken as within it). Returns (K, the rungs tried in order of
-    K, why)."""
+    measures one rung; ``max_ms_per_frame``: the time budget, compared with each rung's
+    ``ms_per_frame`` (``ms_per_image`` where that is None); ``all_ms_per_frame``: ALL's figure,
+    checked against the budget before ALL is chosen (None: not known, ALL taken as within it).
+    Returns (K, the rungs tried in order of K, why)."""
     rungs = ladder(n_images)
     tried: dict[int, Rung] = {}
 
@@ -203,7 +202,7 @@ def choose_sheets(
         tried[rung.sheets] = rung
         if report is not None:
             report(rung)
-        return rung.agrees or _over_budget(rung.ms_per_image, max_ms_per_image)
+        return rung.agrees or _over_budget(_cost(rung), max_ms_per_frame)
 
     lo, hi, i = 0, len(rungs), 0  # the answer's index lies in [lo, hi]; hi == len: none
     while i < len(rungs):  # doubling: indices 0, 1, 3, 7, ...
@@ -218,8 +217,8 @@ def choose_sheets(
         else:
             lo = mid + 1
     ordered = [tried[k] for k in sorted(tried)]
-    within = [r for r in ordered if not _over_budget(r.ms_per_image, max_ms_per_image)]
-    budget = "" if max_ms_per_image is None else f" within {max_ms_per_image:g} ms/img"
+    within = [r for r in ordered if not _over_budget(_cost(r), max_ms_per_frame)]
+    budget = "" if max_ms_per_frame is None else f" within {max_ms_per_frame:g} ms/frame"
     agreeing = [r for r in within if r.agrees]
     if agreeing:
         return (
@@ -227,15 +226,19 @@ def choose_sheets(
             ordered,
             f"smallest K that agrees with ALL{budget} (ladder searched by doubling + bisection)",
         )
-    all_over = max_ms_per_image is not None and all_ms_per_image is not None and all_ms_per_image > max_ms_per_image
+    all_over = max_ms_per_frame is not None and all_ms_per_frame is not None and all_ms_per_frame > max_ms_per_frame
     if len(within) == len(ordered) and not all_over:
         return n_images, ordered, f"no K below N agrees with ALL: all N images{budget}"
     if within:
-        return within[-1].sheets, ordered, f"time budget {max_ms_per_image:g} ms/img reached before agreement"
+        return within[-1].sheets, ordered, f"time budget {max_ms_per_frame:g} ms/frame reached before agreement"
     if not ordered:
-        return n_images, ordered, f"no ladder below {n_images} images: all N images, over {max_ms_per_image:g} ms/img"
-    return ordered[0].sheets, ordered, f"no K within {max_ms_per_image:g} ms/img: the smallest tried, over the budget"
+        return n_images, ordered, f"no ladder below {n_images} images: all N images, over {max_ms_per_frame:g} ms/frame"
+    return ordered[0].sheets, ordered, f"no K within {max_ms_per_frame:g} ms/frame: the smallest tried, over the budget"
 
 
-def _over_budget(ms_per_image: float, max_ms_per_image: float | None) -> bool:
-    return max_ms_per_image is not None and ms_per_image > max_ms_per_image
+def _cost(rung: Rung) -> float:
+    return rung.ms_per_image if rung.ms_per_frame is None else rung.ms_per_frame
+
+
+def _over_budget(ms: float, max_ms: float | None) -> bool:
+    return max_ms is not None and ms > max_ms

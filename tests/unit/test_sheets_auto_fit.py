@@ -13,14 +13,14 @@ from hetmm_ray.config import BackboneConfig, ConfigError, DetectorConfig, Templa
 from hetmm_ray.core.templates import TemplateSet
 from hetmm_ray.data.synthetic import SyntheticProduct
 from hetmm_ray.detector import HETMM
-from hetmm_ray.fitting import FitPipeline
+from hetmm_ray.fitting import FitPipeline, TimeBudgetWarning
 from hetmm_ray.store import open_store
 from hetmm_ray.tiled import TiledHETMM
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 SIZE = 64
-MS_PER_SHEET = 0.5  # the cost model: ATMM ms per image = 0.5 x the sheets scored against
+MS_PER_SHEET = 0.5  # the cost model: ATMM ms per canvas = 0.5 x the sheets scored against
 
 
 def config(**changes) -> DetectorConfig:
@@ -39,16 +39,45 @@ def config(**changes) -> DetectorConfig:
 STRICT = {"templates.auto_min_rank_corr": 0.999, "templates.auto_max_norm_diff": 1e-6}
 
 
+class ModelledCost:
+    """A deterministic :class:`~hetmm_ray.fitting.FrameCost`: ``backbone_ms`` per frame plus
+    ``MS_PER_SHEET`` x K per scored canvas."""
+
+    def __init__(self, backbone_ms: float, canvases: int, scored: int) -> None:
+        self.backbone_ms, self.canvases, self.scored = backbone_ms, canvases, scored
+
+    def atmm_ms(self, sheets: int) -> float:
+        return MS_PER_SHEET * sheets
+
+    def ms_per_frame(self, sheets: int | Sequence[int]) -> float:
+        if isinstance(sheets, int):
+            return self.backbone_ms + self.scored * self.atmm_ms(sheets)
+        return self.backbone_ms + sum(self.atmm_ms(k) for k in sheets)
+
+
 @pytest.fixture
-def cost_model(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Out-of-fold scores as measured, their ms per image from the cost model (final sheet count)."""
+def cost_model(monkeypatch: pytest.MonkeyPatch) -> dict[str, float]:
+    """The frame cost from the model (``backbone_ms`` settable per test; each frame canvas counts);
+    the out-of-fold ATMM time (reported only) from the model too."""
+    settings = {"backbone_ms": 5.0}
     measured = FitPipeline._oof_scores
 
     def modelled(self: FitPipeline, ts: TemplateSet, templates: TemplateConfig) -> tuple[list[float], float]:
         scores, _ = measured(self, ts, templates)
         return scores, MS_PER_SHEET * templates.sheets_of(ts.n_images)
 
+    def frame_cost(self: FitPipeline) -> ModelledCost:
+        scored = self.tiles if self.scored is None else self.scored
+        return ModelledCost(settings["backbone_ms"], self.tiles, scored)
+
+    def shared(self: TiledHETMM, frame: object) -> None:  # tiled.py's one measurement for all positions
+        for det in self.dets:
+            det.pipeline.cost = None  # each position's frame_cost() above
+
     monkeypatch.setattr(FitPipeline, "_oof_scores", modelled)
+    monkeypatch.setattr(FitPipeline, "frame_cost", frame_cost)
+    monkeypatch.setattr(TiledHETMM, "_measure_cost", shared)
+    return settings
 
 
 @pytest.fixture(scope="module")
@@ -57,35 +86,75 @@ def goods() -> list[np.ndarray]:
     return [product.good(i) for i in range(45)]
 
 
-def chosen_ms(auto: dict) -> float:
-    k = auto["chosen"]
-    return next((r["ms_per_image"] for r in auto["ladder"] if r["sheets"] == k), auto["all_ms_per_image"])
+def chosen_frame_ms(auto: dict) -> float:
+    return auto["tolerance"]["estimated_ms_per_frame"]
 
 
-def test_the_chosen_selection_meets_the_budget(goods: Sequence[np.ndarray], cost_model: None) -> None:
-    """45 images, rungs 10 / 20 / 40 cost 5 / 10 / 20 ms, ALL 22.5 ms; only 40 agrees (it holds
-    every kept image of a fold). A 12 ms budget: 40 and ALL are over it, so 20, the largest within."""
+def test_the_chosen_selection_meets_the_budget(goods: Sequence[np.ndarray], cost_model: dict) -> None:
+    """45 images, backbone 5 ms per frame; rungs 10 / 20 / 40 cost 10 / 15 / 25 ms per frame, ALL
+    27.5 ms; only 40 agrees (it holds every kept image of a fold). A 17 ms budget: 40 and ALL are
+    over it, so 20, the largest within; the budget is the frame's, backbone included."""
     free = HETMM(config(**STRICT)).fit(goods).templates.meta["sheets_auto"]
     assert free["chosen"] == 40 and "smallest K that agrees" in free["why"]
-    det = HETMM(config(**STRICT, **{"templates.auto_max_ms_per_image": 12.0})).fit(goods)
+    assert all("ms_per_frame" not in r for r in free["ladder"])  # no budget: nothing timed for it
+    assert "estimated_ms_per_frame" not in free["tolerance"]
+    det = HETMM(config(**STRICT, **{"templates.auto_max_ms_per_image": 17.0})).fit(goods)
     auto = det.templates.meta["sheets_auto"]
     assert det.config.templates.sheets == auto["chosen"] == 20 and "budget" in auto["why"]
-    assert chosen_ms(auto) == 10.0 <= 12.0 and auto["tolerance"]["max_ms_per_image"] == 12.0
+    assert chosen_frame_ms(auto) == 15.0 <= 17.0 and auto["tolerance"]["max_ms_per_image"] == 17.0
+    assert auto["tolerance"]["backbone_ms_per_frame"] == 5.0
+    assert {r["sheets"]: r["ms_per_frame"] for r in auto["ladder"]} == {10: 10.0, 20: 15.0, 40: 25.0}
     assert all(r["sheets"] != 40 or r["agrees"] for r in auto["ladder"])  # refused for time, not agreement
 
 
-def test_a_tiled_frame_meets_the_budget_with_all_its_tiles(cost_model: None) -> None:
-    """Budget per frame: 2 tile positions of a 24 ms budget get 12 ms each (20 sheets, 10 ms), so
-    the frame costs 20 ms; a per-image budget would have taken 40 sheets (2 x 20 = 40 ms)."""
+def test_a_tiled_frame_meets_the_budget_with_all_its_tiles(cost_model: dict) -> None:
+    """Budget per frame, backbone of both tiles included: 20 ms of backbone and a 42 ms budget leave
+    11 ms of ATMM per tile position: 20 sheets (10 ms each), so the frame is estimated at 40 ms. The
+    ATMM-only rule of before (42 / 2 = 21 ms per position) took 40 sheets: 20 + 2 x 20 = 60 ms."""
+    cost_model["backbone_ms"] = 20.0
     product = SyntheticProduct(seed=3, size=2 * SIZE)
     frames = [product.good(i) for i in range(45)]
-    tiled = config(**STRICT, **{"templates.auto_max_ms_per_image": 24.0, "geometry.tiles": [1, 2]})
+    tiled = config(**STRICT, **{"templates.auto_max_ms_per_image": 42.0, "geometry.tiles": [1, 2]})
     det = TiledHETMM(tiled).fit(frames)
     autos = [d.templates.meta["sheets_auto"] for d in det.dets]
     assert [a["chosen"] for a in autos] == [20, 20]
-    assert sum(chosen_ms(a) for a in autos) <= 24.0
-    assert all(a["tolerance"]["tiles"] == 2 and a["tolerance"]["max_ms_per_tile"] == 12.0 for a in autos)
-    assert det.config.templates.auto_max_ms_per_image == 24.0  # the product keeps its frame budget
+    frame = ModelledCost(20.0, 2, 2).ms_per_frame([a["chosen"] for a in autos])
+    assert frame == 40.0 <= 42.0 and all(chosen_frame_ms(a) == 40.0 for a in autos)
+    assert all(a["tolerance"]["tiles"] == 2 for a in autos)
+    assert det.config.templates.auto_max_ms_per_image == 42.0  # the product keeps its frame budget
+
+
+def test_a_budget_under_the_backbone_alone_warns_and_takes_the_cheapest(
+    goods: Sequence[np.ndarray], cost_model: dict
+) -> None:
+    """The backbone alone (50 ms) is over the 42 ms budget: no template count meets it. The ladder's
+    cheapest rung is taken, and a TimeBudgetWarning (stored in ``why`` too) says what it would take."""
+    cost_model["backbone_ms"] = 50.0
+    with pytest.warns(TimeBudgetWarning, match=r"backbone alone takes 50\.0 ms.*fewer tiles.*smaller backbone"):
+        det = HETMM(config(**STRICT, **{"templates.auto_max_ms_per_image": 42.0})).fit(goods)
+    auto = det.templates.meta["sheets_auto"]
+    assert auto["chosen"] == 10 and "cannot be met" in auto["why"] and chosen_frame_ms(auto) == 55.0
+
+
+def test_a_budget_met_by_the_backbone_but_not_the_first_rung_warns(
+    goods: Sequence[np.ndarray], cost_model: dict
+) -> None:
+    cost_model["backbone_ms"] = 10.0
+    with pytest.warns(TimeBudgetWarning, match=r"10 sheets per scored canvas bring it to 15\.0 ms"):
+        det = HETMM(config(**STRICT, **{"templates.auto_max_ms_per_image": 12.0})).fit(goods)
+    assert det.templates.meta["sheets_auto"]["chosen"] == 10
+
+
+def test_without_a_budget_no_frame_cost_is_measured(goods: Sequence[np.ndarray], monkeypatch) -> None:
+    """No budget: behaviour as before, nothing timed for it (the cost would fail here)."""
+
+    def refuse(self: FitPipeline) -> None:
+        raise AssertionError("frame cost measured without a budget")
+
+    monkeypatch.setattr(FitPipeline, "frame_cost", refuse)
+    det = HETMM(config(**STRICT)).fit(goods[:30])
+    auto = det.templates.meta["sheets_auto"]
+    assert auto["chosen"] == 30 and all("ms_per_frame" not in r for r in auto["ladder"])  # no rung holds a fold
 
 
 def test_near_duplicate_good_images_are_compressed() -> None:

@@ -19,7 +19,6 @@ from hetmm_ray.core.auto_sheets import (
     normalised_diff,
     scaled_ms,
     spearman,
-    tile_budget,
 )
 from hetmm_ray.core.pts import pts_indices
 from hetmm_ray.data.synthetic import SyntheticProduct, write_mvtec_layout
@@ -102,7 +101,8 @@ def test_normalised_diff_is_infinite_at_an_unusable_threshold():
 
 
 def _rung(k: int, ok: bool, ms: float) -> Rung:
-    return Rung(k, 1.0, 0.0, 1.0, ms, ok)
+    """A rung whose estimated frame cost is ``ms`` (its ATMM-only ``ms_per_image`` is reported only)."""
+    return Rung(k, 1.0, 0.0, 1.0, ms / 4, ok, ms_per_frame=ms)
 
 
 def test_choose_takes_the_smallest_agreeing_k_by_doubling_then_bisection():
@@ -144,7 +144,7 @@ def test_search_never_returns_a_rung_that_disagrees():
 def test_choose_falls_back_to_all_and_respects_a_budget():
     k, rungs, _ = choose_sheets(70, lambda k: _rung(k, False, k))
     assert k == 70 and [r.sheets for r in rungs] == [10, 20, 60]
-    k, rungs, why = choose_sheets(209, lambda k: _rung(k, k >= 100, k / 10), max_ms_per_image=5.0)
+    k, rungs, why = choose_sheets(209, lambda k: _rung(k, k >= 100, k / 10), max_ms_per_frame=5.0)
     assert k == 40 and rungs[-1].sheets == 60 and "budget" in why
 
 
@@ -160,14 +160,14 @@ def test_a_budget_is_met_by_the_chosen_selection(budget, first_agreeing):
     (209 images, its cost over the budget or not) only when within it."""
     n = 209
     k, rungs, why = choose_sheets(
-        n, lambda k: _rung(k, k >= first_agreeing, cost(k)), max_ms_per_image=budget, all_ms_per_image=cost(n)
+        n, lambda k: _rung(k, k >= first_agreeing, cost(k)), max_ms_per_frame=budget, all_ms_per_frame=cost(n)
     )
-    ms = cost(n) if k == n else next(r for r in rungs if r.sheets == k).ms_per_image
+    ms = cost(n) if k == n else next(r for r in rungs if r.sheets == k).ms_per_frame
     if cost(10) <= budget:
         assert ms <= budget, why
     else:
         assert k == 10 and "over the budget" in why
-    within = [r.sheets for r in rungs if r.ms_per_image <= budget]
+    within = [r.sheets for r in rungs if r.ms_per_frame <= budget]
     if first_agreeing in within:  # agreement within the budget: the smallest agreeing K
         assert k == first_agreeing
     elif k != n and cost(10) <= budget:  # the largest K within it that was tried
@@ -175,16 +175,22 @@ def test_a_budget_is_met_by_the_chosen_selection(budget, first_agreeing):
 
 
 def test_all_is_not_chosen_over_the_budget():
-    k, _, why = choose_sheets(70, lambda k: _rung(k, False, cost(k)), max_ms_per_image=20.0, all_ms_per_image=cost(70))
+    k, _, why = choose_sheets(70, lambda k: _rung(k, False, cost(k)), max_ms_per_frame=20.0, all_ms_per_frame=cost(70))
     assert k == 60 and "budget" in why  # 60: 18.6 ms, ALL: 21.0 ms
-    k, _, _ = choose_sheets(70, lambda k: _rung(k, False, cost(k)), max_ms_per_image=25.0, all_ms_per_image=cost(70))
+    k, _, _ = choose_sheets(70, lambda k: _rung(k, False, cost(k)), max_ms_per_frame=25.0, all_ms_per_frame=cost(70))
     assert k == 70
 
 
-def test_tile_budget_and_scaled_ms():
-    assert tile_budget(None, 4) is None and tile_budget(40.0, 4) == 10.0 and tile_budget(40.0, 1) == 40.0
-    with pytest.raises(ValueError):
-        tile_budget(40.0, 0)
+def test_the_budget_falls_back_to_ms_per_image_without_a_frame_estimate():
+    """A rung without ``ms_per_frame`` is judged by its ``ms_per_image``; a rung's record keeps its
+    old keys when no budget was set (no ``ms_per_frame`` key)."""
+    plain = [Rung(k, 1.0, 0.0, 1.0, cost(k), False) for k in (10, 20, 40, 60)]
+    k, _, why = choose_sheets(70, lambda k: next(r for r in plain if r.sheets == k), max_ms_per_frame=10.0)
+    assert k == 20 and "budget" in why  # 20: 8.7 ms, 40: 13.6 ms
+    assert "ms_per_frame" not in plain[0].to_dict() and _rung(10, True, 5.0).to_dict()["ms_per_frame"] == 5.0
+
+
+def test_scaled_ms():
     assert scaled_ms(9.0, 209, 188.1) == pytest.approx(9.0 * 209 / 188.1)  # ALL: a fold holds fewer sheets
     assert scaled_ms(9.0, 60, 60) == 9.0 and scaled_ms(9.0, 60, 80) == 9.0  # never scaled down
 
