@@ -374,7 +374,7 @@ class FitPipeline:
         if cost is not None and budget is not None:
             estimate = cost.ms_per_frame(min(k, ts.n_images))
             tolerance |= {
-                "backbone_ms_per_frame": round(cost.backbone_ms, 3),
+                "backbone_ms_per_frame": round(cost.fixed_ms, 3),  # with a tiled frame's stitching
                 "estimated_ms_per_frame": round(estimate, 3),  # every scored tile at this K
             }
             if estimate > budget:
@@ -466,17 +466,18 @@ class FrameCost:
     """What one frame costs to score on this host (the one estimate behind ``hetmm fit``'s cost
     line, the create job's ``estimated_ms_per_frame`` and ``sheets: auto``'s time budget).
 
-    ``ms_per_frame(K) = backbone_ms + scored x atmm_ms(K)``:
+    ``ms_per_frame(K) = fixed_ms + scored x atmm_ms(K)``, ``fixed_ms = backbone_ms + post_ms``:
 
     - ``backbone_ms``: the backbone pass of all the frame's canvases (its tiles, or the image
-      itself) in one batch, decode to canvas included, timed after one untimed pass (which builds
-      the backbone and its runtime's network);
+      itself) in one batch, decode to canvas included: the median of ``repeats`` timed passes after
+      one untimed pass (which builds the backbone and its runtime's network);
+    - ``post_ms``: other per-frame work the caller names (``post``; a tiled frame's stitching of its
+      tiles' maps at the frame's resolution, ``tiled.py``), timed the same way; 0 without;
     - ``atmm_ms(K)``: ATMM of one canvas against K copies of its own features (ATMM's cost depends on
       K and the feature shapes, not on the values), the median of ``repeats`` timed calls;
     - ``scored``: canvases scored per frame (a tile position the region leaves out is not).
 
-    Not counted: decoding the frame itself, cutting it into tiles, stitching the tiles' maps (a
-    tiled frame's full-resolution map) and the transport of a request.
+    Not counted: decoding the frame itself, cutting it into tiles and the transport of a request.
     """
 
     def __init__(
@@ -485,6 +486,7 @@ class FrameCost:
         crops: Sequence[ImageInput],
         *,
         scored: int | None = None,
+        post: Callable[[], object] | None = None,
         repeats: int = 3,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
@@ -496,12 +498,30 @@ class FrameCost:
         self.scored = len(crops) if scored is None else scored
         self.repeats = max(1, repeats)
         self._features(crops)  # untimed: builds the backbone and its runtime's network
-        t0 = self.clock()
-        feats, boxes = self._features(crops)
-        self.backbone_ms = 1000 * (self.clock() - t0)
+        out: list[tuple[dict[str, Tensor], list[Box] | None]] = []
+        self.backbone_ms = self._timed(lambda: out.append(self._features(crops)))
+        feats, boxes = out[-1]
+        self.post_ms = 0.0
+        if post is not None:
+            post()  # untimed, as the backbone's first pass
+            self.post_ms = self._timed(post)
         self._one = {name: v[:1] for name, v in feats.items()}
         self._box = None if boxes is None else boxes[:1]
         self._atmm: dict[int, float] = {}
+
+    def _timed(self, work: Callable[[], object]) -> float:
+        """Median ms of ``repeats`` calls of ``work``."""
+        times = []
+        for _ in range(self.repeats):
+            t0 = self.clock()
+            work()
+            times.append(self.clock() - t0)
+        return 1000 * float(np.median(times))
+
+    @property
+    def fixed_ms(self) -> float:
+        """The frame's cost that no template count changes: backbone + ``post``."""
+        return self.backbone_ms + self.post_ms
 
     def _features(self, crops: Sequence[ImageInput]) -> tuple[dict[str, Tensor], list[Box] | None]:
         scorer = self.scorer
@@ -526,31 +546,32 @@ class FrameCost:
                 image_digests=tuple(str(i) for i in range(sheets)),
             )
             prepared = self.scorer.prepare(fake)
-            times = []
-            for _ in range(self.repeats):
-                t0 = self.clock()
-                self.scorer.score_maps(self._one, prepared, self._box).cpu()  # .cpu(): waits for a GPU
-                times.append(self.clock() - t0)
-            self._atmm[sheets] = 1000 * float(np.median(times))
+            # .cpu(): waits for a GPU to finish
+            self._atmm[sheets] = self._timed(lambda: self.scorer.score_maps(self._one, prepared, self._box).cpu())
         return self._atmm[sheets]
 
     def ms_per_frame(self, sheets: int | Sequence[int]) -> float:
         """Estimated ms per frame with ``sheets`` templates at every scored canvas, or one count per
         scored canvas (a tiled product's positions may hold different counts)."""
         if isinstance(sheets, int):
-            return self.backbone_ms + self.scored * self.atmm_ms(sheets)
-        return self.backbone_ms + sum(self.atmm_ms(k) for k in sheets)
+            return self.fixed_ms + self.scored * self.atmm_ms(sheets)
+        return self.fixed_ms + sum(self.atmm_ms(k) for k in sheets)
 
 
 def estimate_ms_per_frame(
-    scorer: Scorer, crops: Sequence[ImageInput], sheets: int, *, scored: int | None = None
+    scorer: Scorer,
+    crops: Sequence[ImageInput],
+    sheets: int,
+    *,
+    scored: int | None = None,
+    post: Callable[[], object] | None = None,
 ) -> float:
     """Milliseconds to score one frame whose canvases are ``crops`` (its tiles, or the image itself)
     against ``sheets`` templates per canvas: :class:`FrameCost` (the backbone pass of all ``crops`` in
     one batch, plus ATMM of one crop against ``sheets`` templates times ``scored``, default every
-    crop; a tile the region leaves out is not scored), on this host's settings; ``hetmm fit`` prints
-    it before the long work, for tiled and untiled products alike."""
-    return FrameCost(scorer, crops, scored=scored).ms_per_frame(sheets)
+    crop; a tile the region leaves out is not scored; and ``post``, other per-frame work), on this
+    host's settings; ``hetmm fit`` prints it before the long work, for tiled and untiled products alike."""
+    return FrameCost(scorer, crops, scored=scored, post=post).ms_per_frame(sheets)
 
 
 def blank_frame_crops(config: DetectorConfig, tiles: int = 1) -> list[np.ndarray]:
@@ -568,17 +589,19 @@ def _over_budget(why: str, cost: FrameCost, budget: float, k: int, estimate: flo
     update on the service must not fail for them; the cheapest selection is the closest to it."""
     bb = config.backbone
     tiles = f"{cost.canvases} canvas{'es' if cost.canvases > 1 else ''} of {bb.image_size} px"
-    if cost.backbone_ms >= budget:
+    stitched = " and the stitching of their maps" if cost.post_ms > 0 else ""
+    takes = "take" if stitched else "takes"
+    if cost.fixed_ms >= budget:
         need = (
-            f"the backbone alone takes {cost.backbone_ms:.1f} ms per frame ({tiles}, {bb.name}), so no template "
-            f"count meets it: raise the budget above {estimate:.1f} ms, or use fewer tiles (geometry.tiles) or a "
-            f"smaller backbone or canvas (backbone.name, backbone.image_size)"
+            f"the backbone{stitched} alone {takes} {cost.fixed_ms:.1f} ms per frame ({tiles}, {bb.name}), so no "
+            f"template count meets it: raise the budget above {estimate:.1f} ms, or use fewer tiles (geometry.tiles) "
+            f"or a smaller backbone or canvas (backbone.name, backbone.image_size)"
         )
     else:
         need = (
-            f"the backbone takes {cost.backbone_ms:.1f} ms per frame ({tiles}, {bb.name}) and {k} sheets per "
-            f"scored canvas bring it to {estimate:.1f} ms: raise the budget to at least {estimate:.1f} ms, or use "
-            f"fewer tiles or a smaller backbone"
+            f"the backbone{stitched} {takes} {cost.fixed_ms:.1f} ms per frame ({tiles}, {bb.name}) and {k} sheets "
+            f"per scored canvas bring it to {estimate:.1f} ms: raise the budget to at least {estimate:.1f} ms, or "
+            f"use fewer tiles or a smaller backbone"
         )
     message = f"templates.auto_max_ms_per_image {budget:g} ms per frame cannot be met on this host: {need}"
     warnings.warn(message, TimeBudgetWarning, stacklevel=3)

@@ -116,7 +116,9 @@ class JobRecord(TypedDict, total=False):
     skipped_duplicates: int  # normals: images already in the bank
     preview: dict[str, Any]  # region_preview: current vs proposed (distributed/registry.py region_preview)
     # create of a tiled product, before the long work: its grid, tile size, sheets per position and the
-    # estimated milliseconds per frame with all its tiles (TiledHETMM.estimate_ms_per_frame)
+    # estimated milliseconds per frame with all its tiles (TiledHETMM.estimate_ms_per_frame); an untiled
+    # product's create: sheets and estimated_ms_per_frame (fitting.estimate_ms_per_frame, measured in
+    # the first feature-extraction task with its backbone), when that task's batch is back
     tiles: list[int]
     tile_px: list[int]
     sheets: int

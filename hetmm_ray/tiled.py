@@ -68,7 +68,7 @@ shards' tiny sets. Nothing here imports Ray.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Self
@@ -88,7 +88,7 @@ from .core.scoring import Calibration, OperatingPoint, calibration_json, content
 from .core.templates import TemplateError, TemplateSet, unseen_positions
 from .core.tiles import Tile, cut, grid_of, stitch, tile_grid
 from .detector import HETMM
-from .fitting import FrameCost, blank_frame_crops, check_visible, estimate_ms_per_frame
+from .fitting import FrameCost, check_visible, estimate_ms_per_frame
 from .scorer import ImageInput, Prediction, as_rgb
 
 __all__ = ["TiledHETMM", "TiledPrediction", "frame_shape", "load_detector", "resolve_tiles"]
@@ -236,27 +236,40 @@ class TiledHETMM:
         """Milliseconds to score one frame with all its tiles against as many sheets as the fit will
         keep per position (``templates.sheets_of``): :func:`~hetmm_ray.fitting.estimate_ms_per_frame`
         on ``frame``'s tiles (positions the region leaves out are not scored)."""
-        crops = self._frame_crops(as_rgb(frame))
+        x = as_rgb(frame)
         sheets = self.config.templates.sheets_of(n_train)
-        return estimate_ms_per_frame(self.dets[0].scorer, crops, sheets, scored=sum(self.live))
+        return estimate_ms_per_frame(
+            self.dets[0].scorer, self._frame_crops(x), sheets, scored=sum(self.live), post=self._stitching(x)
+        )
 
     def _frame_crops(self, frame: np.ndarray) -> list[np.ndarray]:
         return [np.ascontiguousarray(c) for c in cut(frame, self.tiles_of(frame.shape[0], frame.shape[1]))]
 
+    def _stitching(self, frame: np.ndarray) -> Callable[[], object]:
+        """A frame's per-frame work besides its tiles' backbone and ATMM, for the cost estimate: its
+        tiles' maps stitched at the frame's resolution (or ``map_size``), as :meth:`predict` does."""
+        h, w = frame.shape[:2]
+        grid = self.tiles_of(h, w)
+        side = self.config.scoring.output_size or self.config.backbone.image_size
+        maps = [torch.zeros(side, side) for _ in grid]
+        return lambda: stitch(maps, grid, (h, w), self._map_shape(h, w))
+
     def _measure_cost(self, frame: ImageInput | None) -> None:
         """With a time budget (``templates.auto_max_ms_per_image``), one :class:`~hetmm_ray.fitting.FrameCost`
         of ``frame``'s tiles (None: a blank frame of the training frame's size) for every position's
-        sheets auto: the frame's backbone pass of all its tiles + ATMM of each scored tile. Without
-        a budget nothing is measured."""
+        sheets auto: the frame's backbone pass of all its tiles + the stitching of their maps + ATMM of
+        each scored tile. Without a budget nothing is measured."""
         cost = None
         if self.config.templates.auto_max_ms_per_image is not None:
             if frame is not None:
-                crops = self._frame_crops(as_rgb(frame))
-            elif self.frame is not None:
-                crops = self._frame_crops(np.full((*self.frame, 3), 128, dtype=np.uint8))
-            else:
-                crops = blank_frame_crops(self.config, self.n_tiles)
-            cost = FrameCost(self.dets[0].scorer, crops, scored=sum(self.live))
+                x = as_rgb(frame)
+            else:  # a blank frame of the training frames' size (one canvas per tile when not known)
+                h, w = self.frame or (
+                    self.config.backbone.image_size * self.rows,
+                    self.config.backbone.image_size * self.cols,
+                )
+                x = np.full((h, w, 3), 128, dtype=np.uint8)
+            cost = FrameCost(self.dets[0].scorer, self._frame_crops(x), scored=sum(self.live), post=self._stitching(x))
         for det in self.dets:
             det.pipeline.cost = cost
 

@@ -57,15 +57,17 @@ def _decode(item: ImageItem, index: int) -> np.ndarray:
 
 @ray.remote
 def _extract_batch(
-    config: DetectorConfig, start: int, items: list[ImageItem], use_gpu: bool
-) -> tuple[dict[str, np.ndarray], list[str]]:
+    config: DetectorConfig, start: int, items: list[ImageItem], use_gpu: bool, estimate_sheets: int | None = None
+) -> tuple[dict[str, np.ndarray], list[str], float | None]:
     use_assigned_cpus()  # Ray sets OMP_NUM_THREADS=1 in workers: use the CPUs this task was given
     decoded = [_decode(x, start + i) for i, x in enumerate(items)]
     # A CPU-only task must not grab a GPU it was not given, whatever config.device says.
     device = resolve_device(config.device) if use_gpu else torch.device("cpu")
     size, geometry = config.backbone.image_size, config.backbone.geometry
     batch = images_to_tensor(decoded, size, geometry).to(device)
-    feats = _backbone(config.backbone, str(device))(batch)
+    backbone = _backbone(config.backbone, str(device))
+    feats = backbone(batch)
+    estimate = None if estimate_sheets is None else _estimate(config, device, backbone, decoded[0], estimate_sheets)
     if geometry != "squash":  # pad cells zeroed as in HETMM.features (core/geometry.py)
         from ..core.geometry import canvas_box, zero_padding
 
@@ -76,7 +78,20 @@ def _extract_batch(
         stored = v.to("cpu", dtype)
         # numpy has no bfloat16: hand out its values widened to float32 (exact).
         out[layer] = (stored.float() if dtype == torch.bfloat16 else stored).numpy()
-    return out, [image_digest(x) for x in decoded]
+    return out, [image_digest(x) for x in decoded], estimate
+
+
+def _estimate(
+    config: DetectorConfig, device: torch.device, backbone: Backbone, image: np.ndarray, sheets: int
+) -> float:
+    """``fitting.estimate_ms_per_frame`` of one image against ``sheets`` templates, with the backbone
+    this task extracted with (no second build)."""
+    from ..fitting import estimate_ms_per_frame
+    from ..scorer import Scorer
+
+    scorer = Scorer(config.replace(device=str(device)))
+    scorer.backbone = backbone
+    return estimate_ms_per_frame(scorer, [image], sheets)
 
 
 def extract_features_ray(
@@ -87,6 +102,8 @@ def extract_features_ray(
     num_cpus: float = 1,
     num_gpus: float = 0,
     progress: Callable[[int, int], None] | None = None,
+    estimate_sheets: int | None = None,
+    on_estimate: Callable[[float], None] | None = None,
 ) -> tuple[dict[str, np.ndarray], list[str]]:
     """Backbone features of ``images`` with batches as Ray tasks, and the images' digests.
 
@@ -99,6 +116,10 @@ def extract_features_ray(
     ``config.batch_size``; each task gets ``num_cpus`` CPUs (its torch
     threads) and ``num_gpus`` GPUs (``> 0`` runs it on ``config.device``).
     ``progress(done_images, total_images)`` is called as batches finish.
+    With ``estimate_sheets`` (and ``on_estimate``), the first batch's task also measures
+    ``fitting.estimate_ms_per_frame`` of its first image against that many templates with the
+    backbone it extracted with, and ``on_estimate(ms)`` is called when that batch is back (a
+    create job's cost without a backbone built for it alone).
 
     Raises :class:`~hetmm_ray.data.decode.ImageError` naming a failed image by
     its index (``"image 3: ..."``; batches run in parallel, so with several bad
@@ -115,7 +136,11 @@ def extract_features_ray(
         connect()
     total = len(images)
     task = _extract_batch.options(num_cpus=num_cpus, num_gpus=num_gpus)
-    starts = {task.remote(config, s, list(images[s : s + bs]), num_gpus > 0): s for s in range(0, total, bs)}
+    asked = estimate_sheets if on_estimate is not None else None
+    starts = {
+        task.remote(config, s, list(images[s : s + bs]), num_gpus > 0, asked if s == 0 else None): s
+        for s in range(0, total, bs)
+    }
     layers: dict[str, np.ndarray] = {}
     digests: list[str] = [""] * total
     pending, done = list(starts), 0
@@ -123,8 +148,10 @@ def extract_features_ray(
         while pending:
             ready, pending = ray.wait(pending, num_returns=1)
             for ref in ready:
-                feats, ds = _get(ref)
+                feats, ds, estimate = _get(ref)
                 s = starts[ref]
+                if estimate is not None and on_estimate is not None:
+                    on_estimate(estimate)
                 for layer, v in feats.items():
                     if layer not in layers:  # the first batch back tells the shapes; fill in place
                         layers[layer] = np.empty((total, *v.shape[1:]), dtype=v.dtype)
@@ -140,7 +167,7 @@ def extract_features_ray(
     return layers, digests
 
 
-def _get(ref: ray.ObjectRef) -> tuple[dict[str, np.ndarray], list[str]]:
+def _get(ref: ray.ObjectRef) -> tuple[dict[str, np.ndarray], list[str], float | None]:
     """``ray.get``, with the task's own error (an :class:`ImageError` names its image) raised as is."""
     try:
         return ray.get(ref)

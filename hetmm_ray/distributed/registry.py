@@ -702,11 +702,30 @@ class ProductRegistry:
         return await self.head(product)
 
     # --- jobs (the HTTP service's admin routes) -------------------------------------------
-    async def _extract(self, config: DetectorConfig, images: list[bytes], progress: JobProgress) -> Any:
+    async def _extract(
+        self, config: DetectorConfig, images: list[bytes], progress: JobProgress, *, estimate: bool = False
+    ) -> Any:
+        """Features of ``images`` as tasks; ``estimate``: the first task also measures the estimated ms
+        per frame at the sheets the fit will keep (at most), noted in the job's record with them."""
         from .extract import extract_features_ray
 
         progress.stage("features", len(images))
-        return await asyncio.to_thread(extract_features_ray, config, images, num_cpus=TASK_CPUS, progress=progress)
+        sheets = config.templates.sheets_of(len(images))
+
+        def note(ms: float) -> None:
+            progress.note(sheets=sheets, estimated_ms_per_frame=round(ms, 1))
+
+        return await asyncio.to_thread(
+            partial(
+                extract_features_ray,
+                num_cpus=TASK_CPUS,
+                progress=progress,
+                estimate_sheets=sheets if estimate else None,
+                on_estimate=note if estimate else None,
+            ),
+            config,
+            images,
+        )
 
     async def start_create(self, product: str, config: dict[str, Any], images: list[bytes]) -> dict[str, Any]:
         """Create ``product`` from encoded good images, as a job; returns the job record."""
@@ -719,7 +738,7 @@ class ProductRegistry:
             return self.jobs.start("create", product, partial(self._create_tiled, product, cfg, images))
 
         async def work(progress: JobProgress) -> int:
-            features, digests = await self._extract(cfg, images, progress)
+            features, digests = await self._extract(cfg, images, progress, estimate=True)  # the cost, as tiled
             return await self.create(product, cfg.to_dict(), features, digests, progress)
 
         return self.jobs.start("create", product, work)

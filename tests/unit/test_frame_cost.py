@@ -87,6 +87,18 @@ def test_the_estimate_is_the_backbone_of_every_canvas_plus_atmm_of_every_scored_
     assert cost.ms_per_frame(mixed) == pytest.approx(slow_obvious_ms(canvases, mixed))
 
 
+def test_other_per_frame_work_is_fixed_cost():
+    """``post`` (a tiled frame's stitching) is timed like the backbone and counted once per frame."""
+    clock = CountingClock()
+
+    def stitching() -> None:
+        clock.now += 0.003
+
+    cost = FrameCost(counting_scorer(clock), blank_frame_crops(config(), 2), post=stitching, clock=clock)
+    assert cost.post_ms == pytest.approx(3.0) and cost.fixed_ms == pytest.approx(slow_obvious_ms(2, []) + 3.0)
+    assert cost.ms_per_frame(10) == pytest.approx(slow_obvious_ms(2, [10, 10]) + 3.0)
+
+
 def test_estimate_ms_per_frame_is_the_frame_cost():
     """One function: ``estimate_ms_per_frame`` (``hetmm fit``'s line, the create job's figure) is
     ``FrameCost.ms_per_frame``, measured the same way."""

@@ -45,6 +45,8 @@ class ModelledCost:
 
     def __init__(self, backbone_ms: float, canvases: int, scored: int) -> None:
         self.backbone_ms, self.canvases, self.scored = backbone_ms, canvases, scored
+        self.post_ms = 0.0
+        self.fixed_ms = backbone_ms
 
     def atmm_ms(self, sheets: int) -> float:
         return MS_PER_SHEET * sheets
@@ -207,3 +209,26 @@ def test_a_product_stored_with_the_retired_key_loads_and_scores_bit_for_bit(
     after = again.predict(probe)
     assert np.array_equal(before.scores, after.scores) and np.array_equal(before.maps, after.maps)
     assert again.operating_point().threshold == det.operating_point().threshold
+
+
+def test_real_frame_costs_in_a_tiled_fit_and_compress() -> None:
+    """The real measurement end to end (no model): a budget nothing can meet warns and takes the
+    ladder's first rung at every position, in a fit (the first frame's tiles) and a compress (a blank
+    frame of the training size); a budget anything meets takes what no budget takes."""
+    product = SyntheticProduct(seed=3, size=2 * SIZE)
+    frames = [product.good(i) for i in range(25)]
+    tiled = config(**{"geometry.tiles": [1, 2], "templates.auto_max_ms_per_image": 0.001})
+    with pytest.warns(TimeBudgetWarning, match="cannot be met"):
+        det = TiledHETMM(tiled).fit(frames)
+    autos = [d.templates.meta["sheets_auto"] for d in det.dets]
+    assert [a["chosen"] for a in autos] == [10, 10]
+    for a in autos:
+        tol = a["tolerance"]
+        assert 0 < tol["backbone_ms_per_frame"] < tol["estimated_ms_per_frame"], tol
+        assert all(r["ms_per_frame"] > tol["backbone_ms_per_frame"] for r in a["ladder"])
+    with pytest.warns(TimeBudgetWarning):
+        det.compress(sheets="auto")
+    assert [d.templates.meta["sheets_auto"]["chosen"] for d in det.dets] == [10, 10]
+    free = TiledHETMM(config(**{"geometry.tiles": [1, 2]})).fit(frames)
+    roomy = TiledHETMM(config(**{"geometry.tiles": [1, 2], "templates.auto_max_ms_per_image": 1e6})).fit(frames)
+    assert [d.config.templates.sheets for d in roomy.dets] == [d.config.templates.sheets for d in free.dets]

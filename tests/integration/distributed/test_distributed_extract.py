@@ -44,6 +44,19 @@ def test_equals_single_process_extract(images) -> None:
     assert len(calls) == 3  # one call per finished batch
 
 
+def test_the_first_task_estimates_the_frame_cost_with_its_backbone(images) -> None:
+    """A create job's cost line (``on_estimate``): measured once, in the first batch's task, and the
+    features are the same as without it."""
+    got: list[float] = []
+    feats, digests = extract_features_ray(CONFIG, images, estimate_sheets=5, on_estimate=got.append)
+    plain, plain_digests = extract_features_ray(CONFIG, images)
+    assert len(got) == 1 and 0 < got[0] < float("inf")
+    assert digests == plain_digests and all(np.array_equal(feats[k], plain[k]) for k in plain)
+    nothing: list[float] = []
+    extract_features_ray(CONFIG, images[:2], estimate_sheets=None, on_estimate=nothing.append)
+    assert nothing == []
+
+
 def test_bfloat16_banks_come_back_as_float32_holding_the_bfloat16_values(images) -> None:
     config = replace(CONFIG, bank_dtype="bfloat16")
     feats, _ = extract_features_ray(config, images[:4], batch_size=2)

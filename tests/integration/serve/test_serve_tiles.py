@@ -240,7 +240,10 @@ def test_auto_tiles_are_resolved_from_the_uploaded_frames(service) -> None:
     assert r.status_code == 200 and r.json()["job"]["tiles"] == [2, 2], r.text
     assert store.record("autotiled").config.geometry.tiles == (2, 2)
     r = create(client, "autoone", SyntheticProduct(seed=4, size=FRAME), tiles="auto")
-    assert r.status_code == 200 and "tiles" not in r.json()["job"], r.text
+    job = r.json()["job"]
+    assert r.status_code == 200 and "tiles" not in job, r.text
+    # an untiled create reports its cost too, measured in the first feature task with its backbone
+    assert job["sheets"] == 4 and job["estimated_ms_per_frame"] > 0, job
     rec = store.record("autoone")
     assert rec.config.geometry.tiles == (1, 1) and not any(k.startswith("tile") for k in rec.layers)
 
