@@ -88,7 +88,7 @@ from .core.scoring import Calibration, OperatingPoint, calibration_json, content
 from .core.templates import TemplateError, TemplateSet, unseen_positions
 from .core.tiles import Tile, cut, grid_of, stitch, tile_grid
 from .detector import HETMM
-from .fitting import FrameCost, check_visible, estimate_ms_per_frame
+from .fitting import FrameCost, check_visible
 from .scorer import ImageInput, Prediction, as_rgb
 
 __all__ = ["TiledHETMM", "TiledPrediction", "frame_shape", "load_detector", "resolve_tiles"]
@@ -234,13 +234,16 @@ class TiledHETMM:
     # --- fit -------------------------------------------------------------------------------
     def estimate_ms_per_frame(self, frame: ImageInput, n_train: int) -> float:
         """Milliseconds to score one frame with all its tiles against as many sheets as the fit will
-        keep per position (``templates.sheets_of``): :func:`~hetmm_ray.fitting.estimate_ms_per_frame`
-        on ``frame``'s tiles (positions the region leaves out are not scored)."""
+        keep per position (``templates.sheets_of``): :meth:`frame_cost` of ``frame`` (the one estimate,
+        :class:`~hetmm_ray.fitting.FrameCost`, as :func:`~hetmm_ray.fitting.estimate_ms_per_frame`)."""
+        return self.frame_cost(frame).ms_per_frame(self.config.templates.sheets_of(n_train))
+
+    def frame_cost(self, frame: ImageInput) -> FrameCost:
+        """:class:`~hetmm_ray.fitting.FrameCost` of ``frame`` on this host: the backbone pass of all its
+        tiles, the stitching of their maps at the frame's resolution, and ATMM of each tile the
+        region leaves in (what ``sheets: auto``'s time budget is judged by)."""
         x = as_rgb(frame)
-        sheets = self.config.templates.sheets_of(n_train)
-        return estimate_ms_per_frame(
-            self.dets[0].scorer, self._frame_crops(x), sheets, scored=sum(self.live), post=self._stitching(x)
-        )
+        return FrameCost(self.dets[0].scorer, self._frame_crops(x), scored=sum(self.live), post=self._stitching(x))
 
     def _frame_crops(self, frame: np.ndarray) -> list[np.ndarray]:
         return [np.ascontiguousarray(c) for c in cut(frame, self.tiles_of(frame.shape[0], frame.shape[1]))]
@@ -269,7 +272,7 @@ class TiledHETMM:
                     self.config.backbone.image_size * self.cols,
                 )
                 x = np.full((h, w, 3), 128, dtype=np.uint8)
-            cost = FrameCost(self.dets[0].scorer, self._frame_crops(x), scored=sum(self.live), post=self._stitching(x))
+            cost = self.frame_cost(x)
         for det in self.dets:
             det.pipeline.cost = cost
 
