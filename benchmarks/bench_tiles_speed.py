@@ -123,7 +123,7 @@ def budget_check(args: argparse.Namespace) -> dict[str, object]:
     chosen = [a["chosen"] for a in autos]
     # the fit's own estimate for the frame: its fixed part + each position's ATMM at its K (each
     # position's record holds fixed + scored x its ATMM)
-    fit_fixed = autos[0]["tolerance"]["backbone_ms_per_frame"]
+    fit_fixed = autos[0]["tolerance"]["fixed_ms_per_frame"]
     scored = sum(det.live)
     estimate = fit_fixed + sum((a["tolerance"]["estimated_ms_per_frame"] - fit_fixed) / scored for a in autos)
     ms = 1000 / in_process_fps(det, frames, args.runs)

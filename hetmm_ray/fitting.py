@@ -374,7 +374,7 @@ class FitPipeline:
         if cost is not None and budget is not None:
             estimate = cost.ms_per_frame(min(k, ts.n_images))
             tolerance |= {
-                "backbone_ms_per_frame": round(cost.fixed_ms, 3),  # with a tiled frame's stitching
+                "fixed_ms_per_frame": round(cost.fixed_ms, 3),  # backbone (+ a tiled frame's stitching)
                 "estimated_ms_per_frame": round(estimate, 3),  # every scored tile at this K
             }
             if estimate > budget:

@@ -104,7 +104,7 @@ def test_the_chosen_selection_meets_the_budget(goods: Sequence[np.ndarray], cost
     auto = det.templates.meta["sheets_auto"]
     assert det.config.templates.sheets == auto["chosen"] == 20 and "budget" in auto["why"]
     assert chosen_frame_ms(auto) == 15.0 <= 17.0 and auto["tolerance"]["max_ms_per_image"] == 17.0
-    assert auto["tolerance"]["backbone_ms_per_frame"] == 5.0
+    assert auto["tolerance"]["fixed_ms_per_frame"] == 5.0
     assert {r["sheets"]: r["ms_per_frame"] for r in auto["ladder"]} == {10: 10.0, 20: 15.0, 40: 25.0}
     assert all(r["sheets"] != 40 or r["agrees"] for r in auto["ladder"])  # refused for time, not agreement
 
@@ -224,8 +224,8 @@ def test_real_frame_costs_in_a_tiled_fit_and_compress() -> None:
     assert [a["chosen"] for a in autos] == [10, 10]
     for a in autos:
         tol = a["tolerance"]
-        assert 0 < tol["backbone_ms_per_frame"] < tol["estimated_ms_per_frame"], tol
-        assert all(r["ms_per_frame"] > tol["backbone_ms_per_frame"] for r in a["ladder"])
+        assert 0 < tol["fixed_ms_per_frame"] < tol["estimated_ms_per_frame"], tol
+        assert all(r["ms_per_frame"] > tol["fixed_ms_per_frame"] for r in a["ladder"])
     with pytest.warns(TimeBudgetWarning):
         det.compress(sheets="auto")
     assert [d.templates.meta["sheets_auto"]["chosen"] for d in det.dets] == [10, 10]
