@@ -24,8 +24,9 @@ template shards, ``sheets: auto`` and the out-of-fold calibration each in a task
 A tiled product (``geometry.tiles``, hetmm_ray/tiled.py) has one shard per (tile position,
 layer), named by its bank key ``tile<p>/<layer>``; its create, hot update, region and labelled
 calibration jobs run the in-process :class:`~hetmm_ray.tiled.TiledHETMM` in a task each and
-publish like any other version (the shards reload from the store); the far rule at a new rate is
-refused (409).
+publish like any other version (the shards reload from the store; after a hot update they append
+the new frames' rows in place and take the task's selection instead, :meth:`ProductRegistry._adopted_in_place`);
+the far rule at a new rate is refused (409).
 
 Hot update, in order (docs/design.md): the shards append the new features and
 re-select their tiny sets (PTS fanned out as tasks) -> the template set is
@@ -135,6 +136,11 @@ def _snapshot(
     return ProductSnapshot(
         product, int(version), source.config, source.weights_id, source.calibration, dict(tiny), tiles
     )
+
+
+def _numpy(t: torch.Tensor) -> np.ndarray:
+    """A tensor for a shard call: bfloat16 (numpy has none) widened to float32, exact."""
+    return (t.float() if t.dtype == torch.bfloat16 else t).numpy()
 
 
 @ray.remote(num_cpus=TASK_CPUS)
@@ -582,7 +588,8 @@ class ProductRegistry:
     ) -> int:
         """Hot update of a tiled product: ``TiledHETMM.update`` on the head in a task
         (:func:`_tiled_update`: every position grown, re-selected and recalibrated), published with
-        ``expect_head`` and its (tile, layer) shards loaded again from the store. Frames already held
+        ``expect_head``; its (tile, layer) shards grow in place (:meth:`_adopted_in_place`), or load
+        the new head from the store (a candidate: the shards keep the head). Frames already held
         are skipped (``skipped_duplicates``); with nothing new the head stays. A failure publishes nothing."""
         async with self._lock(product):
             head = await asyncio.to_thread(self.store.head, product)
@@ -598,9 +605,35 @@ class ProductRegistry:
             version = await asyncio.to_thread(
                 partial(self.store.put, candidate=candidate), product, ts, expect_head=head
             )
-            if not candidate:
+            if not candidate and not await self._adopted_in_place(product, head, version, ts):
                 await self._load_shards(product)
         return version
+
+    async def _adopted_in_place(self, product: str, head: int, version: int, ts: TemplateSet) -> bool:
+        """A tiled hot update's shards grown in place, as an untiled update's append: each (tile, layer)
+        shard still holding ``head`` appends the new frames' rows of ``ts`` and takes its position's
+        new selection (``LayerShard.adopt``), then ``version`` is published from them. False when the
+        shards do not hold ``head`` (the caller loads the store's head); a failure part way loads it
+        too (``version`` is already the store's head)."""
+        shards = self.shards.get(product)
+        if shards is None or self.versions.get(product) != head or set(shards) != set(ts.bank):
+            return False
+        try:
+            held = dict(zip(ts.bank, await asyncio.gather(*(shards[k].info.remote() for k in ts.bank)), strict=True))
+            if any(info["version"] != head or not 0 < info["images"] < ts.bank[k].shape[0] for k, info in held.items()):
+                return False  # nothing changed yet
+            calls = []
+            for key, bank in ts.bank.items():
+                selection = [None if part is None else _numpy(part[key]) for part in (ts.indices, ts.centres)]
+                calls.append(shards[key].adopt.remote(_numpy(bank[held[key]["images"] :]), *selection))
+            rows = await asyncio.gather(*calls)
+            if any(int(r) != ts.bank[k].shape[0] for k, r in zip(ts.bank, rows, strict=True)):
+                raise RuntimeError(f"{product}: a shard's rows do not match v{version} after the update")
+            await asyncio.gather(*(s.mark_published.remote(version) for s in shards.values()))
+            await self._publish(product, version, ts)
+        except (ray.exceptions.RayError, RuntimeError, ValueError):  # e.g. a host lost under the update
+            await self._load_shards(product)  # the store's head (this version): the truth
+        return True
 
     async def rollback(self, product: str, version: int) -> int:
         """Make a kept older version head again, in the store, the shards and the replicas."""

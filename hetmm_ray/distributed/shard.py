@@ -133,6 +133,15 @@ class LayerShard:
         self.indices, self.centres = chosen.indices, chosen.centres
         return self._tiny().shape[0]
 
+    def adopt(self, features: np.ndarray, indices: np.ndarray | None, centres: np.ndarray | None) -> int:
+        """A hot update selected elsewhere (a tiled product's update task, which re-selects every tile
+        position): :meth:`append` the new images' rows, then take the selection made over the grown
+        bank; returns the rows held."""
+        rows = self.append(features)
+        self.indices = None if indices is None else torch.from_numpy(np.array(indices))
+        self.centres = None if centres is None else torch.from_numpy(np.array(centres))
+        return rows
+
     def selection(self) -> dict[str, np.ndarray | None]:
         return {
             "indices": None if self.indices is None else self.indices.numpy(),

@@ -179,6 +179,13 @@ def test_hot_update_and_labelled_calibration_of_a_tiled_product(service, product
     stored = TiledHETMM.load(store, "grown", 2, device="cpu")
     np.testing.assert_allclose(stored.calibration.scores, expected.calibration.scores, rtol=1e-5)
     assert store.record("grown", 2).images == 8
+    # the (tile, layer) shards grew in place (LayerShard.adopt) and hold exactly what v2 stores
+    registry = get_registry(service["store"], detached=True)
+    v2 = store.get("grown", 2)
+    for key, handle in ray.get(registry.shard_handles.remote("grown")).items():
+        info = ray.get(handle.info.remote())
+        assert info["images"] == 8 and info["version"] == 2, info
+        assert np.array_equal(ray.get(handle.tiny.remote()), v2.templates(key).numpy()), key
     frames = _frames(product)
     one = {"content": png(frames[1]), "headers": {"content-type": "image/png"}}
     r = client.post("/v1/products/grown/predict", **one)
