@@ -58,3 +58,15 @@ def test_baseline_selections_match(kind: str) -> None:
     expected = select(kind, b, 4, 5).templates
     assert torch.equal(torch.tensor(ray.get(shard.tiny.remote())), expected)
     ray.kill(shard)
+
+
+def test_adopt_appends_in_place_and_takes_a_selection_made_elsewhere() -> None:
+    """A tiled hot update (registry._adopted_in_place): the new rows appended, the task's selection
+    taken as is, so the tiny set is the grown bank's selection, as a reload from the store gives."""
+    old, new = bank(10, seed=1), bank(3, seed=2)
+    grown = torch.cat([old, new])
+    indices = pts_indices(grown.float(), 4)
+    shard = TemplateShard.remote("gear", "tile0/layer1", old.numpy())
+    assert ray.get(shard.adopt.remote(new.numpy(), indices.numpy(), None)) == 13
+    assert torch.equal(torch.from_numpy(ray.get(shard.tiny.remote())), select_templates(grown, indices))
+    assert ray.get(shard.info.remote())["images"] == 13
