@@ -37,7 +37,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import free_port, table
+from common import free_port, start_service_retrying, table
 
 from hetmm_ray.config import BackboneConfig, DetectorConfig, ThresholdConfig
 from hetmm_ray.core.drift import QUANTILES, binomial_band
@@ -174,12 +174,13 @@ def main() -> None:
     parser.add_argument("--every", type=int, default=15, help="frames between drift reads")
     parser.add_argument("--png", type=Path, default=Path("out/drift-bsd.png"))
     parser.add_argument("--json", type=Path, default=Path("out/drift-bsd.json"), help="the raw points and frames")
+    parser.add_argument("--store", help="a local store folder; one holding the product already skips the fit")
     parser.add_argument("--tiny", action="store_true")
     args = parser.parse_args()
 
     from ray import serve
 
-    from hetmm_ray.serve.run import start_service, stop_service
+    from hetmm_ray.serve.run import stop_service
 
     every = frames(args.data)
     t_first, t_last = every[0][0], every[-1][0]
@@ -201,19 +202,24 @@ def main() -> None:
         f"{len(later)} later frames ({sum(1 for f in later if f[1] != 'good')} pitted) streamed",
         flush=True,
     )
-    store = f"{tempfile.mkdtemp(prefix='drift-bsd-')}/store"
+    store = args.store or f"{tempfile.mkdtemp(prefix='drift-bsd-')}/store"
     start = time.perf_counter()
-    det = HETMM(config).fit([str(p) for p in templates])
-    version = det.save(open_store(store), PRODUCT)
+    if PRODUCT in open_store(store).products():  # a rerun on the store of an earlier one: its fit is kept
+        det = HETMM.load(open_store(store), PRODUCT)
+        version = det.version
+        print(f"store {store}: product {PRODUCT!r} version {version} loaded, not fitted again", flush=True)
+    else:
+        det = HETMM(config).fit([str(p) for p in templates])
+        version = det.save(open_store(store), PRODUCT)
     op = det.operating_point()
     cal = det.calibration
     assert op is not None and cal is not None
     print(
-        f"fitted in {time.perf_counter() - start:.0f} s: version {version}, tiles {config.geometry.tiles}, "
+        f"ready in {time.perf_counter() - start:.0f} s: version {version}, tiles {det.config.geometry.tiles}, "
         f"threshold {op.threshold:.4f} at an estimated {100 * op.false_alarm_rate:.2f} % of good frames flagged",
         flush=True,
     )
-    running = start_service(store=store, port=free_port(), args={"record": True, "record_flush_s": 2.0})
+    running = start_service_retrying(store=store, port=free_port(), args={"record": True, "record_flush_s": 2.0})
     points: list[dict] = []
     per_frame: list[dict] = []
     body: dict = {}
