@@ -175,6 +175,8 @@ def main() -> None:
     parser.add_argument("--png", type=Path, default=Path("out/drift-bsd.png"))
     parser.add_argument("--json", type=Path, default=Path("out/drift-bsd.json"), help="the raw points and frames")
     parser.add_argument("--store", help="a local store folder; one holding the product already skips the fit")
+    parser.add_argument("--size", type=int, help="backbone.image_size (default: the product default, 256)")
+    parser.add_argument("--oof-images", type=int, help="threshold.max_images (default: the product default)")
     parser.add_argument("--tiny", action="store_true")
     args = parser.parse_args()
 
@@ -189,6 +191,11 @@ def main() -> None:
     later = [(t, label, p) for t, label, p in every if t >= cut]
     skipped = sum(1 for t, label, _ in every if t < cut and label != "good")
     config = DetectorConfig()  # the product defaults
+    if args.size or args.oof_images:  # a cheaper canvas / fewer out-of-fold images on a loaded machine
+        config = DetectorConfig(
+            backbone=BackboneConfig(image_size=args.size or config.backbone.image_size),
+            threshold=ThresholdConfig(max_images=args.oof_images or config.threshold.max_images),
+        )
     if args.tiny:
         templates, later, args.every = (
             templates[:: max(1, len(templates) // 40)],
@@ -216,6 +223,8 @@ def main() -> None:
     assert op is not None and cal is not None
     print(
         f"ready in {time.perf_counter() - start:.0f} s: version {version}, tiles {det.config.geometry.tiles}, "
+        f"canvas {det.config.backbone.image_size}, {det.config.backbone.name}, sheets {det.config.templates.kind}, "
+        f"{len(det.calibration.scores) if det.calibration else 0} out-of-fold scores, "
         f"threshold {op.threshold:.4f} at an estimated {100 * op.false_alarm_rate:.2f} % of good frames flagged",
         flush=True,
     )
