@@ -18,7 +18,9 @@ ones, the flagged share and the good frames' score quantiles against the out-of-
 the chart (PNG, drawn with Pillow: flagged share per window with the expected band, and the passed
 parts' score quantiles against the out-of-fold quantiles) and the raw points and frames (JSON, ``--json``).
 
-    python benchmarks/drift_bsd.py --png docs/figures/drift-bsd-2026-11-27.png
+    python benchmarks/drift_bsd.py --png out/drift-bsd.png    # the product defaults (256 canvas)
+    python benchmarks/drift_bsd.py --size 128 --oof-images 200 --png docs/figures/drift-bsd-2026-11-27.png
+                                                       # the committed chart (a loaded 2-core machine)
     python benchmarks/drift_bsd.py --tiny            # 40 templates, 60 later frames, 128 canvas
 """
 
