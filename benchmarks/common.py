@@ -166,3 +166,23 @@ def post_multipart(
         return r.status_code == 200, (r.json()["results"][0]["timing"] if r.status_code == 200 else {})
 
     return run_clients(call, lambda: httpx.Client(base_url=url, timeout=600), concurrency, requests)
+
+
+def start_service_retrying(*, tries: int = 5, **kwargs: object) -> object:
+    """``hetmm_ray.serve.run.start_service(**kwargs)``, tried again (after ``ray.shutdown``) when the
+    embedded Ray does not come up: Ray gives its raylet a fixed 30 s to register, which a loaded
+    machine can miss ("The current node timed out during startup"); anything else is raised."""
+    import ray
+
+    from hetmm_ray.serve.run import start_service
+
+    for attempt in range(1, tries + 1):
+        try:
+            return start_service(**kwargs)  # type: ignore[arg-type]
+        except Exception as exc:  # only Ray's start-up timeout is retried
+            if "timed out during startup" not in str(exc) or attempt == tries:
+                raise
+            print(f"Ray did not start ({exc}); try {attempt + 1} of {tries}", flush=True)
+            ray.shutdown()
+            time.sleep(10.0)
+    raise AssertionError("unreachable")

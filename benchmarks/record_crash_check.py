@@ -25,7 +25,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import free_port
+from common import free_port, start_service_retrying
 
 from hetmm_ray.config import BackboneConfig, DetectorConfig, TemplateConfig, ThresholdConfig
 from hetmm_ray.data.synthetic import SyntheticProduct
@@ -73,7 +73,7 @@ def main() -> None:
 
     from ray import serve
 
-    from hetmm_ray.serve.run import start_service, stop_service
+    from hetmm_ray.serve.run import stop_service
 
     store = f"{tempfile.mkdtemp(prefix='record-crash-')}/store"
     gear = SyntheticProduct(seed=3, size=64)
@@ -85,7 +85,7 @@ def main() -> None:
     HETMM(config).fit([gear.good(i) for i in range(8)]).save(open_store(store), PRODUCT)
     bodies = [_png(gear.good(100 + i)) for i in range(16)]
     args_ = {"record": True, "record_flush_s": args.flush_s, "record_batch_rows": args.batch_rows}
-    running = start_service(store=store, port=free_port(), args=args_)
+    running = start_service_retrying(store=store, port=free_port(), args=args_)
     answered: list[tuple[float, str]] = []  # (time answered, recent_id)
     failed = 0
     lock = threading.Lock()
