@@ -290,6 +290,21 @@ class Ingress:
             handle = self._handles[key] = base.options(multiplexed_model_id=model_id).predict
         return handle
 
+    # --- what every prediction feeds: HTTP's here, gRPC's forwarded (serve/grpc/service.py) ---------
+    def observe(self, product: str, uploads: list[tuple[str, bytes]], results: list[dict[str, Any]]) -> None:
+        """One predict request's results into the metrics (``/metrics``), the console's recent ring
+        (adds ``recent_id``), the inspection record and the drift monitor (``Console.remember``): the
+        one place both surfaces feed them."""
+        self.metrics.observe_results(product, results)
+        self.console.remember(product, uploads, results)
+
+    async def observe_predictions(self, predictions: list[tuple[str, list[tuple[str, bytes]], list[dict]]]) -> int:
+        """gRPC predictions, forwarded by the gRPC replicas in batches (serve/grpc/service.py), each
+        ``(product, uploads, results)`` fed as an HTTP one is (:meth:`observe`). Returns how many."""
+        for product, uploads, results in predictions:
+            self.observe(product, uploads, results)
+        return len(predictions)
+
     @staticmethod
     def _check_product(product: str) -> str:
         try:
@@ -363,8 +378,7 @@ class Ingress:
                 results = await predict.remote(images, map == "png", map_size)
             except RayActorError:  # the replica died under the request: scoring is idempotent, retry once
                 results = await predict.remote(images, map == "png", map_size)
-        self.metrics.observe_results(product, results)
-        self.console.remember(product, uploads, results)  # the console's recent ring; adds recent_id
+        self.observe(product, uploads, results)  # adds recent_id
         total_ms = round(1000 * (time.perf_counter() - started), 3)
         for (name, _), r in zip(uploads, results, strict=True):
             t = r["timing"]
