@@ -12,6 +12,16 @@ not kept: replicas hung inside OpenVINO's infer; BENCHMARKS.md "Throughput".)
 ``wait_s`` > 0 restores a fill window (the batcher, once it has a request, waits up to that long
 for its batch to fill); the default 0 is the greedy rule above.
 
+Requests announced as arriving (:meth:`GreedyBatcher.arriving`: the gRPC replica announces each
+request while it decodes it, serve/grpc/service.py) are waited for: a free batcher whose chosen
+product's queue is not full waits until every request announced for that product is queued (or
+withdrawn: its decode failed) before it takes the batch. Why (issue 25): at concurrency 8 the greedy
+rule alone settled into batches of 7 and 1 (the lone request queued while the seven others were
+still decoding), and a one-image batch costs about 1.6x the CPU per image of a share of four
+(the ATMM kernels on one image, BENCHMARKS.md). The wait holds no core idle that decoding does not
+use: the requests waited for are being decoded in this process meanwhile. Requests that are not
+announced (HTTP: decoded in the ingress) are batched by the greedy rule alone.
+
 Requests of different products are never mixed in one batch; every request is taken whole
 (at least one per batch); a batch's failure is every one of its requests' error; a request
 whose caller went away is dropped from its batch's answers.
@@ -22,7 +32,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -56,6 +67,7 @@ class GreedyBatcher(Generic[Item]):
         self._seq = itertools.count()
         self._arrived: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
+        self._arriving: dict[str, int] = {}  # key -> requests announced and not yet queued (arriving)
         self.batches = 0  # batches run so far (for tests and metrics)
 
     def configure(self, *, max_batch_size: int, wait_s: float) -> None:
@@ -76,6 +88,24 @@ class GreedyBatcher(Generic[Item]):
         self._queues.setdefault(key, deque()).append(pending)
         self._arrived.set()
         return await pending.future
+
+    @contextmanager
+    def arriving(self, key: str) -> Iterator[None]:
+        """Announce a request for ``key`` that is on its way (being decoded) for the block's duration:
+        a free batcher waits for it before taking ``key``'s next batch, unless that batch is full.
+        Call :meth:`submit` right after the block, with no ``await`` between (the batcher then finds
+        the request queued when it looks again); an error inside the block withdraws it."""
+        self._arriving[key] = self._arriving.get(key, 0) + 1
+        try:
+            yield
+        finally:
+            left = self._arriving[key] - 1
+            if left:
+                self._arriving[key] = left
+            else:
+                del self._arriving[key]
+            if self._arrived is not None:
+                self._arrived.set()  # a batcher waiting for this request looks again
 
     def _oldest_key(self) -> str:
         return min((k for k, q in self._queues.items() if q), key=lambda k: self._queues[k][0].seq)
@@ -112,6 +142,10 @@ class GreedyBatcher(Generic[Item]):
                     except TimeoutError:
                         break
             key = self._oldest_key()
+            while self._arriving.get(key) and not self._full(key):  # announced requests: wait for them
+                self._arrived.clear()
+                await self._arrived.wait()
+                key = self._oldest_key()
             batch = self._take(key)
             live = [p for p in batch if not p.future.done()]  # callers that went away are skipped
             if not live:

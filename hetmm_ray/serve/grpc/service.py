@@ -13,7 +13,9 @@ Exact semantics:
 - ``Predict`` applies HTTP's checks in HTTP's order: the product name (400), the count of images
   (none: 400 ``empty_body``; over ``max_images_per_request``: 413 ``too_many_images``), their bytes
   in all over ``max_body_mib`` (413 ``too_large``) before any is decoded, the product's existence
-  (404), then each image's own checks while decoding (``data/decode.py``: 400 ``bad_image``). A
+  (404), then each image's own checks while decoding (``data/decode.py``: 400 ``bad_image``; decoded
+  in a worker thread on arrival, so decoding queued requests overlaps scoring, and announced to the
+  batcher: ``GreedyBatcher.arriving``). A
   ``threshold`` override needs the admin token when one is configured (``authorization: Bearer
   <token>`` metadata; none 401, a wrong one 403); ``version`` pins the version that must score the
   request (another head: 409 ``version_moved``, nothing stored changes).
@@ -211,10 +213,13 @@ class InspectionDetector(Detector.func_or_class):  # type: ignore[name-defined,m
         canvas = None if isinstance(detector, TiledHETMM) else (bb.image_size, bb.geometry)
         uploads = [(im.name or f"<image {i}>", im.data) for i, im in enumerate(request.images)]
         decode_start = time.perf_counter()
-        images = await asyncio.to_thread(decode_to_canvas, uploads, canvas)
+        # decoded in a thread as it arrives, announced to the batcher meanwhile (serve/greedy.py: a free
+        # batcher waits for the requests this replica is decoding rather than score a lone one)
+        with self._batcher.arriving(model_id):
+            images = await asyncio.to_thread(decode_to_canvas, uploads, canvas)
         decode_ms = round(1000 * (time.perf_counter() - decode_start), 3)
         scored = ScoreRequest(images, request.heatmap, time.perf_counter())
-        results = await self.score(model_id, scored)
+        results = await self.score(model_id, scored)  # no await before it queues: the batcher finds it
         version = results[0]["version"]
         if request.HasField("version") and request.version != version:
             raise Refused(409, "version_moved", f"version {request.version} asked; version {version} is head")

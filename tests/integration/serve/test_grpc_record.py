@@ -88,8 +88,9 @@ def test_grpc_predictions_land_in_the_record_and_the_metrics(service: Any) -> No
         assert len(answers) == len(images)
 
         rows = until(
-            lambda: (t := read_rows(open_store(service.store).backend, PRODUCT)).num_rows == len(answers)
-            and t.to_pylist(),
+            lambda: (
+                (t := read_rows(open_store(service.store).backend, PRODUCT)).num_rows == len(answers) and t.to_pylist()
+            ),
             "every gRPC prediction in the record",
         )
         by_name = {r["name"]: r for r in rows}
