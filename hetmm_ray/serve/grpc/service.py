@@ -29,8 +29,9 @@ Exact semantics:
   results (as scored by the product's own rule, before a ``threshold`` override) to
   ``Ingress.observe_predictions``, batched: one handle call at most every ``OBSERVE_EVERY_S``, so the
   hop costs next to nothing per request. Forwarding never fails a ``Predict``: while the ingress
-  cannot be reached, held entries are kept up to ``OBSERVE_MAX_HELD`` and then dropped (logged), and
-  a replica that stops loses at most the last ``OBSERVE_EVERY_S`` of them.
+  cannot be reached (no HTTP application), a failed forward drops its entries (logged once) and the
+  next ``OBSERVE_RETRY_S`` of them, at most ``OBSERVE_MAX_HELD`` are held, and a replica that stops
+  loses at most the last ``OBSERVE_EVERY_S`` of them.
 - Result fields are the HTTP answer's (``score``, ``threshold``, ``is_anomaly``, the rule fields,
   ``version``, ``timing``; ``heatmap_png`` as PNG bytes, not base64). ``timing.total_ms`` is measured
   in the replica (decode, queue and score; there is no hop to time), ``transfer_ms`` is absent. With
@@ -71,6 +72,7 @@ logger = logging.getLogger("ray.serve")
 OBSERVE_EVERY_S = 0.25  # predictions forwarded to the ingress in one call at most this often
 OBSERVE_MAX_HELD = 10_000  # requests held while the ingress cannot be reached; later ones are dropped
 OBSERVE_TIMEOUT_S = 60.0
+OBSERVE_RETRY_S = 10.0  # after a failed forward, held entries are dropped for this long
 
 Observed = tuple[str, list[tuple[str, bytes]], list[dict[str, Any]]]  # (product, uploads, results)
 
@@ -97,6 +99,7 @@ class InspectionDetector(Detector.func_or_class):  # type: ignore[name-defined,m
         self._forwarder: asyncio.Task | None = None
         self._ingress: Any = None  # Ingress.observe_predictions, looked up on first use
         self._observe_failed = False  # a failure is logged once until forwarding works again
+        self._retry_at = 0.0  # after a failure, entries are dropped until then
 
     # --- metrics, record and drift: fed through the HTTP application's ingress --------------------
     def _observe(self, product: str, uploads: list[tuple[str, bytes]], results: list[dict[str, Any]]) -> None:
@@ -111,15 +114,19 @@ class InspectionDetector(Detector.func_or_class):  # type: ignore[name-defined,m
         while self._observed:
             await asyncio.sleep(OBSERVE_EVERY_S)  # what arrives meanwhile goes in the same call
             batch, self._observed = self._observed, []
+            if time.monotonic() < self._retry_at:
+                continue  # the ingress failed lately: dropped, not asked again at every flush
             try:
                 if self._ingress is None:
-                    handle = serve.get_deployment_handle("Ingress", app_name=HTTP_APP_NAME)
+                    # in a thread: the lookup asks the controller with a blocking ray.get
+                    handle = await asyncio.to_thread(serve.get_deployment_handle, "Ingress", HTTP_APP_NAME)
                     # through the object store: a batch of uploads can exceed a replica's gRPC message limit
                     self._ingress = handle.options(_by_reference=True).observe_predictions
                 await asyncio.wait_for(self._ingress.remote(batch), OBSERVE_TIMEOUT_S)
                 self._observe_failed = False
             except Exception as exc:  # noqa: BLE001 - forwarding never fails a prediction
                 self._ingress = None
+                self._retry_at = time.monotonic() + OBSERVE_RETRY_S
                 if not self._observe_failed:
                     self._observe_failed = True
                     logger.warning(
