@@ -366,6 +366,49 @@ def test_greedy_batcher_waits_for_announced_requests_until_full() -> None:
     asyncio.run(scenario())
 
 
+def test_greedy_batcher_refills_a_smaller_batch_right_after_a_larger_one() -> None:
+    """The refill rule: in a closed loop of 4 clients, one a step ahead, batches close into 4s
+    (greedy alone: a stable 3 + 1 split); a lone client is never held."""
+    import asyncio
+    import time
+
+    import hetmm_ray.serve.greedy as greedy
+
+    async def closed_loop(clients: int, rounds: int) -> tuple[list[int], list[float]]:
+        sizes: list[int] = []
+
+        async def run(key: str, items: list[int]) -> list[int]:
+            sizes.append(len(items))
+            await asyncio.sleep(0.04 * len(items))  # scoring: longer than the clients' round trip
+            return items
+
+        batcher: greedy.GreedyBatcher[int] = greedy.GreedyBatcher(run, max_batch_size=8)
+        waits: list[float] = []
+
+        async def client(i: int) -> None:
+            await asyncio.sleep(0.0 if i == 0 else 0.02)  # client 0 a step ahead of the others
+            for _ in range(rounds):
+                t0 = time.monotonic()
+                await batcher.submit("a", i)
+                waits.append(time.monotonic() - t0)
+                await asyncio.sleep(0.005)  # the answer's trip and the next request's
+
+        await asyncio.gather(*(client(i) for i in range(clients)))
+        return sizes, waits
+
+    sizes, _ = asyncio.run(closed_loop(4, 6))
+    assert sizes.count(4) >= 4, sizes  # greedy alone: [1, 3, 1, 3, ...]
+    saved = greedy.REFILL_FRACTION
+    greedy.REFILL_FRACTION = 0.0
+    try:
+        split, _ = asyncio.run(closed_loop(4, 6))
+    finally:
+        greedy.REFILL_FRACTION = saved
+    assert 4 not in split[1:], split  # the split this rule closes (the assertion above could fail)
+    lone, waits = asyncio.run(closed_loop(1, 4))
+    assert lone == [1, 1, 1, 1] and max(waits) < 0.04 + 0.03, waits  # scoring time, no refill wait
+
+
 def test_decode_to_canvas_in_threads_keeps_order_and_names_the_first_bad_upload() -> None:
     from hetmm_ray.data.decode import ImageError, decode_image
     from hetmm_ray.serve.canvas import decode_to_canvas
