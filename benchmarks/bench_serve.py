@@ -21,6 +21,13 @@ The body is a bottle test PNG (900x900) when ../shared is there, else a syntheti
 Each cell is the median of ``--runs`` runs; the timing split is the median over the responses'
 ``timing`` (ingress decode+resize, Ray transfer, queue, score, images per batch).
 
+``CPU ms/image`` is what a row cost per image in CPU time, a figure a loaded machine changes far less
+than images/s: in-process, this process's CPU time; over a service path, the CPU time of every
+process of the local Ray this run started (proxies, replicas, registry, controller, raylet, GCS,
+agents: the descendants of this process, from ``/proc``) plus the client threads' (this process's).
+On C busy cores a path delivers at most ``C * 1000 / (CPU ms/image)`` images/s. (With ``--address``
+the cluster's processes are not counted: the column is then the client's alone.)
+
     python benchmarks/bench_serve.py                      # this machine (CPU)
     python benchmarks/bench_serve.py --device cuda        # the same on a GPU host with Ray
 """
@@ -84,12 +91,38 @@ def _sender(path: str, per_request: int, running: object):
     return lambda p, b, c, n: post_images(running.url, p, b, c, n)
 
 
+def session_cpu() -> float:
+    """CPU seconds of this process and its descendants (the local Ray it started), from /proc."""
+    from bench_serve_floor import process_cpu
+
+    snap = process_cpu()
+    parent: dict[int, int] = {}
+    for pid in snap:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                parent[pid] = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+    mine, grown = {os.getpid()}, True
+    while grown:
+        grown = False
+        for pid, pp in parent.items():
+            if pp in mine and pid not in mine:
+                mine.add(pid)
+                grown = True
+    return sum(cpu for pid, (cpu, _) in snap.items() if pid in mine)
+
+
 def drive(send, product: str, body: bytes, concurrency: int, requests: int, per_request: int = 1) -> dict[str, float]:
-    """One run of ``send``; ``rps`` counts images per second (``per_request`` per answered request)."""
+    """One run of ``send``; ``rps`` counts images per second (``per_request`` per answered request),
+    ``cpu_ms`` the session's CPU per image (:func:`session_cpu`)."""
+    cpu0 = session_cpu()
     answered, failures, wall = send(product, body, concurrency, requests)
+    cpu = session_cpu() - cpu0
     latencies = [s for s, _ in answered]
     return {
         "rps": per_request * len(latencies) / wall,
+        "cpu_ms": 1000 * cpu / max(1, per_request * len(latencies)),
         "p50": 1000 * float(np.percentile(latencies, 50)),
         "p99": 1000 * float(np.percentile(latencies, 99)),
         "failures": failures,
@@ -107,17 +140,19 @@ def body_png() -> tuple[bytes, str]:
     return _png(SyntheticProduct(seed=1, size=256).good(999)), "synthetic PNG 256x256"
 
 
-def in_process(store: str, product: str, body: bytes, n: int, runs: int, device: str) -> float:
-    """images/s of ``HETMM.predict`` on ``n`` copies of ``body`` in one call (median of ``runs``)."""
+def in_process(store: str, product: str, body: bytes, n: int, runs: int, device: str) -> tuple[float, float]:
+    """images/s of ``HETMM.predict`` on ``n`` copies of ``body`` in one call, and CPU ms per image
+    (this process's; medians of ``runs``)."""
     det = HETMM.load(open_store(store), product, device=device)
     images = [body] * n
     det.predict(images[:8])
-    times = []
+    times, cpus = [], []
     for _ in range(runs):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         det.predict(images)
         times.append(time.perf_counter() - t0)
-    return n / statistics.median(times)
+        cpus.append(1000 * (time.process_time() - c0) / n)
+    return n / statistics.median(times), statistics.median(cpus)
 
 
 def main() -> None:
@@ -143,7 +178,8 @@ def main() -> None:
     store = tempfile.mkdtemp(prefix="bench-serve-")
     products = [publish(store, b, args.device) for b in args.backbones]
     body, source = body_png()
-    inproc = {p: in_process(store, p, body, args.inproc_images, args.runs, args.device) for p in products}
+    measured = {p: in_process(store, p, body, args.inproc_images, args.runs, args.device) for p in products}
+    inproc = {p: rate for p, (rate, _) in measured.items()}
     port = free_port()
     user = {"threads": threads}  # batching: the ReplicaSettings defaults (greedy)
     running = start_service(
@@ -161,7 +197,9 @@ def main() -> None:
                 t0 = time.perf_counter()
                 client.post(f"/v1/products/{product}/predict", content=body, headers={"content-type": "image/png"})
                 single = time.perf_counter() - t0
-            rows.append([product, "in-process", "-", f"{inproc[product]:.2f}", "100%", "", "", "", "", "", "", "", ""])
+            rows.append(
+                [product, "in-process", "-", f"{inproc[product]:.2f}", "100%", f"{measured[product][1]:.1f}"] + [""] * 8
+            )
             cases = [("HTTP", 1, c) for c in args.concurrency]
             if running.grpc_target:
                 cases += [("gRPC", 1, c) for c in args.concurrency]
@@ -176,7 +214,7 @@ def main() -> None:
                 # first batch builds its one-thread backbone runtime), as the in-process warm-up did
                 sender(product, body, conc, 4 * conc)
                 runs = [drive(sender, product, body, conc, n, per_request) for _ in range(args.runs)]
-                med = {k: statistics.median(r[k] for r in runs) for k in ("rps", "p50", "p99", *SPLIT)}
+                med = {k: statistics.median(r[k] for r in runs) for k in ("rps", "cpu_ms", "p50", "p99", *SPLIT)}
                 fails = sum(r["failures"] for r in runs)
                 rows.append(
                     [
@@ -185,6 +223,7 @@ def main() -> None:
                         conc,
                         f"{med['rps']:.2f}",
                         f"{100 * med['rps'] / inproc[product]:.0f}%",
+                        f"{med['cpu_ms']:.1f}",
                         f"{med['p50']:.0f}",
                         f"{med['p99']:.0f}",
                         f"{med['decode_ms']:.1f}",
@@ -206,7 +245,7 @@ def main() -> None:
         f"torch threads; in-process: {args.inproc_images} images per call, {threads} threads; median of {args.runs} "
         f"runs; load average at the end {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
     )
-    headers = ["backbone", "path", "concurrency", "images/s", "of in-process", "p50 ms", "p99 ms"]
+    headers = ["backbone", "path", "concurrency", "images/s", "of in-process", "CPU ms/image", "p50 ms", "p99 ms"]
     headers += ["decode ms", "transfer ms", "queue ms", "score ms", "batch images", "failures"]
     print(table(headers, rows))
 

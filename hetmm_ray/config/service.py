@@ -20,6 +20,7 @@ __all__ = [
     "DEFAULT_GRPC_PORT",
     "DEFAULT_STORE",
     "GRPC_APP_NAME",
+    "HTTP_APP_NAME",
     "GRPC_MAX_MESSAGE_MIB",
     "GRPC_ROUTE_PREFIX",
     "GRPC_SERVICER",
@@ -45,6 +46,9 @@ GRPC_APP_NAME = "hetmm-grpc"
 GRPC_ROUTE_PREFIX = "/hetmm-grpc"  # Serve's gRPC proxy routes only to applications with a route prefix
 GRPC_SERVICER = "hetmm_ray.serve.grpc.inspection_pb2_grpc.add_InspectionServicer_to_server"
 GRPC_MAX_MESSAGE_MIB = 65  # max_body_mib's default (64) and the message's framing
+# The HTTP application (deploy.yaml's ``hetmm``): its Ingress holds the metrics, the inspection record
+# and the drift monitor, which the gRPC replicas feed too (serve/grpc/service.py).
+HTTP_APP_NAME = "hetmm"
 
 # Ray Serve settings for the processes of a Ray this package starts (distributed.runtime.connect;
 # a cluster sets them in its own environment, cluster/rayservice.yaml). Measured with

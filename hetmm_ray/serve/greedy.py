@@ -12,6 +12,27 @@ not kept: replicas hung inside OpenVINO's infer; BENCHMARKS.md "Throughput".)
 ``wait_s`` > 0 restores a fill window (the batcher, once it has a request, waits up to that long
 for its batch to fill); the default 0 is the greedy rule above.
 
+Requests announced as arriving (:meth:`GreedyBatcher.arriving`: the gRPC replica announces each
+request while it decodes it, serve/grpc/service.py) are waited for: a free batcher whose chosen
+product's queue is not full waits until every request announced for that product is queued (or
+withdrawn: its decode failed) before it takes the batch. Why (issue 25): at concurrency 8 the greedy
+rule alone settled into batches of 7 and 1 (the lone request queued while the seven others were
+still decoding), and a one-image batch costs about 1.6x the CPU per image of a share of four
+(the ATMM kernels on one image, BENCHMARKS.md). The wait holds no core idle that decoding does not
+use: the requests waited for are being decoded in this process meanwhile. Requests that are not
+announced (HTTP: decoded in the ingress) are batched by the greedy rule alone.
+
+A batch right after a larger one waits briefly for the rest (the refill rule): for up to
+``REFILL_FRACTION`` of the last batch's time (at most ``REFILL_MAX_S``), counted from its end, a
+batch of the same product holding fewer images than the last one (and fewer than
+``max_batch_size``) waits for more to queue or be announced. Why (issue 25): in a closed loop of
+clients the greedy rule settles into a stable split, 7 + 1 at concurrency 8 over both HTTP and
+gRPC: while seven images score, the eighth client's next request queues; the free batcher then
+scores it alone while the seven answers travel and come back. Clients that were just answered
+send again within a round trip, so the split closes into batches of 8 at the cost of at most one
+short wait; a lone client is never held (its batch is not smaller than the last), and a batcher
+idle for longer than the window starts at once.
+
 Requests of different products are never mixed in one batch; every request is taken whole
 (at least one per batch); a batch's failure is every one of its requests' error; a request
 whose caller went away is dropped from its batch's answers.
@@ -22,11 +43,15 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-__all__ = ["GreedyBatcher"]
+__all__ = ["REFILL_FRACTION", "REFILL_MAX_S", "GreedyBatcher"]
+
+REFILL_FRACTION = 0.25  # of the last batch's time: how long a smaller next batch waits for the rest
+REFILL_MAX_S = 0.1
 
 Item = TypeVar("Item")
 
@@ -56,6 +81,8 @@ class GreedyBatcher(Generic[Item]):
         self._seq = itertools.count()
         self._arrived: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
+        self._arriving: dict[str, int] = {}  # key -> requests announced and not yet queued (arriving)
+        self._last: tuple[str, int, float] = ("", 0, 0.0)  # last batch: key, images, refill deadline
         self.batches = 0  # batches run so far (for tests and metrics)
 
     def configure(self, *, max_batch_size: int, wait_s: float) -> None:
@@ -77,6 +104,24 @@ class GreedyBatcher(Generic[Item]):
         self._arrived.set()
         return await pending.future
 
+    @contextmanager
+    def arriving(self, key: str) -> Iterator[None]:
+        """Announce a request for ``key`` that is on its way (being decoded) for the block's duration:
+        a free batcher waits for it before taking ``key``'s next batch, unless that batch is full.
+        Call :meth:`submit` right after the block, with no ``await`` between (the batcher then finds
+        the request queued when it looks again); an error inside the block withdraws it."""
+        self._arriving[key] = self._arriving.get(key, 0) + 1
+        try:
+            yield
+        finally:
+            left = self._arriving[key] - 1
+            if left:
+                self._arriving[key] = left
+            else:
+                del self._arriving[key]
+            if self._arrived is not None:
+                self._arrived.set()  # a batcher waiting for this request looks again
+
     def _oldest_key(self) -> str:
         return min((k for k, q in self._queues.items() if q), key=lambda k: self._queues[k][0].seq)
 
@@ -91,6 +136,25 @@ class GreedyBatcher(Generic[Item]):
         if not queue:
             del self._queues[key]
         return batch
+
+    def _queued(self, key: str) -> int:
+        return sum(p.size for p in self._queues.get(key, ()))
+
+    async def _refill(self, key: str) -> None:
+        """The refill rule (module doc): right after a larger batch of ``key``, wait until as many images
+        are queued or announced as it held (at most ``max_batch_size``), or its window is over."""
+        last_key, last_images, deadline = self._last
+        if key != last_key:
+            return
+        target = min(last_images, self.max_batch_size)
+        loop = asyncio.get_running_loop()
+        while self._queued(key) + self._arriving.get(key, 0) < target and (left := deadline - loop.time()) > 0:
+            assert self._arrived is not None
+            self._arrived.clear()
+            try:
+                await asyncio.wait_for(self._arrived.wait(), left)
+            except TimeoutError:
+                return
 
     def _full(self, key: str) -> bool:
         return sum(p.size for p in self._queues.get(key, ())) >= self.max_batch_size
@@ -112,11 +176,19 @@ class GreedyBatcher(Generic[Item]):
                     except TimeoutError:
                         break
             key = self._oldest_key()
+            await self._refill(key)
+            key = self._oldest_key()
+            while self._arriving.get(key) and not self._full(key):  # announced requests: wait for them
+                self._arrived.clear()
+                await self._arrived.wait()
+                key = self._oldest_key()
             batch = self._take(key)
             live = [p for p in batch if not p.future.done()]  # callers that went away are skipped
             if not live:
                 continue
             self.batches += 1
+            loop = asyncio.get_running_loop()
+            started = loop.time()
             try:
                 results = await self._run(key, [p.item for p in live])
             except Exception as exc:  # noqa: BLE001 - every request of the batch gets the error
@@ -124,6 +196,10 @@ class GreedyBatcher(Generic[Item]):
                     if not p.future.done():
                         p.future.set_exception(exc)
                 continue
+            finally:
+                ended = loop.time()
+                window = min(REFILL_MAX_S, REFILL_FRACTION * (ended - started))
+                self._last = (key, sum(p.size for p in live), ended + window)
             for p, r in zip(live, results, strict=True):
                 if not p.future.done():
                     p.future.set_result(r)

@@ -16,7 +16,7 @@ from typing import Any
 import ray
 from ray import serve
 
-from ..config import GRPC_APP_NAME, GRPC_ROUTE_PREFIX, GRPC_SERVICER, ConfigError, ServiceConfig
+from ..config import GRPC_APP_NAME, GRPC_ROUTE_PREFIX, GRPC_SERVICER, HTTP_APP_NAME, ConfigError, ServiceConfig
 from ..distributed.registry import registry_name
 from ..distributed.runtime import NAMESPACE, connect
 from .app import DEPLOY_YAML, build_application, deployment_options, load_deploy_config
@@ -24,7 +24,7 @@ from .security import refuse_open_bind
 
 __all__ = ["RunningService", "start_service", "stop_service"]
 
-APP_NAME = "hetmm"
+APP_NAME = HTTP_APP_NAME
 
 
 @dataclass(frozen=True)

@@ -316,6 +316,113 @@ def test_greedy_batcher_never_waits_when_idle_and_takes_all_queued_when_busy() -
     asyncio.run(scenario())
 
 
+def test_greedy_batcher_waits_for_announced_requests_until_full() -> None:
+    """Requests announced as arriving (being decoded: the gRPC replica) are waited for by a free
+    batcher, so a lone queued request is batched with them; a full batch, an error while arriving
+    and an unannounced key do not wait."""
+    import asyncio
+
+    from hetmm_ray.serve.greedy import GreedyBatcher
+
+    async def scenario() -> None:
+        seen: list[tuple[str, list[int]]] = []
+
+        async def run(key: str, items: list[int]) -> list[int]:
+            seen.append((key, list(items)))
+            return [10 * i for i in items]
+
+        batcher: GreedyBatcher[int] = GreedyBatcher(run, max_batch_size=4, wait_s=0.0)
+        decoded = [asyncio.Event() for _ in range(3)]
+
+        async def request(i: int, fail: bool = False) -> int:
+            with batcher.arriving("a"):
+                await decoded[i].wait()  # decoding
+                if fail:
+                    raise ValueError("bad image")
+            return await batcher.submit("a", i)
+
+        lone = asyncio.ensure_future(batcher.submit("a", 9))  # queued while three are decoding
+        others = [asyncio.ensure_future(request(i, fail=i == 2)) for i in range(3)]
+        await asyncio.sleep(0.05)
+        assert seen == []  # waiting for the announced ones, not scoring the lone request
+        decoded[0].set()
+        decoded[1].set()
+        await asyncio.sleep(0.05)
+        assert seen == []  # one still arriving and the batch (3 of 4) not full
+        decoded[2].set()  # its decode fails: withdrawn, the batch goes
+        assert await lone == 90 and [await f for f in others[:2]] == [0, 10]
+        with pytest.raises(ValueError):
+            await others[2]
+        assert seen == [("a", [9, 0, 1])]
+        # a full queue goes at once, whatever is arriving
+        with batcher.arriving("a"):
+            full = [asyncio.ensure_future(batcher.submit("a", i)) for i in range(4)]
+            await asyncio.sleep(0.05)
+            assert seen[-1] == ("a", [0, 1, 2, 3])
+            # another key is not held up by a's arrivals
+            assert await batcher.submit("b", 5) == 50
+        assert [await f for f in full] == [0, 10, 20, 30]
+
+    asyncio.run(scenario())
+
+
+def test_greedy_batcher_refills_a_smaller_batch_right_after_a_larger_one() -> None:
+    """The refill rule: in a closed loop of 4 clients, one a step ahead, batches close into 4s
+    (greedy alone: a stable 3 + 1 split); a lone client is never held."""
+    import asyncio
+    import time
+
+    import hetmm_ray.serve.greedy as greedy
+
+    async def closed_loop(clients: int, rounds: int) -> tuple[list[int], list[float]]:
+        sizes: list[int] = []
+
+        async def run(key: str, items: list[int]) -> list[int]:
+            sizes.append(len(items))
+            await asyncio.sleep(0.04 * len(items))  # scoring: longer than the clients' round trip
+            return items
+
+        batcher: greedy.GreedyBatcher[int] = greedy.GreedyBatcher(run, max_batch_size=8)
+        waits: list[float] = []
+
+        async def client(i: int) -> None:
+            await asyncio.sleep(0.0 if i == 0 else 0.02)  # client 0 a step ahead of the others
+            for _ in range(rounds):
+                t0 = time.monotonic()
+                await batcher.submit("a", i)
+                waits.append(time.monotonic() - t0)
+                await asyncio.sleep(0.005)  # the answer's trip and the next request's
+
+        await asyncio.gather(*(client(i) for i in range(clients)))
+        return sizes, waits
+
+    sizes, _ = asyncio.run(closed_loop(4, 6))
+    assert sizes.count(4) >= 4, sizes  # greedy alone: [1, 3, 1, 3, ...]
+    saved = greedy.REFILL_FRACTION
+    greedy.REFILL_FRACTION = 0.0
+    try:
+        split, _ = asyncio.run(closed_loop(4, 6))
+    finally:
+        greedy.REFILL_FRACTION = saved
+    assert 4 not in split[1:], split  # the split this rule closes (the assertion above could fail)
+    lone, waits = asyncio.run(closed_loop(1, 4))
+    assert lone == [1, 1, 1, 1] and max(waits) < 0.04 + 0.03, waits  # scoring time, no refill wait
+
+
+def test_decode_to_canvas_in_threads_keeps_order_and_names_the_first_bad_upload() -> None:
+    from hetmm_ray.data.decode import ImageError, decode_image
+    from hetmm_ray.serve.canvas import decode_to_canvas
+
+    gear = SyntheticProduct(seed=3, size=96)
+    uploads = [(f"{i}.png", png(gear.good(i))) for i in range(6)]
+    got = decode_to_canvas(uploads, None)
+    for (_, data), image in zip(uploads, got, strict=True):
+        np.testing.assert_array_equal(image, decode_image(data))
+    bad = [*uploads[:2], ("bad1.png", b"not an image"), ("bad2.png", b"nor this"), *uploads[2:]]
+    with pytest.raises(ImageError, match=r"bad1\.png"):
+        decode_to_canvas(bad, (64, "squash"))
+
+
 def test_ingress_resize_gives_the_replicas_pixels() -> None:
     from hetmm_ray.data.decode import decode_image, images_to_tensor, resize_to_geometry
     from hetmm_ray.serve.canvas import decode_to_canvas

@@ -13,7 +13,9 @@ Exact semantics:
 - ``Predict`` applies HTTP's checks in HTTP's order: the product name (400), the count of images
   (none: 400 ``empty_body``; over ``max_images_per_request``: 413 ``too_many_images``), their bytes
   in all over ``max_body_mib`` (413 ``too_large``) before any is decoded, the product's existence
-  (404), then each image's own checks while decoding (``data/decode.py``: 400 ``bad_image``). A
+  (404), then each image's own checks while decoding (``data/decode.py``: 400 ``bad_image``; decoded
+  in a worker thread on arrival, so decoding queued requests overlaps scoring, and announced to the
+  batcher: ``GreedyBatcher.arriving``). A
   ``threshold`` override needs the admin token when one is configured (``authorization: Bearer
   <token>`` metadata; none 401, a wrong one 403); ``version`` pins the version that must score the
   request (another head: 409 ``version_moved``, nothing stored changes).
@@ -21,6 +23,15 @@ Exact semantics:
   ingress classifies them) with the gRPC code of its HTTP status (``errors.GRPC_CODES``) and
   details ``"<code>: <message>"``; the reply is then empty. A peer outside loopback is refused
   (PERMISSION_DENIED ``forbidden``) while ``grpc_host`` is a loopback address.
+- Every answered ``Predict`` feeds what an HTTP predict feeds: the metrics of ``/metrics``, the console's
+  recent ring, the inspection record (``record: true``) and the drift monitor, all held by the HTTP
+  application's ingress (``config.HTTP_APP_NAME``). The replica hands each request's uploads and
+  results (as scored by the product's own rule, before a ``threshold`` override) to
+  ``Ingress.observe_predictions``, batched: one handle call at most every ``OBSERVE_EVERY_S``, so the
+  hop costs next to nothing per request. Forwarding never fails a ``Predict``: while the ingress
+  cannot be reached (no HTTP application), a failed forward drops its entries (logged once) and the
+  next ``OBSERVE_RETRY_S`` of them, at most ``OBSERVE_MAX_HELD`` are held, and a replica that stops
+  loses at most the last ``OBSERVE_EVERY_S`` of them.
 - Result fields are the HTTP answer's (``score``, ``threshold``, ``is_anomaly``, the rule fields,
   ``version``, ``timing``; ``heatmap_png`` as PNG bytes, not base64). ``timing.total_ms`` is measured
   in the replica (decode, queue and score; there is no hop to time), ``transfer_ms`` is absent. With
@@ -33,6 +44,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import logging
 import math
 import os
 import time
@@ -41,7 +53,7 @@ from typing import Any
 import grpc
 from ray import serve
 
-from ...config import ServiceConfig
+from ...config import HTTP_APP_NAME, ServiceConfig
 from ...errors import Refused, grpc_code
 from ...store import StoreError, check_product_name
 from ...tiled import TiledHETMM
@@ -54,6 +66,15 @@ from . import inspection_pb2 as pb
 from .messages import host_is_loopback, peer_is_loopback, result_message
 
 __all__ = ["InspectionDetector"]
+
+logger = logging.getLogger("ray.serve")
+
+OBSERVE_EVERY_S = 0.25  # predictions forwarded to the ingress in one call at most this often
+OBSERVE_MAX_HELD = 10_000  # requests held while the ingress cannot be reached; later ones are dropped
+OBSERVE_TIMEOUT_S = 60.0
+OBSERVE_RETRY_S = 10.0  # after a failed forward, held entries are dropped for this long
+
+Observed = tuple[str, list[tuple[str, bytes]], list[dict[str, Any]]]  # (product, uploads, results)
 
 
 def _token_of(grpc_context: Any) -> str:
@@ -74,6 +95,46 @@ class InspectionDetector(Detector.func_or_class):  # type: ignore[name-defined,m
         refuse_open_bind(self.service.grpc_host, self.token, self.service.admin_token_env)
         self.loopback_only = host_is_loopback(self.service.grpc_host)
         self.limit = self.service.max_body_mib * 2**20
+        self._observed: list[Observed] = []  # predictions not yet forwarded to the ingress
+        self._forwarder: asyncio.Task | None = None
+        self._ingress: Any = None  # Ingress.observe_predictions, looked up on first use
+        self._observe_failed = False  # a failure is logged once until forwarding works again
+        self._retry_at = 0.0  # after a failure, entries are dropped until then
+
+    # --- metrics, record and drift: fed through the HTTP application's ingress --------------------
+    def _observe(self, product: str, uploads: list[tuple[str, bytes]], results: list[dict[str, Any]]) -> None:
+        """Hold one answered request for the ingress (module doc); the results are copied as they are now."""
+        if len(self._observed) >= OBSERVE_MAX_HELD:
+            return  # the ingress is unreachable: counted by its absence (logged by _forward)
+        self._observed.append((product, uploads, [{**r, "timing": dict(r["timing"])} for r in results]))
+        if self._forwarder is None or self._forwarder.done():
+            self._forwarder = asyncio.get_running_loop().create_task(self._forward(), name="hetmm-grpc-observe")
+
+    async def _forward(self) -> None:
+        while self._observed:
+            await asyncio.sleep(OBSERVE_EVERY_S)  # what arrives meanwhile goes in the same call
+            batch, self._observed = self._observed, []
+            if time.monotonic() < self._retry_at:
+                continue  # the ingress failed lately: dropped, not asked again at every flush
+            try:
+                if self._ingress is None:
+                    # in a thread: the lookup asks the controller with a blocking ray.get
+                    handle = await asyncio.to_thread(serve.get_deployment_handle, "Ingress", HTTP_APP_NAME)
+                    # through the object store: a batch of uploads can exceed a replica's gRPC message limit
+                    self._ingress = handle.options(_by_reference=True).observe_predictions
+                await asyncio.wait_for(self._ingress.remote(batch), OBSERVE_TIMEOUT_S)
+                self._observe_failed = False
+            except Exception as exc:  # noqa: BLE001 - forwarding never fails a prediction
+                self._ingress = None
+                self._retry_at = time.monotonic() + OBSERVE_RETRY_S
+                if not self._observe_failed:
+                    self._observe_failed = True
+                    logger.warning(
+                        "gRPC predictions not fed to the metrics and the record (%d requests dropped): %s: %s",
+                        len(batch),
+                        type(exc).__name__,
+                        exc,
+                    )
 
     # --- plumbing -------------------------------------------------------------------------------
     async def _answer(self, grpc_context: Any, empty: Any, work: Any) -> Any:
@@ -159,13 +220,17 @@ class InspectionDetector(Detector.func_or_class):  # type: ignore[name-defined,m
         canvas = None if isinstance(detector, TiledHETMM) else (bb.image_size, bb.geometry)
         uploads = [(im.name or f"<image {i}>", im.data) for i, im in enumerate(request.images)]
         decode_start = time.perf_counter()
-        images = await asyncio.to_thread(decode_to_canvas, uploads, canvas)
+        # decoded in a thread as it arrives, announced to the batcher meanwhile (serve/greedy.py: a free
+        # batcher waits for the requests this replica is decoding rather than score a lone one)
+        with self._batcher.arriving(model_id):
+            images = await asyncio.to_thread(decode_to_canvas, uploads, canvas)
         decode_ms = round(1000 * (time.perf_counter() - decode_start), 3)
         scored = ScoreRequest(images, request.heatmap, time.perf_counter())
-        results = await self.score(model_id, scored)
+        results = await self.score(model_id, scored)  # no await before it queues: the batcher finds it
         version = results[0]["version"]
         if request.HasField("version") and request.version != version:
             raise Refused(409, "version_moved", f"version {request.version} asked; version {version} is head")
+        self._observe(product, uploads, results)  # before the override and the reply's own fields
         total_ms = round(1000 * (time.perf_counter() - started), 3)
         for (name, _), r in zip(uploads, results, strict=True):
             r["name"] = name
