@@ -4,10 +4,10 @@ Issue 23: a candidate is loaded on the template hosts beside HEAD's shards (dist
 and ``discard`` frees it. This starts a local Ray, a registry over a temporary local store with
 ``--hosts`` template hosts, and one synthetic product (random, L2-normalised resnet18-shaped
 features at ``--image-size``, ``--images`` images, ``templates.kind: all``: no backbone and no
-selection run, the bank is what the hosts hold). Its head is loaded, then, twice:
+selection run, the bank is what the hosts hold). Its head is loaded, then:
 
-- a candidate with ``--extra`` more images is stored as another writer (the CLI) would, the store
-  poll loads it on the hosts, and the registry discards it (``discard``);
+- ``--discards`` times, a candidate with ``--extra`` more images is stored as another writer (the CLI) would, the
+  store poll loads it on the hosts, and the registry discards it (``discard``);
 - the same with ``promote``: the candidate's loaded shards become HEAD's (host loads unchanged).
 
 After each step it records the bytes the hosts hold per (product, version) shard set
@@ -62,13 +62,16 @@ def snapshot(registry: Any) -> dict[str, Any]:
     import ray
 
     hosts = ray.get(registry.host_holdings.remote())
-    sets = {}
+    sets: dict[tuple[int, bool], int] = {}
+    layers: dict[tuple[int, bool], int] = {}
     for h in hosts:
         for row in h["sets"]:
             key = (row["version"], row["candidate"])
             sets[key] = sets.get(key, 0) + row["bytes"]
+            layers[key] = layers.get(key, 0) + len(row["layers"])
     return {
         "sets": sets,
+        "layers": layers,
         "bytes": sum(sets.values()),
         "rss": sum(h["rss_bytes"] or 0 for h in hosts),
         "loads": sum(h["loads"] for h in hosts),
@@ -90,6 +93,7 @@ def main() -> None:
     ap.add_argument("--extra", type=int, default=100)
     ap.add_argument("--image-size", type=int, default=128)
     ap.add_argument("--hosts", type=int, default=1)
+    ap.add_argument("--discards", type=int, default=2, help="candidates loaded and discarded before the promoted one")
     args = ap.parse_args()
 
     import ray
@@ -121,9 +125,11 @@ def main() -> None:
 
         time.sleep(2.0)  # let the host settle after the first load
         step("head loaded", before := snapshot(registry))
-        for version, end in ((2, "discard"), (3, "promote")):
+        steps = [*((2 + i, "discard") for i in range(args.discards)), (2 + args.discards, "promote")]
+        for version, end in steps:
             store.put(PRODUCT, template_set(grown, config, 0), expect_head=store.head(PRODUCT), candidate=True)
-            step(f"candidate v{version} (store poll)", wait_for(registry, lambda s, v=version: (v, True) in s["sets"]))
+            loaded = wait_for(registry, lambda s, v=version: s["layers"].get((v, True)) == len(RESNET18))
+            step(f"candidate v{version} (store poll)", loaded)
             if end == "discard":
                 ray.get(registry.discard.remote(PRODUCT, version))
                 time.sleep(2.0)  # the drop is fire-and-forget: let the host free it
@@ -137,7 +143,7 @@ def main() -> None:
     print(table(["step", "held per set (MiB)", "held (MiB)", "host RSS (MiB)", "shard loads"], rows))
     change = (after["bytes"] - before["bytes"]) / max(1, before["bytes"])
     rss = (after["rss"] - before["rss"]) / max(1, before["rss"])
-    print(f"after discard vs before: held {change:+.1%}, host RSS {rss:+.1%}")
+    print(f"after the last discard vs before: held {change:+.1%}, host RSS {rss:+.1%}")
 
 
 if __name__ == "__main__":

@@ -132,6 +132,7 @@ class TemplateHost:
         for key in [k for k in list(self.candidates) if k[:2] == (product, int(version))]:
             if layers is None or key[2] in layers:
                 self.candidates.pop(key, None)
+        _release_freed()
 
     def adopt(self, product: str, version: int, layers: list[str]) -> list[str]:
         """Make candidate ``version``'s held ``layers`` HEAD's shards of ``product`` here (promote):
@@ -143,6 +144,7 @@ class TemplateHost:
             raise ShardMissing(f"template host {self.slot} does not hold candidate v{version} of {product}: {missing}")
         for key in keys:
             self.shards[(product, key[2])] = self.candidates.pop(key)
+        _release_freed()  # HEAD's old shards
         return list(layers)
 
     def held(self) -> list[tuple[str, str]]:
@@ -156,6 +158,19 @@ class TemplateHost:
         if method.startswith("_") or not callable(getattr(shard, method, None)):
             raise AttributeError(f"shards have no method {method!r}")
         return getattr(shard, method)(*args, **kwargs)
+
+
+def _release_freed() -> None:
+    """Give the heap's freed pages back to the system (glibc ``malloc_trim``; nothing elsewhere):
+    a freed shard set's large tensors may sit in the heap (glibc raises its mmap threshold as large
+    blocks are freed), so without this the host's RSS stays up after a discard."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def _rss_bytes() -> int | None:
