@@ -53,6 +53,7 @@ from .shard import LayerShard, ShardPlacement
 __all__ = ["HOST_CONCURRENCY", "PING_TIMEOUT_S", "HostPool", "ShardHandle", "ShardMissing", "TemplateHost"]
 
 HOST_CONCURRENCY = 16  # shard calls a host runs at once (threads): reads go on while one product's PTS waits
+HOST_MALLOC_ARENAS = 2  # glibc heaps in a host process (MALLOC_ARENA_MAX): see _host_options
 PING_TIMEOUT_S = 5.0  # a host that does not answer a ping within this is taken as down
 
 
@@ -218,6 +219,10 @@ def _host_options(placement: ShardPlacement, slot: int) -> dict[str, Any]:
         "scheduling_strategy": _spread(slot, placement, has_gpus),
         "max_restarts": -1,  # a restarted host starts empty; the registry reloads its shards from the store
         "max_concurrency": HOST_CONCURRENCY,
+        # Shards load in the host's threads; with glibc's default of one heap per thread, a freed
+        # shard set's read buffers stayed in ever more thread heaps and RSS crept up over load and
+        # free cycles (+35 % after 6 candidates discarded; flat with 2 heaps: benchmarks/bench_candidate_memory.py).
+        "runtime_env": {"env_vars": {"MALLOC_ARENA_MAX": str(HOST_MALLOC_ARENAS)}},
     }
 
 
