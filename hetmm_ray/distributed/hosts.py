@@ -265,6 +265,7 @@ class HostPool:
         self.held: list[dict[str, set[str]]] = [{} for _ in range(count)]  # slot -> product -> layers
         # slot -> (product, candidate version) -> layers (issue 23)
         self.cand_held: list[dict[tuple[str, int], set[str]]] = [{} for _ in range(count)]
+        self.cand_layers: dict[tuple[str, int], frozenset[str]] = {}  # a loaded candidate's layers
         # Products whose shards a host took with it when it died under another product's load
         # (place): the next check returns them, so the registry loads them again.
         self.displaced: set[str] = set()
@@ -385,19 +386,33 @@ class HostPool:
         return {layer: slot for slot in range(self.count) for layer in self.cand_held[slot].get(key, ())}
 
     def candidate_versions(self, product: str) -> set[int]:
-        """The candidate versions of ``product`` with a shard held (complete or not)."""
-        return {v for slot in range(self.count) for (p, v) in self.cand_held[slot] if p == product}
+        """The candidate versions of ``product`` loaded here (complete, or with shards lost with a host)."""
+        held = {v for slot in range(self.count) for (p, v) in self.cand_held[slot] if p == product}
+        return held | {v for (p, v) in self.cand_layers if p == product}
+
+    def candidate_complete(self, product: str, version: int) -> bool:
+        """Whether every layer of candidate ``version`` of ``product`` is held."""
+        layers = self.cand_layers.get((product, int(version)))
+        return bool(layers) and set(self.candidate_where(product, version)) == layers
 
     def candidate_products(self) -> set[str]:
-        return {p for slot in range(self.count) for (p, _) in self.cand_held[slot]}
+        """Products with a candidate loaded here (see :meth:`candidate_versions`)."""
+        held = {p for slot in range(self.count) for (p, _) in self.cand_held[slot]}
+        return held | {p for (p, _) in self.cand_layers}
 
     async def place_candidate(self, product: str, version: int, layers: list[str]) -> dict[str, int]:
         """Load candidate ``version``'s ``layers`` of ``product`` beside HEAD's shards (same rule);
         returns layer -> slot."""
         self.drop_candidate(product, version)  # a partial set (a lost host) is loaded again whole
-        slots = await self._load_layers(
-            product, layers, lambda host, layer: host.load_candidate.remote(product, version, layer), head=False
-        )
+        try:
+            slots = await self._load_layers(
+                product, layers, lambda host, layer: host.load_candidate.remote(product, version, layer), head=False
+            )
+        except BaseException:
+            for handle in self.handles:  # layers that did load before the failure: freed, not left behind
+                handle.drop_candidate.remote(product, int(version))
+            raise
+        self.cand_layers[(product, int(version))] = frozenset(layers)
         for layer, slot in slots.items():
             self.cand_held[slot].setdefault((product, int(version)), set()).add(layer)
         return slots
@@ -405,6 +420,7 @@ class HostPool:
     def drop_candidate(self, product: str, version: int) -> None:
         """Free candidate ``version``'s shards of ``product`` wherever held."""
         key = (product, int(version))
+        self.cand_layers.pop(key, None)
         for slot in range(self.count):
             if self.cand_held[slot].pop(key, None) is not None:
                 self.handles[slot].drop_candidate.remote(product, int(version))
@@ -428,6 +444,7 @@ class HostPool:
             return None
         for slot in by_slot:
             self.cand_held[slot].pop((product, int(version)), None)
+        self.cand_layers.pop((product, int(version)), None)
         return self._settle(product, slots)
 
     def forget(self, product: str) -> None:

@@ -389,12 +389,11 @@ class ProductRegistry:
 
     async def _load_candidate(self, product: str, version: int, *, complete_ok: bool = False) -> None:
         """Load candidate ``version``'s layers on the template hosts beside HEAD's (issue 23); with
-        ``complete_ok`` nothing is done when every layer is already held."""
-        rec = await asyncio.to_thread(self.store.record, product, version)
-        layers = list(rec.layers)
-        if complete_ok and set(self.hosts.candidate_where(product, version)) == set(layers):
+        ``complete_ok`` nothing is done (nothing read) when every layer is already held."""
+        if complete_ok and self.hosts.candidate_complete(product, version):
             return
-        await self.hosts.place_candidate(product, version, layers)
+        rec = await asyncio.to_thread(self.store.record, product, version)
+        await self.hosts.place_candidate(product, version, list(rec.layers))
 
     async def _publish_candidate(self, product: str, version: int) -> None:
         """A job stored candidate ``version``: load it on the hosts. A failure here is logged, not the
