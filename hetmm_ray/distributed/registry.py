@@ -34,12 +34,20 @@ rebuilt from the shards and recalibrated -> published to the store with
 ``expect_head`` (data, then head) -> the registry bumps the version and wakes
 subscribers. If any step fails, the shards are reloaded from the old head and
 the error is raised: the old version keeps serving everywhere.
+
+Candidates (issue 23) are loaded on the template hosts beside HEAD's shards (hosts.py: keyed by
+(product, version, layer)): by the job that publishes one here, and by the store poll, which
+loads the candidates listed in HEAD of each product whose shards are loaded here (or that holds
+a candidate) and unloads those no longer listed (discarded or promoted elsewhere). Loading a
+HEAD that is a fully loaded candidate (promote here, or a promote by another writer that the
+poll notices) moves the candidate's shards under HEAD's keys: nothing is read from the store.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -65,6 +73,8 @@ if TYPE_CHECKING:
     from ..fitting import FitPipeline
 
 __all__ = ["REGISTRY_NAME", "ProductRegistry", "get_registry", "region_preview", "registry_name"]
+
+logger = logging.getLogger(__name__)
 
 REGISTRY_NAME = "hetmm-registry"
 COMPARE_MAX_MAPS = 50  # flips whose two heat-maps a compare job's record carries (the rest: scores only)
@@ -336,12 +346,13 @@ class ProductRegistry:
         await self.heal_hosts()
         for product in list(self.versions):
             try:
-                head = await asyncio.to_thread(self.store.head, product)
+                head, listed = await asyncio.to_thread(self.store.head_and_candidates, product)
             except ProductNotFound:
-                head = None
+                head, listed = None, []
             except StoreError:
                 continue  # unreadable now: keep serving what we have
             if head == self.versions.get(product):
+                await self._follow_candidates(product, listed)
                 continue
             async with self._lock(product):  # a writer here may be mid-publish: look again under its lock
                 try:
@@ -357,6 +368,51 @@ class ProductRegistry:
                     self.versions[product] = head
                     async with self._condition(product):
                         self._condition(product).notify_all()
+            await self._follow_candidates(product, listed)
+
+    async def _follow_candidates(self, product: str, listed: list[int]) -> None:
+        """The store poll's part for candidates (issue 23): load the candidates of ``listed`` (HEAD's
+        list) not fully held, unload those held and no longer listed. Only for a product whose HEAD
+        shards are loaded here, or that holds a candidate; skipped while a writer holds the product's
+        lock (a job publishing one loads it itself; the next poll looks again). A candidate that
+        cannot be loaded is logged and tried again at the next poll."""
+        if self._hosts is None or (product not in self.shards and product not in self._hosts.candidate_products()):
+            return
+        lock = self._lock(product)
+        if lock.locked():
+            return
+        async with lock:
+            held = self._hosts.candidate_versions(product)
+            for version in sorted(held - set(listed)):
+                self._hosts.drop_candidate(product, version)
+            for version in listed:
+                if version == self.versions.get(product):
+                    continue
+                try:
+                    await self._load_candidate(product, version, complete_ok=True)
+                except (StoreError, ray.exceptions.RayError) as exc:
+                    logger.warning("candidate v%s of %s not loaded (%s: %s)", version, product, type(exc).__name__, exc)
+
+    async def _load_candidate(self, product: str, version: int, *, complete_ok: bool = False) -> None:
+        """Load candidate ``version``'s layers on the template hosts beside HEAD's (issue 23); with
+        ``complete_ok`` nothing is done (nothing read) when every layer is already held."""
+        if complete_ok and self.hosts.candidate_complete(product, version):
+            return
+        rec = await asyncio.to_thread(self.store.record, product, version)
+        await self.hosts.place_candidate(product, version, list(rec.layers))
+
+    async def _publish_candidate(self, product: str, version: int) -> None:
+        """A job stored candidate ``version``: load it on the hosts. A failure here is logged, not the
+        job's (the candidate is stored; the store poll loads it)."""
+        try:
+            await self._load_candidate(product, version)
+        except (StoreError, ray.exceptions.RayError) as exc:
+            logger.warning("candidate v%s of %s not loaded (%s: %s)", version, product, type(exc).__name__, exc)
+
+    async def host_holdings(self) -> list[dict[str, Any]]:
+        """Each template host: bytes held per (product, version) shard set (candidates marked),
+        its RSS and shard loads (``TemplateHost.holdings``)."""
+        return await self.hosts.holdings()
 
     def _lock(self, product: str) -> asyncio.Lock:
         return self.locks.setdefault(product, asyncio.Lock())
@@ -434,7 +490,9 @@ class ProductRegistry:
         version = await asyncio.to_thread(self.store.head, product)
         rec = await asyncio.to_thread(self.store.record, product, version)
         self.shards.pop(product, None)
-        self.shards[product] = await self.hosts.place(product, list(rec.layers), version)
+        # a head that is a loaded candidate (promoted) takes its shards as they are (issue 23)
+        adopted = await self.hosts.adopt(product, version, list(rec.layers))
+        self.shards[product] = adopted or await self.hosts.place(product, list(rec.layers), version)
         await self._publish(product, version, rec)
         return version
 
@@ -578,6 +636,8 @@ class ProductRegistry:
                 raise
             if auto or candidate:  # a candidate: the shards go back to the head, which did not move
                 await self._load_shards(product)
+                if candidate:
+                    await self._publish_candidate(product, version)
                 return version
             await asyncio.gather(*(s.mark_published.remote(version) for s in shards.values()))
             await self._publish(product, version, calibrated)
@@ -605,7 +665,9 @@ class ProductRegistry:
             version = await asyncio.to_thread(
                 partial(self.store.put, candidate=candidate), product, ts, expect_head=head
             )
-            if not candidate and not await self._adopted_in_place(product, head, version, ts):
+            if candidate:
+                await self._publish_candidate(product, version)
+            elif not await self._adopted_in_place(product, head, version, ts):
                 await self._load_shards(product)
         return version
 
@@ -663,17 +725,21 @@ class ProductRegistry:
         return out
 
     async def promote(self, product: str, version: int, expect_head: int | None = None) -> int:
-        """Make candidate ``version`` head (``VersionedStore.promote``: a CAS, recorded), then load it on
-        the template hosts and publish it to the replicas, as a rollback does."""
+        """Make candidate ``version`` head (``VersionedStore.promote``: a CAS, recorded) and publish it to
+        the replicas: its shards already loaded on the template hosts become HEAD's (no store read);
+        a candidate not fully held (never loaded, a host lost) is loaded from the store, as a rollback."""
         async with self._lock(product):
             await asyncio.to_thread(partial(self.store.promote, expect_head=expect_head), product, version)
             await self._load_shards(product)
         return version
 
     async def discard(self, product: str, version: int) -> int:
-        """Drop candidate ``version`` (``VersionedStore.discard``); what is served does not change."""
+        """Drop candidate ``version`` (``VersionedStore.discard``) and free its shards on the template
+        hosts; what is served does not change."""
         async with self._lock(product):
             await asyncio.to_thread(self.store.discard, product, version)
+            if self._hosts is not None:
+                self._hosts.drop_candidate(product, version)
         return version
 
     async def start_compare(
@@ -711,7 +777,9 @@ class ProductRegistry:
 
     def _forget(self, product: str) -> None:
         """Drop everything held for a product that is gone from the store; wake its subscribers."""
-        if self.shards.pop(product, None) is not None:
+        if self.shards.pop(product, None) is not None or (
+            self._hosts is not None and product in self._hosts.candidate_products()
+        ):
             self.hosts.drop(product)
         self.published.pop(product, None)
         self.versions.pop(product, None)
@@ -832,7 +900,9 @@ class ProductRegistry:
                 new = await asyncio.to_thread(
                     partial(self.store.put, candidate=candidate), product, ts, expect_head=version
                 )
-                if not candidate:
+                if candidate:
+                    await self._publish_candidate(product, new)
+                else:
                     await self._load_shards(product)
             return new
 
@@ -887,7 +957,9 @@ class ProductRegistry:
                 new = await asyncio.to_thread(
                     partial(self.store.put, candidate=candidate), product, calibrated, expect_head=version
                 )
-                if not candidate:
+                if candidate:
+                    await self._publish_candidate(product, new)
+                else:
                     await self._load_shards(product)
             return new
 
@@ -932,7 +1004,9 @@ class ProductRegistry:
                 new = await asyncio.to_thread(
                     partial(self.store.republish, candidate=candidate), product, config=config, expect_head=version
                 )
-                if not candidate:
+                if candidate:
+                    await self._publish_candidate(product, new)
+                else:
                     await self._load_shards(product)
             return new
 

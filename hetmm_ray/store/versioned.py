@@ -438,6 +438,11 @@ class VersionedStore:
         """The product's candidate versions, oldest first: stored and verified, not head."""
         return _candidates(self._require_head(product)[0])
 
+    def head_and_candidates(self, product: str) -> tuple[int, list[int]]:
+        """The head version and the candidates, from one read of HEAD (a store poll's one request)."""
+        head = self._require_head(product)[0]
+        return int(head["version"]), _candidates(head)
+
     def promote(self, product: str, version: int, *, expect_head: int | None = None) -> int:
         """Make candidate ``version`` head: one compare-and-swap of HEAD (the version appended to
         the history, dropped from the candidates), then recorded as a move of kind ``promote``

@@ -4,6 +4,11 @@ published as a candidate leaves HEAD, and what the replicas serve, at the previo
 compare job lists the flips that scoring each version alone gives; promote moves HEAD and the
 replicas serve the candidate within the store-poll bound; discard drops a candidate. Admin routes
 answer JSON errors (401 without the token, 404 for no such candidate, 400 for a bad ``publish``).
+
+A candidate is loaded on the template hosts beside HEAD's shards (published over HTTP, or stored by
+another writer and noticed by the store poll): discard (over HTTP, or in the store) frees it, the
+hosts' held bytes back within 10 % of before; promote makes its loaded shards HEAD's (no shard is
+read from the store again) and the replicas serve it within the store-poll bound.
 """
 
 from __future__ import annotations
@@ -74,16 +79,16 @@ def service(
     os.environ.pop(TOKEN_ENV, None)
 
 
-def _predicted_version(client: httpx.Client, image: bytes) -> int:
-    r = client.post("/v1/products/p/predict", content=image, headers=PNG)
+def _predicted_version(client: httpx.Client, image: bytes, product: str = "p") -> int:
+    r = client.post(f"/v1/products/{product}/predict", content=image, headers=PNG)
     assert r.status_code == 200, r.text
     return int(r.json()["version"])
 
 
-def _serves(client: httpx.Client, image: bytes, version: int, within: float = 120.0) -> bool:
+def _serves(client: httpx.Client, image: bytes, version: int, within: float = 120.0, product: str = "p") -> bool:
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
-        if _predicted_version(client, image) == version:
+        if _predicted_version(client, image, product) == version:
             return True
         time.sleep(0.5)
     return False
@@ -159,6 +164,90 @@ def test_candidate_compare_promote_discard_over_http(service) -> None:
     assert r.status_code == 200, r.text
     assert client.get("/v1/products/p/candidates").json()["candidates"] == []
     assert open_store(store).head("p") == 2 and _predicted_version(client, probe) == 2
+
+
+def _holdings(store: str) -> list[dict[str, Any]]:
+    import ray
+
+    from hetmm_ray.distributed.registry import registry_name
+    from hetmm_ray.distributed.runtime import NAMESPACE
+
+    hosts = ray.get(ray.get_actor(registry_name(store), namespace=NAMESPACE).host_holdings.remote())
+    assert all("error" not in h for h in hosts), hosts
+    return hosts
+
+
+def _sets(store: str, product: str) -> dict[tuple[int, bool], dict[str, Any]]:
+    """(version, candidate) -> {"bytes", "layers"} of ``product``'s shard sets over every host."""
+    out: dict[tuple[int, bool], dict[str, Any]] = {}
+    for host in _holdings(store):
+        for row in host["sets"]:
+            if row["product"] == product:
+                got = out.setdefault((row["version"], row["candidate"]), {"bytes": 0, "layers": []})
+                got["bytes"] += row["bytes"]
+                got["layers"] = sorted(got["layers"] + row["layers"])
+    return out
+
+
+def _until(check: Any, within: float = 120.0) -> Any:
+    """``check()``'s first truthy answer within ``within`` seconds (else its last answer)."""
+    deadline = time.monotonic() + within
+    while True:
+        got = check()
+        if got or time.monotonic() > deadline:
+            return got
+        time.sleep(0.5)
+
+
+def test_candidate_shards_on_hosts_discard_frees_promote_adopts(service) -> None:
+    client, store = service["client"], service["store"]
+    part = SyntheticProduct(seed=5, size=SIZE)
+    files = [("images", (f"{i}.png", png(part.good(i)), "image/png")) for i in range(8)]
+    r = client.post("/v1/products/q?wait=true", files=files, data={"config": json.dumps(SMALL)}, headers=ADMIN)
+    assert r.status_code == 200, r.text
+    probe = png(part.good(100))
+    assert _predicted_version(client, probe, "q") == 1
+    head = _sets(store, "q")
+    assert list(head) == [(1, False)] and head[1, False]["bytes"] > 0
+    layers = head[1, False]["layers"]
+    before = sum(row["bytes"] for h in _holdings(store) for row in h["sets"])
+    rss = [sum(h["rss_bytes"] or 0 for h in _holdings(store))]
+    # a hot update published as a candidate: stored as v2, loaded on the hosts beside v1, not served
+    more = [("images", (f"m{i}.png", png(part.good(i)), "image/png")) for i in range(8, 14)]
+    r = client.post("/v1/products/q/normals?wait=true&publish=candidate", files=more, headers=ADMIN)
+    assert r.status_code == 200 and r.json()["job"]["version"] == 2, r.text
+    held = _until(lambda: (2, True) in (got := _sets(store, "q")) and got)
+    assert held[2, True]["bytes"] > head[1, False]["bytes"] and held[2, True]["layers"] == layers, held
+    assert held[1, False] == head[1, False]
+    assert _predicted_version(client, probe, "q") == 1
+    rss.append(sum(h["rss_bytes"] or 0 for h in _holdings(store)))
+    # discard: its shards are freed, the hosts hold what they held before (within 10 %)
+    r = client.post("/v1/products/q/versions/2/discard", headers=ADMIN)
+    assert r.status_code == 200, r.text
+    assert _until(lambda: list(_sets(store, "q")) == [(1, False)]), _sets(store, "q")
+    after = sum(row["bytes"] for h in _holdings(store) for row in h["sets"])
+    assert abs(after - before) <= 0.1 * before, (before, after)
+    rss.append(sum(h["rss_bytes"] or 0 for h in _holdings(store)))
+    print(f"hosts: held {before} -> {after} bytes; RSS before / with candidate / after discard: {rss}")
+    # another writer (the CLI) stores a candidate: the store poll loads it; discarded there, it is unloaded
+    s = open_store(store)
+    rec = s.record("q", 1)
+    rule = replace(rec.config.threshold, rule="far", false_alarm_rate=0.05)
+    config = replace(rec.config, threshold=rule).stored_dict()
+    assert s.republish("q", config=config, expect_head=1, candidate=True) == 3
+    assert _until(lambda: (3, True) in _sets(store, "q")), _sets(store, "q")
+    s.discard("q", 3)
+    assert _until(lambda: list(_sets(store, "q")) == [(1, False)]), _sets(store, "q")
+    # a candidate promoted: its loaded shards become HEAD's (no shard read again), served within the bound
+    r = client.post("/v1/products/q/normals?wait=true&publish=candidate", files=more, headers=ADMIN)
+    assert r.status_code == 200 and r.json()["job"]["version"] == 4, r.text
+    held = _until(lambda: (4, True) in (got := _sets(store, "q")) and got)
+    loads = sum(h["loads"] for h in _holdings(store))
+    r = client.post("/v1/products/q/versions/4/promote", json={"expect_head": 1}, headers=ADMIN)
+    assert r.status_code == 200, r.text
+    assert _serves(client, probe, 4, product="q")
+    assert _sets(store, "q") == {(4, False): held[4, True]}
+    assert sum(h["loads"] for h in _holdings(store)) == loads
 
 
 def _canvas(data: bytes, geometry: str) -> Any:

@@ -10,6 +10,7 @@ import base64
 import io
 import json
 import os
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -256,14 +257,20 @@ def test_auto_tiles_are_resolved_from_the_uploaded_frames(service) -> None:
 
 
 def test_tiled_candidate_and_compare(service, product) -> None:
-    """Issue 23: a tiled product's hot update published as a candidate leaves the head serving, and
-    the compare job scores whole frames with both versions as the in-process detectors do."""
+    """Issue 23: a tiled product's hot update published as a candidate leaves the head serving, its
+    (tile, layer) shards loaded on the template hosts beside the head's (on the same hosts); the
+    compare job scores whole frames with both versions as the in-process detectors do; promote makes
+    the loaded shards the head's (none read again) and the replica serves it."""
     client, store = service["client"], open_store(service["store"])
     assert create(client, "cand", product, tiles="2x2").status_code == 200
     files = [("images", (f"n{i}.png", png(product.good(i)), "image/png")) for i in (50, 51)]
     r = client.post("/v1/products/cand/normals?wait=true&publish=candidate", files=files, headers=ADMIN)
     assert r.status_code == 200 and r.json()["job"]["version"] == 2 and r.json()["job"]["candidate"], r.text
     assert store.head("cand") == 1 and store.candidates("cand") == [2]
+    registry = get_registry(service["store"], detached=True)
+    head_where = ray.get(registry.placement_of.remote("cand"))
+    assert set(head_where) == KEYS
+    assert _held_where(registry, "cand", 2, candidate=True) == head_where  # same rule, same hosts
     frames = _frames(product)
     r = client.post("/v1/products/cand/predict", content=png(frames[0]), headers={"content-type": "image/png"})
     assert r.status_code == 200 and r.json()["version"] == 1, r.text
@@ -278,3 +285,31 @@ def test_tiled_candidate_and_compare(service, product) -> None:
     assert [f["image"] for f in result["flips"]] == flips
     assert result["score_shift"]["base"][0] == pytest.approx(float(min(preds[0].scores)), rel=1e-4)
     assert result["score_shift"]["candidate"][-1] == pytest.approx(float(max(preds[1].scores)), rel=1e-4)
+    loads = sum(h["loads"] for h in ray.get(registry.host_holdings.remote()))
+    r = client.post("/v1/products/cand/versions/2/promote", headers=ADMIN)
+    assert r.status_code == 200, r.text
+    deadline = time.monotonic() + 120  # the replica swaps within the store-poll bound: generous here
+    while (version := _served(client, frames[0])) != 2 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert version == 2
+    assert ray.get(registry.placement_of.remote("cand")) == head_where
+    assert _held_where(registry, "cand", 2, candidate=False) == head_where
+    assert _held_where(registry, "cand", 2, candidate=True) == {}
+    assert sum(h["loads"] for h in ray.get(registry.host_holdings.remote())) == loads
+
+
+def _served(client: httpx.Client, frame: np.ndarray) -> int:
+    r = client.post("/v1/products/cand/predict", content=png(frame), headers={"content-type": "image/png"})
+    assert r.status_code == 200, r.text
+    return int(r.json()["version"])
+
+
+def _held_where(registry: Any, product: str, version: int, *, candidate: bool) -> dict[str, int]:
+    """layer -> host slot of ``product``'s shards of ``version`` held (as a candidate or as HEAD's)."""
+    return {
+        layer: host["slot"]
+        for host in ray.get(registry.host_holdings.remote())
+        for row in host["sets"]
+        if (row["product"], row["version"], row["candidate"]) == (product, version, candidate)
+        for layer in row["layers"]
+    }
