@@ -433,8 +433,16 @@ def phase_sigint(args: argparse.Namespace, store: str, folder: Path, work: Path)
     n = len(list(folder.rglob("*.jpg")))
     dest = str(work / "sigint-out")
     argv = _inspect_argv(str(folder), dest, store, "--block-size", str(max(1, min(args.block_size, n // 20))))
+    # SIGINT back to its default in the child: a benchmark started in the background by a
+    # non-interactive shell (nohup ... &) has SIGINT ignored, and Python keeps an ignored SIGINT
+    # ignored, so the job would never see the Ctrl-C this phase sends
     proc = subprocess.Popen(
-        argv, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+        argv,
+        env=_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     _wait(lambda: rows_written(dest, FsSpec()) >= n // 2 or proc.poll() is not None, 3600)
     at = rows_written(dest, FsSpec())
@@ -447,7 +455,8 @@ def phase_sigint(args: argparse.Namespace, store: str, folder: Path, work: Path)
     again = subprocess.run(argv, env=_env(), capture_output=True, text=True)
     out = {
         "interrupted_at_rows": at,
-        "rc": rc,
+        "rows_after_interrupt": rows_written(dest, FsSpec()),
+        "rc": rc,  # 130: "hetmm: interrupted"
         "restart_rc": again.returncode,
         "restart_report": [x for x in again.stdout.splitlines() if "images written" in x][-1:],
         **check_output(dest, FsSpec(), n),
