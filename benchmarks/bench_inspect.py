@@ -452,10 +452,11 @@ def phase_sigint(args: argparse.Namespace, store: str, folder: Path, work: Path)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         rc = proc.wait()
+    after = rows_written(dest, FsSpec())  # what the interrupted run left: the restart's "already done"
     again = subprocess.run(argv, env=_env(), capture_output=True, text=True)
     out = {
         "interrupted_at_rows": at,
-        "rows_after_interrupt": rows_written(dest, FsSpec()),
+        "rows_after_interrupt": after,
         "rc": rc,  # 130: "hetmm: interrupted"
         "restart_rc": again.returncode,
         "restart_report": [x for x in again.stdout.splitlines() if "images written" in x][-1:],
