@@ -26,7 +26,7 @@ from .config import (
     check_number,
     load_config,
 )
-from .config.archive import ACTOR_CPUS, BLOCK_IMAGES, SCORE_BATCH
+from .config.archive import ACTOR_CPUS, ACTOR_THREADS, BLOCK_IMAGES, SCORE_BATCH
 from .errors import HetmmError, describe
 
 __all__ = ["main"]
@@ -912,6 +912,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         address=args.address,
         concurrency=concurrency,
         actor_cpus=args.actor_cpus,
+        actor_threads=args.actor_threads,
         actor_gpus=args.actor_gpus,
         batch_size=args.batch_size,
         block_size=args.block_size,
@@ -1008,6 +1009,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--concurrency", metavar="MIN,MAX", help="detector actors (default 1 to what the cluster holds)")
     p.add_argument(
         "--actor-cpus", type=float, default=ACTOR_CPUS, help=f"CPUs per detector actor (default {ACTOR_CPUS:g})"
+    )
+    p.add_argument(
+        "--actor-threads",
+        type=int,
+        default=ACTOR_THREADS,
+        help="torch threads per detector actor (default: its node's CPUs shared by the actors placed there)",
     )
     p.add_argument("--actor-gpus", type=float, help="GPUs per detector actor (default 1 where the cluster has GPUs)")
     p.add_argument("--batch-size", type=int, default=SCORE_BATCH, help=f"images per actor call (default {SCORE_BATCH})")

@@ -41,7 +41,16 @@ from typing import Any
 
 import pyarrow as pa
 
-from ..config.archive import ACTOR_CPUS, ACTOR_GPUS, ACTORS_START_S, BLOCK_IMAGES, DECODE_CPUS, PART_PREFIX, SCORE_BATCH
+from ..config.archive import (
+    ACTOR_CPUS,
+    ACTOR_GPUS,
+    ACTOR_THREADS,
+    ACTORS_START_S,
+    BLOCK_IMAGES,
+    DECODE_CPUS,
+    PART_PREFIX,
+    SCORE_BATCH,
+)
 from .listing import done_paths, iter_source
 from .locations import ArchiveError, FsSpec, split_uri
 from .schema import SOURCE_SCHEMA
@@ -58,7 +67,8 @@ class JobOptions:
     endpoint_url: str | None = None
     address: str | None = None
     concurrency: tuple[int, int] | None = None  # detector actors (min, max); None: from the cluster
-    actor_cpus: float = ACTOR_CPUS
+    actor_cpus: float = ACTOR_CPUS  # Ray's reservation (scheduling only)
+    actor_threads: int = ACTOR_THREADS  # torch threads per actor; 0: stages.actor_threads of its node
     actor_gpus: float | None = None  # None: ACTOR_GPUS where the cluster has GPUs, else 0
     batch_size: int = SCORE_BATCH
     block_size: int = BLOCK_IMAGES  # images per listing block = per Parquet part
@@ -69,6 +79,8 @@ class JobOptions:
     progress: bool = True
 
     def __post_init__(self) -> None:
+        if not isinstance(self.actor_threads, int) or self.actor_threads < 0:
+            raise ArchiveError(f"actor_threads {self.actor_threads!r}: expected 0 (the rule) or a positive integer")
         for name in ("batch_size", "block_size"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ArchiveError(f"{name} {getattr(self, name)!r}: expected a positive integer")
@@ -210,6 +222,7 @@ def _pipeline(
             "false_alarm_rate": opts.false_alarm_rate,
             "heatmaps": heatmaps,
             "spec": dest_spec,
+            "threads": opts.actor_threads,
         },
     )
 

@@ -8,8 +8,8 @@ Exact semantics:
   image_size, geometry)`` that ``hetmm predict`` applies (tiled products keep the whole frame: their
   detector cuts it). Any failure is the row's ``error``; the task never raises for a bad file.
 - :class:`DetectorActor` (an actor pool): loads the product's version once per actor, as ``hetmm
-  predict`` does (``tiled.load_detector`` over ``store.open_store``), torch threads by the project's
-  rule (``distributed.runtime.use_assigned_cpus``); each call is one ``predict`` on the batch's
+  predict`` does (``tiled.load_detector`` over ``store.open_store``), with ``threads`` torch threads
+  (> 0), else :func:`actor_threads` of its node's CPUs and its reservation; each call is one ``predict`` on the batch's
   decoded images, so a row's score is ``hetmm predict``'s (scores do not depend on which images share
   a batch). Rows with an error pass through unscored. Heat-map PNGs are written from here.
 - :func:`write_part` (CPU tasks): one Parquet part per block, named by a digest of its paths
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import math
 import time
 from typing import Any
 
@@ -35,7 +36,18 @@ from ..data.decode import ImageError, decode_image, resize_to_geometry
 from .locations import FsSpec, read_bytes, write_atomic
 from .schema import DECODED_SCHEMA, OUTPUT_SCHEMA
 
-__all__ = ["DetectorActor", "part_name", "peak_of", "read_and_fit", "write_part"]
+__all__ = ["DetectorActor", "actor_threads", "part_name", "peak_of", "read_and_fit", "write_part"]
+
+
+def actor_threads(node_cpus: float, actor_cpus: float) -> int:
+    """Torch threads of a detector actor on a node of ``node_cpus`` logical CPUs that reserves
+    ``actor_cpus`` of them (``config.archive.ACTOR_THREADS``): the node's CPUs divided by the actors
+    the default pool places on it (``(node_cpus - 1) // actor_cpus``, at least 1: one logical CPU of
+    each node is left to reading, decoding and writing), and never fewer than the reservation's
+    ``ceil``. 2 CPUs, 1 reserved: 2 threads; 16 CPUs, 1 reserved (15 actors): 1; 16 CPUs, 4 reserved
+    (3 actors): 5."""
+    per_node = max(1, int((node_cpus - 1) // actor_cpus))
+    return max(1, math.ceil(actor_cpus), int(node_cpus // per_node))
 
 
 def read_and_fit(batch: pa.Table, *, spec: FsSpec, image_size: int, geometry: str, tiled: bool) -> pa.Table:
@@ -97,6 +109,7 @@ class DetectorActor:
         false_alarm_rate: float | None,
         heatmaps: str | None,
         spec: FsSpec,
+        threads: int = 0,
     ) -> None:
         import ray
 
@@ -104,14 +117,18 @@ class DetectorActor:
         from ..store import open_store
         from ..tiled import load_detector
 
-        use_assigned_cpus()
+        self.node = ray.get_runtime_context().get_node_id()
+        if threads <= 0:  # the rule: the node's cores shared by the actors placed there (actor_threads)
+            node_cpus = next(n["Resources"].get("CPU", 1.0) for n in ray.nodes() if n["NodeID"] == self.node)
+            cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", 1.0)
+            threads = actor_threads(node_cpus, cpus)
+        self.threads = use_assigned_cpus(threads)
         self.det = load_detector(open_store(store, endpoint_url=endpoint_url), product, version, **overrides)
         self.product, self.version = product, version
         self.rule = {"sigmas": sigmas, "false_alarm_rate": false_alarm_rate}
         op = self.det.operating_point(**self.rule)
         self.threshold = float("inf") if op is None else float(op.threshold)
         self.heatmaps, self.spec = heatmaps, spec
-        self.node = ray.get_runtime_context().get_node_id()
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         n = batch.num_rows

@@ -192,6 +192,13 @@ class OpenVinoTaps:
                 if len(_requests) >= 4 * COMPILED_MODELS_KEPT:  # let evicted models and dead threads' go
                     _requests.clear()
                 request = _requests[key] = (model, model.create_infer_request())
+                # Every thread passes here (under the lock) before its first infer, so the first one
+                # initialises pybind11's numpy bridge alone. Why: ``infer`` calls ``Type.to_dtype``,
+                # whose first call runs a C++ static initialiser that waits for the GIL; two scoring
+                # threads reaching it at once deadlock (one holds the static's guard and waits for the
+                # GIL, the other holds the GIL and waits for the guard): ``hetmm predict`` with 2 score
+                # workers hung so (py-spy: __cxa_guard_acquire beside pybind11 gil_safe_call_once).
+                request[0].inputs[0].get_element_type().to_dtype()
         # share_inputs: OpenVINO reads the batch in place; outputs are copied out of the
         # request's buffers, which the next call on this thread overwrites.
         result = request[1].infer({0: x.contiguous().numpy()}, share_inputs=True)

@@ -87,7 +87,16 @@ def test_sigint_midway_then_restart_completes_without_duplicates(gear_store: str
         "--concurrency",
         "1,1",
     ]
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    # SIGINT's default restored in the job: under a shell that started this run in the background,
+    # SIGINT is inherited as ignored and Python keeps it so (the Ctrl-C below would do nothing)
+    proc = subprocess.Popen(
+        argv,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     try:
         _wait_for(lambda: _rows_on_disk(dest) > 0 or proc.poll() is not None, 300, "the first part")
         assert proc.poll() is None, proc.stdout.read().decode()[-2000:] if proc.stdout else ""

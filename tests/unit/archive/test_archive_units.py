@@ -12,7 +12,7 @@ import pytest
 from hetmm_ray.archive import ArchiveError, FsSpec
 from hetmm_ray.archive.listing import done_paths, iter_source
 from hetmm_ray.archive.locations import read_bytes, write_atomic
-from hetmm_ray.archive.stages import part_name, peak_of
+from hetmm_ray.archive.stages import actor_threads, part_name, peak_of
 from hetmm_ray.data.decode import ImageError
 
 
@@ -96,3 +96,14 @@ def test_the_peak_is_in_source_pixels_and_inside_the_region() -> None:
     region = np.zeros((4, 8), bool)
     region[:2] = True
     assert peak_of(amap, region, 800, 400) == (650, 150, 3.0)
+
+
+def test_actor_threads_cover_the_node_while_one_cpu_stays_reserved_for_the_tasks() -> None:
+    # alone on a 2-CPU node (the default pool: (2 - 1) // 1 = 1 actor) it runs 2 threads, reserving 1
+    assert actor_threads(2, 1.0) == 2
+    assert actor_threads(1, 1.0) == 1
+    assert actor_threads(3, 1.0) == 1  # 2 actors on 3 CPUs
+    assert actor_threads(16, 1.0) == 1  # 15 actors
+    assert actor_threads(16, 4.0) == 5  # 3 actors
+    assert actor_threads(8, 0.5) == 1  # 14 actors: never fewer than one thread
+    assert actor_threads(4, 3.5) == 4  # never fewer than the reservation
