@@ -57,7 +57,7 @@ def capture(det: TiledHETMM) -> list[list[tuple[torch.Tensor, list[Box] | None]]
         scorer = d.scorer
         inner = scorer.score_maps
 
-        def wrapped(feats, prepared, boxes=None, *, progress=None, _inner=inner, _s=scorer, _k=kept[p]):  # noqa: ANN001, ANN202
+        def wrapped(feats, prepared, boxes=None, *, progress=None, _inner=inner, _s=scorer, _k=kept[p]):
             m = _inner(feats, prepared, boxes, progress=progress)
             _k.append((m.detach().cpu(), _s.map_boxes(boxes)))
             return m
