@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import io
 import socket
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -52,3 +55,16 @@ def randomise_bn(model: nn.Module, seed: int = 0) -> None:
                 m.running_var.copy_(torch.rand(n, generator=g) * 2 + 0.1)
                 m.weight.copy_(torch.randn(n, generator=g))
                 m.bias.copy_(torch.randn(n, generator=g) * 0.3)
+
+
+def until(condition: Callable[[], Any], what: str, timeout: float = 180.0, every_s: float = 0.2) -> Any:
+    """Poll ``condition`` until it returns something truthy (returned); AssertionError naming ``what``
+    after ``timeout`` seconds (generous by default: a condition on a loaded 2-core machine)."""
+    end = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > end:
+            raise AssertionError(f"not within {timeout:.0f} s: {what}")
+        time.sleep(every_s)

@@ -10,13 +10,12 @@ HTTP predict does (``Ingress.observe``, fed by the gRPC replicas through
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
-from helpers import free_port, png
+from helpers import free_port, png, until
 
 from hetmm_ray.config import BackboneConfig, DetectorConfig, TemplateConfig, ThresholdConfig
 from hetmm_ray.data.synthetic import SyntheticProduct
@@ -29,18 +28,6 @@ pytestmark = pytest.mark.usefixtures("local_ray")
 SIZE = 64
 PRODUCT = "gear"
 GEAR = SyntheticProduct(seed=2511, size=SIZE)
-WAIT_S = 180.0  # a condition on a loaded 2-core machine
-
-
-def until(condition: Callable[[], Any], what: str, timeout: float = WAIT_S) -> Any:
-    end = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > end:
-            raise AssertionError(f"not within {timeout:.0f} s: {what}")
-        time.sleep(0.2)
 
 
 @pytest.fixture(scope="module")

@@ -9,14 +9,12 @@ an image route) still show the predictions, read from the record.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from typing import Any
 
 import httpx
 import numpy as np
 import pytest
-from helpers import free_port, png
+from helpers import free_port, png, until
 
 from hetmm_ray.config import BackboneConfig, DetectorConfig, TemplateConfig, ThresholdConfig
 from hetmm_ray.data.synthetic import SyntheticProduct
@@ -29,7 +27,6 @@ pytestmark = pytest.mark.usefixtures("local_ray")
 SIZE = 64
 PRODUCT = "gear"
 GEAR = SyntheticProduct(seed=11, size=SIZE)
-WAIT_S = 180.0  # a condition on a loaded 2-core machine
 ARGS = {"record": True, "record_flush_s": 0.2, "record_pass_sample": 1.0}
 DEPLOYMENTS = {
     "Detector": {
@@ -38,17 +35,6 @@ DEPLOYMENTS = {
         "user_config": {"max_batch_size": 8, "batch_wait_timeout_s": 0.002, "threads": 1},
     }
 }
-
-
-def until(condition: Callable[[], Any], what: str, timeout: float = WAIT_S) -> Any:
-    end = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > end:
-            raise AssertionError(f"not within {timeout:.0f} s: {what}")
-        time.sleep(0.2)
 
 
 @pytest.fixture(scope="module")
