@@ -19,7 +19,8 @@ import argparse
 import json
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -103,18 +104,26 @@ def report(name: str, oof: np.ndarray, tile: np.ndarray, labels: np.ndarray, gri
     return out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_data_arguments(ap: argparse.ArgumentParser) -> None:
+    """The data arguments of the tile-rule benchmarks (this one and bench_tile_seams.py)."""
     ap.add_argument("data", help="an MVTec-layout folder, or 'surface' (hetmm_ray/data/surface.py frames)")
     ap.add_argument("--grid", default="auto", help="rows x cols (e.g. 2x2) or auto")
     ap.add_argument("--size", type=int, default=2048, help="surface: frame side")
     ap.add_argument("--train", type=int, default=30, help="surface: good training frames")
     ap.add_argument("--test-good", type=int, default=20, help="surface")
     ap.add_argument("--test-per-defect", type=int, default=10, help="surface: per kind (scratch, pit)")
-    args = ap.parse_args()
-    grid: list[int] | str = "auto" if args.grid == "auto" else [int(v) for v in args.grid.lower().split("x")]
+
+
+def grid_of(args: argparse.Namespace) -> list[int] | str:
+    return "auto" if args.grid == "auto" else [int(v) for v in args.grid.lower().split("x")]
+
+
+@contextmanager
+def data_root(args: argparse.Namespace) -> Iterator[tuple[str, Path]]:
+    """(name, MVTec-layout root) of ``args.data``: the folder itself, or a seeded synthetic surface
+    written to a temporary folder for the block's duration."""
     if args.data != "surface":
-        report(Path(args.data).name, *raw_scores(Path(args.data), grid))
+        yield Path(args.data).name, Path(args.data)
         return
     with tempfile.TemporaryDirectory() as tmp:
         root = write_surface_layout(
@@ -126,7 +135,15 @@ def main() -> None:
             n_test_per_defect=args.test_per_defect,
             seed=0,
         )
-        report(f"surface {args.size}", *raw_scores(root, grid))
+        yield f"surface {args.size}", root
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_data_arguments(ap)
+    args = ap.parse_args()
+    with data_root(args) as (name, root):
+        report(name, *raw_scores(root, grid_of(args)))
 
 
 if __name__ == "__main__":

@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -37,16 +36,15 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench_tile_rules import add_data_arguments, data_root, grid_of, measure
 from common import table
 
 from hetmm_ray.config import DetectorConfig
 from hetmm_ray.core.calibration import TailModel
 from hetmm_ray.core.geometry import Box
-from hetmm_ray.core.metrics import image_auroc
 from hetmm_ray.core.scoring import content_maps
 from hetmm_ray.core.tiles import axis_tiles
 from hetmm_ray.data.mvtec import MVTecCategory
-from hetmm_ray.data.surface import write_surface_layout
 from hetmm_ray.tiled import TiledHETMM, frame_shape, resolve_tiles
 
 
@@ -174,13 +172,7 @@ def run(data: Path, grid: list[int] | str, overlap: int, margins: list[int], edg
         for scale_name, scale in (("far 1 %", lambda o: TailModel(o).threshold(0.01)), ("median", np.median)):
             s = np.array([scale(so[p]) for p in range(t)])
             fo, fs = (so / s[:, None]).max(axis=0), (st / s).max(axis=1)
-            flag = fs > TailModel(fo).threshold(0.01)
-            r = [
-                f"{name}, {scale_name}",
-                f"{100 * image_auroc(fs, labels):.2f}",
-                f"{100 * flag[labels == 1].mean():.1f}",
-                f"{100 * flag[labels == 0].mean():.1f}",
-            ]
+            r = [f"{name}, {scale_name}", *measure(fo, fs, labels)]
             rows.append(r)
             out["rules"][r[0]] = {"image_auroc": float(r[1]), "recall": float(r[2]), "false_alarms": float(r[3])}
     print(table(["rule (tile maximum over, scale)", "image AUROC", "recall %", "false alarms %"], rows))
@@ -190,32 +182,14 @@ def run(data: Path, grid: list[int] | str, overlap: int, margins: list[int], edg
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("data", help="an MVTec-layout folder, or 'surface' (hetmm_ray/data/surface.py frames)")
-    ap.add_argument("--grid", default="auto", help="rows x cols (e.g. 2x2) or auto")
+    add_data_arguments(ap)
     ap.add_argument("--overlap", type=int, default=32, help="tile overlap in frame pixels")
     ap.add_argument("--margins", default="0,4,8", help="extra map pixels dropped along interior edges")
     ap.add_argument("--edge", type=int, default=16, help="map pixels from a seam that count as 'near'")
-    ap.add_argument("--size", type=int, default=2048, help="surface: frame side")
-    ap.add_argument("--train", type=int, default=30, help="surface: good training frames")
-    ap.add_argument("--test-good", type=int, default=20, help="surface")
-    ap.add_argument("--test-per-defect", type=int, default=10, help="surface: per kind (scratch, pit)")
     args = ap.parse_args()
-    grid: list[int] | str = "auto" if args.grid == "auto" else [int(v) for v in args.grid.lower().split("x")]
     margins = [int(v) for v in args.margins.split(",") if v]
-    if args.data != "surface":
-        run(Path(args.data), grid, args.overlap, margins, args.edge)
-        return
-    with tempfile.TemporaryDirectory() as tmp:
-        root = write_surface_layout(
-            Path(tmp) / "surface",
-            height=args.size,
-            width=args.size,
-            n_train=args.train,
-            n_test_good=args.test_good,
-            n_test_per_defect=args.test_per_defect,
-            seed=0,
-        )
-        run(root, grid, args.overlap, margins, args.edge)
+    with data_root(args) as (_, root):
+        run(root, grid_of(args), args.overlap, margins, args.edge)
 
 
 if __name__ == "__main__":

@@ -46,6 +46,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Generic, TypeVar
 
 __all__ = ["REFILL_FRACTION", "REFILL_MAX_S", "GreedyBatcher"]
@@ -140,6 +141,18 @@ class GreedyBatcher(Generic[Item]):
     def _queued(self, key: str) -> int:
         return sum(p.size for p in self._queues.get(key, ()))
 
+    async def _wait_for(self, enough: Callable[[], bool], deadline: float) -> None:
+        """Wait until ``enough()`` holds or the loop's clock passes ``deadline`` (it is looked at again
+        on every arrival or withdrawal)."""
+        assert self._arrived is not None
+        loop = asyncio.get_running_loop()
+        while not enough() and (left := deadline - loop.time()) > 0:
+            self._arrived.clear()
+            try:
+                await asyncio.wait_for(self._arrived.wait(), left)
+            except TimeoutError:
+                return
+
     async def _refill(self, key: str) -> None:
         """The refill rule (module doc): right after a larger batch of ``key``, wait until as many images
         are queued or announced as it held (at most ``max_batch_size``), or its window is over."""
@@ -147,17 +160,10 @@ class GreedyBatcher(Generic[Item]):
         if key != last_key:
             return
         target = min(last_images, self.max_batch_size)
-        loop = asyncio.get_running_loop()
-        while self._queued(key) + self._arriving.get(key, 0) < target and (left := deadline - loop.time()) > 0:
-            assert self._arrived is not None
-            self._arrived.clear()
-            try:
-                await asyncio.wait_for(self._arrived.wait(), left)
-            except TimeoutError:
-                return
+        await self._wait_for(lambda: self._queued(key) + self._arriving.get(key, 0) >= target, deadline)
 
     def _full(self, key: str) -> bool:
-        return sum(p.size for p in self._queues.get(key, ())) >= self.max_batch_size
+        return self._queued(key) >= self.max_batch_size
 
     async def _loop(self) -> None:
         assert self._arrived is not None
@@ -168,13 +174,7 @@ class GreedyBatcher(Generic[Item]):
                 continue
             if self.wait_s > 0:  # optional fill window, counted from now (the batcher is free)
                 key = self._oldest_key()
-                deadline = asyncio.get_running_loop().time() + self.wait_s
-                while not self._full(key) and (left := deadline - asyncio.get_running_loop().time()) > 0:
-                    self._arrived.clear()
-                    try:
-                        await asyncio.wait_for(self._arrived.wait(), left)
-                    except TimeoutError:
-                        break
+                await self._wait_for(partial(self._full, key), asyncio.get_running_loop().time() + self.wait_s)
             key = self._oldest_key()
             await self._refill(key)
             key = self._oldest_key()
