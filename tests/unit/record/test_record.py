@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from helpers import REPO
+from helpers import REPO, until
 
 from hetmm_ray.record.layout import IMAGES, INSPECTIONS, day_of, image_size_of, keep_image
 from hetmm_ray.record.monitor import DriftMonitor, DriftSettings, series
@@ -52,14 +52,6 @@ def result(i: int, *, flagged: bool = False, version: int = 1) -> dict[str, Any]
 
 def image(i: int, size: int = 64) -> bytes:
     return i.to_bytes(4, "little") * (size // 4)
-
-
-def until(condition: Any, what: str, timeout: float = WAIT_S) -> None:
-    end = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > end:
-            raise AssertionError(f"not within {timeout:.0f} s: {what}")
-        time.sleep(0.02)
 
 
 def parquet_files(root: Path, product: str = "p") -> list[Path]:
@@ -105,11 +97,11 @@ def test_a_batch_is_written_by_size_and_a_quiet_line_by_time(tmp_path: Path) -> 
     by_size = InspectionRecorder(backend, settings(batch_rows=5))
     for i in range(5):
         by_size.submit("p", [("x", image(i))], [result(i)], "r")
-    until(lambda: by_size.written == 5, "a full batch written without flush()")
+    until(lambda: by_size.written == 5, "a full batch written without flush()", WAIT_S, every_s=0.02)
     by_size.close()
     by_time = InspectionRecorder(backend, settings(batch_rows=1000, flush_s=0.3))
     by_time.submit("q", [("x", image(1))], [result(1)], "r")
-    until(lambda: by_time.written == 1, "one row written after flush_s")
+    until(lambda: by_time.written == 1, "one row written after flush_s", WAIT_S, every_s=0.02)
     by_time.close()
     assert len(parquet_files(tmp_path, "p")) == 1 and len(parquet_files(tmp_path, "q")) == 1
 
