@@ -93,7 +93,13 @@ def _sender(path: str, per_request: int, running: object):
 
 def session_cpu() -> float:
     """CPU seconds of this process and its descendants (the local Ray it started), from /proc."""
-    from bench_serve_floor import process_cpu
+    return sum(session_cpu_by_group().values())
+
+
+def session_cpu_by_group() -> dict[str, float]:
+    """:func:`session_cpu` split by process group (``bench_serve_floor.GROUPS``; this process is
+    ``client (this process)``)."""
+    from bench_serve_floor import group_of, process_cpu
 
     snap = process_cpu()
     parent: dict[int, int] = {}
@@ -110,17 +116,37 @@ def session_cpu() -> float:
             if pp in mine and pid not in mine:
                 mine.add(pid)
                 grown = True
-    return sum(cpu for pid, (cpu, _) in snap.items() if pid in mine)
+    spent: dict[str, float] = {}
+    for pid, (cpu, cmd) in snap.items():
+        if pid in mine:
+            group = CLIENT if pid == os.getpid() else group_of(cmd)
+            spent[group] = spent.get(group, 0.0) + cpu
+    return spent
+
+
+CLIENT = "client (this process)"
+
+
+def idle_cpu(seconds: float) -> dict[str, float]:
+    """CPU ms per second (a thousandth of a core) of each process group of the session over ``seconds``
+    of an idle service."""
+    before = session_cpu_by_group()
+    time.sleep(seconds)
+    after = session_cpu_by_group()
+    return {g: 1000 * (after.get(g, 0.0) - before.get(g, 0.0)) / seconds for g in after}
 
 
 def drive(send, product: str, body: bytes, concurrency: int, requests: int, per_request: int = 1) -> dict[str, float]:
     """One run of ``send``; ``rps`` counts images per second (``per_request`` per answered request),
     ``cpu_ms`` the session's CPU per image (:func:`session_cpu`)."""
-    cpu0 = session_cpu()
+    cpu0 = session_cpu_by_group()
     answered, failures, wall = send(product, body, concurrency, requests)
-    cpu = session_cpu() - cpu0
+    cpu1 = session_cpu_by_group()
+    cpu = sum(cpu1.values()) - sum(cpu0.values())
     latencies = [s for s, _ in answered]
+    images = max(1, per_request * len(latencies))
     return {
+        **{f"cpu:{g}": 1000 * (cpu1[g] - cpu0.get(g, 0.0)) / images for g in cpu1},
         "rps": per_request * len(latencies) / wall,
         "cpu_ms": 1000 * cpu / max(1, per_request * len(latencies)),
         "p50": 1000 * float(np.percentile(latencies, 50)),
@@ -167,6 +193,12 @@ def main() -> None:
     parser.add_argument("--no-grpc", action="store_true", help="HTTP only (no gRPC application)")
     parser.add_argument("--multi-images", type=int, default=8, help="images per request of the multi rows (0: none)")
     parser.add_argument("--multi-concurrency", type=int, default=2)
+    parser.add_argument(
+        "--by-process",
+        action="store_true",
+        help="also print each row's CPU ms per image by process group, and an idle service's CPU (--idle-s)",
+    )
+    parser.add_argument("--idle-s", type=float, default=20.0, help="with --by-process: idle seconds measured")
     args = parser.parse_args()
 
     import torch
@@ -190,7 +222,11 @@ def main() -> None:
         grpc_port=None if args.no_grpc else free_port(),
     )
     rows = []
+    by_process: dict[str, dict[str, float]] = {}  # row label -> group -> CPU ms per image
     try:
+        if args.by_process:  # the service idle (its products loaded on first use: none yet)
+            time.sleep(5)  # past start-up
+            by_process["idle service (CPU ms per s)"] = idle_cpu(args.idle_s)
         for product in products:
             with httpx.Client(base_url=running.url, timeout=600) as client:  # warm-up, one request's time
                 client.post(f"/v1/products/{product}/predict", content=body, headers={"content-type": "image/png"})
@@ -216,6 +252,9 @@ def main() -> None:
                 runs = [drive(sender, product, body, conc, n, per_request) for _ in range(args.runs)]
                 med = {k: statistics.median(r[k] for r in runs) for k in ("rps", "cpu_ms", "p50", "p99", *SPLIT)}
                 fails = sum(r["failures"] for r in runs)
+                label = f"{product} {path} c{conc}" + ("" if per_request == 1 else f" x{per_request}")
+                groups = sorted({k for r in runs for k in r if k.startswith("cpu:")})
+                by_process[label] = {k[4:]: statistics.median(r.get(k, 0.0) for r in runs) for k in groups}
                 rows.append(
                     [
                         product,
@@ -248,6 +287,15 @@ def main() -> None:
     headers = ["backbone", "path", "concurrency", "images/s", "of in-process", "CPU ms/image", "p50 ms", "p99 ms"]
     headers += ["decode ms", "transfer ms", "queue ms", "score ms", "batch images", "failures"]
     print(table(headers, rows))
+    if by_process:
+        from bench_serve_floor import GROUPS
+
+        names = [g for g, _ in GROUPS] + ["other", CLIENT]
+        cols = list(by_process)
+        lines = [[g] + [f"{by_process[c].get(g, 0.0):.1f}" for c in cols] for g in names]
+        lines.append(["all of it"] + [f"{sum(by_process[c].values()):.1f}" for c in cols])
+        print("\nCPU ms per image by process (idle: CPU ms per second of an idle service)")
+        print(table(["process", *cols], lines))
 
 
 if __name__ == "__main__":
