@@ -26,9 +26,13 @@ than images/s: in-process, this process's CPU time; over a service path, the CPU
 process of the local Ray this run started (proxies, replicas, registry, controller, raylet, GCS,
 agents: the descendants of this process, from ``/proc``) plus the client threads' (this process's).
 On C busy cores a path delivers at most ``C * 1000 / (CPU ms/image)`` images/s. (With ``--address``
-the cluster's processes are not counted: the column is then the client's alone.)
+the cluster's processes are not counted: the column is then the client's alone.) ``--by-process``
+also prints that column split by process group (``bench_serve_floor.GROUPS``: proxy, ingress, model
+replicas, registry, controller, raylet/GCS/agents/log monitor, other, this client) and, first, what
+the service costs idle (``--idle-s`` seconds, in CPU ms per second), to place Serve's share.
 
     python benchmarks/bench_serve.py                      # this machine (CPU)
+    python benchmarks/bench_serve.py --backbones efficientnet_lite0 --by-process   # where the CPU goes
     python benchmarks/bench_serve.py --device cuda        # the same on a GPU host with Ray
 """
 
