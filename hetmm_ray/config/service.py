@@ -62,14 +62,14 @@ HTTP_APP_NAME = "hetmm"
 # replica's own gRPC server, whose default is 4 MiB: without it a Predict of more than 4 MiB of images
 # (eight 900 x 900 PNGs) failed inside Serve although the proxy had taken it.
 # The last four cut Serve's own CPU per request and while idle (issue 25; benchmarks/bench_serve.py
-# --by-process, BENCHMARKS.md "The service under a line's load"), each one of the switches Ray's own
-# RAY_SERVE_THROUGHPUT_OPTIMIZED=1 turns (ray/serve/_private/constants.py), none a weaker guarantee:
+# --by-process, BENCHMARKS.md "The service under a line's load"), none a weaker guarantee; all but the
+# control loop are switches Ray's own RAY_SERVE_THROUGHPUT_OPTIMIZED=1 turns (ray/serve/_private/constants.py):
 # - RAY_SERVE_LOG_TO_STDERR=0: Serve's logs (an access line per request in the proxy and each
 #   replica) go to Serve's own log files only, not also to each worker's stderr, which Ray's log
 #   monitor tails and publishes through the GCS line by line (nothing here reads it: log_to_driver
 #   is off). The same lines stay in logs/serve/.
 # - RAY_SERVE_CONTROL_LOOP_INTERVAL_S=0.25 (Serve's default 0.1): the controller's reconcile loop,
-#   which asks the GCS for every node's resources on each pass, was the largest idle cost of the
+#   which asks the GCS for every node's resources on each pass, was the largest idle process of the
 #   service (about a fortieth of a core). Autoscaling delays are counted in wall time, not passes,
 #   so deploy.yaml's upscale/downscale delays mean the same; Serve reacts to a dead replica or a
 #   scaling decision up to 0.15 s later.
