@@ -299,6 +299,25 @@ def _bucket(client: Any) -> bool:
         return False
 
 
+def _label(pid: int, root: int) -> str:
+    """What a process of a command is now, for the CPU breakdown: ``driver`` (the command itself), a
+    Ray worker by its title (``ray::IDLE``, or the task or actor it runs: ``ray::MapBatches(...)``),
+    else the executable's or script's name (``raylet``, ``gcs_server``, ``agent.py``,
+    ``log_monitor.py``...). ``?`` once the process is gone."""
+    if pid == root:
+        return "driver"
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return "?"
+    first = argv[0].decode(errors="replace").strip()
+    if first.startswith("ray::"):
+        return first.split(" ", 1)[0][:60]
+    names = [os.path.basename(a.decode(errors="replace")) for a in argv if a]
+    script = next((n for n in names[1:] if n.endswith(".py")), None)
+    return script or (names[0] if names else "?")
+
+
 def _proc_tree(root: int) -> dict[int, tuple[int, float]]:
     """``{pid: (rss bytes, user + system CPU seconds)}`` of ``root`` and every descendant, from /proc
     (Linux; psutil is not a dependency). A process that ends while it is read is left out."""
@@ -337,10 +356,13 @@ def measure(argv: list[str], cores: int, out: Path | None = None) -> dict[str, A
     t0 = time.perf_counter()
     proc = subprocess.Popen(argv, env=_env(), stdout=sink, stderr=subprocess.DEVNULL, preexec_fn=_pinned(cores))
     cpu: dict[int, float] = {}
+    by_label: Counter[str] = Counter()
     driver = other = tree = 0
     while proc.poll() is None:
         procs = _proc_tree(proc.pid)
         for pid, (rss, seconds) in procs.items():
+            # the CPU since the last sample goes to what the process is now (a Ray worker changes title per task)
+            by_label[_label(pid, proc.pid)] += seconds - cpu.get(pid, 0.0)
             cpu[pid] = seconds
             if pid == proc.pid:
                 driver = max(driver, rss)
@@ -355,6 +377,7 @@ def measure(argv: list[str], cores: int, out: Path | None = None) -> dict[str, A
         "rc": proc.returncode,
         "wall_s": round(wall, 1),
         "cpu_s": round(sum(cpu.values()), 1),
+        "cpu_s_by_process": {k: round(v, 2) for k, v in by_label.most_common()},
         "processes": len(cpu),
         "driver_mib": round(driver / 2**20),
         "largest_other_mib": round(other / 2**20),
@@ -405,6 +428,10 @@ def phase_throughput(args: argparse.Namespace, store: str, folder: Path, work: P
         "cpu_ms_per_image": {
             "predict": round(1000 * pm["cpu_s"] / max(1, written), 1),
             "inspect": round(1000 * im["cpu_s"] / max(1, written), 1),
+        },
+        # where inspect's CPU goes: every process of the command by what it is (measure, _label)
+        "inspect_cpu_ms_per_image_by_process": {
+            k: round(1000 * v / max(1, written), 2) for k, v in im["cpu_s_by_process"].items()
         },
         "rc": [pm["rc"], im["rc"]],
     }
