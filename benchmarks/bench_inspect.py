@@ -21,7 +21,10 @@ Phases, each printed as it finishes (and written with ``--json``):
    after the other in this run, each in a subprocess pinned to the same ``--cores`` CPUs and with
    the same torch threads (``--cores``): wall seconds from the start of the command to its end,
    Ray's start excluded for inspect (reported apart), images/s and the ratio; and the CPU seconds
-   of every process of each (``measure``), so a loaded machine still shows the pipeline's own cost.
+   of every process of each (``measure``), so a loaded machine still shows the pipeline's own cost,
+   with inspect's split by process (driver, raylet, each Ray worker by the task or actor it runs).
+   ``--inspect-variant OPTIONS`` runs inspect again with other options after the default run
+   (e.g. ``"--batch-size 64"``), each with its ratio to the same predict run.
 4. **memory**: peak RSS of ``hetmm inspect`` (the driver, the largest other process, and the sum
    over the driver and every Ray process it started) on a tenth of the images and on all of them,
    from a local folder.
@@ -299,6 +302,25 @@ def _bucket(client: Any) -> bool:
         return False
 
 
+def _label(pid: int, root: int) -> str:
+    """What a process of a command is now, for the CPU breakdown: ``driver`` (the command itself), a
+    Ray worker by its title (``ray::IDLE``, or the task or actor it runs: ``ray::MapBatches(...)``),
+    else the executable's or script's name (``raylet``, ``gcs_server``, ``agent.py``,
+    ``log_monitor.py``...). ``?`` once the process is gone."""
+    if pid == root:
+        return "driver"
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return "?"
+    first = argv[0].decode(errors="replace").strip()
+    if first.startswith("ray::"):
+        return first.split(" ", 1)[0][:60]
+    names = [os.path.basename(a.decode(errors="replace")) for a in argv if a]
+    script = next((n for n in names[1:] if n.endswith(".py")), None)
+    return script or (names[0] if names else "?")
+
+
 def _proc_tree(root: int) -> dict[int, tuple[int, float]]:
     """``{pid: (rss bytes, user + system CPU seconds)}`` of ``root`` and every descendant, from /proc
     (Linux; psutil is not a dependency). A process that ends while it is read is left out."""
@@ -337,10 +359,13 @@ def measure(argv: list[str], cores: int, out: Path | None = None) -> dict[str, A
     t0 = time.perf_counter()
     proc = subprocess.Popen(argv, env=_env(), stdout=sink, stderr=subprocess.DEVNULL, preexec_fn=_pinned(cores))
     cpu: dict[int, float] = {}
+    by_label: Counter[str] = Counter()
     driver = other = tree = 0
     while proc.poll() is None:
         procs = _proc_tree(proc.pid)
         for pid, (rss, seconds) in procs.items():
+            # the CPU since the last sample goes to what the process is now (a Ray worker changes title per task)
+            by_label[_label(pid, proc.pid)] += seconds - cpu.get(pid, 0.0)
             cpu[pid] = seconds
             if pid == proc.pid:
                 driver = max(driver, rss)
@@ -355,6 +380,7 @@ def measure(argv: list[str], cores: int, out: Path | None = None) -> dict[str, A
         "rc": proc.returncode,
         "wall_s": round(wall, 1),
         "cpu_s": round(sum(cpu.values()), 1),
+        "cpu_s_by_process": {k: round(v, 2) for k, v in by_label.most_common()},
         "processes": len(cpu),
         "driver_mib": round(driver / 2**20),
         "largest_other_mib": round(other / 2**20),
@@ -377,16 +403,9 @@ def phase_throughput(args: argparse.Namespace, store: str, folder: Path, work: P
     stdout = (work / "predict.out").read_text()
     predict_s = float(stdout.rsplit("WALL", 1)[1])
     scored = sum(1 for line in stdout.splitlines() if line.endswith(".jpg"))
-    # one actor with the same threads as predict; its Ray reservation stays 1 CPU (the rest for the tasks)
-    actor = ["--concurrency", "1,1", "--actor-threads", str(args.cores)]
-    im = measure(_inspect_argv(str(folder), str(work / "tp-out"), store, *actor), args.cores, work / "inspect.out")
-    line = [x for x in (work / "inspect.out").read_text().splitlines() if "images written" in x][-1]
-    from hetmm_ray.archive import FsSpec
-
-    check = check_output(str(work / "tp-out"), FsSpec(), len(list(folder.rglob("*.jpg"))))
+    rate, im, check = _inspect_run(args, store, folder, work, "tp-out", [])
     written = check["rows"]
     good = written - check["errors"]
-    rate = float(line.split(" images/s")[0].rsplit(", ", 1)[1])
     inspect_s = written / rate
     out = {
         "cores": args.cores,
@@ -406,10 +425,38 @@ def phase_throughput(args: argparse.Namespace, store: str, folder: Path, work: P
             "predict": round(1000 * pm["cpu_s"] / max(1, written), 1),
             "inspect": round(1000 * im["cpu_s"] / max(1, written), 1),
         },
+        # where inspect's CPU goes: every process of the command by what it is (measure, _label)
+        "inspect_cpu_ms_per_image_by_process": {
+            k: round(1000 * v / max(1, written), 2) for k, v in im["cpu_s_by_process"].items()
+        },
         "rc": [pm["rc"], im["rc"]],
     }
+    for k, extra in enumerate(args.inspect_variant or []):  # the same job with other options, in this run
+        v_rate, v_im, v_check = _inspect_run(args, store, folder, work, f"tp-out-{k}", extra.split())
+        out.setdefault("inspect_variants", {})[extra] = {
+            "images_per_s": round(v_rate, 2),
+            "ratio": round(v_rate / (written / predict_s), 3),
+            "cpu_ms_per_image": round(1000 * v_im["cpu_s"] / max(1, v_check["rows"]), 1),
+            "rows": v_check["rows"],
+            "rc": v_im["rc"],
+        }
     print("throughput:", json.dumps(out), flush=True)
     return out
+
+
+def _inspect_run(
+    args: argparse.Namespace, store: str, folder: Path, work: Path, dest: str, extra: list[str]
+) -> tuple[float, dict[str, Any], dict[str, Any]]:
+    """``hetmm inspect`` of the folder into ``work/dest`` as phase 3 runs it, with ``extra`` options:
+    (its images/s, ``measure``'s figures, ``check_output``'s)."""
+    from hetmm_ray.archive import FsSpec
+
+    # one actor with the same threads as predict; its Ray reservation stays 1 CPU (the rest for the tasks)
+    actor = ["--concurrency", "1,1", "--actor-threads", str(args.cores), *extra]
+    im = measure(_inspect_argv(str(folder), str(work / dest), store, *actor), args.cores, work / "inspect.out")
+    line = [x for x in (work / "inspect.out").read_text().splitlines() if "images written" in x][-1]
+    check = check_output(str(work / dest), FsSpec(), len(list(folder.rglob("*.jpg"))))
+    return float(line.split(" images/s")[0].rsplit(", ", 1)[1]), im, check
 
 
 def peak_rss(argv: list[str], cores: int) -> dict[str, float]:
@@ -487,6 +534,13 @@ def main() -> None:
         type=int,
         default=256,
         help="the product's canvas (backbone input side); a small one keeps the count runs short",
+    )
+    ap.add_argument(
+        "--inspect-variant",
+        action="append",
+        metavar="OPTIONS",
+        help='phase 3 again with these hetmm inspect options after the default run, e.g. "--batch-size 64" '
+        "(repeatable; each reported with its ratio to the same predict run)",
     )
     ap.add_argument("--phases", nargs="*", default=["cluster", "throughput", "memory", "sigint"])
     ap.add_argument("--json", help="write the figures here")
