@@ -18,9 +18,10 @@ run's evaluation table and one JSON line per run.
 
 ``--set KEY=JSON`` (repeatable) changes any product setting for every run. ``--windows`` runs every
 grid with each listed set of ATMM windows (``scoring.forward_windows`` = ``backward_windows``, one
-odd size per layer) and prints the ATMM cost factor of each against the first: the matmul's work,
-``sum over layers of C h w p^2`` on the canvas (``core/atmm.py``: one product per window, so the
-cost grows with the window's area), counted, not timed. ``--every-train N`` / ``--every-test M``
+odd size per layer) and prints the ATMM cost factor of each against the settings' own windows
+(``--set``, else the default (9, 7, 5)): the matmul's work, ``sum over layers of C h w p^2`` on the
+canvas (``core/atmm.py``: one product per window, so the cost grows with the window's area),
+counted, not timed. ``--every-train N`` / ``--every-test M``
 measure a subset (a data set only): every N-th training frame and every M-th frame of each test
 folder, in name order, linked into a temporary layout with the set's ground truth.
 """
@@ -109,7 +110,7 @@ def run(
     rows, results = [], []
     base = DetectorConfig().replace(**(settings or {}))
     windows = windows or [None]
-    work0 = atmm_work(base, windows[0] or base.scoring.forward_windows)
+    work0 = atmm_work(base, base.scoring.forward_windows)  # the cost factor is against these
     for g in grids:
         for win in windows:
             tiles = _grid(g)
