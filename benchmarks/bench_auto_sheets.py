@@ -4,6 +4,7 @@
     python benchmarks/bench_auto_sheets.py --budget 40           # + a time budget (ms per frame): is it met?
     python benchmarks/bench_auto_sheets.py --datasets bottle --kind pts_o --json auto.json
     python benchmarks/bench_auto_sheets.py --quick               # tiny synthetic run (random weights): it works
+    python benchmarks/bench_auto_sheets.py --datasets bsd_pitting --train-subset 0.5   # half the good frames
 
 For each dataset, ``hetmm evaluate`` twice with the defaults (efficientnet_lite0, packaged weights,
 letterbox, far 1 %) except the templates: ``kind: all`` (today's default) and ``--kind`` (default
@@ -26,12 +27,18 @@ With ``--budget B`` the last column says whether the chosen selection met B, by 
 ``e2e ms/frame`` (which also counts reading and decoding the file, left out of the budget's estimate:
 ``benchmarks/bench_tiles_speed.py --budget-only`` measures decoded frames). One JSON line per run; ``--json``
 writes them all. Timings mean something only on a quiet machine (BENCHMARKS.md states the load).
+
+``--train-subset F`` (0 < F < 1) fits both runs of every dataset on ``round(F * N)`` of its N training
+images, drawn without replacement by ``random.Random(--subset-seed)`` from the sorted file names (the
+same draw for both runs; the test set is untouched): a view of the set (symbolic links under the temp
+folder), for a machine on which the full ladder does not fit. Each record carries ``train_subset``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import random
 import statistics
 import sys
 import tempfile
@@ -62,6 +69,23 @@ def synthetic(n_train: int, n_good: int, per_defect: int, size: int) -> Path:
     root = Path(tempfile.gettempdir()) / f"hetmm-auto-sheets-synthetic-{n_train}-{n_good}-{per_defect}-{size}"
     if not (root / "train" / "good").is_dir():
         write_mvtec_layout(root, n_train=n_train, n_test_good=n_good, n_test_per_defect=per_defect, seed=0, size=size)
+    return root
+
+
+def train_subset(name: str, data: Path, fraction: float, seed: int) -> Path:
+    """A view of ``data`` with ``round(fraction * N)`` of its training images (seeded draw, sorted
+    names), ``test/`` and ``ground_truth/`` as they are: symbolic links, nothing copied."""
+    train = MVTecCategory(data).train_paths()
+    keep = sorted(random.Random(seed).sample(train, max(1, round(fraction * len(train)))))
+    root = Path(tempfile.gettempdir()) / f"hetmm-auto-sheets-{name}-subset-{len(keep)}-of-{len(train)}-seed{seed}"
+    good = root / "train" / "good"
+    if not good.is_dir():
+        good.mkdir(parents=True)
+        for path in keep:
+            (good / path.name).symlink_to(path.resolve())
+        for sub in ("test", "ground_truth"):
+            if (data / sub).is_dir():
+                (root / sub).symlink_to((data / sub).resolve(), target_is_directory=True)
     return root
 
 
@@ -137,6 +161,7 @@ def run_dataset(name: str, data: Path, args: argparse.Namespace) -> list[dict[st
         rec = {
             "data": name,
             "run": label,
+            "train_subset": args.train_subset,
             "tiles": tiles,
             "n_train": result.n_train,
             "sheets": result.sheets,
@@ -202,8 +227,12 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     p.add_argument("--synthetic-train", type=int, default=200)
     p.add_argument("--quick", action="store_true", help="tiny synthetic run only (random weights, 64 px)")
+    p.add_argument("--train-subset", type=float, default=None, help="fit on this share of train/good (seeded)")
+    p.add_argument("--subset-seed", type=int, default=0, help="the seed of --train-subset's draw")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args()
+    if args.train_subset is not None and not 0 < args.train_subset < 1:
+        p.error("--train-subset must lie strictly between 0 and 1")
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.tiles is None:
@@ -216,6 +245,8 @@ def main() -> None:
     else:
         names = [n.strip() for n in args.datasets.split(",") if n.strip()]
         datasets = {n: DATA[n] if n in DATA else synthetic(args.synthetic_train, 40, 10, 256) for n in names}
+    if args.train_subset is not None:
+        datasets = {n: train_subset(n, d, args.train_subset, args.subset_seed) for n, d in datasets.items()}
     records = []
     for name, data in datasets.items():
         records.extend(run_dataset(name, data, args))
