@@ -906,6 +906,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
             raise CLIError(f"--concurrency {args.concurrency!r}: expected MIN,MAX or N") from None
     if args.sigmas is not None and args.false_alarm_rate is not None:
         raise CLIError("give --sigmas or --false-alarm-rate, not both")
+    source = _inspect_source(args)
     opts = JobOptions(
         store=args.store,
         endpoint_url=args.endpoint_url,
@@ -921,9 +922,27 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         sigmas=args.sigmas,
         false_alarm_rate=args.false_alarm_rate,
     )
-    report = inspect_archive(args.source, args.product, args.out, opts, version=args.version, heatmaps=args.heatmaps)
+    report = inspect_archive(source, args.product, args.out, opts, version=args.version, heatmaps=args.heatmaps)
     print(report.summary())
     return 0
+
+
+def _inspect_source(args: argparse.Namespace) -> Any:
+    """SOURCE, or the product's inspection record over ``--since``/``--until`` (archive.RecordSource)."""
+    from .archive import RecordSource
+
+    ranged = args.since is not None or args.until is not None
+    if ranged == (args.source is not None):
+        raise CLIError("give SOURCE, or --since/--until for the product's inspection record (not both)")
+    if not ranged:
+        return args.source
+    from .compare import parse_time
+
+    try:
+        since, until = (None if t is None else parse_time(t) for t in (args.since, args.until))
+    except ValueError as exc:
+        raise CLIError(str(exc)) from None
+    return RecordSource(args.store, args.product, since, until)
 
 
 def _open(args: argparse.Namespace) -> Any:
@@ -1001,9 +1020,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "inspect", help="score an archive (folder, glob, s3:// prefix, URI list) into Parquet with Ray Data"
     )
-    p.add_argument("source", help="a folder, a glob, an s3:// prefix, or a .txt/.parquet list of URIs")
+    p.add_argument(
+        "source",
+        nargs="?",
+        help="a folder, a glob, an s3:// prefix, or a .txt/.parquet list of URIs (or --since/--until)",
+    )
     p.add_argument("--product", required=True)
     p.add_argument("--version", type=int, help="template version (default: head at the start)")
+    p.add_argument("--since", help="instead of SOURCE: the images the product's inspection record kept from this time")
+    p.add_argument("--until", help="instead of SOURCE: ... up to this time (excluded; unix seconds or ISO 8601, UTC)")
     p.add_argument("--out", required=True, metavar="DEST", help="folder or s3:// prefix for the Parquet parts")
     p.add_argument("--heatmaps", action="store_true", help="also write heat-map PNGs to DEST/heatmaps/")
     p.add_argument("--concurrency", metavar="MIN,MAX", help="detector actors (default 1 to what the cluster holds)")

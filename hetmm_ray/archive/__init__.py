@@ -1,4 +1,5 @@
-"""Inspecting an archive: batch scoring of a folder, a glob, an ``s3://`` prefix or a list of URIs into
+"""Inspecting an archive: batch scoring of a folder, a glob, an ``s3://`` prefix, a list of URIs or a product's
+inspection record into
 Parquet, as a Ray Data job (``hetmm inspect``; README "Inspecting an archive").
 
 Exact semantics, module by module:
@@ -17,7 +18,17 @@ score and never stops the job; a restart with the same DEST writes only what is 
 from __future__ import annotations
 
 from .job import InspectReport, JobOptions, inspect_archive, score_rows
+from .listing import RecordSource
 from .locations import ArchiveError, FsSpec
 from .schema import OUTPUT_SCHEMA
 
-__all__ = ["OUTPUT_SCHEMA", "ArchiveError", "FsSpec", "InspectReport", "JobOptions", "inspect_archive", "score_rows"]
+__all__ = [
+    "OUTPUT_SCHEMA",
+    "ArchiveError",
+    "FsSpec",
+    "InspectReport",
+    "JobOptions",
+    "RecordSource",
+    "inspect_archive",
+    "score_rows",
+]

@@ -51,7 +51,7 @@ from ..config.archive import (
     PART_PREFIX,
     SCORE_BATCH,
 )
-from .listing import done_paths, iter_source
+from .listing import RecordSource, done_paths, iter_source
 from .locations import ArchiveError, FsSpec, split_uri
 from .schema import SOURCE_SCHEMA
 from .stages import DetectorActor, read_and_fit, write_part
@@ -118,7 +118,12 @@ def _product(opts: JobOptions, product: str, version: int | None) -> tuple[int, 
     return version, store.record(product, version).config
 
 
-def _listing(source: str, spec: FsSpec) -> Iterator[tuple[str, int]]:
+def _source_spec(source: str | RecordSource, opts: JobOptions) -> FsSpec:
+    """How to reach SOURCE's files (a record's: the template store's endpoint)."""
+    return FsSpec.for_uri(source.store if isinstance(source, RecordSource) else source, opts.endpoint_url)
+
+
+def _listing(source: str | RecordSource, spec: FsSpec) -> Iterator[tuple[str, int]]:
     """SOURCE's listing with its first entry already read: a missing or unreadable source fails
     here, before Ray starts."""
     import itertools
@@ -239,7 +244,13 @@ def _clean_temporaries(dest: str, spec: FsSpec) -> None:
 
 
 def inspect_archive(
-    source: str, product: str, dest: str, opts: JobOptions, *, version: int | None = None, heatmaps: bool = False
+    source: str | RecordSource,
+    product: str,
+    dest: str,
+    opts: JobOptions,
+    *,
+    version: int | None = None,
+    heatmaps: bool = False,
 ) -> InspectReport:
     """Score every file of SOURCE with the product's version into Parquet parts in DEST (module docstring)."""
     from tqdm.auto import tqdm
@@ -248,7 +259,7 @@ def inspect_archive(
 
     dest_base, _ = split_uri(dest)
     spec = FsSpec.for_uri(dest, opts.endpoint_url)
-    source_spec = FsSpec.for_uri(source, opts.endpoint_url)  # refuses unknown schemes before Ray starts
+    source_spec = _source_spec(source, opts)  # refuses unknown schemes before Ray starts
     version, config = _product(opts, product, version)
     listing = _listing(source, source_spec)
     connect(opts.address)
@@ -280,7 +291,9 @@ def inspect_archive(
     return report
 
 
-def score_rows(source: str, product: str, version: int | None, opts: JobOptions) -> Iterator[dict[str, Any]]:
+def score_rows(
+    source: str | RecordSource, product: str, version: int | None, opts: JobOptions
+) -> Iterator[dict[str, Any]]:
     """Every file of SOURCE scored by the product's ``version`` (None: the head), as output rows.
 
     The seam for comparing candidate versions over a large record or bucket (issue 23): call it once
@@ -289,7 +302,7 @@ def score_rows(source: str, product: str, version: int | None, opts: JobOptions)
     from ..distributed.runtime import connect
 
     version, config = _product(opts, product, version)
-    source_spec = FsSpec.for_uri(source, opts.endpoint_url)
+    source_spec = _source_spec(source, opts)
     listing = _listing(source, source_spec)
     connect(opts.address)
     refs, listed, _ = _spool(listing, set(), opts.block_size, progress=False)

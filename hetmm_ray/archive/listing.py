@@ -17,6 +17,10 @@ listing does not say; nothing is held beyond one folder's entries or one listing
   has one per line (blank lines and ``#`` comments skipped); a Parquet file's column ``path``, else
   ``uri``, else its first string column, read one record batch at a time.
   A list that names a URI twice gives it two rows (lists are streamed, never held to be deduplicated).
+- **a product's inspection record** (:class:`RecordSource`: ``hetmm inspect --since/--until``): the
+  images the record kept in ``[since, until)`` (record/reader.py ``kept_image_keys``), by time, one
+  UTC day of the record read at a time; each is its object's URI in the store (``<store>/<key>``;
+  on S3 ``s3://bucket/prefix/<key>``), so the output's ``path`` says which kept image a row is.
 - a file that is none of these is a one-image source. A source that does not exist is an
   :class:`~hetmm_ray.archive.locations.ArchiveError`.
 
@@ -30,6 +34,7 @@ import fnmatch
 import glob
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -38,14 +43,28 @@ import pyarrow.parquet as pq
 from ..config.archive import PART_PREFIX, PART_SUFFIX
 from .locations import ArchiveError, FsSpec, normal_uri, split_uri
 
-__all__ = ["LIST_SUFFIXES", "done_paths", "iter_source", "part_files"]
+__all__ = ["LIST_SUFFIXES", "RecordSource", "done_paths", "iter_source", "part_files"]
 
 LIST_SUFFIXES = (".txt", ".lst", ".parquet")
 _WILDCARDS = ("*", "?", "[")
 
 
-def iter_source(source: str, spec: FsSpec) -> Iterator[tuple[str, int]]:
+@dataclass(frozen=True)
+class RecordSource:
+    """SOURCE = the images ``product``'s inspection record (in the template store ``store``) kept in
+    ``[since, until)`` (unix seconds; None: open)."""
+
+    store: str
+    product: str
+    since: float | None = None
+    until: float | None = None
+
+
+def iter_source(source: str | RecordSource, spec: FsSpec) -> Iterator[tuple[str, int]]:
     """``(uri, size)`` of every file SOURCE names (module docstring)."""
+    if isinstance(source, RecordSource):
+        yield from _record_source(source, spec)
+        return
     base, _ = split_uri(source)
     if base.startswith("s3://"):
         yield from _s3_source(base, spec)
@@ -65,6 +84,17 @@ def iter_source(source: str, spec: FsSpec) -> Iterator[tuple[str, int]]:
             yield path, os.path.getsize(path)
     else:
         raise ArchiveError(f"{source}: no such file or folder")
+
+
+def _record_source(source: RecordSource, spec: FsSpec) -> Iterator[tuple[str, int]]:
+    from ..record.reader import filesystem_of, kept_image_keys
+    from ..store import open_store
+
+    backend = open_store(source.store, endpoint_url=spec.endpoint_url).backend
+    _, base = filesystem_of(backend)
+    prefix = f"s3://{base}" if source.store.startswith("s3://") else base
+    for key, size in kept_image_keys(backend, source.product, since=source.since, until=source.until):
+        yield f"{prefix}/{key}", size
 
 
 def _walk(folder: str) -> Iterator[tuple[str, int]]:

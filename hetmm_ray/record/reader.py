@@ -20,6 +20,7 @@ Exact semantics (layout and columns in record/layout.py):
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa
@@ -31,7 +32,7 @@ from ..store.labels import LabelSet
 from .layout import INSPECTIONS, day_of
 from .writer import schema
 
-__all__ = ["filesystem_of", "read_rows", "recent_rows", "recorded_images", "row_of"]
+__all__ = ["filesystem_of", "kept_image_keys", "read_rows", "recent_rows", "recorded_images", "row_of"]
 
 
 def filesystem_of(backend: Backend) -> tuple[pafs.FileSystem, str]:
@@ -175,3 +176,27 @@ def recorded_images(
         except KeyError:
             continue
     return out
+
+
+def kept_image_keys(
+    backend: Backend, product: str, *, since: float | None = None, until: float | None = None
+) -> Iterator[tuple[str, int]]:
+    """``(image_key, image_bytes)`` of every row in ``[since, until)`` whose image the record kept, by
+    time, read one UTC day of the record at a time (only the ``time``, ``image_key`` and
+    ``image_bytes`` columns): a long range streams, one day's keys in memory. A key whose image
+    retention deleted since is still yielded (its reader then fails on it: one error row in
+    ``hetmm inspect``)."""
+    fs, root = filesystem_of(backend)
+    base = f"{root}/{product}/{INSPECTIONS}"
+    days = [
+        d for d in _days(fs, base) if (since is None or d >= day_of(since)) and (until is None or d <= day_of(until))
+    ]
+    filt = ds.field("image_key").is_valid()
+    if since is not None:
+        filt = filt & (ds.field("time") >= since)
+    if until is not None:
+        filt = filt & (ds.field("time") < until)
+    for day in days:
+        table = _dataset(fs, f"{base}/date={day}").to_table(columns=["time", "image_key", "image_bytes"], filter=filt)
+        for row in table.sort_by("time").to_pylist():
+            yield row["image_key"], int(row["image_bytes"])

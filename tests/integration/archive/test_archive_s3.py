@@ -103,3 +103,40 @@ def test_the_uri_names_its_endpoint_and_a_missing_prefix_is_one_line(
         inspect_archive(
             f"s3://{BUCKET}/nothing-here?endpoint={s3_endpoint}", PRODUCT, dest, JobOptions(store=gear_store)
         )
+
+
+def test_a_record_in_an_s3_store_is_a_source(bucket: dict, s3_endpoint: str, tmp_path) -> None:
+    """``--since/--until`` on an S3 template store: the kept images are read from the store's bucket
+    with the operator's endpoint; paths are their ``s3://`` URIs; scores as in process."""
+    from archive_helpers import SyntheticProduct, tiny_config
+
+    from hetmm_ray.archive import RecordSource
+    from hetmm_ray.data.decode import decode_image, resize_to_geometry
+    from hetmm_ray.detector import HETMM
+    from hetmm_ray.record.writer import InspectionRecorder, RecordSettings
+    from hetmm_ray.store import open_store
+    from hetmm_ray.tiled import load_detector
+
+    store = f"s3://{BUCKET}/templates"
+    templates = open_store(store, endpoint_url=s3_endpoint)
+    gear = SyntheticProduct(seed=0, size=tiny_config().backbone.image_size)
+    HETMM(tiny_config()).fit([gear.good(i) for i in range(6)]).save(templates, PRODUCT)  # the store's own product
+    images = dict(list(bucket.items())[:4])
+    settings = RecordSettings(1000, 3600.0, 10_000, 1.0, 2**30, 100_000)  # pass_sample 1: every image kept
+    rec = InspectionRecorder(templates.backend, settings)
+    for k, (name, image) in enumerate(images.items()):
+        rec.submit(
+            PRODUCT, [(name, png(image))], [{"score": 0.0, "threshold": 1.0, "verdict": "ok", "version": 1}], f"r{k}"
+        )
+    assert rec.flush(120.0)
+    rec.close()
+    opts = JobOptions(store=store, endpoint_url=s3_endpoint, batch_size=2)
+    report = inspect_archive(RecordSource(store, PRODUCT), PRODUCT, str(tmp_path / "out"), opts)
+    rows = read_rows(str(tmp_path / "out"))
+    assert report.written == len(rows) == len(images) and report.errors == 0
+    assert all(r["path"].startswith(f"{store}/{PRODUCT}/inspection-images/") for r in rows)
+    det = load_detector(templates, PRODUCT)
+    bb = det.config.backbone
+    canvases = [resize_to_geometry(decode_image(png(image)), bb.image_size, bb.geometry) for image in images.values()]
+    expected = sorted(float(s) for s in det.predict(canvases).scores)
+    np.testing.assert_allclose(sorted(r["score"] for r in rows), expected, rtol=1e-5, atol=2e-6)

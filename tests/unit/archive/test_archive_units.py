@@ -123,3 +123,20 @@ def test_the_read_and_write_stages_load_no_torch() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False"]
+
+
+def test_inspect_takes_source_or_a_record_range_not_both(tmp_path: Path, capsys) -> None:
+    """``hetmm inspect``: SOURCE and ``--since/--until`` exclude each other, one is required, and a
+    bad time is a clear error; all before any store read or Ray start."""
+    from hetmm_ray.cli import main
+
+    base = ["inspect", "--product", "p", "--store", str(tmp_path / "store"), "--out", str(tmp_path / "out")]
+    for extra, word in (
+        ([str(tmp_path), "--since", "0"], "not both"),
+        ([], "--since/--until"),
+        (["--since", "yesterday"], "ISO 8601"),
+    ):
+        capsys.readouterr()
+        assert main(base + extra) == 2
+        assert word in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

@@ -256,3 +256,23 @@ def test_drift_monitor_windows_follow_one_version_and_series_bands() -> None:
     )
     assert [p["parts"] for p in points] == [2, 2] and points[0]["flagged_share"] == 0.5
     assert points[0]["band"][0] <= 0.01 <= points[0]["band"][1]
+
+
+def test_kept_image_keys_stream_the_range_by_time(tmp_path: Path) -> None:
+    """``kept_image_keys``: the kept images of ``[since, until)`` in time order, across UTC days;
+    rows whose image was not kept are left out (hetmm inspect --since/--until lists these)."""
+    from hetmm_ray.record.reader import kept_image_keys
+
+    store = open_store(tmp_path)
+    now = [86_400.0 * 20_000]  # midnight UTC: rows on two days
+    rec = InspectionRecorder(store.backend, settings(pass_sample=0.0), clock=lambda: now[0])
+    for i in range(6):
+        now[0] = 86_400.0 * 20_000 - 300.0 + 100.0 * i  # -300, -200, -100, 0, 100, 200 s around midnight
+        rec.submit("p", [(f"img{i}.png", image(i))], [result(i, flagged=i % 2 == 0)], f"req{i}")  # kept: 0, 2, 4
+    assert rec.flush(WAIT_S)
+    rec.close()
+    keys = list(kept_image_keys(store.backend, "p"))
+    assert [store.backend.read(k)[0] for k, _ in keys] == [image(0), image(2), image(4)]
+    assert all(size == 64 for _, size in keys)
+    ranged = list(kept_image_keys(store.backend, "p", since=86_400.0 * 20_000 - 200.0, until=86_400.0 * 20_000 + 100.0))
+    assert [store.backend.read(k)[0] for k, _ in ranged] == [image(2)]  # 4 is at +100: excluded
