@@ -837,13 +837,16 @@ def cmd_compare(args: argparse.Namespace) -> int:
     """HEAD (or ``--base``) and a candidate side by side (compare.py); flips' heat-maps to ``--out``."""
     from .compare import compare_versions
 
-    store = _open(args)
-    images, labels = _compare_images(args)
-    if not images:
-        raise CLIError("no images to compare on")
-    result = compare_versions(
-        store, args.product, args.candidate, images, labels, base=args.base, maps=args.out is not None
-    )
+    if args.on_ray:
+        result = _compare_on_ray(args)
+    else:
+        store = _open(args)
+        images, labels = _compare_images(args)
+        if not images:
+            raise CLIError("no images to compare on")
+        result = compare_versions(
+            store, args.product, args.candidate, images, labels, base=args.base, maps=args.out is not None
+        )
     b, c = result["base"], result["candidate"]
     out = Path(args.out) if args.out else None
     for i, flip in enumerate(result["flips"]):
@@ -884,6 +887,26 @@ def cmd_compare(args: argparse.Namespace) -> int:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(result, indent=1))
     return 0
+
+
+def _compare_on_ray(args: argparse.Namespace) -> dict[str, Any]:
+    """``hetmm compare --on-ray``: both versions over one SOURCE (or the record's range) as the Ray
+    Data job of ``hetmm inspect`` (archive/compare_job.py): no heat-maps, no labels."""
+    from .archive import JobOptions, compare_archive
+
+    if args.labelled or args.out:
+        raise CLIError("--on-ray compares scores and verdicts only: --labelled and --out need the one-process compare")
+    if len(args.images) > 1:
+        raise CLIError("--on-ray takes one SOURCE (a folder, a glob, an s3:// prefix or a list of URIs)")
+    args.source = args.images[0] if args.images else None
+    source = _inspect_source(args)
+    opts = JobOptions(store=args.store, endpoint_url=args.endpoint_url, address=args.address)
+    result = compare_archive(source, args.product, args.candidate, opts, base=args.base)
+    if result["unreadable"]:
+        print(f"{result['unreadable']} files could not be read or scored: left out of the comparison")
+    if not result["images"]:
+        raise CLIError("no images to compare on")
+    return result
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -1167,7 +1190,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-images", type=int, default=10_000, help="at most this many images per s3:// prefix")
     p.add_argument("--out", metavar="DIR", help="write each flip's two heat-maps here")
     p.add_argument("--json", metavar="FILE", help="write the comparison as JSON")
+    p.add_argument(
+        "--on-ray",
+        action="store_true",
+        help="score both versions as the hetmm inspect job (Ray Data; any size of archive or record range): "
+        "scores and verdicts only",
+    )
     _add_store_flags(p)
+    _add_address_flag(p, "run --on-ray on")
     p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("repair", help="rebuild a garbage or missing HEAD from the newest version that loads")

@@ -44,6 +44,7 @@ __all__ = [
     "parse_time",
     "record_images",
     "scored_sides",
+    "summarise",
 ]
 
 CHUNK = 16  # images scored per predict call on each side: bounds the maps held at once
@@ -166,21 +167,46 @@ def compare_versions(
     arrays = [img for _, img in images]
     (s0, s1), (f0, f1), (t0, t1), flips = scored_sides(base_det, cand_det, arrays, maps=maps)
     ops = [base_det.operating_point(), cand_det.operating_point()]
+    estimated = tuple(None if op is None else op.false_alarm_rate for op in ops)
+    names = [name for name, _ in images]
+    out = summarise(product, (base, int(candidate)), names, (s0, s1), (f0, f1), (t0, t1), estimated, labels)
+    if maps:
+        for row, flip in zip(out["flips"], flips, strict=True):  # both in input order
+            i = flip["index"]
+            (m0, r0), (m1, r1) = flip["maps"]
+            row["heatmaps"] = {
+                "base": overlay_png(arrays[i], m0, t0, r0),
+                "candidate": overlay_png(arrays[i], m1, t1, r1),
+            }
+    return out
+
+
+def summarise(
+    product: str,
+    versions: tuple[int, int],
+    names: Sequence[str],
+    scores: tuple[np.ndarray, np.ndarray],
+    flags: tuple[np.ndarray, np.ndarray],
+    thresholds: tuple[float, float],
+    estimated: tuple[float | None, float | None],
+    labels: Sequence[int] | None = None,
+) -> dict[str, Any]:
+    """The comparison of two versions' scores and verdicts on the same images, in input order
+    (module docstring), without heat-maps: what :func:`compare_versions` returns in one process and
+    ``archive.compare_archive`` on Ray Data. ``estimated``: each version's out-of-fold estimate."""
+    (s0, s1), (f0, f1), (t0, t1) = scores, flags, thresholds
     lab = None if labels is None else np.asarray([int(v) for v in labels], dtype=bool)
-    good = np.ones(len(arrays), dtype=bool) if lab is None else ~lab
+    good = np.ones(len(names), dtype=bool) if lab is None else ~lab
     out: dict[str, Any] = {
         "product": product,
-        "base": base,
-        "candidate": int(candidate),
-        "images": len(arrays),
+        "base": versions[0],
+        "candidate": versions[1],
+        "images": len(names),
         "threshold": {"base": round(t0, 6), "candidate": round(t1, 6)},
         "flagged": {"base": int(f0.sum()), "candidate": int(f1.sum())},
         "false_alarm_rate": {
-            side: {
-                "estimated": None if op is None else op.false_alarm_rate,
-                "flagged_share": _share(flags[good]),
-            }
-            for side, op, flags in (("base", ops[0], f0), ("candidate", ops[1], f1))
+            side: {"estimated": est, "flagged_share": _share(fl[good])}
+            for side, est, fl in (("base", estimated[0], f0), ("candidate", estimated[1], f1))
         },
         "score_shift": {
             "quantiles": list(QUANTILES),
@@ -195,25 +221,18 @@ def compare_versions(
             "good": int(good.sum()),
             "defective": int(lab.sum()),
             **{
-                side: {"recall": _share(flags[lab]), "false_alarm_rate": _share(flags[good])}
-                for side, flags in (("base", f0), ("candidate", f1))
+                side: {"recall": _share(fl[lab]), "false_alarm_rate": _share(fl[good])}
+                for side, fl in (("base", f0), ("candidate", f1))
             },
         }
-    for flip in flips:
-        i = flip["index"]
+    for i in np.flatnonzero(f0 != f1):
         row: dict[str, Any] = {
-            "image": images[i][0],
+            "image": names[i],
             "base": {"score": round(float(s0[i]), 6), "threshold": round(t0, 6), "is_anomaly": bool(f0[i])},
             "candidate": {"score": round(float(s1[i]), 6), "threshold": round(t1, 6), "is_anomaly": bool(f1[i])},
         }
         if lab is not None:
             row["label"] = int(lab[i])
-        if maps:
-            (m0, r0), (m1, r1) = flip["maps"]
-            row["heatmaps"] = {
-                "base": overlay_png(arrays[i], m0, t0, r0),
-                "candidate": overlay_png(arrays[i], m1, t1, r1),
-            }
         out["flips"].append(row)
     return out
 

@@ -10,6 +10,7 @@ Exact semantics, module by module:
 - :mod:`.schema`: the output schema, one row per source file.
 - :mod:`.stages`: read + decode + canvas fit (CPU tasks), detector actors (one model each), part writer.
 - :mod:`.job`: :func:`inspect_archive` (the job) and :func:`score_rows` (the seam for comparing versions).
+- :mod:`.compare_job`: :func:`compare_archive`, two versions compared over SOURCE by that seam.
 
 A row's score is ``hetmm predict``'s for the same version; a bad file is a row with an ``error`` and no
 score and never stops the job; a restart with the same DEST writes only what is missing.
@@ -17,6 +18,7 @@ score and never stops the job; a restart with the same DEST writes only what is 
 
 from __future__ import annotations
 
+from .compare_job import compare_archive
 from .job import InspectReport, JobOptions, inspect_archive, score_rows
 from .listing import RecordSource
 from .locations import ArchiveError, FsSpec
@@ -29,6 +31,7 @@ __all__ = [
     "InspectReport",
     "JobOptions",
     "RecordSource",
+    "compare_archive",
     "inspect_archive",
     "score_rows",
 ]

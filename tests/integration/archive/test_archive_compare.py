@@ -1,0 +1,84 @@
+"""``hetmm compare --on-ray``: two versions compared over a folder as the ``hetmm inspect`` job
+(issue 24 item 4) give the same flips, flagged counts, thresholds and score shift as the one-process
+compare on the same images; unreadable files are counted and left out."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from archive_helpers import PRODUCT, SIZE, tiny_config, write_bad_files, write_images
+
+from hetmm_ray.archive import JobOptions, compare_archive
+from hetmm_ray.cli import main
+from hetmm_ray.compare import compare_versions
+from hetmm_ray.data.synthetic import SyntheticProduct
+from hetmm_ray.detector import HETMM
+from hetmm_ray.store import open_store
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def test_compare_on_ray_equals_the_one_process_compare(gear_store: str, tmp_path: Path, local_ray) -> None:
+    store = open_store(gear_store)
+    gear = SyntheticProduct(seed=0, size=SIZE)
+    # version 2: other templates and a lower threshold (0.5 sigmas), so verdicts flip on some images
+    loose = tiny_config().replace(threshold={"max_images": 4, "folds": 2, "rule": "sigmas", "sigmas": 0.5})
+    candidate = HETMM(loose).fit([gear.good(i) for i in range(10, 16)]).save(store, PRODUCT)
+    images = write_images(tmp_path / "in", 16)
+    write_bad_files(tmp_path / "in", huge=False)
+
+    ours = compare_archive(str(tmp_path / "in"), PRODUCT, candidate, JobOptions(store=gear_store), base=1)
+    named = sorted((str((tmp_path / "in" / n).resolve()), img) for n, img in images.items())
+    theirs = compare_versions(store, PRODUCT, candidate, named, base=1, maps=False)
+
+    assert ours["images"] == theirs["images"] == len(images) and ours["unreadable"] == 4
+    assert ours["flagged"] == theirs["flagged"] and ours["threshold"] == theirs["threshold"]
+    assert [f["image"] for f in ours["flips"]] == [f["image"] for f in theirs["flips"]]
+    assert ours["flips"], "the two versions should disagree somewhere, or the comparison shows nothing"
+    for key in ("base", "candidate", "difference"):
+        assert ours["score_shift"][key] == pytest.approx(theirs["score_shift"][key], rel=1e-5, abs=2e-6)
+    assert ours["false_alarm_rate"] == theirs["false_alarm_rate"]
+
+    # the CLI: the same through --on-ray; the one-process options it cannot honour are refused
+    out = tmp_path / "c.json"
+    assert (
+        main(
+            [
+                "compare",
+                str(tmp_path / "in"),
+                "--product",
+                PRODUCT,
+                "--candidate",
+                str(candidate),
+                "--base",
+                "1",
+                "--store",
+                gear_store,
+                "--on-ray",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
+    assert [f["image"] for f in json.loads(out.read_text())["flips"]] == [f["image"] for f in ours["flips"]]
+    assert (
+        main(
+            [
+                "compare",
+                str(tmp_path / "in"),
+                "--product",
+                PRODUCT,
+                "--candidate",
+                str(candidate),
+                "--store",
+                gear_store,
+                "--on-ray",
+                "--out",
+                str(tmp_path / "maps"),
+            ]
+        )
+        == 2
+    )
