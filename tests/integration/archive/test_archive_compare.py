@@ -43,42 +43,7 @@ def test_compare_on_ray_equals_the_one_process_compare(gear_store: str, tmp_path
 
     # the CLI: the same through --on-ray; the one-process options it cannot honour are refused
     out = tmp_path / "c.json"
-    assert (
-        main(
-            [
-                "compare",
-                str(tmp_path / "in"),
-                "--product",
-                PRODUCT,
-                "--candidate",
-                str(candidate),
-                "--base",
-                "1",
-                "--store",
-                gear_store,
-                "--on-ray",
-                "--json",
-                str(out),
-            ]
-        )
-        == 0
-    )
+    cli = ["compare", str(tmp_path / "in"), "--product", PRODUCT, "--candidate", str(candidate), "--store", gear_store]
+    assert main([*cli, "--base", "1", "--on-ray", "--json", str(out)]) == 0
     assert [f["image"] for f in json.loads(out.read_text())["flips"]] == [f["image"] for f in ours["flips"]]
-    assert (
-        main(
-            [
-                "compare",
-                str(tmp_path / "in"),
-                "--product",
-                PRODUCT,
-                "--candidate",
-                str(candidate),
-                "--store",
-                gear_store,
-                "--on-ray",
-                "--out",
-                str(tmp_path / "maps"),
-            ]
-        )
-        == 2
-    )
+    assert main([*cli, "--on-ray", "--out", str(tmp_path / "maps")]) == 2

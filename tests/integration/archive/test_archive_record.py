@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -76,23 +77,8 @@ def test_record_range_is_scored_like_predict(gear_store: str, tmp_path: Path, lo
     ours = sorted(r["score"] for r in rows)
     np.testing.assert_allclose(ours, predicted, rtol=1e-5, atol=2e-6)  # the same images, scored alike
 
-    # the CLI: the same range, through --since/--until (ISO 8601 and unix seconds alike)
-    assert (
-        main(
-            [
-                "inspect",
-                "--product",
-                PRODUCT,
-                "--store",
-                gear_store,
-                "--since",
-                str(since),
-                "--until",
-                str(until),
-                "--out",
-                str(tmp_path / "cli"),
-            ]
-        )
-        == 0
-    )
+    # the CLI: the same range through --since/--until, one bound in ISO 8601, the other in unix seconds
+    iso = datetime.fromtimestamp(since, UTC).replace(tzinfo=None).isoformat()  # a time without a zone is UTC
+    cli = ["inspect", "--product", PRODUCT, "--store", gear_store, "--out", str(tmp_path / "cli")]
+    assert main([*cli, "--since", iso, "--until", str(until)]) == 0
     assert sorted(r["path"] for r in read_rows(str(tmp_path / "cli"))) == sorted(r["path"] for r in rows)
