@@ -38,12 +38,10 @@ Padded pixels never count, at every stage (``Box`` = content rectangle in canvas
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
-if TYPE_CHECKING:  # torch is imported where a tensor is made: the canvas arithmetic is all that decoding
-    # needs, and a process that only decodes (hetmm inspect's read tasks) then never loads torch
-    import torch
-    from torch import Tensor
+import torch
+from torch import Tensor
 
 __all__ = [
     "GEOMETRIES",
@@ -128,8 +126,6 @@ def cell_boxes(boxes: Sequence[Box], size: int, cells: tuple[int, int]) -> list[
 
 
 def _cell_mask(cells: Sequence[Box], h: int, w: int, device: torch.device, dtype: torch.dtype) -> Tensor:
-    import torch
-
     mask = torch.zeros((len(cells), 1, h, w), dtype=dtype, device=device)
     for b, cb in enumerate(cells):
         mask[b, :, cb.top : cb.top + cb.height, cb.left : cb.left + cb.width] = 1
@@ -154,8 +150,6 @@ def replicate_into_padding(layer_map: Tensor, cells: Sequence[Box]) -> Tensor:
     _, h, w = layer_map.shape
     if all(cb == (0, 0, h, w) for cb in cells):
         return layer_map
-    import torch
-
     out = []
     for m, cb in zip(layer_map, cells, strict=True):
         rows = torch.arange(h, device=m.device).clamp(cb.top, cb.top + cb.height - 1)
@@ -168,8 +162,6 @@ def boxes_from_features(features: dict[str, Tensor], size: int) -> list[Box]:
     """Canvas boxes recovered from zeroed features (bank images whose boxes were not kept):
     the content cells of the finest layer, scaled to canvas pixels. Exact on a cell grid, so
     within half a cell of :func:`canvas_box`; full boxes where nothing was zeroed."""
-    import torch
-
     finest = max(features.values(), key=lambda f: f.shape[2] * f.shape[3])
     h, w = finest.shape[2:]
     content = finest.abs().amax(dim=1) > 0  # (B, h, w): a real feature is a unit vector

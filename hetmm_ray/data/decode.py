@@ -49,17 +49,14 @@ import os
 import stat
 import zlib
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
+import torch
 from PIL import Image, JpegImagePlugin
 
 from hetmm_ray.config import MAX_IMAGE_BYTES, MAX_IMAGE_PIXELS, MIN_IMAGE_SIDE
 from hetmm_ray.core.geometry import PAD_VALUE, canvas_box, resized_shape
 from hetmm_ray.errors import HetmmError
-
-if TYPE_CHECKING:  # torch only where a tensor is made (images_to_tensor): decoding alone never loads it
-    import torch
 
 __all__ = [
     "ACCEPTED_FORMATS",
@@ -358,8 +355,6 @@ def images_to_tensor(images: list[np.ndarray], size: int, geometry: str = "squas
     of the canvas holds the ImageNet mean (``core.geometry.PAD_VALUE``), and
     :func:`hetmm_ray.core.geometry.canvas_box` says where each image's content is.
     """
-    import torch
-
     if len(images) == 0:
         raise ValueError("images_to_tensor: no images given")
     if geometry == "squash":

@@ -46,7 +46,6 @@ def test_every_node_scores_a_share_and_every_image_is_written_once(
         store=gear_store,
         address=cluster.address,
         concurrency=(NODES, NODES),
-        actor_cpus=2,  # two would fit on one 3-CPU node at the default 1 CPU (SPREAD is best effort)
         batch_size=2,
         block_size=2,
         progress=False,

@@ -109,22 +109,6 @@ def test_actor_threads_cover_the_node_while_one_cpu_stays_reserved_for_the_tasks
     assert actor_threads(4, 3.5) == 4  # never fewer than the reservation
 
 
-def test_the_read_and_write_stages_load_no_torch() -> None:
-    """A Ray worker that only decodes or writes parts (read_and_fit, write_part) imports this module
-    and never pays for torch (only the detector actor loads it, as ``hetmm predict`` does)."""
-    import subprocess
-    import sys
-
-    from helpers import REPO
-
-    code = (
-        "import sys, hetmm_ray.archive.stages, hetmm_ray.archive.job; "
-        "print('torch' in sys.modules, 'ray' in sys.modules)"
-    )
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["False", "False"]
-
-
 def test_inspect_takes_source_or_a_record_range_not_both(tmp_path: Path, capsys) -> None:
     """``hetmm inspect``: SOURCE and ``--since/--until`` exclude each other, one is required, and a
     bad time is a clear error; all before any store read or Ray start."""
