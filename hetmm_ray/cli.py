@@ -898,8 +898,7 @@ def _compare_on_ray(args: argparse.Namespace) -> dict[str, Any]:
         raise CLIError("--on-ray compares scores and verdicts only: --labelled and --out need the one-process compare")
     if len(args.images) > 1:
         raise CLIError("--on-ray takes one SOURCE (a folder, a glob, an s3:// prefix or a list of URIs)")
-    args.source = args.images[0] if args.images else None
-    source = _inspect_source(args)
+    source = _inspect_source(args.images[0] if args.images else None, args)
     opts = JobOptions(store=args.store, endpoint_url=args.endpoint_url, address=args.address)
     result = compare_archive(source, args.product, args.candidate, opts, base=args.base)
     if result["unreadable"]:
@@ -929,7 +928,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
             raise CLIError(f"--concurrency {args.concurrency!r}: expected MIN,MAX or N") from None
     if args.sigmas is not None and args.false_alarm_rate is not None:
         raise CLIError("give --sigmas or --false-alarm-rate, not both")
-    source = _inspect_source(args)
+    source = _inspect_source(args.source, args)
     opts = JobOptions(
         store=args.store,
         endpoint_url=args.endpoint_url,
@@ -950,15 +949,15 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
-def _inspect_source(args: argparse.Namespace) -> Any:
+def _inspect_source(source: str | None, args: argparse.Namespace) -> Any:
     """SOURCE, or the product's inspection record over ``--since``/``--until`` (archive.RecordSource)."""
     from .archive import RecordSource
 
     ranged = args.since is not None or args.until is not None
-    if ranged == (args.source is not None):
+    if ranged == (source is not None):
         raise CLIError("give SOURCE, or --since/--until for the product's inspection record (not both)")
     if not ranged:
-        return args.source
+        return source
     from .compare import parse_time
 
     try:

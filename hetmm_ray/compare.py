@@ -166,10 +166,9 @@ def compare_versions(
     cand_det = load_detector(store, product, candidate, **options)
     arrays = [img for _, img in images]
     (s0, s1), (f0, f1), (t0, t1), flips = scored_sides(base_det, cand_det, arrays, maps=maps)
-    ops = [base_det.operating_point(), cand_det.operating_point()]
-    estimated = tuple(None if op is None else op.false_alarm_rate for op in ops)
+    ops = (base_det.operating_point(), cand_det.operating_point())
     names = [name for name, _ in images]
-    out = summarise(product, (base, int(candidate)), names, (s0, s1), (f0, f1), (t0, t1), estimated, labels)
+    out = summarise(product, (base, int(candidate)), names, (s0, s1), (f0, f1), (t0, t1), ops, labels)
     if maps:
         for row, flip in zip(out["flips"], flips, strict=True):  # both in input order
             i = flip["index"]
@@ -188,13 +187,14 @@ def summarise(
     scores: tuple[np.ndarray, np.ndarray],
     flags: tuple[np.ndarray, np.ndarray],
     thresholds: tuple[float, float],
-    estimated: tuple[float | None, float | None],
+    ops: tuple[Any, Any],
     labels: Sequence[int] | None = None,
 ) -> dict[str, Any]:
     """The comparison of two versions' scores and verdicts on the same images, in input order
     (module docstring), without heat-maps: what :func:`compare_versions` returns in one process and
-    ``archive.compare_archive`` on Ray Data. ``estimated``: each version's out-of-fold estimate."""
+    ``archive.compare_archive`` on Ray Data. ``ops``: each version's operating point (None: uncalibrated)."""
     (s0, s1), (f0, f1), (t0, t1) = scores, flags, thresholds
+    estimated = [None if op is None else op.false_alarm_rate for op in ops]
     lab = None if labels is None else np.asarray([int(v) for v in labels], dtype=bool)
     good = np.ones(len(names), dtype=bool) if lab is None else ~lab
     out: dict[str, Any] = {

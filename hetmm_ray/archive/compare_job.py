@@ -47,15 +47,11 @@ def compare_archive(
 
     store = open_store(opts.store, endpoint_url=opts.endpoint_url)
     base = store.head(product) if base is None else int(base)
-    ops = [store.record(product, v).operating_point() for v in (base, candidate)]
+    ops = (store.record(product, base).operating_point(), store.record(product, candidate).operating_point())
     (b, b_failed, t0), (c, c_failed, t1) = (_side(source, product, v, opts) for v in (base, candidate))
     paths = sorted(set(b) & set(c))
     s0, s1 = (np.asarray([side[p][0] for p in paths], dtype=np.float64) for side in (b, c))
     f0, f1 = (np.asarray([side[p][1] for p in paths], dtype=bool) for side in (b, c))
-    estimated = (
-        None if ops[0] is None else ops[0].false_alarm_rate,
-        None if ops[1] is None else ops[1].false_alarm_rate,
-    )
-    out = summarise(product, (base, int(candidate)), paths, (s0, s1), (f0, f1), (t0, t1), estimated)
+    out = summarise(product, (base, int(candidate)), paths, (s0, s1), (f0, f1), (t0, t1), ops)
     out["unreadable"] = len((b_failed | c_failed | set(b) | set(c)) - set(paths))
     return out

@@ -91,8 +91,8 @@ def _record_source(source: RecordSource, spec: FsSpec) -> Iterator[tuple[str, in
     from ..store import open_store
 
     backend = open_store(source.store, endpoint_url=spec.endpoint_url).backend
-    _, base = filesystem_of(backend)
-    prefix = f"s3://{base}" if source.store.startswith("s3://") else base
+    fs, base = filesystem_of(backend)
+    prefix = f"s3://{base}" if isinstance(fs, pafs.S3FileSystem) else base
     for key, size in kept_image_keys(backend, source.product, since=source.since, until=source.until):
         yield f"{prefix}/{key}", size
 

@@ -64,6 +64,30 @@ def _days(fs: pafs.FileSystem, base: str) -> list[str]:
     )
 
 
+def _range_days(
+    backend: Backend, product: str, since: float | None, until: float | None
+) -> tuple[pafs.FileSystem, str, list[str]]:
+    """The record's filesystem, its base folder and the UTC days (``date=`` partitions) that can hold
+    rows of ``[since, until)``."""
+    fs, root = filesystem_of(backend)
+    base = f"{root}/{product}/{INSPECTIONS}"
+    days = [
+        d for d in _days(fs, base) if (since is None or d >= day_of(since)) and (until is None or d <= day_of(until))
+    ]
+    return fs, base, days
+
+
+def _time_filter(since: float | None, until: float | None) -> ds.Expression | None:
+    """``since <= time < until`` (either bound open when None); None when both are."""
+    filt = None
+    if since is not None:
+        filt = ds.field("time") >= since
+    if until is not None:
+        upper = ds.field("time") < until
+        filt = upper if filt is None else filt & upper
+    return filt
+
+
 def _dataset(fs: pafs.FileSystem, dirs: str | list[str]) -> ds.Dataset:
     """One dataset over the Parquet files of the given day folders (temporary files, named with a
     leading dot by the local store, are left out)."""
@@ -96,23 +120,12 @@ def read_rows(
     labels: bool = True,
 ) -> pa.Table:
     """Rows of ``product`` in ``[since, until)`` sorted by time (module docstring)."""
-    fs, root = filesystem_of(backend)
-    base = f"{root}/{product}/{INSPECTIONS}"
-    days = _days(fs, base)
-    if since is not None:
-        days = [d for d in days if d >= day_of(since)]
-    if until is not None:
-        days = [d for d in days if d <= day_of(until)]
+    fs, base, days = _range_days(backend, product, since, until)
     want = None if columns is None else list(dict.fromkeys([*columns, "time", "image_digest"]))
     if not days:
         table = schema().empty_table()
     else:
-        filt = None
-        if since is not None:
-            filt = ds.field("time") >= since
-        if until is not None:
-            upper = ds.field("time") < until
-            filt = upper if filt is None else filt & upper
+        filt = _time_filter(since, until)
         table = _dataset(fs, [f"{base}/date={d}" for d in days]).to_table(columns=want, filter=filt)
         table = table.sort_by("time")
     if labels and (want is None or "label" in want):
@@ -186,16 +199,10 @@ def kept_image_keys(
     ``image_bytes`` columns): a long range streams, one day's keys in memory. A key whose image
     retention deleted since is still yielded (its reader then fails on it: one error row in
     ``hetmm inspect``)."""
-    fs, root = filesystem_of(backend)
-    base = f"{root}/{product}/{INSPECTIONS}"
-    days = [
-        d for d in _days(fs, base) if (since is None or d >= day_of(since)) and (until is None or d <= day_of(until))
-    ]
-    filt = ds.field("image_key").is_valid()
-    if since is not None:
-        filt = filt & (ds.field("time") >= since)
-    if until is not None:
-        filt = filt & (ds.field("time") < until)
+    fs, base, days = _range_days(backend, product, since, until)
+    in_range = _time_filter(since, until)
+    kept = ds.field("image_key").is_valid()
+    filt = kept if in_range is None else in_range & kept
     for day in days:
         table = _dataset(fs, f"{base}/date={day}").to_table(columns=["time", "image_key", "image_bytes"], filter=filt)
         for row in table.sort_by("time").to_pylist():
