@@ -29,7 +29,7 @@ from ..data.decode import decode_image, resize_to_geometry
 from ..pipeline import load_batch
 from ..records import ProductSnapshot
 
-__all__ = ["CanvasCache", "decode_to_canvas"]
+__all__ = ["CanvasCache", "decode_threads", "decode_to_canvas"]
 
 
 class CanvasCache:
@@ -64,9 +64,25 @@ class CanvasCache:
 DECODE_THREADS_MAX = 8
 
 
-def decode_to_canvas(uploads: list[tuple[str, bytes]], canvas: tuple[int, str] | None) -> list[np.ndarray]:
+def decode_threads(busy: bool) -> int:
+    """Threads to decode one request's uploads with: one per core (at most ``DECODE_THREADS_MAX``) when
+    nothing else of the service is at work here, one when it is (``busy``: the caller knows, e.g. other
+    predictions in flight in this process or a batch being scored).
+
+    Why (issue 25): under load the cores are already taken by scoring, so a request decoded in parallel
+    only takes them from the batch being scored, and the decode threads, the torch threads and the
+    request path then contend (measured on 2 cores, 8-image requests from 2 clients: 3-4 % more images/s
+    over HTTP and gRPC with one decode thread, the scoring batch 5 % shorter). A lone request still
+    gets every core: its decode is all there is to do (an 8-image request then decodes in about half
+    the time)."""
+    return 1 if busy else min(DECODE_THREADS_MAX, usable_cores())
+
+
+def decode_to_canvas(
+    uploads: list[tuple[str, bytes]], canvas: tuple[int, str] | None, threads: int | None = None
+) -> list[np.ndarray]:
     """Decode every upload (``ImageError`` names the first bad one, in upload order) and resize it to
-    ``canvas``; several uploads in threads, one per core (at most ``DECODE_THREADS_MAX``).
+    ``canvas``; several uploads in ``threads`` threads (None: :func:`decode_threads` of an idle service).
 
     Why threads (issue 25): Pillow's decode and resize release the GIL, and an 8-image request decoded
     one image after another held one core for ~120 ms while the other could idle once the replica had
@@ -77,4 +93,4 @@ def decode_to_canvas(uploads: list[tuple[str, bytes]], canvas: tuple[int, str] |
         image = decode_image(data, source=name)
         return image if canvas is None else resize_to_geometry(image, canvas[0], canvas[1])
 
-    return load_batch(uploads, one, min(DECODE_THREADS_MAX, usable_cores()))  # type: ignore[return-value]
+    return load_batch(uploads, one, decode_threads(False) if threads is None else threads)  # type: ignore[return-value]

@@ -123,6 +123,10 @@ class GreedyBatcher(Generic[Item]):
             if self._arrived is not None:
                 self._arrived.set()  # a batcher waiting for this request looks again
 
+    def announced(self) -> int:
+        """Requests announced (:meth:`arriving`) and not yet queued or withdrawn, over every key."""
+        return sum(self._arriving.values())
+
     def _oldest_key(self) -> str:
         return min((k for k, q in self._queues.items() if q), key=lambda k: self._queues[k][0].seq)
 

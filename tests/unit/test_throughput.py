@@ -345,6 +345,7 @@ def test_greedy_batcher_waits_for_announced_requests_until_full() -> None:
         others = [asyncio.ensure_future(request(i, fail=i == 2)) for i in range(3)]
         await asyncio.sleep(0.05)
         assert seen == []  # waiting for the announced ones, not scoring the lone request
+        assert batcher.announced() == 3  # three decoding (what the gRPC replica's decode_threads reads)
         decoded[0].set()
         decoded[1].set()
         await asyncio.sleep(0.05)
@@ -354,6 +355,7 @@ def test_greedy_batcher_waits_for_announced_requests_until_full() -> None:
         with pytest.raises(ValueError):
             await others[2]
         assert seen == [("a", [9, 0, 1])]
+        assert batcher.announced() == 0  # queued or withdrawn: no longer announced
         # a full queue goes at once, whatever is arriving
         with batcher.arriving("a"):
             full = [asyncio.ensure_future(batcher.submit("a", i)) for i in range(4)]
@@ -421,6 +423,19 @@ def test_decode_to_canvas_in_threads_keeps_order_and_names_the_first_bad_upload(
     bad = [*uploads[:2], ("bad1.png", b"not an image"), ("bad2.png", b"nor this"), *uploads[2:]]
     with pytest.raises(ImageError, match=r"bad1\.png"):
         decode_to_canvas(bad, (64, "squash"))
+
+
+def test_decode_threads_one_when_busy_every_core_when_alone_and_the_same_pixels() -> None:
+    from hetmm_ray.core.device import usable_cores
+    from hetmm_ray.serve.canvas import DECODE_THREADS_MAX, decode_threads, decode_to_canvas
+
+    assert decode_threads(busy=True) == 1
+    assert decode_threads(busy=False) == min(DECODE_THREADS_MAX, usable_cores())
+    gear = SyntheticProduct(seed=4, size=96)
+    uploads = [(f"{i}.png", png(gear.good(i))) for i in range(5)]
+    one, many = decode_to_canvas(uploads, (64, "letterbox"), 1), decode_to_canvas(uploads, (64, "letterbox"), 3)
+    for a, b in zip(one, many, strict=True):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_ingress_resize_gives_the_replicas_pixels() -> None:
