@@ -6,24 +6,27 @@
     python benchmarks/bench_tile_pyramid.py surface                                  # 2048 x 2048, auto = 5 x 5
 
 Two fits on the same good training frames, default backbone, ALL templates: the untiled product
-(``geometry.tiles`` [1, 1]: the whole frame letterboxed to one canvas) and the tiled product
-(``--grid``, 32 px overlap, ``hetmm_ray/tiled.py``). Both deal the frames into folds by the frames'
-content digests, so the ``i``-th out-of-fold score is the same frame in both (checked: the digests
-and the fold plans are asserted equal). From each product's raw out-of-fold scores and raw test
-scores (per tile position for the tiled one), three frame rules, each with its frame threshold
-calibrated as the tiled product calibrates its own (far 1 % on the per-frame rule applied to the
-out-of-fold scores):
+(``geometry.tiles`` [1, 1]: the whole frame letterboxed to one canvas) and the tiled product of the
+tiles alone (``--grid``, 32 px overlap, ``geometry.tile_whole_view`` false, ``hetmm_ray/tiled.py``).
+Both deal the frames into folds by the frames' content digests, so the ``i``-th out-of-fold score is
+the same frame in both (checked: the digests and the fold plans are asserted equal). From each
+product's raw out-of-fold scores and raw test scores (per tile position for the tiled one), three
+frame rules, each with its frame threshold calibrated as the tiled product calibrates its own
+(far 1 % on the per-frame rule applied to the out-of-fold scores):
 
-- ``tiles (today)``: the maximum over tile positions of ``s_p / t_p`` (``t_p``: position ``p``'s
-  far-1 % threshold of its own out-of-fold scores), what ``tiled.py`` does;
+- ``tiles alone``: the maximum over tile positions of ``s_p / t_p`` (``t_p``: position ``p``'s
+  far-1 % threshold of its own out-of-fold scores), what ``tiled.py`` does with
+  ``geometry.tile_whole_view`` false (every tiled product before the setting);
 - ``pyramid``: the same maximum over the tile positions AND the whole view, the whole view
-  normalised the same way by its own far-1 % threshold ``t_w``;
+  normalised the same way by its own far-1 % threshold ``t_w`` (what ``tiled.py`` does with
+  ``geometry.tile_whole_view``, the default; tests/unit/test_tile_whole_view.py checks that the
+  product's whole view is this untiled product);
 - ``1 x 1 alone``: the untiled product's raw score (its threshold: far 1 % of its out-of-fold scores,
   as an untiled product's is).
 
 Prints image AUROC, recall and false alarms at that threshold for each, the frames that decide the
 AUROC (good frames above the lowest defective ones), and one JSON line. ``--save FILE.npz`` keeps the
-raw scores (``--load`` recomputes the rules from them without fitting). ``--every-train N`` /
+raw scores (``NAME --load FILE.npz`` recomputes the rules from them without fitting). ``--every-train N`` /
 ``--every-test M`` measure a subset of a data set (``bench_tiles.py``'s ``subset``).
 """
 
@@ -65,8 +68,8 @@ def raw_scores(root: Path, grid: list[int] | str) -> dict[str, np.ndarray]:
     samples = category.measurable_samples()
     train = category.train_paths()
     test = [s.path for s in samples]
-    config = DetectorConfig().replace(**{"geometry.tiles": grid, "geometry.tile_overlap": 32})
-    config = resolve_tiles(config, train)
+    tiles_alone = {"geometry.tiles": grid, "geometry.tile_overlap": 32, "geometry.tile_whole_view": False}
+    config = resolve_tiles(DetectorConfig().replace(**tiles_alone), train)
     tiled = TiledHETMM(config, map_size=64).fit(train)  # small maps: scores are what count here
     pred = tiled.predict(test)
     whole = HETMM(DetectorConfig()).fit(train)
@@ -103,7 +106,7 @@ def rules(r: dict[str, np.ndarray]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         np.maximum(today[1], r["whole_test"] / t_w),
     )
     return {
-        "tiles (today)": today,
+        "tiles alone": today,
         "pyramid (tiles + whole view)": pyramid,
         "1 x 1 alone": (r["whole_oof"], r["whole_test"]),
     }
@@ -161,7 +164,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.load:
         with np.load(args.load) as z:
-            report(args.load.stem, {k: z[k] for k in z.files})
+            report(Path(args.data).name, {k: z[k] for k in z.files})  # data: the name only
         return
     with data_root(args) as (name, root):
         if args.data == "surface":
