@@ -217,3 +217,15 @@ def test_a_tiled_product_stored_before_the_whole_view_scores_bit_for_bit(tmp_pat
         expected["maps_sha256"]
     )
     assert [bool(v) for v in pred.is_anomaly] == expected["is_anomaly"]
+    ts = store.get("tiled", 1)  # and a replica over its (tile, layer) shards: no whole view either
+    served = TiledHETMM.serving(
+        ts.config,
+        {key: ts.templates(key) for key in ts.bank},
+        tiles=ts.meta["tiles"],
+        weights_id=ts.weights_id,
+        calibration=ts.calibration,
+        version=1,
+        backbone=det.backbone,
+    )
+    assert not served.whole_view
+    np.testing.assert_allclose(served.predict(test).scores, pred.scores, rtol=1e-6)
