@@ -41,7 +41,10 @@ def raw_scores(data: Path, grid: list[int] | str) -> tuple[np.ndarray, np.ndarra
     """(T, n) raw out-of-fold scores per position, (N, T) raw test tile scores, labels, the grid."""
     category = MVTecCategory(data)
     samples = category.measurable_samples()
-    config = DetectorConfig().replace(**{"geometry.tiles": grid, "geometry.tile_overlap": 32})
+    # the tiles alone (what these rules were measured on; the whole view: bench_tile_pyramid.py)
+    config = DetectorConfig().replace(
+        **{"geometry.tiles": grid, "geometry.tile_overlap": 32, "geometry.tile_whole_view": False}
+    )
     config = resolve_tiles(config, category.train_paths())
     det = TiledHETMM(config, map_size=64).fit(category.train_paths())  # small maps: scores are what count
     pred = det.predict([s.path for s in samples])

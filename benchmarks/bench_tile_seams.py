@@ -104,7 +104,8 @@ def run(data: Path, grid: list[int] | str, overlap: int, margins: list[int], edg
     category = MVTecCategory(data)
     samples = category.measurable_samples()
     train = category.train_paths()
-    config = DetectorConfig().replace(**{"geometry.tiles": grid, "geometry.tile_overlap": overlap})
+    tiles_alone = {"geometry.tiles": grid, "geometry.tile_overlap": overlap, "geometry.tile_whole_view": False}
+    config = DetectorConfig().replace(**tiles_alone)  # the tiles alone (the whole view: bench_tile_pyramid.py)
     config = resolve_tiles(config, train)
     det = TiledHETMM(config, map_size=64)
     kept = capture(det)

@@ -231,11 +231,11 @@ def _fit_tiled(args: argparse.Namespace, config: Any, paths: list[Path]) -> int:
     version = det.save(_open(args), args.product)
     print(
         f"product {args.product}: version {version} from {len(paths)} good images "
-        f"({det.backbone.weights_id}); {det.n_tiles} tiles; threshold "
+        f"({det.backbone.weights_id}); {det.n_tiles} tiles{' + the whole view' if det.whole_view else ''}; threshold "
         f"{_describe_operating_point(det.operating_point())}; store {args.store}"
     )
     if config.region is not None:
-        dead = det.n_tiles - sum(det.live)
+        dead = det.n_tiles - sum(det.live[: det.n_tiles])  # tiles only (the whole view is not one)
         print(f"region {_describe_region(config.region)}; {dead} of {det.n_tiles} tiles wholly outside it")
     return 0
 

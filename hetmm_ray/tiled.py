@@ -10,9 +10,10 @@ the grid):
   out-of-fold calibration. A tile reaches the canvas like any image (``backbone.geometry``), and ATMM
   is unchanged. The tile sets share one backbone. Their configuration is the product's with
   ``geometry`` at its default (a tile is not cut again).
-- **Batching.** Frames are taken in groups of ``max(1, batch_size // T)`` (``T`` tiles per frame);
-  all tiles of a group go through the backbone together, ``batch_size`` canvases per pass, mixed
-  positions in one pass; features are then scored per position against that position's templates.
+- **Batching.** Frames are taken in groups of ``max(1, batch_size // P)`` (``P`` positions per
+  frame: the ``T`` tiles and the whole view, if any); all canvases of a group go through the
+  backbone together, ``batch_size`` canvases per pass, mixed positions in one pass; features are
+  then scored per position against that position's templates.
 - **One verdict per frame.** Tile position ``p`` has a scale ``t_p``: the threshold of its own
   out-of-fold scores under the ``far`` rule at the product's ``threshold.false_alarm_rate`` (its
   own calibrated threshold). A tile's normalised score is ``s_p / t_p``, and the **frame score is
@@ -25,15 +26,31 @@ the grid):
   verdict cuts, and the estimated false-alarm rate is per frame with all its tiles (taking the
   raw maximum instead would let the noisiest tile set every frame's score; "any tile above its own
   tile threshold" would flag up to ``T`` times the target rate of good frames).
+- **Whole view** (``geometry.tile_whole_view``, the default for a new tiled product): one more
+  position, the last (``P = T + 1`` positions): the whole frame reaches the canvas exactly as an
+  untiled product's image does (``backbone.geometry``), with its own template set, out-of-fold
+  calibration and scale ``t_w`` (far rule, as a tile's), and the product's region as an untiled
+  product maps it. Its normalised score ``s_w / t_w`` joins the maximum: frame score
+  ``max(max_p s_p / t_p, s_w / t_w)``, frame calibration the per-frame maximum of all positions'
+  normalised out-of-fold scores (the same frames' digests, so the same folds). So large defects,
+  plain as wholes on one canvas, are judged at that scale, and small ones at the tiles' (measured:
+  BENCHMARKS.md, "Tiles: the whole frame as one more position"). Its map is **not** stitched into
+  the frame map (the frame map is the tiles' alone: the pixel metrics stay the tiles'). It is fed in
+  the same backbone passes as the tiles (after each frame's tiles), stored as ``whole/<layer>`` (one
+  object per layer, a shard like a tile's), and its column is the last of
+  ``TiledPrediction.tile_scores``. A tiled product stored before the setting existed has no whole
+  view (``stored_config``) and loads and scores as it did.
 - **Maps.** Each tile's content map (at the tile's aspect) is divided by ``t_p`` and stitched at the
   frame's resolution (:func:`~hetmm_ray.core.tiles.stitch`: bilinear to the tile's rectangle, the
   maximum where tiles overlap), or at ``map_size`` (the long side, the frame's aspect kept) when
   given. The frame threshold is on the same scale as the maps.
 - **Storage** (one template set per version, the store unchanged): the bank holds every position's
-  layers as ``tile<p>/<layer>`` (so the store keeps one object per (tile, layer) and
-  ``get_layer`` reads one), the selection likewise; ``image_digests`` are the frames' digests;
-  ``calibration`` is the frame calibration; ``meta["tiles"]`` holds the grid, the training frame
-  size, the scales and each position's own calibration, stored configuration and meta. The
+  layers as ``tile<p>/<layer>`` (the whole view's as ``whole/<layer>``; so the store keeps one
+  object per (position, layer) and ``get_layer`` reads one), the selection likewise;
+  ``image_digests`` are the frames' digests; ``calibration`` is the frame calibration;
+  ``meta["tiles"]`` holds the grid, the training frame size, the scales and each position's own
+  calibration, stored configuration and meta (positions in order, the whole view last), and
+  ``"whole_view": true`` when the product has one (absent otherwise, as before). The
   product's stored configuration holds the resolved grid (``"auto"`` is resolved at fit from the
   largest training frame and never stored). Untiled products never come here: they are stored and
   scored exactly as before.
@@ -118,7 +135,8 @@ def resolve_tiles(config: DetectorConfig, frames: Sequence[ImageInput]) -> Detec
 
 @dataclass(frozen=True)
 class TiledPrediction(Prediction):
-    """A :class:`~hetmm_ray.scorer.Prediction` of frames, plus each tile's normalised score (N, T)."""
+    """A :class:`~hetmm_ray.scorer.Prediction` of frames, plus each position's normalised score (N, P):
+    the ``tiles`` tiles, then the whole view when the product has one."""
 
     tile_scores: np.ndarray | None = None
     tiles: int = 1
@@ -126,6 +144,10 @@ class TiledPrediction(Prediction):
 
 def _tile_key(p: int, layer: str) -> str:
     return f"tile{p}/{layer}"
+
+
+def _whole_key(layer: str) -> str:
+    return f"whole/{layer}"
 
 
 class TiledHETMM:
@@ -140,12 +162,15 @@ class TiledHETMM:
         self.progress = progress
         self.map_size = map_size
         self.rows, self.cols = (int(v) for v in config.geometry.tiles)
+        self.whole_view = bool(config.geometry.tile_whole_view)
         tile_config = replace(config, geometry=GeometryConfig(), region=None)
         parts = self._region_parts(tile_config)
+        if self.whole_view:
+            parts.append(self._whole_part(tile_config))
         self.live = [part.counts for part in parts]  # False: the region counts none of its pixels
         self.dets = [HETMM(replace(tile_config, region=part.region), progress=progress) for part in parts]
         for det in self.dets:  # sheets: auto's time budget is per frame with all its tiles (_measure_cost)
-            det.pipeline.tiles = self.n_tiles
+            det.pipeline.tiles = self.n_positions
             det.pipeline.scored = sum(self.live)
         if backbone is not None:  # an already-built one (replicas: one per backbone, not per product)
             self.dets[0].scorer.backbone = backbone
@@ -174,6 +199,17 @@ class TiledHETMM:
             raise ConfigError(f"region: its included area covers no pixel of any tile's map of a {w} x {h} frame")
         return parts
 
+    def _whole_part(self, tile_config: DetectorConfig) -> TilePart:
+        """The whole view's region: the product's own, mapped onto the canvas as an untiled product's is."""
+        region = self.config.region
+        if region is None:
+            return TilePart(True, None)
+        try:
+            check_visible(replace(tile_config, region=region))
+        except ConfigError:  # covers no pixel of the whole frame's map: the whole view never counts
+            return TilePart(False, None)
+        return TilePart(True, region)
+
     def _frame_regions(self, shapes: Sequence[tuple[int, int]]) -> list[np.ndarray] | None:
         """The region on each stitched map of these shapes (nearest sampling of its raster; None: no region)."""
         region = self.config.region
@@ -192,6 +228,11 @@ class TiledHETMM:
         return self.rows * self.cols
 
     @property
+    def n_positions(self) -> int:
+        """Positions scored per frame: the tiles, and the whole view when the product has one (the last)."""
+        return self.n_tiles + int(self.whole_view)
+
+    @property
     def backbone(self) -> Any:
         return self.dets[0].backbone
 
@@ -203,10 +244,27 @@ class TiledHETMM:
     def tiles_of(self, height: int, width: int) -> list[Tile]:
         return tile_grid(height, width, (self.rows, self.cols), self.config.geometry.tile_overlap)
 
+    def _key(self, p: int, layer: str) -> str:
+        """Position ``p``'s bank key of ``layer``: ``tile<p>/<layer>``, the whole view's ``whole/<layer>``."""
+        return _whole_key(layer) if p >= self.n_tiles else _tile_key(p, layer)
+
+    def _check_positions(self, info: dict[str, Any]) -> None:
+        """A stored ``meta["tiles"]`` holds exactly this configuration's positions."""
+        if bool(info.get("whole_view", False)) != self.whole_view:
+            raise TemplateError(
+                f"tiled set {'has' if info.get('whole_view') else 'has no'} whole view, its configuration "
+                f"{'wants one' if self.whole_view else 'none'} (geometry.tile_whole_view)"
+            )
+        if len(info["sets"]) != self.n_positions:
+            raise TemplateError(
+                f"tiled set holds {len(info['sets'])} positions, its grid {info['grid']} needs {self.n_positions}"
+            )
+
     # --- tiles -> features, in mixed-position batches ---------------------------------------
     def _groups(self, frames: Sequence[ImageInput], desc: str) -> Iterator[list[np.ndarray]]:
-        """Frames decoded ``max(1, batch_size // T)`` at a time (a progress bar when ``progress``)."""
-        g = max(1, self.config.batch_size // self.n_tiles)
+        """Frames decoded ``max(1, batch_size // P)`` at a time (``P`` positions per frame; a progress
+        bar when ``progress``)."""
+        g = max(1, self.config.batch_size // self.n_positions)
         with tqdm(total=len(frames), desc=desc, unit="frame", disable=not self.progress, leave=False) as bar:
             for i in range(0, len(frames), g):
                 decoded = [as_rgb(x) for x in frames[i : i + g]]
@@ -216,11 +274,11 @@ class TiledHETMM:
     def _tile_features(
         self, decoded: list[np.ndarray], *, bank: bool
     ) -> tuple[dict[str, Tensor], list[Box] | None, list[list[Tile]]]:
-        """Features of every tile of ``decoded`` frames (frame-major, position-minor), their canvas
-        boxes, and each frame's tiles."""
+        """Features of every position of ``decoded`` frames (frame-major, position-minor: the tiles,
+        then the whole frame when the product has a whole view), their canvas boxes, and each frame's tiles."""
         scorer = self.dets[0].scorer
         grids = [self.tiles_of(x.shape[0], x.shape[1]) for x in decoded]
-        crops = [np.ascontiguousarray(c) for x, tiles in zip(decoded, grids, strict=True) for c in cut(x, tiles)]
+        crops = [c for x, tiles in zip(decoded, grids, strict=True) for c in self._crops(x, tiles)]
         parts: dict[str, list[Tensor]] = {}
         boxes: list[Box] | None = None if self.config.backbone.geometry == "squash" else []
         dtype = TORCH_DTYPES[self.config.bank_dtype]
@@ -246,7 +304,13 @@ class TiledHETMM:
         return FrameCost(self.dets[0].scorer, self._frame_crops(x), scored=sum(self.live), post=self._stitching(x))
 
     def _frame_crops(self, frame: np.ndarray) -> list[np.ndarray]:
-        return [np.ascontiguousarray(c) for c in cut(frame, self.tiles_of(frame.shape[0], frame.shape[1]))]
+        return self._crops(frame, self.tiles_of(frame.shape[0], frame.shape[1]))
+
+    def _crops(self, frame: np.ndarray, tiles: list[Tile]) -> list[np.ndarray]:
+        """What reaches the canvas of one frame, in position order: its tiles, then the frame itself
+        when the product has a whole view."""
+        crops = [np.ascontiguousarray(c) for c in cut(frame, tiles)]
+        return [*crops, np.ascontiguousarray(frame)] if self.whole_view else crops
 
     def _stitching(self, frame: np.ndarray) -> Callable[[], object]:
         """A frame's per-frame work besides its tiles' backbone and ATMM, for the cost estimate: its
@@ -298,8 +362,8 @@ class TiledHETMM:
     def _position(
         self, feats: dict[str, Tensor], boxes: list[Box] | None, p: int
     ) -> tuple[dict[str, Tensor], list[Box] | None]:
-        """Position ``p``'s rows of frame-major tile features (and boxes)."""
-        t = self.n_tiles
+        """Position ``p``'s rows of frame-major position features (and boxes)."""
+        t = self.n_positions
         return {k: v[p::t].contiguous() for k, v in feats.items()}, None if boxes is None else boxes[p::t]
 
     def fit(self, frames: Sequence[ImageInput]) -> Self:
@@ -435,7 +499,7 @@ class TiledHETMM:
             raise RuntimeError("this detector has no templates yet: call fit() or load() first")
         op = self.operating_point(sigmas=sigmas, false_alarm_rate=false_alarm_rate)
         start = time.perf_counter()
-        t = self.n_tiles
+        t, n_tiles = self.n_positions, self.n_tiles
         sc = self.config.scoring
         frame_scores: list[float] = []
         tile_scores: list[np.ndarray] = []
@@ -444,12 +508,10 @@ class TiledHETMM:
             feats, boxes, grids = self._tile_features(decoded, bank=False)
             n = len(decoded)
             scores = np.zeros((n, t))
-            tile_maps: list[list[Tensor]] = [[None] * t for _ in range(n)]  # type: ignore[list-item]
+            tile_maps: list[list[Tensor]] = [[torch.zeros(1, 1)] * n_tiles for _ in range(n)]
             for p, det in enumerate(self.dets):
                 if not self.live[p]:  # the region counts none of its pixels: not scored, 0 on the map
                     scores[:, p] = np.nan
-                    for f in range(n):
-                        tile_maps[f][p] = torch.zeros(1, 1)
                     continue
                 rows = list(range(p, n * t, t))
                 pos = {k: v[rows] for k, v in feats.items()}
@@ -459,6 +521,8 @@ class TiledHETMM:
                 in_map = scorer.map_boxes(pos_boxes)
                 regions = scorer.region_masks(in_map, n)  # the position's part of the region (None: all)
                 scores[:, p] = image_scores(m, sc.score_sigma, in_map, regions).cpu().numpy() / self.scales[p]
+                if p >= n_tiles:  # the whole view: its score counts, its map is not stitched
+                    continue
                 for f, cm in enumerate(content_maps(m, sc.map_sigma, in_map, regions)):
                     tile_maps[f][p] = cm.cpu() / self.scales[p]
             for f, x in enumerate(decoded):
@@ -475,20 +539,21 @@ class TiledHETMM:
             start=start,
             regions=self._frame_regions([m.shape for m in maps]),
             tile_scores=np.concatenate(tile_scores),
-            tiles=t,
+            tiles=n_tiles,
         )
 
     # --- persistence -----------------------------------------------------------------------
     def template_set(self) -> TemplateSet:
         """Every position's set as one template set (module docstring, "Storage")."""
         sets = [det.scorer.require_templates() for det in self.dets]
-        bank = {_tile_key(p, k): v for p, ts in enumerate(sets) for k, v in ts.bank.items()}
+        key = self._key
+        bank = {key(p, k): v for p, ts in enumerate(sets) for k, v in ts.bank.items()}
         indices = centres = None
         if all(ts.indices is not None for ts in sets):
-            indices = {_tile_key(p, k): v for p, ts in enumerate(sets) for k, v in ts.indices.items()}  # type: ignore[union-attr]
+            indices = {key(p, k): v for p, ts in enumerate(sets) for k, v in ts.indices.items()}  # type: ignore[union-attr]
         if all(ts.centres is not None for ts in sets):
-            centres = {_tile_key(p, k): v for p, ts in enumerate(sets) for k, v in ts.centres.items()}  # type: ignore[union-attr]
-        tiles_meta = {
+            centres = {key(p, k): v for p, ts in enumerate(sets) for k, v in ts.centres.items()}  # type: ignore[union-attr]
+        tiles_meta: dict[str, Any] = {
             "grid": [self.rows, self.cols],
             "frame": list(self.frame) if self.frame else None,
             "layers": list(sets[0].layers),
@@ -502,6 +567,8 @@ class TiledHETMM:
                 for ts in sets
             ],
         }
+        if self.whole_view:  # written only then: a product without one stores what it always did
+            tiles_meta["whole_view"] = True
         return TemplateSet(
             bank=bank,
             config=self.config,
@@ -531,12 +598,9 @@ class TiledHETMM:
                 f"{det.backbone.weights_id}"
             )
         sets = []
-        if len(info["sets"]) != det.n_tiles:
-            raise TemplateError(
-                f"tiled set holds {len(info['sets'])} positions, its grid {info['grid']} needs {det.n_tiles}"
-            )
+        det._check_positions(info)
         for p, stored in enumerate(info["sets"]):
-            keys = {layer: _tile_key(p, layer) for layer in info["layers"]}
+            keys = {layer: det._key(p, layer) for layer in info["layers"]}
             sets.append(
                 TemplateSet(
                     bank={layer: ts.bank[key] for layer, key in keys.items()},
@@ -577,13 +641,10 @@ class TiledHETMM:
             raise TemplateError(
                 f"tiled templates were built with weights {weights_id}, the backbone has {det.backbone.weights_id}"
             )
-        if len(tiles["sets"]) != det.n_tiles:
-            raise TemplateError(
-                f"tiled set holds {len(tiles['sets'])} positions, its grid {tiles['grid']} needs {det.n_tiles}"
-            )
+        det._check_positions(tiles)
         sets = []
         for p, stored in enumerate(tiles["sets"]):
-            bank = {layer: templates[_tile_key(p, layer)] for layer in tiles["layers"]}
+            bank = {layer: templates[det._key(p, layer)] for layer in tiles["layers"]}
             k = next(iter(bank.values())).shape[0]
             sets.append(
                 TemplateSet(

@@ -152,7 +152,8 @@ def stored_config(data: dict[str, Any]) -> DetectorConfig:
 
     Settings added after a product was stored take the value that reproduces how it was
     built, not today's default: ``backbone.geometry`` missing means ``squash``; a missing
-    ``geometry`` section means one tile (its default, the frame itself). The
+    ``geometry`` section means one tile (its default, the frame itself); a ``geometry`` section
+    without ``tile_whole_view`` means none (tiled products stored before the whole view). The
     :data:`RUN_TIME_SETTINGS` an older manifest may hold are ignored (this host's defaults
     apply: a product compressed on a GPU host loads on a CPU-only one). Settings that no longer
     exist (:data:`~.product.RETIRED_SETTINGS`, e.g. ``templates.auto_max_rel_diff``) are dropped.
@@ -164,6 +165,8 @@ def stored_config(data: dict[str, Any]) -> DetectorConfig:
                 data = {**data, section: {k: v for k, v in data[section].items() if k != key}}
     if isinstance(data, dict) and isinstance(data.get("backbone"), dict) and "geometry" not in data["backbone"]:
         data = {**data, "backbone": {**data["backbone"], "geometry": "squash"}}
+    if isinstance(data, dict) and isinstance(data.get("geometry"), dict) and "tile_whole_view" not in data["geometry"]:
+        data = {**data, "geometry": {**data["geometry"], "tile_whole_view": False}}  # tiled before the whole view
     return DetectorConfig.from_dict(data)
 
 

@@ -295,8 +295,11 @@ class GeometryConfig(Settings):
     the canvas; a fit resolves ``"auto"`` from its training frames and stores the grid it chose.
     ``tile_overlap``: between neighbouring tiles, pixels (an int >= 0) or a fraction of the tile side
     (a float in [0, 1)). Each tile position is a product of its own (templates, calibration:
-    ``tiled.py``). ``[1, 1]`` (the default) is the frame itself, exactly as before tiles existed, and
-    a default section is never written to a manifest (``DetectorConfig.stored_dict``).
+    ``tiled.py``). ``tile_whole_view`` (tiled products only): the whole frame on one canvas is one
+    more such position, its normalised score joining the frame's maximum; a tiled product stored
+    before the setting existed has none (``stored_config``). ``[1, 1]`` (the default) is the frame
+    itself, exactly as before tiles existed, and a default section is never written to a manifest
+    (``DetectorConfig.stored_dict``).
     """
 
     _prefix: ClassVar[str] = "geometry."
@@ -310,6 +313,10 @@ class GeometryConfig(Settings):
     tile_overlap: int | float = setting(
         32, Check(_is_overlap, "must be pixels (an int 0-100000) or a fraction of the tile side in [0, 1)")
     )
+    # The whole frame, letterboxed to one canvas as an untiled product sees it, as one more position
+    # beside the tiles (tiled.py, "Whole view"): large defects seen as wholes, small ones by the tiles.
+    # Measured on bottle 2 x 2, bsd_pitting 1 x 3 and the 2048-px surface (BENCHMARKS.md, "Tiles").
+    tile_whole_view: bool = setting(True, Check(lambda v: isinstance(v, bool), "must be true or false"))
 
     def __post_init__(self) -> None:
         if isinstance(self.tiles, list):

@@ -169,7 +169,7 @@ def _tiled_fit(config: dict[str, Any], images: list[bytes], registry: Any, job_i
     report = None if job_id is None else JobReport(registry, job_id)
     for p, d in enumerate(det.dets):
         d.pipeline.steps = FitSteps(pts=partial(pts_indices_ray, num_cpus=TASK_CPUS))
-        d.pipeline.report = None if report is None else _TileReport(report, p, det.n_tiles)
+        d.pipeline.report = None if report is None else _TileReport(report, p, det.n_positions)
     if report is not None:
         h, w = max(f.shape[0] for f in frames), max(f.shape[1] for f in frames)
         tile = det.tiles_of(h, w)[0]
@@ -218,7 +218,8 @@ def _tiled_with_region(store_uri: str, product: str, version: int, region: dict[
 
 
 class _TileReport:
-    """A tile position's fit stages to the job, named with the position (``tile 2/4: calibrate``)."""
+    """A position's fit stages to the job, named with the position (``tile 2/5: calibrate``; the whole view, if
+    any, is the last)."""
 
     def __init__(self, report: JobReport, position: int, tiles: int) -> None:
         self.report, self.prefix = report, f"tile {position + 1}/{tiles}: "

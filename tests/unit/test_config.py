@@ -516,7 +516,7 @@ def test_geometry_defaults_and_values() -> None:
     c = DetectorConfig().replace(**{"geometry.tiles": [2, 3], "geometry.tile_overlap": 0.25})
     assert c.geometry.tiles == (2, 3) and c.geometry.tiled and c.geometry.tile_overlap == 0.25
     assert DetectorConfig().replace(**{"geometry.tiles": "auto"}).geometry.tiles == "auto"
-    assert c.to_dict()["geometry"] == {"tiles": [2, 3], "tile_overlap": 0.25}
+    assert c.to_dict()["geometry"] == {"tiles": [2, 3], "tile_overlap": 0.25, "tile_whole_view": True}
 
 
 @pytest.mark.parametrize(
@@ -535,6 +535,8 @@ def test_geometry_defaults_and_values() -> None:
         ("geometry.tile_overlap", float("nan")),
         ("geometry.tile_overlap", True),
         ("geometry.tile_overlap", "8"),
+        ("geometry.tile_whole_view", 1),
+        ("geometry.tile_whole_view", "true"),
     ],
 )
 def test_geometry_refuses_bad_values(key: str, value: object) -> None:
@@ -549,8 +551,10 @@ def test_default_geometry_is_never_stored_and_old_manifests_read_as_one_tile() -
     old = DetectorConfig().stored_dict()  # what every manifest before issue 22 holds
     assert stored_config(old) == DetectorConfig()
     tiled = DetectorConfig().replace(**{"geometry.tiles": [2, 2]})
-    assert tiled.stored_dict()["geometry"] == {"tiles": [2, 2], "tile_overlap": 32}
+    assert tiled.stored_dict()["geometry"] == {"tiles": [2, 2], "tile_overlap": 32, "tile_whole_view": True}
     assert stored_config(tiled.stored_dict()) == tiled
+    before = {**tiled.stored_dict(), "geometry": {"tiles": [2, 2], "tile_overlap": 32}}  # stored before the whole view
+    assert stored_config(before) == tiled.replace(**{"geometry.tile_whole_view": False})
 
 
 def test_service_takes_tiled_products() -> None:

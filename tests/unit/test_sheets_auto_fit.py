@@ -116,7 +116,8 @@ def test_a_tiled_frame_meets_the_budget_with_all_its_tiles(cost_model: dict) -> 
     cost_model["backbone_ms"] = 20.0
     product = SyntheticProduct(seed=3, size=2 * SIZE)
     frames = [product.good(i) for i in range(45)]
-    tiled = config(**STRICT, **{"templates.auto_max_ms_per_image": 42.0, "geometry.tiles": [1, 2]})
+    tiles_alone = {"geometry.tiles": [1, 2], "geometry.tile_whole_view": False}  # the two tiles, no whole view
+    tiled = config(**STRICT, **{"templates.auto_max_ms_per_image": 42.0, **tiles_alone})
     det = TiledHETMM(tiled).fit(frames)
     autos = [d.templates.meta["sheets_auto"] for d in det.dets]
     assert [a["chosen"] for a in autos] == [20, 20]
@@ -221,14 +222,14 @@ def test_real_frame_costs_in_a_tiled_fit_and_compress() -> None:
     with pytest.warns(TimeBudgetWarning, match="cannot be met"):
         det = TiledHETMM(tiled).fit(frames)
     autos = [d.templates.meta["sheets_auto"] for d in det.dets]
-    assert [a["chosen"] for a in autos] == [10, 10]
+    assert [a["chosen"] for a in autos] == [10, 10, 10]  # the two tiles and the whole view
     for a in autos:
         tol = a["tolerance"]
         assert 0 < tol["fixed_ms_per_frame"] < tol["estimated_ms_per_frame"], tol
         assert all(r["ms_per_frame"] > tol["fixed_ms_per_frame"] for r in a["ladder"])
     with pytest.warns(TimeBudgetWarning):
         det.compress(sheets="auto")
-    assert [d.templates.meta["sheets_auto"]["chosen"] for d in det.dets] == [10, 10]
+    assert [d.templates.meta["sheets_auto"]["chosen"] for d in det.dets] == [10, 10, 10]
     free = TiledHETMM(config(**{"geometry.tiles": [1, 2]})).fit(frames)
     roomy = TiledHETMM(config(**{"geometry.tiles": [1, 2], "templates.auto_max_ms_per_image": 1e6})).fit(frames)
     assert [d.config.templates.sheets for d in roomy.dets] == [d.config.templates.sheets for d in free.dets]

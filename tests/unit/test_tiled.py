@@ -36,7 +36,8 @@ def config(**changes) -> DetectorConfig:
     return c.replace(**changes) if changes else c
 
 
-TILED = {"geometry.tiles": [2, 2], "geometry.tile_overlap": OVERLAP}
+# The tiles alone (the whole view, geometry.tile_whole_view, beside them: tests/unit/test_tile_whole_view.py).
+TILED = {"geometry.tiles": [2, 2], "geometry.tile_overlap": OVERLAP, "geometry.tile_whole_view": False}
 
 
 @pytest.fixture(scope="module")
@@ -114,7 +115,7 @@ def test_save_load_round_trip_one_object_per_tile_and_layer(tiled, frames, tmp_p
     layers = ("layer1", "layer2", "layer3")
     assert list(m["layers"]) == [f"tile{p}/{k}" for p in range(4) for k in layers]
     assert sorted(ref["layer"] for ref in m["chunks"]) == sorted(m["layers"])  # one object per (tile, layer)
-    assert m["config"]["geometry"] == {"tiles": [2, 2], "tile_overlap": OVERLAP}
+    assert m["config"]["geometry"] == {"tiles": [2, 2], "tile_overlap": OVERLAP, "tile_whole_view": False}
     loaded = load_detector(store, "tiled", batch_size=4, device="cpu")
     assert isinstance(loaded, TiledHETMM) and loaded.version == version
     before, after = tiled.predict(test), loaded.predict(test)

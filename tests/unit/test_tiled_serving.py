@@ -21,7 +21,8 @@ def config() -> DetectorConfig:
         batch_size=4,
         device="cpu",
     )
-    return c.replace(**{"geometry.tiles": [2, 2], "geometry.tile_overlap": 8, "templates.kind": "pts_k"})
+    tiles_alone = {"geometry.tiles": [2, 2], "geometry.tile_overlap": 8, "geometry.tile_whole_view": False}
+    return c.replace(**tiles_alone, **{"templates.kind": "pts_k"})  # the whole view: test_tile_whole_view.py
 
 
 def test_serving_over_tiny_sets_scores_as_the_stored_product() -> None:

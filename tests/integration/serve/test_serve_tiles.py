@@ -40,7 +40,8 @@ SMALL = {
     "threshold": {"folds": 3},
     "geometry": {"tile_overlap": 8},
 }
-KEYS = {f"tile{p}/{layer}" for p in range(4) for layer in ("layer2", "layer3")}
+# (position, layer) shards: the 4 tiles and the whole view (geometry.tile_whole_view, the default)
+KEYS = {f"{pos}/{layer}" for pos in ("tile0", "tile1", "tile2", "tile3", "whole") for layer in ("layer2", "layer3")}
 
 
 @pytest.fixture(scope="module")
@@ -131,7 +132,7 @@ def test_shards_are_tile_layers_and_a_host_holds_only_its_own(service, tiled) ->
     registry = get_registry(service["store"], detached=True)
     where = ray.get(registry.placement_of.remote(tiled))
     assert set(where) == KEYS
-    assert len(set(where.values())) == 2  # 8 shards over 2 hosts: both hold some
+    assert len(set(where.values())) == 2  # 10 shards over 2 hosts: both hold some
     handles = ray.get(registry.shard_handles.remote(tiled))
     for key, handle in handles.items():
         info = ray.get(handle.info.remote())
