@@ -211,6 +211,7 @@ def main() -> None:
     ap.add_argument("--budget-train", type=int, default=240, help="good frames of the budget check's product")
     ap.add_argument("--budget-size", type=int, default=1024, help="frame side of the budget check, px")
     ap.add_argument("--budget-only", action="store_true", help="only the time budget check")
+    ap.add_argument("--no-budget", action="store_true", help="the frames/s table only (no time budget check)")
     ap.add_argument("--quick", action="store_true", help="a tiny run that shows the script works")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
@@ -291,7 +292,7 @@ def main() -> None:
     print()
     print(table(heads, lines))
 
-    budget_row = budget_check(args)
+    budget_row = None if args.no_budget else budget_check(args)
     canvas = args.canvas or DetectorConfig().backbone.image_size
     print(
         f"\n{args.train} good frames per product (ALL templates), canvas {canvas} px, overlap {args.overlap} px; "

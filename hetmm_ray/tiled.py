@@ -10,10 +10,12 @@ the grid):
   out-of-fold calibration. A tile reaches the canvas like any image (``backbone.geometry``), and ATMM
   is unchanged. The tile sets share one backbone. Their configuration is the product's with
   ``geometry`` at its default (a tile is not cut again).
-- **Batching.** Frames are taken in groups of ``max(1, batch_size // P)`` (``P`` positions per
-  frame: the ``T`` tiles and the whole view, if any); all canvases of a group go through the
+- **Batching.** Frames are taken in groups of ``max(1, batch_size // T)`` (``T`` tiles per frame;
+  the whole view, if any, does not shrink the group); all canvases of a group go through the
   backbone together, ``batch_size`` canvases per pass, mixed positions in one pass; features are
-  then scored per position against that position's templates.
+  then scored per position against that position's templates, ATMM on the group's frames at once.
+  (Counting the whole view in the group size, ``batch_size // (T + 1)``, halved the group at 2 x 2,
+  8 // 5 = 1 frame, and ATMM on one image per call made a frame about twice as slow.)
 - **One verdict per frame.** Tile position ``p`` has a scale ``t_p``: the threshold of its own
   out-of-fold scores under the ``far`` rule at the product's ``threshold.false_alarm_rate`` (its
   own calibrated threshold). A tile's normalised score is ``s_p / t_p``, and the **frame score is
@@ -262,9 +264,9 @@ class TiledHETMM:
 
     # --- tiles -> features, in mixed-position batches ---------------------------------------
     def _groups(self, frames: Sequence[ImageInput], desc: str) -> Iterator[list[np.ndarray]]:
-        """Frames decoded ``max(1, batch_size // P)`` at a time (``P`` positions per frame; a progress
-        bar when ``progress``)."""
-        g = max(1, self.config.batch_size // self.n_positions)
+        """Frames decoded ``max(1, batch_size // T)`` at a time (``T`` tiles per frame: the module doc's
+        "Batching"; a progress bar when ``progress``)."""
+        g = max(1, self.config.batch_size // self.n_tiles)
         with tqdm(total=len(frames), desc=desc, unit="frame", disable=not self.progress, leave=False) as bar:
             for i in range(0, len(frames), g):
                 decoded = [as_rgb(x) for x in frames[i : i + g]]
