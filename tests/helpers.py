@@ -68,3 +68,19 @@ def until(condition: Callable[[], Any], what: str, timeout: float = 180.0, every
         if time.monotonic() > end:
             raise AssertionError(f"not within {timeout:.0f} s: {what}")
         time.sleep(every_s)
+
+
+def tiled_served(ts: Any, backbone: Any, version: int, config: Any = None) -> Any:
+    """A replica's ``TiledHETMM.serving`` over a stored tiled set's (position, layer) shards, each handing
+    out its tiny set (``ts.templates(key)``) as the template hosts do; ``config`` instead of the set's own."""
+    from hetmm_ray.tiled import TiledHETMM
+
+    return TiledHETMM.serving(
+        ts.config if config is None else config,
+        {key: ts.templates(key) for key in ts.bank},
+        tiles=ts.meta["tiles"],
+        weights_id=ts.weights_id,
+        calibration=ts.calibration,
+        version=version,
+        backbone=backbone,
+    )

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import tiled_served
 from PIL import Image
 
 from hetmm_ray.config import BackboneConfig, ConfigError, DetectorConfig, ThresholdConfig, stored_config
@@ -119,16 +120,7 @@ def test_stored_with_one_object_per_position_and_layer_loaded_and_served_the_sam
     assert after.threshold == before.threshold
     ts = pyramid.template_set()
     assert ts.meta["tiles"]["whole_view"] is True and len(ts.meta["tiles"]["sets"]) == 5
-    tiny = {key: ts.templates(key) for key in ts.bank}  # what each (position, layer) shard hands out
-    served = TiledHETMM.serving(
-        ts.config,
-        tiny,
-        tiles=ts.meta["tiles"],
-        weights_id=ts.weights_id,
-        calibration=ts.calibration,
-        version=3,
-        backbone=pyramid.backbone,
-    )
+    served = tiled_served(ts, pyramid.backbone, version=3)  # over what each (position, layer) shard hands out
     got = served.predict(test)
     np.testing.assert_allclose(got.scores, before.scores, rtol=1e-5)
     assert got.threshold == before.threshold and list(got.is_anomaly) == list(before.is_anomaly)
@@ -218,14 +210,6 @@ def test_a_tiled_product_stored_before_the_whole_view_scores_bit_for_bit(tmp_pat
     )
     assert [bool(v) for v in pred.is_anomaly] == expected["is_anomaly"]
     ts = store.get("tiled", 1)  # and a replica over its (tile, layer) shards: no whole view either
-    served = TiledHETMM.serving(
-        ts.config,
-        {key: ts.templates(key) for key in ts.bank},
-        tiles=ts.meta["tiles"],
-        weights_id=ts.weights_id,
-        calibration=ts.calibration,
-        version=1,
-        backbone=det.backbone,
-    )
+    served = tiled_served(ts, det.backbone, version=1)
     assert not served.whole_view
     np.testing.assert_allclose(served.predict(test).scores, pred.scores, rtol=1e-6)

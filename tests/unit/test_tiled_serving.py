@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers import tiled_served
 
 from hetmm_ray.config import BackboneConfig, DetectorConfig, ThresholdConfig
 from hetmm_ray.core.templates import TemplateError
@@ -32,15 +33,7 @@ def test_serving_over_tiny_sets_scores_as_the_stored_product() -> None:
     assert set(ts.bank) == {f"tile{p}/{layer}" for p in range(4) for layer in ts.config.backbone.taps}
     tiny = {key: ts.templates(key) for key in ts.bank}  # what each (tile, layer) shard hands out
     assert all(t.shape[0] == 3 for t in tiny.values())
-    served = TiledHETMM.serving(
-        ts.config,
-        tiny,
-        tiles=ts.meta["tiles"],
-        weights_id=ts.weights_id,
-        calibration=ts.calibration,
-        version=7,
-        backbone=det.backbone,
-    )
+    served = tiled_served(ts, det.backbone, version=7)
     assert served.backbone is det.backbone  # shared, not built again
     frames = [prod.good(50), *(prod.defective(60 + i, k)[0] for i, k in enumerate(DEFECT_KINDS[:2]))]
     want, got = TiledHETMM.from_template_set(ts).predict(frames), served.predict(frames)
@@ -49,12 +42,4 @@ def test_serving_over_tiny_sets_scores_as_the_stored_product() -> None:
     assert got.threshold == want.threshold and list(got.is_anomaly) == list(want.is_anomaly)
     assert got.version == 7 and got.maps[0].shape == (96, 96)
     with pytest.raises(TemplateError, match="positions"):
-        TiledHETMM.serving(
-            ts.config.replace(**{"geometry.tiles": [1, 2]}),
-            tiny,
-            tiles=ts.meta["tiles"],
-            weights_id=ts.weights_id,
-            calibration=ts.calibration,
-            version=7,
-            backbone=det.backbone,
-        )
+        tiled_served(ts, det.backbone, version=7, config=ts.config.replace(**{"geometry.tiles": [1, 2]}))
