@@ -66,8 +66,9 @@ DECODE_THREADS_MAX = 8
 
 def decode_threads(busy: bool) -> int:
     """Threads to decode one request's uploads with: one per core (at most ``DECODE_THREADS_MAX``) when
-    nothing else of the service is at work here, one when it is (``busy``: the caller knows, e.g. other
-    predictions in flight in this process or a batch being scored).
+    nothing else of the service is at work here, one when it is (``busy``: the caller knows: the ingress,
+    other requests queued or scoring at the detector; the gRPC replica, images queued or scoring there
+    or other requests decoding).
 
     Why (issue 25): under load the cores are already taken by scoring, so a request decoded in parallel
     only takes them from the batch being scored, and the decode threads, the torch threads and the
@@ -79,10 +80,10 @@ def decode_threads(busy: bool) -> int:
 
 
 def decode_to_canvas(
-    uploads: list[tuple[str, bytes]], canvas: tuple[int, str] | None, threads: int | None = None
+    uploads: list[tuple[str, bytes]], canvas: tuple[int, str] | None, busy: bool = False
 ) -> list[np.ndarray]:
     """Decode every upload (``ImageError`` names the first bad one, in upload order) and resize it to
-    ``canvas``; several uploads in ``threads`` threads (None: :func:`decode_threads` of an idle service).
+    ``canvas``; several uploads in :func:`decode_threads` threads (``busy``: the service is at work).
 
     Why threads (issue 25): Pillow's decode and resize release the GIL, and an 8-image request decoded
     one image after another held one core for ~120 ms while the other could idle once the replica had
@@ -93,4 +94,4 @@ def decode_to_canvas(
         image = decode_image(data, source=name)
         return image if canvas is None else resize_to_geometry(image, canvas[0], canvas[1])
 
-    return load_batch(uploads, one, decode_threads(False) if threads is None else threads)  # type: ignore[return-value]
+    return load_batch(uploads, one, decode_threads(busy))  # type: ignore[return-value]

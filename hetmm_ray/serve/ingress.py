@@ -48,7 +48,7 @@ from ..pipeline import keep_memory_mapped
 from ..store import StoreError, check_product_name, open_store
 from ..store.labels import STORED_LABELS
 from . import bodies
-from .canvas import CanvasCache, decode_threads, decode_to_canvas
+from .canvas import CanvasCache, decode_to_canvas
 from .metrics import CONTENT_TYPE_LATEST, ServiceMetrics
 from .security import CrossOriginGuard, JSONResponse, parse_json_object, refuse_open_bind, resolve_source
 from .ui import Console
@@ -239,7 +239,6 @@ class Ingress:
         # batches (pipeline.keep_memory_mapped; process-wide).
         keep_memory_mapped(4 * self.service.max_body_mib)
         self._known: dict[str, float] = {}  # product -> until when its existence is cached
-        self._predicting = 0  # predict requests in this process past their checks (decode_threads)
         self._handles: dict[tuple[str, bool], Any] = {}  # (model id, by reference) -> predict (_predict_handle)
         # the canvas each product's replica needs: uploads are resized here (serve/canvas.py)
         self._canvas = CanvasCache(lambda p: self.registry.snapshot.remote(p), self.service.store_poll_s)
@@ -374,28 +373,19 @@ class Ingress:
             raise Refused(400, "bad_request", f"map_size={map_size}: the heat-map's long side, 1-{MAP_SIZE_MAX} px")
         await self._require_product(product)
         uploads, _ = await self._uploads(request, max_images=self.service.max_images_per_request)
-        self._predicting += 1
-        try:
-            return await self._predict(product, uploads, map == "png", map_size)
-        finally:
-            self._predicting -= 1
-
-    async def _predict(
-        self, product: str, uploads: list[tuple[str, bytes]], want_maps: bool, map_size: int | None
-    ) -> Response:
         decode_start = time.perf_counter()
         canvas = await self._canvas.canvas(product)
-        threads = decode_threads(busy=self._predicting > 1)  # one thread while others are scored
-        images = await asyncio.to_thread(decode_to_canvas, uploads, canvas, threads)
+        busy = bool(self.warm.inflight)  # other requests queued or scoring at the detector (canvas.decode_threads)
+        images = await asyncio.to_thread(decode_to_canvas, uploads, canvas, busy)
         decode_ms = round(1000 * (time.perf_counter() - decode_start), 3)
         started = time.perf_counter()
         with self.warm.request(product) as model_id:  # the product's id, or an alias while it is hot
             large = sum(im.nbytes for im in images) > SERVE_BY_VALUE_MAX_BYTES
             predict = self._predict_handle(model_id, by_reference=large)
             try:
-                results = await predict.remote(images, want_maps, map_size)
+                results = await predict.remote(images, map == "png", map_size)
             except RayActorError:  # the replica died under the request: scoring is idempotent, retry once
-                results = await predict.remote(images, want_maps, map_size)
+                results = await predict.remote(images, map == "png", map_size)
         self.observe(product, uploads, results)  # adds recent_id
         total_ms = round(1000 * (time.perf_counter() - started), 3)
         for (name, _), r in zip(uploads, results, strict=True):

@@ -433,7 +433,7 @@ def test_decode_threads_one_when_busy_every_core_when_alone_and_the_same_pixels(
     assert decode_threads(busy=False) == min(DECODE_THREADS_MAX, usable_cores())
     gear = SyntheticProduct(seed=4, size=96)
     uploads = [(f"{i}.png", png(gear.good(i))) for i in range(5)]
-    one, many = decode_to_canvas(uploads, (64, "letterbox"), 1), decode_to_canvas(uploads, (64, "letterbox"), 3)
+    one, many = decode_to_canvas(uploads, (64, "letterbox"), busy=True), decode_to_canvas(uploads, (64, "letterbox"))
     for a, b in zip(one, many, strict=True):
         np.testing.assert_array_equal(a, b)
 

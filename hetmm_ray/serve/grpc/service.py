@@ -57,7 +57,7 @@ from ...config import HTTP_APP_NAME, ServiceConfig
 from ...errors import Refused, grpc_code
 from ...store import StoreError, check_product_name
 from ...tiled import TiledHETMM
-from ..canvas import decode_threads, decode_to_canvas
+from ..canvas import decode_to_canvas
 from ..ingress import classify
 from ..replica import Detector, ScoreRequest
 from ..security import JSONResponse, refuse_open_bind
@@ -223,9 +223,9 @@ class InspectionDetector(Detector.func_or_class):  # type: ignore[name-defined,m
         # decoded in a thread as it arrives, announced to the batcher meanwhile (serve/greedy.py: a free
         # batcher waits for the requests this replica is decoding rather than score a lone one)
         # one decode thread while this replica scores or decodes other requests (canvas.decode_threads)
-        threads = decode_threads(busy=self._images_in_flight > 0 or self._batcher.announced() > 0)
+        busy = self._images_in_flight > 0 or self._batcher.announced() > 0
         with self._batcher.arriving(model_id):
-            images = await asyncio.to_thread(decode_to_canvas, uploads, canvas, threads)
+            images = await asyncio.to_thread(decode_to_canvas, uploads, canvas, busy)
         decode_ms = round(1000 * (time.perf_counter() - decode_start), 3)
         scored = ScoreRequest(images, request.heatmap, time.perf_counter())
         results = await self.score(model_id, scored)  # no await before it queues: the batcher finds it
