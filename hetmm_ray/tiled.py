@@ -144,12 +144,16 @@ class TiledPrediction(Prediction):
     tiles: int = 1
 
 
-def _tile_key(p: int, layer: str) -> str:
-    return f"tile{p}/{layer}"
-
-
-def _whole_key(layer: str) -> str:
-    return f"whole/{layer}"
+def _visible(tile_config: DetectorConfig, part: TilePart) -> TilePart:
+    """``part``, or a part that counts nothing when its region covers no pixel of the canvas's map (a
+    sliver of a tile, or a region of the whole view all outside)."""
+    if part.region is None:
+        return part
+    try:
+        check_visible(replace(tile_config, region=part.region))
+    except ConfigError:
+        return TilePart(False, None)
+    return part
 
 
 class TiledHETMM:
@@ -189,13 +193,7 @@ class TiledHETMM:
         region = self.config.region
         if region is None:
             return [TilePart(True, None)] * self.n_tiles
-        parts = tile_regions(region, self.tiles_of(*region["size"]))
-        for p, part in enumerate(parts):
-            if part.region is not None:
-                try:
-                    check_visible(replace(tile_config, region=part.region))
-                except ConfigError:  # a sliver that covers no pixel of the tile's map: nothing counts there
-                    parts[p] = TilePart(False, None)
+        parts = [_visible(tile_config, part) for part in tile_regions(region, self.tiles_of(*region["size"]))]
         if not any(part.counts for part in parts):
             h, w = region["size"]
             raise ConfigError(f"region: its included area covers no pixel of any tile's map of a {w} x {h} frame")
@@ -203,14 +201,7 @@ class TiledHETMM:
 
     def _whole_part(self, tile_config: DetectorConfig) -> TilePart:
         """The whole view's region: the product's own, mapped onto the canvas as an untiled product's is."""
-        region = self.config.region
-        if region is None:
-            return TilePart(True, None)
-        try:
-            check_visible(replace(tile_config, region=region))
-        except ConfigError:  # covers no pixel of the whole frame's map: the whole view never counts
-            return TilePart(False, None)
-        return TilePart(True, region)
+        return _visible(tile_config, TilePart(True, self.config.region))
 
     def _frame_regions(self, shapes: Sequence[tuple[int, int]]) -> list[np.ndarray] | None:
         """The region on each stitched map of these shapes (nearest sampling of its raster; None: no region)."""
@@ -248,7 +239,7 @@ class TiledHETMM:
 
     def _key(self, p: int, layer: str) -> str:
         """Position ``p``'s bank key of ``layer``: ``tile<p>/<layer>``, the whole view's ``whole/<layer>``."""
-        return _whole_key(layer) if p >= self.n_tiles else _tile_key(p, layer)
+        return f"whole/{layer}" if p >= self.n_tiles else f"tile{p}/{layer}"
 
     def _check_positions(self, info: dict[str, Any]) -> None:
         """A stored ``meta["tiles"]`` holds exactly this configuration's positions."""
