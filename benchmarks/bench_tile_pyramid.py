@@ -41,13 +41,12 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench_tile_rules import add_data_arguments, data_root, grid_of
+from bench_tile_rules import add_data_arguments, data_root, frame_metrics, grid_of
 from bench_tiles import subset
 from common import table
 
 from hetmm_ray.config import DetectorConfig
 from hetmm_ray.core.calibration import TailModel, fold_plan
-from hetmm_ray.core.metrics import image_auroc
 from hetmm_ray.data.mvtec import MVTecCategory
 from hetmm_ray.detector import HETMM
 from hetmm_ray.tiled import TiledHETMM, resolve_tiles
@@ -112,17 +111,6 @@ def rules(r: dict[str, np.ndarray]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     }
 
 
-def measure(frame_oof: np.ndarray, frame_test: np.ndarray, labels: np.ndarray) -> dict[str, float]:
-    threshold = float(TailModel(frame_oof).threshold(FAR))
-    flag = frame_test > threshold
-    return {
-        "image_auroc": 100 * image_auroc(frame_test, labels),
-        "recall": 100 * float(flag[labels == 1].mean()),
-        "false_alarms": 100 * float(flag[labels == 0].mean()),
-        "threshold": threshold,
-    }
-
-
 def deciders(scores: np.ndarray, labels: np.ndarray, names: np.ndarray) -> str:
     """Good frames scoring at or above the lowest defective one, and the defective ones they outscore."""
     low = scores[labels == 1].min()
@@ -141,7 +129,7 @@ def report(name: str, r: dict[str, np.ndarray]) -> dict:
     out: dict = {"data": name, "grid": grid, "train": int(r["whole_oof"].size), "rules": {}}
     rows = []
     for rule, (fo, ft) in rules(r).items():
-        m = measure(fo, ft, labels)
+        m = frame_metrics(fo, ft, labels)
         out["rules"][rule] = {k: round(v, 4) for k, v in m.items()}
         rows.append(
             [rule, f"{m['image_auroc']:.2f}", f"{m['recall']:.1f}", f"{m['false_alarms']:.1f}", f"{m['threshold']:.4f}"]

@@ -77,13 +77,23 @@ COMBINE: dict[str, Callable[[np.ndarray], np.ndarray]] = {
 }
 
 
+def frame_metrics(frame_oof: np.ndarray, frame_test: np.ndarray, labels: np.ndarray) -> dict[str, float]:
+    """A frame rule's image AUROC, and recall and false alarms (%) at its far-1 % frame threshold
+    calibrated on its out-of-fold frame scores (as the product calibrates its own)."""
+    threshold = float(TailModel(frame_oof).threshold(0.01))
+    flag = frame_test > threshold
+    return {
+        "image_auroc": 100 * image_auroc(frame_test, labels),
+        "recall": 100 * float(flag[labels == 1].mean()),
+        "false_alarms": 100 * float(flag[labels == 0].mean()),
+        "threshold": threshold,
+    }
+
+
 def measure(frame_oof: np.ndarray, frame_test: np.ndarray, labels: np.ndarray) -> list[str]:
-    flag = frame_test > TailModel(frame_oof).threshold(0.01)
-    return [
-        f"{100 * image_auroc(frame_test, labels):.2f}",
-        f"{100 * flag[labels == 1].mean():.1f}",
-        f"{100 * flag[labels == 0].mean():.1f}",
-    ]
+    """:func:`frame_metrics` as table cells: image AUROC, recall %, false alarms %."""
+    m = frame_metrics(frame_oof, frame_test, labels)
+    return [f"{m['image_auroc']:.2f}", f"{m['recall']:.1f}", f"{m['false_alarms']:.1f}"]
 
 
 def report(name: str, oof: np.ndarray, tile: np.ndarray, labels: np.ndarray, grid: tuple[int, int]) -> dict:
