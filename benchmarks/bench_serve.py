@@ -304,7 +304,7 @@ def main() -> None:
     headers = ["backbone", "path", "concurrency", "images/s", "of in-process", "CPU ms/image", "p50 ms", "p99 ms"]
     headers += ["decode ms", "transfer ms", "queue ms", "score ms", "batch images", "failures"]
     print(table(headers, rows))
-    if by_process:
+    if args.by_process:
         from bench_serve_floor import GROUPS
 
         names = [g for g, _ in GROUPS] + ["other", CLIENT]
