@@ -108,20 +108,7 @@ def session_cpu_by_group() -> dict[str, float]:
     from bench_serve_floor import group_of, process_cpu
 
     snap = process_cpu()
-    parent: dict[int, int] = {}
-    for pid in snap:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                parent[pid] = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-    mine, grown = {os.getpid()}, True
-    while grown:
-        grown = False
-        for pid, pp in parent.items():
-            if pp in mine and pid not in mine:
-                mine.add(pid)
-                grown = True
+    mine = descendants() | {os.getpid()}
     spent: dict[str, float] = {}
     for pid, (cpu, cmd) in snap.items():
         if pid in mine:
@@ -131,6 +118,35 @@ def session_cpu_by_group() -> dict[str, float]:
 
 
 CLIENT = "client (this process)"
+
+
+def descendants() -> set[int]:
+    """Pids of this process's descendants (the local Ray it started), from /proc."""
+    parent: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    parent[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    mine, grown = {os.getpid()}, True
+    while grown:
+        grown = False
+        for pid, pp in parent.items():
+            if pp in mine and pid not in mine:
+                mine.add(pid)
+                grown = True
+    return mine - {os.getpid()}
+
+
+def wait_for_no_descendants(timeout_s: float) -> None:
+    """Until every descendant process has exited (at most ``timeout_s``; then say which are left)."""
+    deadline = time.monotonic() + timeout_s
+    while (left := descendants()) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    if left:
+        print(f"note: {len(left)} descendant processes still running after {timeout_s:.0f} s", file=sys.stderr)
 
 
 def idle_cpu(seconds: float) -> dict[str, float]:
@@ -207,6 +223,7 @@ def main() -> None:
     parser.add_argument("--idle-s", type=float, default=20.0, help="with --by-process: idle seconds measured")
     args = parser.parse_args()
 
+    import ray
     import torch
     from ray import serve
 
@@ -283,9 +300,15 @@ def main() -> None:
     finally:
         stop_service(running)
         serve.shutdown()
+        if args.address is None:  # the local Ray this run started: gone, as it was before the first rows
+            ray.shutdown()
     # In-process again, now that the service is gone: this machine's speed drifts by a few per cent over
     # minutes (2-core VM, measured), so each share is of the mean of the in-process rates measured before
-    # and after the service rows, not of the first alone.
+    # and after the service rows, not of the first alone. Measured as the first was, with no Ray process
+    # left: the local Ray's processes took a while to exit and ran beside it (after a plain serve.shutdown
+    # the after rates ran 13-27 % under the before ones in 3 of 4 runs, which inflated every share).
+    if args.address is None:
+        wait_for_no_descendants(timeout_s=120.0)
     after = {p: in_process(store, p, body, args.inproc_images, args.runs, args.device) for p in products}
     for row in rows:
         product = row[0]

@@ -475,7 +475,9 @@ def _describe_operating_point(op: Any) -> str:
     target = ""
     if op.target is not None:
         target = f" {100 * op.target:g}%" if op.rule == "far" else f" {op.target:g}"
-    return f"{op.threshold:.4f} (rule {op.rule}{target}, estimated false alarms {100 * op.false_alarm_rate:.2f}%)"
+    text = f"{op.threshold:.4f} (rule {op.rule}{target}, estimated false alarms {100 * op.false_alarm_rate:.2f}%)"
+    warning = op.warning()  # a threshold far above every good score: say so where it is shown
+    return text if warning is None else f"{text}\nwarning: {warning}"
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:

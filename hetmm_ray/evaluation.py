@@ -72,11 +72,16 @@ class EvaluationResult:
     # then frames/s). None for untiled products, whose JSON and table stay as they were.
     tiles: tuple[int, int] | None = None
     tiles_per_s: float | None = None
+    # Why the threshold may flag few defects (core/scoring.OperatingPoint.warning); None (and left
+    # out of the JSON, which stays as it was) when it lies among the good images' scores.
+    threshold_warning: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
         if self.tiles is None:
             del out["tiles"], out["tiles_per_s"]
+        if self.threshold_warning is None:
+            del out["threshold_warning"]
         return out
 
     def table(self) -> str:
@@ -91,6 +96,7 @@ class EvaluationResult:
             ("images/s", f"{self.images_per_s:.2f}"),
             *self._tile_rows(),
             ("threshold", f"{self.threshold:.4f} ({self._rule()}, from good images only)"),
+            *([("warning", self.threshold_warning)] if self.threshold_warning else []),
             (
                 "verdicts",
                 f"TP {self.true_positives}  FP {self.false_positives}  "
@@ -227,6 +233,7 @@ def evaluate(
         best_f1=100 * best_f1_cut(cuts).f1,
         recall_at_1pct_false_alarms=100 * recall_cut(cuts, 0.01).recall,
         recall_at_5pct_false_alarms=100 * recall_cut(cuts, 0.05).recall,
+        threshold_warning=None if op is None else op.warning(),
         score_summary={
             "out-of-fold train": score_summary(cal.scores if cal else []),
             "test good": score_summary(pred.scores[labels == 0]),

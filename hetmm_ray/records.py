@@ -72,6 +72,8 @@ class ProductDescription:
     # whether the product has an inspection region, and its tile grid ([1, 1]: untiled), issue 22
     region: bool = False
     tiles: tuple[int, int] = (1, 1)
+    # why the threshold may flag few defects (core/scoring.OperatingPoint.warning), None when nothing
+    threshold_warning: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

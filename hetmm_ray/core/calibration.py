@@ -58,6 +58,7 @@ __all__ = [
     "TAIL_POINTS",
     "OutOfFold",
     "TailModel",
+    "empirical_min_images",
     "fold_plan",
 ]
 
@@ -132,7 +133,12 @@ class TailModel:
         return "empirical" if self._rank(rate) <= self.n - (TAIL_POINTS - 1) else "parametric"
 
     def _rank(self, rate: float) -> int:
-        return math.ceil((self.n + 1) * (1.0 - rate) - 1e-9)
+        return self.rank(self.n, rate)
+
+    @staticmethod
+    def rank(n: int, rate: float) -> int:
+        """The conformal rank of the quantile ``1 - rate`` among ``n`` scores (1-based)."""
+        return math.ceil((n + 1) * (1.0 - rate) - 1e-9)
 
     def threshold(self, rate: float) -> float:
         """Score above which an estimated share ``rate`` of good parts falls."""
@@ -159,6 +165,16 @@ class TailModel:
             else:
                 hi = mid
         return math.exp(hi)
+
+
+def empirical_min_images(rate: float) -> int:
+    """Fewest out-of-fold scores for which :class:`TailModel` reads the threshold at ``rate`` off the
+    scores themselves (the empirical regime): ``k = ceil((n + 1)(1 - rate)) <= n - (TAIL_POINTS - 1)``,
+    that is ``n >= TAIL_POINTS / rate - 1`` (299 at 1 %, 59 at 5 %)."""
+    n = max(TAIL_POINTS, math.ceil(TAIL_POINTS / check_rate(rate) - 1 - 1e-9))
+    while TailModel.rank(n, rate) > n - (TAIL_POINTS - 1):  # float rounding of the bound
+        n += 1
+    return n
 
 
 def check_rate(rate: float) -> float:

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..config import THRESHOLD_RULES, DetectorConfig
+from ..config import THRESHOLD_RULES, THRESHOLD_WARN_OVER_HIGHEST, DetectorConfig
 from .geometry import Box, crop
 
 __all__ = [
@@ -132,6 +132,10 @@ class OperatingPoint:
     rule: str
     false_alarm_rate: float | None
     target: float | None = None
+    # What the threshold was set from, for :meth:`warning` (not part of the point's identity or JSON):
+    # the highest out-of-fold good score and how many there were. None: a rule not read off them.
+    highest_good: float | None = field(default=None, compare=False)
+    n_good: int = field(default=0, compare=False)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -140,6 +144,40 @@ class OperatingPoint:
             "rule_target": self.target,
             "estimated_false_alarm_rate": self.false_alarm_rate,
         }
+
+    def warning(self) -> str | None:
+        """Why this threshold may flag few defects, or None: it lies more than
+        ``THRESHOLD_WARN_OVER_HIGHEST`` times above the highest good score the rule saw.
+
+        Then the rule put it where no good image ever scored: the far rule's tail model, with too
+        few images for its rank to exist (``calibration.empirical_min_images``), or a large
+        ``sigmas``; every defect scoring between the good images and the threshold passes (battery_weld,
+        37 welds at far 1 %: 3.0x, none of 93 defects flagged). The threshold stands; this says so and
+        what would change it. Labelled thresholds (``validation``) are not judged."""
+        from .calibration import empirical_min_images
+
+        highest = self.highest_good
+        if highest is None or highest <= 0 or self.threshold <= THRESHOLD_WARN_OVER_HIGHEST * highest:
+            return None
+        ratio = self.threshold / highest
+        where = f"the threshold {self.threshold:.4f} is {ratio:.1f}x the highest out-of-fold good score"
+        if self.rule == "far" and self.target is not None:
+            need = empirical_min_images(self.target)
+            why = (
+                f"with {self.n_good} good images a {100 * self.target:g}% false-alarm point lies beyond every good "
+                f"score, so it is the tail model's extrapolation (the scores give it directly from {need} images)"
+            )
+            fix = (
+                "add good images, allow a higher rate (threshold.false_alarm_rate; 0.05 is read off the "
+                f"scores from {empirical_min_images(0.05)} images)"
+            )
+        else:
+            why = f"the {self.rule} rule put it above all {self.n_good} good scores"
+            fix = "use the far rule or fewer sigmas"
+        return (
+            f"{where} ({highest:.4f}): {why}; a defect scoring between the two passes. To flag more, {fix}, "
+            "or set the threshold on labelled images (hetmm calibrate --val DIR)"
+        )
 
 
 @dataclass(frozen=True)
@@ -175,15 +213,16 @@ class Calibration:
         from .calibration import TailModel, check_rate
 
         tail = TailModel(self.scores)
+        seen = {"highest_good": tail.sorted[-1], "n_good": tail.n}  # for OperatingPoint.warning
         if rule == "far":
             rate = check_rate(false_alarm_rate)
             t = tail.threshold(rate)
-            return OperatingPoint(t, "far", tail.false_alarm_rate(t), rate)
+            return OperatingPoint(t, "far", tail.false_alarm_rate(t), rate, **seen)
         if rule == "sigmas":
             if not (math.isfinite(sigmas) and sigmas >= 0):
                 raise ValueError(f"sigmas must be a finite number >= 0, got {sigmas!r}")
             t = self.threshold(sigmas)
-            return OperatingPoint(t, "sigmas", tail.false_alarm_rate(t), float(sigmas))
+            return OperatingPoint(t, "sigmas", tail.false_alarm_rate(t), float(sigmas), **seen)
         if rule == "validation":
             if not self.validation:
                 raise ValueError(

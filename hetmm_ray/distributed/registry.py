@@ -465,6 +465,7 @@ class ProductRegistry:
             created=rec.created,
             region=config.region is not None,
             tiles=tuple(int(v) for v in config.geometry.tiles),  # type: ignore[arg-type]
+            threshold_warning=None if op is None else op.warning(),
         )
 
     async def settings(self, product: str) -> dict[str, Any]:

@@ -35,6 +35,7 @@ DESCRIPTION_KEYS = [
     "created",
     "region",  # issue 22: whether it has an inspection region, and its tile grid
     "tiles",
+    "threshold_warning",  # why the threshold may flag few defects (OperatingPoint.warning), or None
 ]
 
 
