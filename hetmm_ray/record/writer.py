@@ -158,7 +158,9 @@ class InspectionRecorder:
         self._kept: dict[tuple[str, str], int] = {}  # (product, day) -> image bytes kept
         self._seen_images: set[str] = set()
         self._products: set[str] = set()
-        self._last_retention = 0.0
+        # None: no pass yet, so the first runs at start (a monotonic clock starts near 0 at boot: a
+        # service started within RETENTION_EVERY_S of it skipped its start-up pass with 0.0 here)
+        self._last_retention: float | None = None
         self._retry_at = 0.0
         self._thread = threading.Thread(target=self._run, name="inspection-record", daemon=True)
         self._thread.start()
@@ -290,7 +292,7 @@ class InspectionRecorder:
             self._write(chunk)
             with self._cond:
                 self._in_flight = 0
-        if time.monotonic() - self._last_retention >= RETENTION_EVERY_S:
+        if self._last_retention is None or time.monotonic() - self._last_retention >= RETENTION_EVERY_S:
             self._last_retention = time.monotonic()
             self._retention()
 
