@@ -5,8 +5,9 @@ Starts the service of deploy.yaml on a local Ray (or joins ``--address``), publi
 product per backbone with 60 template sheets (ALL of 60 synthetic good images; random weights:
 speed does not depend on them), then, for each backbone:
 
-- in-process: ``HETMM.load(...).predict`` of ``--inproc-images`` copies of the body in one call
-  (batch 8, the detector's own decode/prefetch pipeline, this process's torch threads);
+- in-process: ``HETMM.load(...).predict`` of ``--inproc-images`` copies of the body per call, calls
+  repeated for ``--inproc-seconds`` (default ``--seconds``) per run (batch 8, the detector's own
+  decode/prefetch pipeline, this process's torch threads);
 - over HTTP: ``POST /v1/products/{p}/predict`` with one PNG body per request from
   ``concurrency`` client threads, the detector replica running as many torch threads as the
   in-process run (``user_config.threads``), greedy batching (replica.py / serve/greedy.py);
@@ -188,19 +189,25 @@ def body_png() -> tuple[bytes, str]:
     return _png(SyntheticProduct(seed=1, size=256).good(999)), "synthetic PNG 256x256"
 
 
-def in_process(store: str, product: str, body: bytes, n: int, runs: int, device: str) -> tuple[float, float]:
-    """images/s of ``HETMM.predict`` on ``n`` copies of ``body`` in one call, and CPU ms per image
-    (this process's; medians of ``runs``)."""
+def in_process(
+    store: str, product: str, body: bytes, n: int, runs: int, device: str, seconds: float = 0.0
+) -> tuple[float, float]:
+    """images/s of ``HETMM.predict`` on ``n`` copies of ``body`` per call, and CPU ms per image (this
+    process's; medians of ``runs``). A run makes calls until ``seconds`` have passed (at least one), so
+    the baseline is measured over as long as a service row: this host's speed swings by a quarter
+    between one-second calls (session 12: 21-36 images/s on identical consecutive calls)."""
     det = HETMM.load(open_store(store), product, device=device)
     images = [body] * n
     det.predict(images[:8])
-    times, cpus = [], []
+    rates, cpus = [], []
     for _ in range(runs):
-        t0, c0 = time.perf_counter(), time.process_time()
-        det.predict(images)
-        times.append(time.perf_counter() - t0)
-        cpus.append(1000 * (time.process_time() - c0) / n)
-    return n / statistics.median(times), statistics.median(cpus)
+        done, t0, c0 = 0, time.perf_counter(), time.process_time()
+        while done == 0 or time.perf_counter() - t0 < seconds:
+            det.predict(images)
+            done += n
+        rates.append(done / (time.perf_counter() - t0))
+        cpus.append(1000 * (time.process_time() - c0) / done)
+    return statistics.median(rates), statistics.median(cpus)
 
 
 def main() -> None:
@@ -208,7 +215,10 @@ def main() -> None:
     parser.add_argument("--backbones", nargs="+", default=["mobilenet_v2", "efficientnet_lite0"])
     parser.add_argument("--concurrency", nargs="+", type=int, default=[1, 8])
     parser.add_argument("--seconds", type=float, default=10.0, help="target length of one HTTP run (sets its requests)")
-    parser.add_argument("--inproc-images", type=int, default=24)
+    parser.add_argument("--inproc-images", type=int, default=24, help="images per in-process predict call")
+    parser.add_argument(
+        "--inproc-seconds", type=float, default=None, help="length of one in-process run (default: --seconds)"
+    )
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--device", default="auto")
     parser.add_argument("--address", help="Ray cluster to run on (default: a local Ray)")
@@ -222,6 +232,7 @@ def main() -> None:
     )
     parser.add_argument("--idle-s", type=float, default=20.0, help="with --by-process: idle seconds measured")
     args = parser.parse_args()
+    inproc_s = args.seconds if args.inproc_seconds is None else args.inproc_seconds
 
     import ray
     import torch
@@ -233,7 +244,7 @@ def main() -> None:
     store = tempfile.mkdtemp(prefix="bench-serve-")
     products = [publish(store, b, args.device) for b in args.backbones]
     body, source = body_png()
-    measured = {p: in_process(store, p, body, args.inproc_images, args.runs, args.device) for p in products}
+    measured = {p: in_process(store, p, body, args.inproc_images, args.runs, args.device, inproc_s) for p in products}
     inproc = {p: rate for p, (rate, _) in measured.items()}
     port = free_port()
     user = {"threads": threads}  # batching: the ReplicaSettings defaults (greedy)
@@ -309,7 +320,7 @@ def main() -> None:
     # the after rates ran 13-27 % under the before ones in 3 of 4 runs, which inflated every share).
     if args.address is None:
         wait_for_no_descendants(timeout_s=120.0)
-    after = {p: in_process(store, p, body, args.inproc_images, args.runs, args.device) for p in products}
+    after = {p: in_process(store, p, body, args.inproc_images, args.runs, args.device, inproc_s) for p in products}
     for row in rows:
         product = row[0]
         rate = (measured[product][0] + after[product][0]) / 2
