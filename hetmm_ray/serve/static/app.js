@@ -121,7 +121,10 @@ function renderProducts() {
       onclick: () => selectProduct(p.product) },
       el("td", { text: p.product }), el("td", { text: p.error ? `v${p.version} (${p.error})` : `v${p.version}` }),
       el("td", { text: p.backbone || "–" }), el("td", { text: p.sheets ?? "–" }), el("td", { text: p.images ?? "–" }),
-      el("td", { text: fmt(p.threshold) }), el("td", { text: rule }), el("td", { text: pct(p.estimated_false_alarm_rate, 2) }),
+      // a threshold far above every good score (threshold_warning): marked, the reason on hover
+      el("td", { text: `${fmt(p.threshold)}${p.threshold_warning ? " \u26a0" : ""}`, title: p.threshold_warning,
+        class: p.threshold_warning ? "warn" : null, "data-testid": p.threshold_warning ? "threshold-warning" : null }),
+      el("td", { text: rule }), el("td", { text: pct(p.estimated_false_alarm_rate, 2) }),
       el("td", { text: String(c.scored) }), el("td", { text: c.scored ? `${c.flagged} (${pct(c.flagged_share)})` : "–" }));
   });
   $("products-body").replaceChildren(...rows);

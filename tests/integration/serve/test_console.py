@@ -49,6 +49,7 @@ TOKEN = "console-token-81d3"
 ADMIN = {"Authorization": f"Bearer {TOKEN}"}
 PRODUCT = "gear"  # read-only: its v1 is never changed (tests that change a product make their own)
 EXTRA_PRODUCTS = [f"line-{i:02d}" for i in range(19)]  # 20 products in all
+WARNED = "line-warned"  # a threshold far above every good score (sigmas 100): its row carries the warning
 RECENT = 500  # predictions of PRODUCT recorded before the load measurement
 SIZE = 64
 GEAR = SyntheticProduct(seed=7, size=SIZE)
@@ -108,6 +109,8 @@ def store(tmp_path_factory: pytest.TempPathFactory, gear: HETMM) -> str:
     other = HETMM(config()).fit([SyntheticProduct(seed=3, size=SIZE).good(j) for j in range(4)])
     for name in EXTRA_PRODUCTS:  # the Products view with 20 rows (scoring them is not the point)
         other.save(s, name)
+    far_above = config().replace(**{"threshold.rule": "sigmas", "threshold.sigmas": 100.0})
+    HETMM(far_above).fit([SyntheticProduct(seed=3, size=SIZE).good(j) for j in range(4)]).save(s, WARNED)
     return uri
 
 
@@ -290,6 +293,15 @@ def test_products_view_lists_every_product(page: Any, api: httpx.Client) -> None
     row = page.locator(f"[data-testid=products-body] tr[data-product={PRODUCT}]")
     text = row.inner_text()
     assert "v1" in text and "resnet18" in text and "far" in text
+    # threshold_warning (a threshold far above every good score): marked on exactly the products the API
+    # warns of, the reason on hover
+    warned = {p["product"]: p["threshold_warning"] for p in api.get("/v1/products").json()["products"]}
+    warned = {k: v for k, v in warned.items() if v}
+    assert WARNED in warned and "sigmas rule" in warned[WARNED]
+    cells = page.locator("[data-testid=products-body] [data-testid=threshold-warning]")
+    assert cells.count() == len(warned)
+    cell = page.locator(f"[data-testid=products-body] tr[data-product={WARNED}] [data-testid=threshold-warning]")
+    assert cell.get_attribute("title") == warned[WARNED] and cell.inner_text().endswith("\u26a0")
     shot(page, "products")
 
 
