@@ -317,7 +317,7 @@ def main() -> None:
     # minutes (2-core VM, measured), so each share is of the mean of the in-process rates measured before
     # and after the service rows, not of the first alone. Measured as the first was, with no Ray process
     # left: the local Ray's processes took a while to exit and ran beside it (after a plain serve.shutdown
-    # the after rates ran 13-27 % under the before ones in 3 of 4 runs, which inflated every share).
+    # the after rates ran 13-21 % under the before ones in 4 of 5 runs, which inflated every share).
     if args.address is None:
         wait_for_no_descendants(timeout_s=120.0)
     after = {p: in_process(store, p, body, args.inproc_images, args.runs, args.device, inproc_s) for p in products}

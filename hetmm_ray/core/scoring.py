@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..config import THRESHOLD_RULES, THRESHOLD_WARN_OVER_HIGHEST, DetectorConfig
+from .calibration import TailModel, check_rate, empirical_min_images
 from .geometry import Box, crop
 
 __all__ = [
@@ -154,8 +155,6 @@ class OperatingPoint:
         ``sigmas``; every defect scoring between the good images and the threshold passes (battery_weld,
         37 welds at far 1 %: 3.0x, none of 93 defects flagged). The threshold stands; this says so and
         what would change it. Labelled thresholds (``validation``) are not judged."""
-        from .calibration import empirical_min_images
-
         highest = self.highest_good
         if highest is None or highest <= 0 or self.threshold <= THRESHOLD_WARN_OVER_HIGHEST * highest:
             return None
@@ -210,8 +209,6 @@ class Calibration:
 
     def operating_point(self, rule: str, *, sigmas: float = 3.0, false_alarm_rate: float = 0.01) -> OperatingPoint:
         """The threshold of ``rule`` and its estimated false-alarm rate."""
-        from .calibration import TailModel, check_rate
-
         tail = TailModel(self.scores)
         seen = {"highest_good": tail.sorted[-1], "n_good": tail.n}  # for OperatingPoint.warning
         if rule == "far":
