@@ -56,7 +56,16 @@ from .locations import ArchiveError, FsSpec, split_uri
 from .schema import SOURCE_SCHEMA
 from .stages import DetectorActor, read_and_fit, write_part
 
-__all__ = ["InspectReport", "JobOptions", "inspect_archive", "score_rows"]
+__all__ = [
+    "InspectReport",
+    "JobOptions",
+    "decoded",
+    "detector_kwargs",
+    "inspect_archive",
+    "score_rows",
+    "score_with",
+    "spool_source",
+]
 
 
 @dataclass
@@ -194,41 +203,60 @@ def _pipeline(
     heatmaps: str | None,
 ) -> Any:
     """Listing blocks -> read_and_fit tasks -> detector actors; ``specs``: (SOURCE's, DEST's)."""
+    spec, dest_spec = specs
+    kwargs = detector_kwargs(opts, product, version, heatmaps, dest_spec)
+    return score_with(decoded(refs, config, opts, spec), DetectorActor, kwargs, opts)
+
+
+def decoded(refs: list[Any], config: Any, opts: JobOptions, spec: FsSpec) -> Any:
+    """Listing blocks -> ``read_and_fit`` tasks: each file decoded and fitted to ``config``'s canvas."""
     import ray.data
 
     ctx = ray.data.DataContext.get_current()
     ctx.enable_progress_bars = False  # the job's own bar (images/s, ETA) instead of one per operator
     ctx.wait_for_min_actors_s = ACTORS_START_S  # every minimum actor up before the first block (config.archive)
-    spec, dest_spec = specs
     bb = config.backbone
-    decoded = ray.data.from_arrow_refs(refs).map_batches(
+    return ray.data.from_arrow_refs(refs).map_batches(
         read_and_fit,
         batch_format="pyarrow",
         batch_size=opts.batch_size,
         num_cpus=DECODE_CPUS,
         fn_kwargs={"spec": spec, "image_size": bb.image_size, "geometry": bb.geometry, "tiled": config.geometry.tiled},
     )
-    concurrency, gpus = _actor_resources(opts)
+
+
+def detector_kwargs(
+    opts: JobOptions, product: str, version: int, heatmaps: str | None, dest_spec: FsSpec
+) -> dict[str, Any]:
+    """:class:`~.stages.DetectorActor`'s constructor arguments for ``version`` under ``opts``."""
     overrides = {k: v for k, v in (("device", opts.device), ("dtype", opts.dtype)) if v}
-    return decoded.map_batches(
-        DetectorActor,
+    return {
+        "store": opts.store,
+        "endpoint_url": opts.endpoint_url,
+        "product": product,
+        "version": version,
+        "overrides": overrides,
+        "sigmas": opts.sigmas,
+        "false_alarm_rate": opts.false_alarm_rate,
+        "heatmaps": heatmaps,
+        "spec": dest_spec,
+        "threads": opts.actor_threads,
+    }
+
+
+def score_with(decoded_ds: Any, actor: type, kwargs: dict[str, Any], opts: JobOptions) -> Any:
+    """``decoded_ds`` through a pool of ``actor(**kwargs)`` (module docstring, 5: sizes and resources)."""
+    import ray.data
+
+    concurrency, gpus = _actor_resources(opts)
+    return decoded_ds.map_batches(
+        actor,
         batch_format="pyarrow",
         batch_size=opts.batch_size,
         compute=ray.data.ActorPoolStrategy(min_size=concurrency[0], max_size=concurrency[1]),
         num_cpus=opts.actor_cpus,
         num_gpus=gpus,
-        fn_constructor_kwargs={
-            "store": opts.store,
-            "endpoint_url": opts.endpoint_url,
-            "product": product,
-            "version": version,
-            "overrides": overrides,
-            "sigmas": opts.sigmas,
-            "false_alarm_rate": opts.false_alarm_rate,
-            "heatmaps": heatmaps,
-            "spec": dest_spec,
-            "threads": opts.actor_threads,
-        },
+        fn_constructor_kwargs=kwargs,
     )
 
 
@@ -291,22 +319,30 @@ def inspect_archive(
     return report
 
 
+def spool_source(source: str | RecordSource, opts: JobOptions) -> tuple[list[Any], FsSpec]:
+    """SOURCE listed into the object store in blocks (module docstring, 2 and 4; nothing skipped) on
+    the job's Ray: (block references, how to reach SOURCE's files). No references: SOURCE is empty."""
+    from ..distributed.runtime import connect
+
+    source_spec = _source_spec(source, opts)
+    listing = _listing(source, source_spec)
+    connect(opts.address)
+    refs, _, _ = _spool(listing, set(), opts.block_size, progress=False)
+    return refs, source_spec
+
+
 def score_rows(
     source: str | RecordSource, product: str, version: int | None, opts: JobOptions
 ) -> Iterator[dict[str, Any]]:
     """Every file of SOURCE scored by the product's ``version`` (None: the head), as output rows.
 
     The seam for comparing candidate versions over a large record or bucket (issue 23): call it once
-    per version and join the rows on ``path``. Same pipeline and same scores as :func:`inspect_archive`;
-    nothing is skipped or written. Rows arrive as blocks finish (not in listing order)."""
-    from ..distributed.runtime import connect
-
+    per version and join the rows on ``path`` (``compare_job`` does, where the two versions' canvases
+    differ). Same pipeline and same scores as :func:`inspect_archive`; nothing is skipped or written.
+    Rows arrive as blocks finish (not in listing order)."""
     version, config = _product(opts, product, version)
-    source_spec = _source_spec(source, opts)
-    listing = _listing(source, source_spec)
-    connect(opts.address)
-    refs, listed, _ = _spool(listing, set(), opts.block_size, progress=False)
-    if not listed:
+    refs, source_spec = spool_source(source, opts)
+    if not refs:
         return
     ds = _pipeline(refs, product, version, config, opts, (source_spec, source_spec), None)
     for batch in ds.iter_batches(batch_size=None, batch_format="pyarrow"):

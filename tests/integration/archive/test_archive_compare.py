@@ -1,6 +1,8 @@
 """``hetmm compare --on-ray``: two versions compared over a folder as the ``hetmm inspect`` job
 (issue 24 item 4) give the same flips, flagged counts, thresholds and score shift as the one-process
-compare on the same images; unreadable files are counted and left out."""
+compare on the same images; unreadable files are counted and left out. Both ways the job runs: one
+pass scoring each decoded batch with both versions (same canvas), and a pass per version joined on
+path (the candidate fits images to another canvas)."""
 
 from __future__ import annotations
 
@@ -20,6 +22,17 @@ from hetmm_ray.store import open_store
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
+def assert_same_comparison(ours: dict, theirs: dict, n_images: int) -> None:
+    """The on-Ray comparison agrees with the one-process one on the same readable images."""
+    assert ours["images"] == theirs["images"] == n_images and ours["unreadable"] == 4
+    assert ours["flagged"] == theirs["flagged"] and ours["threshold"] == theirs["threshold"]
+    assert [f["image"] for f in ours["flips"]] == [f["image"] for f in theirs["flips"]]
+    assert ours["flips"], "the two versions should disagree somewhere, or the comparison shows nothing"
+    for key in ("base", "candidate", "difference"):
+        assert ours["score_shift"][key] == pytest.approx(theirs["score_shift"][key], rel=1e-5, abs=2e-6)
+    assert ours["false_alarm_rate"] == theirs["false_alarm_rate"]
+
+
 def test_compare_on_ray_equals_the_one_process_compare(gear_store: str, tmp_path: Path, local_ray) -> None:
     store = open_store(gear_store)
     gear = SyntheticProduct(seed=0, size=SIZE)
@@ -32,14 +45,8 @@ def test_compare_on_ray_equals_the_one_process_compare(gear_store: str, tmp_path
     ours = compare_archive(str(tmp_path / "in"), PRODUCT, candidate, JobOptions(store=gear_store), base=1)
     named = sorted((str((tmp_path / "in" / n).resolve()), img) for n, img in images.items())
     theirs = compare_versions(store, PRODUCT, candidate, named, base=1, maps=False)
-
-    assert ours["images"] == theirs["images"] == len(images) and ours["unreadable"] == 4
-    assert ours["flagged"] == theirs["flagged"] and ours["threshold"] == theirs["threshold"]
-    assert [f["image"] for f in ours["flips"]] == [f["image"] for f in theirs["flips"]]
-    assert ours["flips"], "the two versions should disagree somewhere, or the comparison shows nothing"
-    for key in ("base", "candidate", "difference"):
-        assert ours["score_shift"][key] == pytest.approx(theirs["score_shift"][key], rel=1e-5, abs=2e-6)
-    assert ours["false_alarm_rate"] == theirs["false_alarm_rate"]
+    assert_same_comparison(ours, theirs, len(images))
+    assert ours["passes"] == 1  # same canvas: decoded once, scored by both versions in one actor
 
     # the CLI: the same through --on-ray; the one-process options it cannot honour are refused
     out = tmp_path / "c.json"
@@ -47,3 +54,24 @@ def test_compare_on_ray_equals_the_one_process_compare(gear_store: str, tmp_path
     assert main([*cli, "--base", "1", "--on-ray", "--json", str(out)]) == 0
     assert [f["image"] for f in json.loads(out.read_text())["flips"]] == [f["image"] for f in ours["flips"]]
     assert main([*cli, "--on-ray", "--out", str(tmp_path / "maps")]) == 2
+
+
+def test_compare_on_ray_across_canvases_equals_the_one_process_compare(
+    gear_store: str, tmp_path: Path, local_ray
+) -> None:
+    store = open_store(gear_store)
+    gear = SyntheticProduct(seed=0, size=SIZE)
+    # version 2 sees images on a smaller canvas: read_and_fit differs, so each version has its own pass
+    other = tiny_config().replace(
+        backbone={"image_size": SIZE - 16},
+        threshold={"max_images": 4, "folds": 2, "rule": "sigmas", "sigmas": 0.5},
+    )
+    candidate = HETMM(other).fit([gear.good(i) for i in range(10, 16)]).save(store, PRODUCT)
+    images = write_images(tmp_path / "in", 16)
+    write_bad_files(tmp_path / "in", huge=False)
+
+    ours = compare_archive(str(tmp_path / "in"), PRODUCT, candidate, JobOptions(store=gear_store), base=1)
+    named = sorted((str((tmp_path / "in" / n).resolve()), img) for n, img in images.items())
+    theirs = compare_versions(store, PRODUCT, candidate, named, base=1, maps=False)
+    assert_same_comparison(ours, theirs, len(images))
+    assert ours["passes"] == 2
