@@ -42,6 +42,7 @@ def main() -> None:
     base = HETMM(DetectorConfig()).fit([p.read_bytes() for p in train[:40]]).save(store, "bottle")
     candidate = HETMM(DetectorConfig()).fit([p.read_bytes() for p in train[40:90]]).save(store, "bottle")
     source = str(BOTTLE / "test")
+    canvas_of = store.record("bottle", base).config  # what read_and_fit fits images to (both versions)
     opts = JobOptions(store=store_uri, progress=False)
     connect(None)
 
@@ -49,7 +50,7 @@ def main() -> None:
         return [compare_job._collect(compare_job.score_rows(source, "bottle", v, opts)) for v in (base, candidate)]
 
     def one_pass() -> list[compare_job.Side]:
-        return compare_job._paired(source, "bottle", (base, candidate), opts)
+        return compare_job._paired(source, "bottle", (base, candidate), canvas_of, opts)
 
     ways = {"one pass (both versions per batch)": one_pass, "a pass per version": two_passes}
     sides = {name: way() for name, way in ways.items()}  # warm-up, and the scores compared below

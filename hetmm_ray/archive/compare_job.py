@@ -75,11 +75,11 @@ def _canvas(config: Any) -> tuple[int, str, bool]:
     return config.backbone.image_size, config.backbone.geometry, config.geometry.tiled
 
 
-def _paired(source: str | RecordSource, product: str, versions: tuple[int, int], opts: JobOptions) -> list[Side]:
-    """Both versions' sides from one pass over SOURCE (:class:`PairActor`)."""
-    from ..store import open_store
-
-    config = open_store(opts.store, endpoint_url=opts.endpoint_url).record(product, versions[0]).config
+def _paired(
+    source: str | RecordSource, product: str, versions: tuple[int, int], config: Any, opts: JobOptions
+) -> list[Side]:
+    """Both versions' sides from one pass over SOURCE (:class:`PairActor`); ``config``: either
+    version's (they fit images to the same canvas)."""
     refs, spec = spool_source(source, opts)
     if not refs:
         return [({}, set(), float("nan")) for _ in versions]
@@ -102,7 +102,7 @@ def compare_archive(
     ops = tuple(rec.operating_point() for rec in records)
     one_pass = _canvas(records[0].config) == _canvas(records[1].config)
     if one_pass:
-        (b, b_failed, t0), (c, c_failed, t1) = _paired(source, product, (base, int(candidate)), opts)
+        (b, b_failed, t0), (c, c_failed, t1) = _paired(source, product, (base, int(candidate)), records[0].config, opts)
     else:
         (b, b_failed, t0), (c, c_failed, t1) = (
             _collect(score_rows(source, product, v, opts)) for v in (base, int(candidate))
