@@ -47,7 +47,7 @@ def main() -> None:
     connect(None)
 
     def two_passes() -> list[compare_job.Side]:
-        return [compare_job._collect(compare_job.score_rows(source, "bottle", v, opts)) for v in (base, candidate)]
+        return [compare_job._collect(compare_job.score_rows(source, "bottle", v, opts))[0] for v in (base, candidate)]
 
     def one_pass() -> list[compare_job.Side]:
         return compare_job._paired(source, "bottle", (base, candidate), canvas_of, opts)

@@ -55,19 +55,20 @@ class PairActor:
         return pa.table(columns)
 
 
-def _collect(rows: Iterable[dict[str, Any]], suffix: str = "") -> Side:
-    """One version's scores by path from output rows (``suffix``: a :class:`PairActor` side's columns)."""
-    scored: dict[str, tuple[float, bool]] = {}
-    failed: set[str] = set()
-    threshold = float("nan")
+def _collect(rows: Iterable[dict[str, Any]], suffixes: tuple[str, ...] = ("",)) -> list[Side]:
+    """Each version's scores by path from output rows, read as they stream in (one ``suffix`` per
+    version: ``""`` for ``score_rows``' rows, ``"_0"``/``"_1"`` for :class:`PairActor`'s)."""
+    sides: list[Side] = [({}, set(), float("nan")) for _ in suffixes]
     for row in rows:
-        score = row[f"score{suffix}"]
-        if row["error"] is not None or score is None:
-            failed.add(row["path"])
-            continue
-        scored[row["path"]] = (float(score), bool(row[f"is_anomaly{suffix}"]))
-        threshold = float(row[f"threshold{suffix}"])
-    return scored, failed, threshold
+        for i, suffix in enumerate(suffixes):
+            scored, failed, _ = sides[i]
+            score = row[f"score{suffix}"]
+            if row["error"] is not None or score is None:
+                failed.add(row["path"])
+                continue
+            scored[row["path"]] = (float(score), bool(row[f"is_anomaly{suffix}"]))
+            sides[i] = (scored, failed, float(row[f"threshold{suffix}"]))
+    return sides
 
 
 def _canvas(config: Any) -> tuple[int, str, bool]:
@@ -81,12 +82,13 @@ def _paired(
     """Both versions' sides from one pass over SOURCE (:class:`PairActor`); ``config``: either
     version's (they fit images to the same canvas)."""
     refs, spec = spool_source(source, opts)
+    suffixes = tuple(f"_{i}" for i in range(len(versions)))
     if not refs:
-        return [({}, set(), float("nan")) for _ in versions]
+        return _collect((), suffixes)
     sides = [detector_kwargs(opts, product, v, None, spec) for v in versions]
     ds = score_with(decoded(refs, config, opts, spec), PairActor, {"sides": sides}, opts)
-    rows = [row for batch in ds.iter_batches(batch_size=None, batch_format="pyarrow") for row in batch.to_pylist()]
-    return [_collect(rows, f"_{i}") for i in range(len(versions))]
+    batches = ds.iter_batches(batch_size=None, batch_format="pyarrow")
+    return _collect((row for batch in batches for row in batch.to_pylist()), suffixes)
 
 
 def compare_archive(
@@ -98,19 +100,20 @@ def compare_archive(
 
     store = open_store(opts.store, endpoint_url=opts.endpoint_url)
     base = store.head(product) if base is None else int(base)
-    records = (store.record(product, base), store.record(product, int(candidate)))
+    candidate = int(candidate)
+    records = (store.record(product, base), store.record(product, candidate))
     ops = tuple(rec.operating_point() for rec in records)
     one_pass = _canvas(records[0].config) == _canvas(records[1].config)
     if one_pass:
-        (b, b_failed, t0), (c, c_failed, t1) = _paired(source, product, (base, int(candidate)), records[0].config, opts)
+        (b, b_failed, t0), (c, c_failed, t1) = _paired(source, product, (base, candidate), records[0].config, opts)
     else:
         (b, b_failed, t0), (c, c_failed, t1) = (
-            _collect(score_rows(source, product, v, opts)) for v in (base, int(candidate))
+            _collect(score_rows(source, product, v, opts))[0] for v in (base, candidate)
         )
     paths = sorted(set(b) & set(c))
     s0, s1 = (np.asarray([side[p][0] for p in paths], dtype=np.float64) for side in (b, c))
     f0, f1 = (np.asarray([side[p][1] for p in paths], dtype=bool) for side in (b, c))
-    out = summarise(product, (base, int(candidate)), paths, (s0, s1), (f0, f1), (t0, t1), ops)
+    out = summarise(product, (base, candidate), paths, (s0, s1), (f0, f1), (t0, t1), ops)
     out["unreadable"] = len((b_failed | c_failed | set(b) | set(c)) - set(paths))
     out["passes"] = 1 if one_pass else 2  # over SOURCE: listed, read and decoded once or once per version
     return out
