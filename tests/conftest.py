@@ -2,11 +2,23 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
 from helpers import LOCAL_RAY_ARGS
+
+# Where each test's id is written as it starts (.ci/run sets it). A process that dies without
+# pytest's summary (Ray's driver exits the process when its core worker is used after a shutdown,
+# or its raylet dies) leaves here the test it died in; .ci/run prints it with Ray's driver errors.
+RUNNING_TEST_FILE = os.environ.get("HETMM_RUNNING_TEST_FILE")
+
+
+def pytest_runtest_logstart(nodeid: str, location: tuple[str, int | None, str]) -> None:
+    if RUNNING_TEST_FILE:
+        Path(RUNNING_TEST_FILE).write_text(nodeid + "\n")
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +41,7 @@ def local_ray() -> Iterator[None]:
     if not ray.is_initialized():
         ray.init(**LOCAL_RAY_ARGS)
     yield
-    ray.shutdown()
+    ray.shutdown(wait_for_processes=True)
 
 
 @pytest.fixture(scope="module")
@@ -43,8 +55,10 @@ def own_ray() -> Iterator[None]:
     import ray
 
     was_running = ray.is_initialized()
-    ray.shutdown()
+    # Waited: the next Ray starts only once this one's processes have exited, so two Rays never
+    # wind down and start up together on a 2-core machine.
+    ray.shutdown(wait_for_processes=True)
     yield
-    ray.shutdown()
+    ray.shutdown(wait_for_processes=True)
     if was_running:
         ray.init(**LOCAL_RAY_ARGS)
