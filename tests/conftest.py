@@ -54,6 +54,9 @@ def own_ray() -> Iterator[None]:
     """
     import ray
 
+    from hetmm_ray.distributed.runtime import serve_environment
+
+    serve_environment()  # the Ray this module starts runs Serve with the service's settings too
     was_running = ray.is_initialized()
     # Waited: the next Ray starts only once this one's processes have exited, so two Rays never
     # wind down and start up together on a 2-core machine.

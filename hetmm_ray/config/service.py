@@ -77,6 +77,11 @@ HTTP_APP_NAME = "hetmm"
 #   handle's router (proxy, ingress) and the deployments' code run on the replica's own event loop,
 #   without two thread hops per request. Every route and method here is async and sends blocking
 #   work (decoding, scoring, store reads, handle lookups) to threads, which this requires.
+# RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S=30 (Serve's default 5): how long the controller lets a new
+# proxy take to start (a Python worker importing Serve, FastAPI and uvicorn) before it kills it as
+# unhealthy. On a loaded 2-core machine that took longer than 5 s: Serve killed the proxy and
+# ``serve.start`` failed with ActorDiedError (tests/integration/serve under two busy processes,
+# session 14). Only a proxy that is starting waits longer; a running one's health checks are unchanged.
 SERVE_ENVIRONMENT: dict[str, str] = {
     "RAY_SERVE_USE_GRPC_BY_DEFAULT": "1",
     "RAY_SERVE_GRPC_MAX_MESSAGE_SIZE": str(GRPC_MAX_MESSAGE_MIB * 2**20),
@@ -85,6 +90,7 @@ SERVE_ENVIRONMENT: dict[str, str] = {
     "RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "0.25",
     "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0",
     "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0",
+    "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "30",
 }
 
 

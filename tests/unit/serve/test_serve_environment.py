@@ -33,4 +33,6 @@ def test_the_lean_settings_issue_25() -> None:
     assert SERVE_ENVIRONMENT["RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP"] == "0"
     assert SERVE_ENVIRONMENT["RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD"] == "0"
     assert 0.1 < float(SERVE_ENVIRONMENT["RAY_SERVE_CONTROL_LOOP_INTERVAL_S"]) <= 1.0
+    # a starting proxy is given 30 s, not 5, before Serve kills it (a loaded 2-core machine, session 14)
+    assert float(SERVE_ENVIRONMENT["RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S"]) >= 30
     assert all(isinstance(v, str) for v in SERVE_ENVIRONMENT.values())  # an environment holds strings
