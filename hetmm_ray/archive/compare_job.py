@@ -18,8 +18,8 @@ is listed, read and decoded **once** and each decoded batch is scored by both ve
 (:class:`PairActor`: two ``DetectorActor``\\ s, so each score is exactly the one ``hetmm inspect
 --version`` gives). Otherwise each version runs its own pass (``job.score_rows``) and the rows are
 joined. The single pass lists, reads and decodes SOURCE once and starts one actor pool, not two:
-83 bottle test PNGs took 10.6-11.9 s against 17.1-19.2 s for two passes, with equal scores
-(BENCHMARKS.md, "Inspecting an archive"). Each actor holds both versions.
+83 bottle test PNGs took 0.62x the time of two passes (medians 10.1 s and 16.4 s), with equal
+scores (``benchmarks/bench_compare_ray.py``; BENCHMARKS.md, "Inspecting an archive"). Each actor holds both versions.
 """
 
 from __future__ import annotations

@@ -86,13 +86,11 @@ def service(own_ray, store: str) -> Iterator[str]:
     from helpers import LOCAL_RAY_ARGS
     from ray import serve
 
-    from hetmm_ray.distributed.runtime import serve_environment
     from hetmm_ray.serve.run import start_service, stop_service
 
     saved = {k: os.environ.get(k) for k in PUSH_ENV}
     for k in PUSH_ENV:
         os.environ[k] = "1"
-    serve_environment()
     ray.init(**{**LOCAL_RAY_ARGS, "num_cpus": 8})
     autoscaling = {**stated_autoscaling(), **SHORTENED}
     from ray.serve.config import AutoscalingConfig

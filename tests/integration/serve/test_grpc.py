@@ -57,10 +57,8 @@ def service(own_ray, store: str) -> Iterator[tuple[str, str]]:
     from helpers import LOCAL_RAY_ARGS
     from ray import serve
 
-    from hetmm_ray.distributed.runtime import serve_environment
     from hetmm_ray.serve.run import start_service, stop_service
 
-    serve_environment()
     ray.init(**LOCAL_RAY_ARGS)
     os.environ[TOKEN_ENV] = TOKEN
     running = start_service(

@@ -29,7 +29,6 @@ def client(own_ray, tmp_path_factory) -> Iterator[object]:
     from helpers import LOCAL_RAY_ARGS
     from ray import serve
 
-    from hetmm_ray.distributed.runtime import serve_environment
     from hetmm_ray.serve.grpc.client import InspectionClient
     from hetmm_ray.serve.run import start_service, stop_service
 
@@ -41,7 +40,6 @@ def client(own_ray, tmp_path_factory) -> Iterator[object]:
         batch_size=8,
     )
     HETMM(config).fit([GEAR.good(j) for j in range(5)]).save(open_store(store), "gear")
-    serve_environment()
     ray.init(**LOCAL_RAY_ARGS)
     running = start_service(
         store=store,
