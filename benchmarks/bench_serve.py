@@ -87,7 +87,7 @@ def publish(store: str, backbone: str, device: str) -> str:
 SPLIT = ("decode_ms", "transfer_ms", "queue_ms", "score_ms", "batch_images")
 
 
-def _sender(path: str, per_request: int, running: object):
+def request_sender(path: str, per_request: int, running: object):
     """``send(product, body, concurrency, requests)`` of one path: HTTP or gRPC, ``per_request`` images."""
     from common import grpc_images, post_multipart
 
@@ -278,7 +278,7 @@ def main() -> None:
                 if running.grpc_target:
                     cases += [("gRPC", args.multi_images, args.multi_concurrency)]
             for path, per_request, conc in cases:
-                sender = _sender(path, per_request, running)
+                sender = request_sender(path, per_request, running)
                 n = max(2 * conc, int(args.seconds / (single * per_request)))
                 # warm-up at this concurrency: every score worker of the replica has run (a worker's
                 # first batch builds its one-thread backbone runtime), as the in-process warm-up did

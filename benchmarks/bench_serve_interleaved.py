@@ -104,7 +104,7 @@ def main() -> None:
     try:
         senders = {}
         for path, per_request, clients in ROWS:  # warm-up: every score worker has run at this load
-            senders[path] = bench_serve._sender(path, per_request, running)
+            senders[path] = bench_serve.request_sender(path, per_request, running)
             senders[path](product, body, clients, 4 * clients)
         for round_ in range(1, args.rounds + 1):
             with frozen(set() if args.no_freeze else bench_serve.descendants()):
