@@ -26,24 +26,16 @@ import threading
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-TICK = os.sysconf("SC_CLK_TCK")
+from common import thread_cpu
 
 
-def thread_stats(pid: int) -> dict[int, tuple[float, int]]:
-    """Per thread of ``pid``: (CPU seconds, voluntary context switches), from ``/proc``."""
-    out: dict[int, tuple[float, int]] = {}
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            with open(f"/proc/{pid}/task/{tid}/status") as f:
-                switches = next(int(line.split()[1]) for line in f if line.startswith("voluntary_ctxt_switches"))
-            out[int(tid)] = ((int(fields[11]) + int(fields[12])) / TICK, switches)
-        except (OSError, IndexError, ValueError, StopIteration):
-            continue  # a thread that ended meanwhile
-    return out
+def wakeups(pid: int) -> int:
+    """Voluntary context switches of the main thread of ``pid`` (each one wake-up after a sleep)."""
+    with open(f"/proc/{pid}/task/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("voluntary_ctxt_switches"))
 
 
 def main() -> None:
@@ -67,11 +59,11 @@ def main() -> None:
         actors = [Idle.remote() for _ in range(args.actors)]
         pids = ray.get([a.pid.remote() for a in actors])
         time.sleep(args.settle_s)
-        before = {pid: thread_stats(pid) for pid in pids}
+        before = {pid: (thread_cpu(pid), wakeups(pid)) for pid in pids}
         t0 = time.perf_counter()
         threading.Event().wait(args.seconds)
         wall = time.perf_counter() - t0
-        after = {pid: thread_stats(pid) for pid in pids}
+        after = {pid: (thread_cpu(pid), wakeups(pid)) for pid in pids}
     finally:
         ray.shutdown()
 
@@ -80,14 +72,15 @@ def main() -> None:
     print("|---|---|---|---|---|")
     totals, mains, wakes = [], [], []
     for pid in pids:
-        spent = {t: after[pid][t][0] - before[pid][t][0] for t in after[pid] if t in before[pid]}
+        (cpu0, woke0), (cpu1, woke1) = before[pid], after[pid]
+        spent = {t: cpu1[t] - cpu0.get(t, 0.0) for t in cpu1}
         total = 1000 * sum(spent.values()) / wall
         main_ms = 1000 * spent.get(pid, 0.0) / wall
-        woke = (after[pid][pid][1] - before[pid][pid][1]) / wall if pid in after[pid] and pid in before[pid] else 0.0
+        woke = (woke1 - woke0) / wall
         totals.append(total)
         mains.append(main_ms)
         wakes.append(woke)
-        print(f"| {pid} | {total:.1f} | {main_ms:.1f} | {woke:.0f} | {len(after[pid])} |")
+        print(f"| {pid} | {total:.1f} | {main_ms:.1f} | {woke:.0f} | {len(cpu1)} |")
     print(
         f"| median | {statistics.median(totals):.1f} | {statistics.median(mains):.1f} "
         f"| {statistics.median(wakes):.0f} | |"

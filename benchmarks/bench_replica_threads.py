@@ -16,7 +16,6 @@ threads, decode threads, the replica's event loop; BENCHMARKS.md, issue 25, sess
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import tempfile
 import time
@@ -27,21 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import bench_serve
 from bench_serve_floor import process_cpu
-from common import free_port, grpc_images, post_multipart
-
-
-def thread_cpu(pid: int) -> dict[int, float]:
-    """CPU seconds of each thread of ``pid`` (``/proc/<pid>/task/<tid>/stat``: utime + stime)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    out = {}
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            out[int(tid)] = (int(fields[11]) + int(fields[12])) / tick
-        except (OSError, IndexError, ValueError):
-            continue  # a thread that ended meanwhile
-    return out
+from common import free_port, grpc_images, post_multipart, thread_cpu
 
 
 def main() -> None:

@@ -28,7 +28,6 @@ import signal
 import statistics
 import sys
 import tempfile
-import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -108,12 +107,7 @@ def main() -> None:
             senders[path](product, body, clients, 4 * clients)
         for round_ in range(1, args.rounds + 1):
             with frozen(set() if args.no_freeze else bench_serve.descendants()):
-                done, t0, c0 = 0, time.perf_counter(), time.process_time()
-                while time.perf_counter() - t0 < args.seconds:
-                    detector.predict(images)
-                    done += len(images)
-                rate = done / (time.perf_counter() - t0)
-                cpu = 1000 * (time.process_time() - c0) / done
+                rate, cpu = bench_serve.predict_for(detector, images, args.seconds)
             cells = [f"{rate:.2f} ({cpu:.1f})"]
             for (path, per_request, clients), key in zip(ROWS, shares, strict=True):
                 requests = max(2 * clients, int(args.seconds * rate * 0.8 / per_request))

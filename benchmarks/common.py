@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import statistics
 import time
@@ -14,6 +15,20 @@ import torch
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 BOTTLE = SHARED / "data" / "mvtec_ad" / "bottle"
 MOBILENET_WEIGHTS = SHARED / "weights" / "mobilenet_v2_imagenet.pth"
+
+
+def thread_cpu(pid: int) -> dict[int, float]:
+    """CPU seconds of each thread of ``pid`` (``/proc/<pid>/task/<tid>/stat``: utime + stime)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            out[int(tid)] = (int(fields[11]) + int(fields[12])) / tick
+        except (OSError, IndexError, ValueError):
+            continue  # a thread that ended meanwhile
+    return out
 
 
 def free_port() -> int:
