@@ -49,6 +49,7 @@ from ..store import StoreError, check_product_name, open_store
 from ..store.labels import STORED_LABELS
 from . import bodies
 from .canvas import CanvasCache, decode_to_canvas
+from .grpc.standin import InspectionStandIn
 from .metrics import CONTENT_TYPE_LATEST, ServiceMetrics
 from .security import CrossOriginGuard, JSONResponse, parse_json_object, refuse_open_bind, resolve_source
 from .ui import Console
@@ -204,7 +205,7 @@ def _tiles_field(given: Any) -> dict[str, Any]:
 # be able to take every slot (bodies time out after ServiceConfig.body_timeout_s).
 @serve.deployment(name="Ingress", ray_actor_options={"num_cpus": 0.25}, max_ongoing_requests=1024)
 @serve.ingress(app)
-class Ingress:
+class Ingress(InspectionStandIn):  # gRPC calls that reach it are refused clearly (serve/grpc/standin.py)
     def __init__(self, detector: Any, service: dict[str, Any]) -> None:
         self.service = ServiceConfig.from_dict(service)
         self.token = os.environ.get(self.service.admin_token_env) or None

@@ -3,7 +3,9 @@
 Exact semantics: :func:`result_message` turns one image's result as the HTTP answer holds it into a
 ``Result`` (``heatmap_png`` base64 -> bytes; rule fields that are None left unset);
 :func:`peer_is_loopback` reads a gRPC peer string (``ipv4:127.0.0.1:5000``, ``ipv6:[::1]:5000``,
-``unix:...``; grpc may percent-encode the brackets) and :func:`host_is_loopback` a configured host name or address.
+``unix:...``; grpc may percent-encode the brackets) and :func:`host_is_loopback` a configured host name or address;
+:func:`refuse` sets a call's status from a refusal: the gRPC code of its HTTP status (``errors.GRPC_CODES``)
+and details ``"<code>: <message>"``.
 """
 
 from __future__ import annotations
@@ -13,9 +15,18 @@ import ipaddress
 from typing import Any
 from urllib.parse import unquote
 
+import grpc
+
+from ...errors import Refused, grpc_code
 from . import inspection_pb2 as pb
 
-__all__ = ["host_is_loopback", "peer_is_loopback", "result_message"]
+__all__ = ["host_is_loopback", "peer_is_loopback", "refuse", "result_message"]
+
+
+def refuse(grpc_context: Any, err: Refused) -> None:
+    """Answer the call with ``err``: its status's gRPC code and ``"<code>: <message>"`` as details."""
+    grpc_context.set_code(getattr(grpc.StatusCode, grpc_code(err.status)))
+    grpc_context.set_details(f"{err.code}: {err.message}")
 
 
 def host_is_loopback(host: str) -> bool:

@@ -50,11 +50,10 @@ import os
 import time
 from typing import Any
 
-import grpc
 from ray import serve
 
 from ...config import HTTP_APP_NAME, ServiceConfig
-from ...errors import Refused, grpc_code
+from ...errors import Refused
 from ...store import StoreError, check_product_name
 from ...tiled import TiledHETMM
 from ..canvas import decode_to_canvas
@@ -63,7 +62,7 @@ from ..replica import Detector, ScoreRequest
 from ..security import JSONResponse, refuse_open_bind
 from ..warm_set import product_of
 from . import inspection_pb2 as pb
-from .messages import host_is_loopback, peer_is_loopback, result_message
+from .messages import host_is_loopback, peer_is_loopback, refuse, result_message
 
 __all__ = ["InspectionDetector"]
 
@@ -144,9 +143,7 @@ class InspectionDetector(Detector.func_or_class):  # type: ignore[name-defined,m
                 raise Refused(403, "forbidden", "this endpoint answers loopback peers only (service.grpc_host)")
             return await work()
         except Exception as exc:  # noqa: BLE001 - every failure becomes a status with details
-            err = classify(exc)
-            grpc_context.set_code(getattr(grpc.StatusCode, grpc_code(err.status)))
-            grpc_context.set_details(f"{err.code}: {err.message}")
+            refuse(grpc_context, classify(exc))
             return empty
 
     def _admin(self, grpc_context: Any) -> None:
