@@ -691,6 +691,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     stop.wait()
     print("hetmm: stopping (in-flight requests finish first)", flush=True)
     stop_service(running, shutdown_ray=True)
+    print("hetmm: stopped", flush=True)
     return 0
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import shutil
 import socket
 import sys
 import time
@@ -29,7 +30,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from .config import PACKAGED_WEIGHTS, BackboneConfig, DetectorConfig
+from .config import PACKAGED_WEIGHTS, BackboneConfig, ConfigError, DetectorConfig
 from .core.backbone import WeightsError, weights_identity
 from .core.device import usable_cores
 from .core.metrics import image_auroc
@@ -39,6 +40,28 @@ from .data.synthetic import SyntheticProduct, write_mvtec_layout
 __all__ = ["run_demo"]
 
 PRODUCT = "synthetic-part"
+MARKER = ".hetmm-demo"  # in a folder the demo made: it may empty it on the next run
+RUN_FOLDERS = ("data", "store", "heatmaps")  # what one run writes under its folder
+
+
+def fresh_output(out: Path) -> None:
+    """Empty ``out`` of a previous run's data, store and heat-maps, so that every run creates its product
+    anew (a store left by the last run already holds it, and the create would be refused with 409).
+    Only a folder the demo made is emptied: one with the demo's marker, or holding nothing but the run
+    folders (a run before the marker). Any other non-empty folder is refused with ``ConfigError``."""
+    if out.is_dir() and not (out / MARKER).exists():
+        foreign = sorted(p.name for p in out.iterdir() if p.name not in RUN_FOLDERS)
+        if foreign:
+            raise ConfigError(
+                f"--out {out}: not a folder the demo made (it holds {', '.join(foreign[:3])}); "
+                "give a new or empty folder: each run empties its data, store and heatmaps"
+            )
+    elif out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out}: not a folder")
+    for name in RUN_FOLDERS:
+        shutil.rmtree(out / name, ignore_errors=True)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / MARKER).write_text("made by `hetmm demo`: its data, store and heatmaps are replaced on every run\n")
 
 
 def _usable_weights(config: DetectorConfig) -> tuple[DetectorConfig, str]:
@@ -104,11 +127,11 @@ def run_demo(
     out: Path, *, config: DetectorConfig | None = None, n_train: int = 30, port: int = 8000, address: str | None = None
 ) -> dict[str, Any]:
     import httpx
-    from ray import serve
 
     from .serve.run import start_service, stop_service
 
     t_start = time.perf_counter()
+    fresh_output(out)
     config, weights_label = _usable_weights(config or DetectorConfig())
     size = config.backbone.image_size
     data = write_mvtec_layout(out / "data", n_train=n_train, n_test_good=6, n_test_per_defect=3, seed=0, size=size)
@@ -124,8 +147,7 @@ def run_demo(
         with httpx.Client(base_url=running.url, timeout=900) as client:
             summary = _exercise(client, category, samples, config, weights_label, out, n_train)
     finally:
-        stop_service(running)
-        serve.shutdown()
+        stop_service(running, shutdown_ray=True)
         print("[6/6] service stopped cleanly")
     summary["total_s"] = time.perf_counter() - t_start
     print(f"  total        {summary['total_s']:.1f}s")

@@ -29,12 +29,15 @@ __all__ = [
     "connect",
     "serve_environment",
     "serve_grpc_on_loopback",
+    "started_local_ray",
     "use_assigned_cpus",
 ]
 
 NAMESPACE = "hetmm"
 PROBE_TIMEOUT_S = 3.0
 DEFAULT_CLIENT_PORT = 10001  # Ray Client's default when a ray:// address has no port
+
+_started_gcs: str | None = None  # the GCS address of the local Ray that connect() started, if it did
 
 
 class ClusterUnavailable(HetmmError, RuntimeError):
@@ -152,6 +155,8 @@ def connect(address: str | None = None, *, num_cpus: int | None = None) -> None:
             namespace=NAMESPACE,
             configure_logging=False,
         )
+        global _started_gcs
+        _started_gcs = ray.get_runtime_context().gcs_address
         return
     if num_cpus is not None:
         raise ValueError("num_cpus applies to a local Ray only; an existing cluster has its own CPUs")
@@ -163,6 +168,12 @@ def connect(address: str | None = None, *, num_cpus: int | None = None) -> None:
     except ConnectionError as exc:  # "auto" with no cluster on this machine, a stale address file...
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ClusterUnavailable(f"ray cluster at {address} is unreachable ({first})") from None
+
+
+def started_local_ray() -> bool:
+    """Whether the Ray this process is joined to is a local one that :func:`connect` started (it stops
+    with this process), not a cluster that outlives it."""
+    return ray.is_initialized() and _started_gcs is not None and ray.get_runtime_context().gcs_address == _started_gcs
 
 
 def use_assigned_cpus(threads: int = 0) -> int:

@@ -18,7 +18,7 @@ from ray import serve
 
 from ..config import GRPC_APP_NAME, GRPC_ROUTE_PREFIX, GRPC_SERVICER, HTTP_APP_NAME, ConfigError, ServiceConfig
 from ..distributed.registry import registry_name
-from ..distributed.runtime import NAMESPACE, connect
+from ..distributed.runtime import NAMESPACE, connect, started_local_ray
 from .app import DEPLOY_YAML, build_application, deployment_options, load_deploy_config
 from .security import refuse_open_bind
 
@@ -120,7 +120,8 @@ def _run_grpc_app(
 
 
 def stop_service(running: RunningService, *, shutdown_ray: bool = False) -> None:
-    """Delete the application and its registry (the store keeps every version)."""
+    """Delete the applications and the registry (the store keeps every version); with ``shutdown_ray``,
+    also stop Serve and leave Ray (a local Ray of this process stops)."""
     serve.delete(running.app_name)
     if running.grpc_target is not None:
         serve.delete(GRPC_APP_NAME)
@@ -130,5 +131,10 @@ def stop_service(running: RunningService, *, shutdown_ray: bool = False) -> None
     except ValueError:
         pass  # never created
     if shutdown_ray:
-        serve.shutdown()
+        # A local Ray that connect() started takes every Serve process down with it. serve.shutdown()
+        # there would only add Ray's "Task ServeController.graceful_shutdown failed ... will be retried"
+        # (Ray 2.60: the controller is killed inside that call) to a clean stop. A cluster outlives
+        # this process: Serve is taken off it.
+        if not started_local_ray():
+            serve.shutdown()
         ray.shutdown()
