@@ -36,6 +36,7 @@ from .core.device import usable_cores
 from .core.metrics import image_auroc
 from .data.mvtec import MVTecCategory
 from .data.synthetic import SyntheticProduct, write_mvtec_layout
+from .errors import Refused
 
 __all__ = ["run_demo"]
 
@@ -105,15 +106,28 @@ def _png(array: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
+def _checked(response: Any) -> Any:
+    """``response`` if it succeeded, else the service's JSON error raised as a :class:`Refused` (its status,
+    code and message: what the CLI prints), not httpx's bare status line."""
+    if response.is_success:
+        return response
+    try:
+        error = response.json()["error"]
+        code, message = str(error["code"]), str(error["message"])
+    except Exception:  # noqa: BLE001 - not the service's error shape (another server on the port)
+        code, message = "http_error", response.text[:200]
+    request = response.request
+    raise Refused(
+        response.status_code, code, f"{request.method} {request.url.path}: {response.status_code} {code}: {message}"
+    )
+
+
 def _finished_job(client: Any, response: Any) -> dict[str, Any]:
     """The job of a ``?wait=true`` admin call, polled to its end if the wait ran out (202, still running)."""
-    response.raise_for_status()
-    job = response.json()["job"]
+    job = _checked(response).json()["job"]
     while job["state"] == "running":  # a slow machine: the service answered before the job finished
         time.sleep(1.0)
-        r = client.get(f"/v1/jobs/{job['id']}")
-        r.raise_for_status()
-        job = r.json()["job"]
+        job = _checked(client.get(f"/v1/jobs/{job['id']}")).json()["job"]
     if job["state"] != "succeeded":
         raise RuntimeError(f"{job['kind']} job failed: {job['error']}")
     return job
@@ -170,7 +184,7 @@ def _exercise(
         del settings["backbone"]  # the service's default backbone, as a client that does not choose gets
     r = client.post(f"/v1/products/{PRODUCT}?wait=true", files=files, data={"config": json.dumps(settings)})
     created = _finished_job(client, r)
-    served = next(p for p in client.get("/v1/products").json()["products"] if p["product"] == PRODUCT)
+    served = next(p for p in _checked(client.get("/v1/products")).json()["products"] if p["product"] == PRODUCT)
     print(
         f"[3/6] created {PRODUCT} v{created['version']} over HTTP in {time.perf_counter() - t0:.1f}s "
         f"with the service's backbone {served['backbone']} ({served['weights_id']})"
@@ -184,8 +198,7 @@ def _exercise(
             content=path.read_bytes(),
             headers={"content-type": "image/png"},
         )
-        res.raise_for_status()
-        return res.json(), 1000 * (time.perf_counter() - start)
+        return _checked(res).json(), 1000 * (time.perf_counter() - start)
 
     t0 = time.perf_counter()
     with ThreadPoolExecutor(4) as pool:

@@ -13,10 +13,12 @@ import httpx
 import pytest
 
 from hetmm_ray.demo import _finished_job
+from hetmm_ray.errors import Refused
 
 
-def _server(job_states: list[str]) -> ThreadingHTTPServer:
-    """POST /v1/products/p -> 202 with a running job; each GET /v1/jobs/j1 -> the next state."""
+def _server(job_states: list[str], post_status: int = 202) -> ThreadingHTTPServer:
+    """POST /v1/products/p -> 202 with a running job (or ``post_status`` with the service's JSON error);
+    each GET /v1/jobs/j1 -> the next state."""
     states = iter(job_states)
 
     class Handler(BaseHTTPRequestHandler):
@@ -30,6 +32,9 @@ def _server(job_states: list[str]) -> ThreadingHTTPServer:
 
         def do_POST(self) -> None:
             self.rfile.read(int(self.headers.get("content-length", 0)))
+            if post_status != 202:
+                self._send(post_status, {"error": {"code": "conflict", "message": "product 'p' exists"}})
+                return
             self._send(202, {"job": {"id": "j1", "kind": "create", "state": "running", "result": None, "error": None}})
 
         def do_GET(self) -> None:
@@ -63,5 +68,19 @@ def test_a_job_that_fails_after_the_wait_is_an_error() -> None:
         with httpx.Client(base_url=f"http://127.0.0.1:{server.server_address[1]}") as client:
             with pytest.raises(RuntimeError, match="create job failed: boom"):
                 _finished_job(client, client.post("/v1/products/p?wait=true", content=b"x"))
+    finally:
+        server.shutdown()
+
+
+def test_a_refused_call_says_the_services_error() -> None:
+    """A 4xx reaches the user as the service's code and message (a Refused the CLI prints), not as
+    httpx's bare "Client error '409 Conflict'" (what a second `make demo` printed)."""
+    server = _server([], post_status=409)
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{server.server_address[1]}") as client:
+            with pytest.raises(Refused) as caught:
+                _finished_job(client, client.post("/v1/products/p?wait=true", content=b"x"))
+        assert (caught.value.status, caught.value.code) == (409, "conflict")
+        assert caught.value.message == "POST /v1/products/p: 409 conflict: product 'p' exists"
     finally:
         server.shutdown()
