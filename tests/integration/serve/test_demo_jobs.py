@@ -40,7 +40,9 @@ def _server(job_states: list[str], post_status: int = 202) -> ThreadingHTTPServe
         def do_GET(self) -> None:
             state = next(states)
             result = {"version": 1} if state == "succeeded" else None
-            error = "boom" if state == "failed" else None
+            # a failed job's error record, as distributed/jobs.py writes it
+            error = {"type": "WeightsError", "message": "boom", "status": 422, "code": "bad_weights"}
+            error = error if state == "failed" else None
             self._send(200, {"job": {"id": "j1", "kind": "create", "state": state, "result": result, "error": error}})
 
         def log_message(self, *args) -> None:
@@ -66,8 +68,9 @@ def test_a_job_that_fails_after_the_wait_is_an_error() -> None:
     server = _server(["failed"])
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{server.server_address[1]}") as client:
-            with pytest.raises(RuntimeError, match="create job failed: boom"):
+            with pytest.raises(Refused, match="create job failed: bad_weights: boom") as caught:
                 _finished_job(client, client.post("/v1/products/p?wait=true", content=b"x"))
+        assert (caught.value.status, caught.value.code) == (422, "bad_weights")  # the job's own, as the CLI says it
     finally:
         server.shutdown()
 
