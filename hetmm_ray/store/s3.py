@@ -168,7 +168,8 @@ class S3Backend:
         full = self._key(prefix)
         token: dict[str, str] = {}
         while True:
-            r = self._call(f"list {prefix}", self.client.list_objects_v2, Bucket=self.bucket, Prefix=full, **token)
+            what = f"list {prefix}" if prefix else "list"
+            r = self._call(what, self.client.list_objects_v2, Bucket=self.bucket, Prefix=full, **token)
             for obj in r.get("Contents", []):
                 key = obj["Key"]
                 yield key[len(self.prefix) + 1 :] if self.prefix else key

@@ -704,7 +704,7 @@ def test_cli_predict_heatmaps_of_same_named_files_do_not_collide(capsys, cli_dat
 
 
 @pytest.fixture
-def error_case(request, cli_data, tmp_path):
+def error_case(request, cli_data, tmp_path, monkeypatch):
     """(argv, words the one-line error must contain) for each kind of bad input."""
     store = cli_data["store"]
     train = cli_data["train"]
@@ -745,6 +745,11 @@ def error_case(request, cli_data, tmp_path):
     if kind == "s3 store":
         dead = ["--store", "s3://bucket/x", "--endpoint-url", "http://127.0.0.1:9"]
         return ["predict", train, "--product", "gear", *dead], ["s3://bucket/x", "127.0.0.1:9"]
+    if kind == "s3 store down":  # credentials given: the listing itself fails, and says so plainly
+        for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}.items():
+            monkeypatch.setenv(key, value)
+        dead = ["--store", "s3://bucket/x", "--endpoint-url", "http://127.0.0.1:9"]
+        return ["versions", *dead], ["s3://bucket/x at http://127.0.0.1:9: list failed after retries"]
     raise AssertionError(kind)
 
 
@@ -762,6 +767,7 @@ ERROR_CASES = [
     "not mvtec layout",
     "missing mvtec folder",
     "s3 store",
+    "s3 store down",
 ]
 
 
