@@ -242,31 +242,26 @@ def _fit_tiled(args: argparse.Namespace, config: Any, paths: list[Path]) -> int:
 
 def _predict_grpc(args: argparse.Namespace) -> int:
     """``hetmm predict --grpc HOST:PORT``: the images scored by a service's hetmm.v1.Inspection
-    (serve/grpc/), one request of up to 16 images at a time; the same lines as in process."""
+    (serve/grpc/) through ``InspectionClient.predict_all`` (files read as they are sent, requests within
+    the service's limits, two in flight); the same lines as in process."""
     import os
 
     import grpc
 
     from .serve.grpc.client import InspectionClient
 
-    files = [(str(path), path.read_bytes()) for path, _ in _image_paths(args.images)]
-    if not files:
+    paths = [path for path, _ in _image_paths(args.images)]
+    if not paths:
         raise CLIError("no images to score")
     token = os.environ.get("HETMM_ADMIN_TOKEN") or None
     records, out = [], Path(args.out) if args.out else None
+    uploads = ((str(path), path.read_bytes()) for path in paths)
     with InspectionClient(args.grpc, token=token) as client:
-        for start in range(0, len(files), 16):
-            try:
-                reply = client.predict(
-                    args.product,
-                    files[start : start + 16],
-                    heatmap=out is not None,
-                    version=args.version,
-                    threshold=args.threshold,
-                )
-            except grpc.RpcError as exc:
-                raise CLIError(f"{args.grpc}: {exc.code().name}: {exc.details()}") from None
-            for r in reply.results:
+        results = client.predict_all(
+            args.product, uploads, heatmap=out is not None, version=args.version, threshold=args.threshold
+        )
+        try:
+            for r in results:
                 rec = {"image": r.name, "score": round(r.score, 6), "threshold": round(r.threshold, 6)}
                 rec.update(is_anomaly=r.is_anomaly, version=r.version)
                 if out is not None and r.heatmap_png:
@@ -276,6 +271,8 @@ def _predict_grpc(args: argparse.Namespace) -> int:
                     rec["heatmap"] = str(target)
                 records.append(rec)
                 print(f"{rec['score']:.4f}  {'ANOMALY' if r.is_anomaly else 'ok':<7}  {r.name}")
+        except grpc.RpcError as exc:
+            raise CLIError(f"{args.grpc}: {exc.code().name}: {exc.details()}") from None
     print(f"{len(records)} images, product {args.product} v{records[-1]['version']} (gRPC {args.grpc})")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

@@ -20,6 +20,9 @@ __all__ = [
     "DEFAULT_GRPC_PORT",
     "DEFAULT_STORE",
     "GRPC_APP_NAME",
+    "GRPC_CLIENT_IMAGES_PER_REQUEST",
+    "GRPC_CLIENT_IN_FLIGHT",
+    "GRPC_CLIENT_REQUEST_MIB",
     "HTTP_APP_NAME",
     "GRPC_MAX_MESSAGE_MIB",
     "GRPC_ROUTE_PREFIX",
@@ -46,6 +49,15 @@ GRPC_APP_NAME = "hetmm-grpc"
 GRPC_ROUTE_PREFIX = "/hetmm-grpc"  # Serve's gRPC proxy routes only to applications with a route prefix
 GRPC_SERVICER = "hetmm_ray.serve.grpc.inspection_pb2_grpc.add_InspectionServicer_to_server"
 GRPC_MAX_MESSAGE_MIB = 65  # max_body_mib's default (64) and the message's framing
+# A client with many images (InspectionClient.predict_all, ``hetmm predict --grpc``) sends requests of
+# at most this many images and MiB (the service's default limits are 16 images and 64 MiB; a request
+# refused as too large for a service with lower ones is split and sent again), this many at a time,
+# so that a second detector replica, where the service has one, scores too. On one replica of 2
+# threads the pairs 16 x 2, 16 x 1, 8 x 2 and 8 x 1 measured the same to within this host's noise
+# (benchmarks/bench_grpc_client.py, BENCHMARKS.md issue 25, session 16).
+GRPC_CLIENT_IMAGES_PER_REQUEST = 16
+GRPC_CLIENT_REQUEST_MIB = 32
+GRPC_CLIENT_IN_FLIGHT = 2
 # The HTTP application (deploy.yaml's ``hetmm``): its Ingress holds the metrics, the inspection record
 # and the drift monitor, which the gRPC replicas feed too (serve/grpc/service.py).
 HTTP_APP_NAME = "hetmm"

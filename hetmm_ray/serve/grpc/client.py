@@ -6,20 +6,54 @@ application, ``config.GRPC_APP_NAME``) and, for ``predict``, ``multiplexed_model
 product), plus ``authorization: Bearer <token>`` when a token is given. A refused call raises
 :class:`grpc.RpcError`; its ``details()`` is ``"<code>: <message>"`` (``errors.GRPC_CODES``), and
 :func:`error_code` reads the stable code back.
+
+:meth:`InspectionClient.predict_all` scores any number of images: it reads them as it needs them, cuts
+them into requests (:func:`request_chunks`: consecutive, at most ``per_request`` images and ``max_bytes``
+in all, an image larger than that alone), keeps ``in_flight`` requests in flight and yields each
+image's result in the order given. A request of several images refused RESOURCE_EXHAUSTED (the
+service's limits are lower: ``too_many_images``, ``too_large``) is split in halves and sent again, down
+to single images; any other refusal, or one image refused, raises.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import grpc
 
-from ...config import GRPC_APP_NAME, MAX_IMAGE_BYTES
+from ...config import (
+    GRPC_APP_NAME,
+    GRPC_CLIENT_IMAGES_PER_REQUEST,
+    GRPC_CLIENT_IN_FLIGHT,
+    GRPC_CLIENT_REQUEST_MIB,
+    MAX_IMAGE_BYTES,
+)
 from . import inspection_pb2 as pb
 from .inspection_pb2_grpc import InspectionStub
 
-__all__ = ["InspectionClient", "error_code"]
+__all__ = ["InspectionClient", "error_code", "request_chunks"]
+
+Upload = tuple[str, bytes]  # (name, encoded image)
+
+
+def request_chunks(images: Iterable[Upload], per_request: int, max_bytes: int) -> Iterator[list[Upload]]:
+    """``images`` in consecutive chunks of at most ``per_request`` images and ``max_bytes`` bytes in all
+    (an image of more than ``max_bytes`` forms a chunk alone), read from ``images`` as they are needed."""
+    if per_request < 1 or max_bytes < 1:
+        raise ValueError(f"per_request and max_bytes must be >= 1, not {per_request} and {max_bytes}")
+    chunk: list[Upload] = []
+    size = 0
+    for name, data in images:
+        if chunk and (len(chunk) == per_request or size + len(data) > max_bytes):
+            yield chunk
+            chunk, size = [], 0
+        chunk.append((name, data))
+        size += len(data)
+    if chunk:
+        yield chunk
 
 
 def error_code(error: grpc.RpcError) -> str:
@@ -61,6 +95,36 @@ class InspectionClient:
             request.threshold = threshold
         metadata = [*self._metadata, ("multiplexed_model_id", product)]
         return self.stub.Predict(request, metadata=metadata, timeout=self.timeout)
+
+    def predict_all(
+        self,
+        product: str,
+        images: Iterable[Upload],
+        *,
+        per_request: int = GRPC_CLIENT_IMAGES_PER_REQUEST,
+        max_bytes: int = GRPC_CLIENT_REQUEST_MIB * 2**20,
+        in_flight: int = GRPC_CLIENT_IN_FLIGHT,
+        **options: Any,
+    ) -> Iterator[pb.Result]:
+        """Every image of ``images`` scored, one ``Result`` each in their order (module doc); ``options``:
+        :meth:`predict`'s ``heatmap``, ``version`` and ``threshold``."""
+        with ThreadPoolExecutor(max(1, in_flight), thread_name_prefix="hetmm-grpc") as pool:
+            pending: deque[Future[list[pb.Result]]] = deque()
+            for chunk in request_chunks(images, per_request, max_bytes):
+                if len(pending) >= in_flight:  # no more than in_flight requests out, none read ahead further
+                    yield from pending.popleft().result()
+                pending.append(pool.submit(self._predict_split, product, chunk, options))
+            while pending:
+                yield from pending.popleft().result()
+
+    def _predict_split(self, product: str, chunk: list[Upload], options: dict[str, Any]) -> list[pb.Result]:
+        try:
+            return list(self.predict(product, chunk, **options).results)
+        except grpc.RpcError as exc:
+            if len(chunk) < 2 or exc.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:  # type: ignore[attr-defined]
+                raise
+        half = len(chunk) // 2  # the service's limits are lower than this request: halves, sent again
+        return self._predict_split(product, chunk[:half], options) + self._predict_split(product, chunk[half:], options)
 
     def list_products(self) -> pb.ListProductsReply:
         return self.stub.ListProducts(pb.ListProductsRequest(), metadata=self._metadata, timeout=self.timeout)

@@ -203,7 +203,7 @@ def test_cli_predict_over_grpc(service, client, tmp_path, capsys) -> None:
     from hetmm_ray import cli
 
     paths = []
-    for i in range(2):
+    for i in range(5):  # more than the service's 3 images per request: the client splits its requests
         paths.append(tmp_path / f"part{i}.png")
         paths[-1].write_bytes(png(GEAR.good(30 + i)))
     out = tmp_path / "r.json"
@@ -211,8 +211,38 @@ def test_cli_predict_over_grpc(service, client, tmp_path, capsys) -> None:
     lines = capsys.readouterr().out.splitlines()
     records = json.loads(out.read_text())
     assert [r["image"] for r in records] == [str(p) for p in paths]
-    expected = client.predict("gear", [(str(p), p.read_bytes()) for p in paths]).results
-    assert [r["score"] for r in records] == [round(e.score, 6) for e in expected]
-    assert lines[-1].startswith("2 images, product gear v")
+    expected = [client.predict("gear", [(str(p), p.read_bytes())]).results[0] for p in paths]
+    assert [r["score"] for r in records] == pytest.approx([e.score for e in expected], abs=1e-5)
+    assert lines[-1].startswith("5 images, product gear v")
     assert cli.main(["predict", "--grpc", service[1], "--product", "nosuch", str(paths[0])]) == 2
     assert "NOT_FOUND: unknown_product:" in capsys.readouterr().err
+
+
+def _noise_png(seed: int, side: int = 420) -> bytes:
+    """A PNG of random pixels: about 0.5 MB, so that three exceed the service's 1 MiB of images."""
+    import numpy as np
+
+    return png(np.random.default_rng(seed).integers(0, 256, (side, side, 3), dtype=np.uint8))
+
+
+@pytest.mark.parametrize("limit", ["too_many_images", "too_large"])
+def test_predict_all_fits_its_requests_to_the_service(client, limit) -> None:
+    """``predict_all`` with requests larger than this service takes (3 images, 1 MiB of images): every
+    image scored once, in order, as it scores alone; a lone image over the limit stays refused."""
+    from hetmm_ray.serve.grpc.client import error_code
+
+    if limit == "too_many_images":
+        images = [(f"g{i}.png", png(GEAR.good(40 + i))) for i in range(7)]
+    else:
+        images = [(f"n{i}.png", _noise_png(i)) for i in range(4)]
+        assert sum(len(d) for _, d in images) > 2**20 > max(len(d) for _, d in images)
+    sent = iter(images)
+    results = list(client.predict_all("gear", sent, per_request=8, max_bytes=64 * 2**20))
+    assert next(sent, None) is None  # all read
+    assert [r.name for r in results] == [n for n, _ in images]
+    alone = [client.predict("gear", [im]).results[0].score for im in images]
+    assert [r.score for r in results] == pytest.approx(alone, abs=1e-5)
+    if limit == "too_large":
+        with pytest.raises(grpc.RpcError) as caught:
+            list(client.predict_all("gear", [("big.png", _noise_png(9, side=700))]))
+        assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and error_code(caught.value) == "too_large"
