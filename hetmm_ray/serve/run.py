@@ -8,7 +8,9 @@ port overridable.
 from __future__ import annotations
 
 import copy
+import errno
 import os
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,7 +24,7 @@ from ..distributed.runtime import NAMESPACE, connect, started_local_ray
 from .app import DEPLOY_YAML, build_application, deployment_options, load_deploy_config
 from .security import refuse_open_bind
 
-__all__ = ["RunningService", "start_service", "stop_service"]
+__all__ = ["RunningService", "check_ports_free", "start_service", "stop_service"]
 
 APP_NAME = HTTP_APP_NAME
 
@@ -40,6 +42,26 @@ def _app_entry(config: dict[str, Any], name: str) -> dict[str, Any]:
         if app.get("name") == name:
             return app
     raise ConfigError(f"the Serve config has no application named {name!r}")
+
+
+def check_ports_free(ports: dict[str, tuple[str, int]]) -> None:
+    """Refuse with ``ConfigError`` a port that another program holds (``ports``: the option that named
+    it -> (host, port)). Serve's proxy would fail to bind it only after Ray and Serve had started, and
+    say so as ``RayTaskError(RuntimeError): ray::ProxyActor.ready()``. The probe sets SO_REUSEADDR as
+    servers do, so a port a stopped service left in TIME_WAIT passes, and listens on nothing."""
+    for option, (host, port) in ports.items():
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind((host, port))
+            except OSError as exc:
+                if exc.errno != errno.EADDRINUSE:
+                    raise ConfigError(f"{option} {port}: cannot bind {host}:{port} ({exc.strerror})") from None
+                where = "" if host in ("0.0.0.0", "::") else f" on {host}"
+                raise ConfigError(
+                    f"{option} {port}: port {port} is in use by another program{where}; stop it or choose another port"
+                ) from None
 
 
 def start_service(
@@ -83,6 +105,13 @@ def start_service(
         actor.setdefault("runtime_env", {}).setdefault("env_vars", {})[service.admin_token_env] = token
         options["Ingress"] = ingress
 
+    if address is None and not os.environ.get("RAY_ADDRESS") and not ray.is_initialized():
+        # A new local Ray, so nothing of this service holds them yet. Ray 2.60's gRPC proxy listens on
+        # every interface (deploy.yaml), so that port must be free on all of them.
+        ports = {"--port": (host, port)}
+        if grpc_port is not None:
+            ports["--grpc-port"] = ("0.0.0.0", grpc_port)
+        check_ports_free(ports)
     connect(address, num_cpus=num_cpus if address is None else None)
     http = {**(config.get("http_options") or {}), "host": host, "port": port}
     grpc = None
