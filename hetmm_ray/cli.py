@@ -665,11 +665,13 @@ def _steps(args: argparse.Namespace) -> Any:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    import os
     import signal
     import threading
 
+    from .distributed.runtime import ray_reachable
     from .serve.app import DEPLOY_YAML
-    from .serve.run import start_service, stop_service
+    from .serve.run import leave_ray, start_service, stop_service
 
     running = start_service(
         config_path=args.serve_config or DEPLOY_YAML,
@@ -687,7 +689,31 @@ def cmd_serve(args: argparse.Namespace) -> int:
         signal.signal(sig, lambda *_: stop.set())
     stop.wait()
     print("hetmm: stopping (in-flight requests finish first)", flush=True)
-    stop_service(running, shutdown_ray=True)
+    # Drained in a thread while this one watches Ray: a stop signal sent to the whole process group
+    # (systemd's default KillMode, `timeout`, `kill -- -PGID`) stops Ray's own processes too, and every
+    # call into a Ray whose GCS is gone waits about 60 s before it fails.
+    drained, failed = threading.Event(), []
+
+    def drain() -> None:
+        try:
+            stop_service(running)
+        except BaseException as exc:  # noqa: BLE001 - raised again below, in the command's thread
+            failed.append(exc)
+        finally:
+            drained.set()
+
+    threading.Thread(target=drain, name="hetmm-drain", daemon=True).start()
+    while not drained.wait(0.5):
+        if not ray_reachable():
+            print(
+                "hetmm: Ray's own processes were stopped by the same signal, so in-flight requests were not "
+                "drained (send it to this process only: systemd KillMode=mixed); exiting",
+                flush=True,
+            )
+            os._exit(1)  # no atexit: Ray's would wait for the GCS that is gone
+    if failed:
+        raise failed[0]
+    leave_ray()
     print("hetmm: stopped", flush=True)
     return 0
 

@@ -29,6 +29,7 @@ __all__ = [
     "connect",
     "serve_environment",
     "serve_grpc_on_loopback",
+    "ray_reachable",
     "started_local_ray",
     "use_assigned_cpus",
 ]
@@ -168,6 +169,19 @@ def connect(address: str | None = None, *, num_cpus: int | None = None) -> None:
     except ConnectionError as exc:  # "auto" with no cluster on this machine, a stale address file...
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ClusterUnavailable(f"ray cluster at {address} is unreachable ({first})") from None
+
+
+def ray_reachable(timeout_s: float = 1.0) -> bool:
+    """Whether the GCS of the Ray this process joined still accepts connections (a TCP connect to its
+    address). False once it has stopped: then every call into Ray waits for it (about 60 s) and fails."""
+    if not ray.is_initialized():
+        return False
+    host, _, port = ray.get_runtime_context().gcs_address.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
 
 
 def started_local_ray() -> bool:

@@ -24,7 +24,7 @@ from ..distributed.runtime import NAMESPACE, connect, started_local_ray
 from .app import DEPLOY_YAML, build_application, deployment_options, load_deploy_config
 from .security import refuse_open_bind
 
-__all__ = ["RunningService", "check_ports_free", "start_service", "stop_service"]
+__all__ = ["RunningService", "check_ports_free", "leave_ray", "start_service", "stop_service"]
 
 APP_NAME = HTTP_APP_NAME
 
@@ -160,10 +160,14 @@ def stop_service(running: RunningService, *, shutdown_ray: bool = False) -> None
     except ValueError:
         pass  # never created
     if shutdown_ray:
-        # A local Ray that connect() started takes every Serve process down with it. serve.shutdown()
-        # there would only add Ray's "Task ServeController.graceful_shutdown failed ... will be retried"
-        # (Ray 2.60: the controller is killed inside that call) to a clean stop. A cluster outlives
-        # this process: Serve is taken off it.
-        if not started_local_ray():
-            serve.shutdown()
-        ray.shutdown()
+        leave_ray()
+
+
+def leave_ray() -> None:
+    """Stop Serve and leave Ray: a local Ray that connect() started stops, and takes every Serve process
+    down with it (serve.shutdown() there would only add Ray's "Task ServeController.graceful_shutdown
+    failed ... will be retried", Ray 2.60 killing the controller inside that call, to a clean stop);
+    a cluster outlives this process, so Serve is taken off it first."""
+    if not started_local_ray():
+        serve.shutdown()
+    ray.shutdown()

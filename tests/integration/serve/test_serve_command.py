@@ -4,7 +4,8 @@ A fresh process (the installed entry point) on its own local Ray, an empty store
 free loopback ports. After SIGINT it must exit 0 having said ``hetmm: stopped``, with nothing of
 Ray's on its output that reads as a failure: ``serve.shutdown()`` before a local Ray's shutdown made
 Ray print "Task ServeController.graceful_shutdown failed ... will be retried" on every clean stop
-(``serve/run.stop_service``). Its ports are free again afterwards.
+(``serve/run.stop_service``). Its ports are free again afterwards. A SIGTERM to its whole process
+group (systemd's default) stops Ray's GCS as well: the command must then say so and exit at once.
 """
 
 from __future__ import annotations
@@ -22,6 +23,44 @@ import httpx
 from helpers import free_port
 
 
+def _start_serve(tmp_path: Path, *extra: str) -> tuple[subprocess.Popen, list[str], threading.Thread]:
+    """`hetmm serve` (the installed entry point) in a session of its own, its output collected in lines."""
+    script = Path(sys.executable).with_name("hetmm")
+    cmd = [str(script)] if script.exists() else [sys.executable, "-m", "hetmm_ray.cli"]
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # a local Ray of its own
+    args = ["serve", "--store", str(tmp_path / "store"), *extra]
+    proc = subprocess.Popen(
+        [*cmd, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=env,
+        cwd=tmp_path,
+        text=True,
+        start_new_session=True,  # its own process group, as a terminal or systemd gives it
+    )
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True)
+    reader.start()
+    deadline = time.monotonic() + 300  # Ray, Serve and the applications on a loaded 2-core machine
+    while not any(line.startswith("hetmm: serving") for line in lines):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError("".join(lines))
+        time.sleep(0.5)
+    return proc, lines, reader
+
+
+def _end_session(sid: int) -> None:
+    """Kill whatever of a test's `hetmm serve` session is left (Ray's workers exit on their own once
+    their raylet is gone, within seconds; not left to linger into the next tests)."""
+    ps = subprocess.run(["ps", "-o", "pid=", "-s", str(sid)], capture_output=True, text=True, check=False)
+    for pid in ps.stdout.split():
+        try:
+            os.kill(int(pid), signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 def _port_is_free(port: int) -> bool:
     with socket.socket() as s:
         return s.connect_ex(("127.0.0.1", port)) != 0
@@ -30,23 +69,9 @@ def _port_is_free(port: int) -> bool:
 def test_serve_comes_up_answers_and_stops_on_ctrl_c(own_ray, tmp_path: Path) -> None:
     from hetmm_ray.serve.grpc.client import InspectionClient
 
-    script = Path(sys.executable).with_name("hetmm")
-    cmd = [str(script)] if script.exists() else [sys.executable, "-m", "hetmm_ray.cli"]
     port, grpc_port = free_port(), free_port()
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # a local Ray of its own
-    args = ["serve", "--store", str(tmp_path / "store"), "--port", str(port), "--grpc-port", str(grpc_port)]
-    proc = subprocess.Popen(
-        [*cmd, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=tmp_path, text=True
-    )
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True)
-    reader.start()
+    proc, lines, reader = _start_serve(tmp_path, "--port", str(port), "--grpc-port", str(grpc_port))
     try:
-        deadline = time.monotonic() + 300  # Ray, Serve and both applications on a loaded 2-core machine
-        while not any(line.startswith("hetmm: serving") for line in lines):
-            assert proc.poll() is None, "".join(lines)
-            assert time.monotonic() < deadline, "".join(lines)
-            time.sleep(0.5)
         assert httpx.get(f"http://127.0.0.1:{port}/v1/products", timeout=60).json() == {"products": []}
         with InspectionClient(f"127.0.0.1:{grpc_port}", timeout=60) as client:
             assert client.health().status == "ok"
@@ -56,9 +81,35 @@ def test_serve_comes_up_answers_and_stops_on_ctrl_c(own_ray, tmp_path: Path) -> 
         if proc.poll() is None:
             proc.kill()
             proc.wait(timeout=60)
+        _end_session(proc.pid)
     reader.join(timeout=30)
     output = "".join(lines)
     assert "hetmm: stopping (in-flight requests finish first)" in output
     assert output.rstrip().endswith("hetmm: stopped"), output[-2000:]
     assert "failed" not in output.lower() and "Traceback" not in output, output[-2000:]
     assert _port_is_free(port) and _port_is_free(grpc_port)
+
+
+def test_a_stop_signal_to_the_whole_group_exits_at_once(own_ray, tmp_path: Path) -> None:
+    """SIGTERM to the process group (systemd's default KillMode, `timeout`) stops Ray's GCS too. Before,
+    the drain then waited about 60 s for the GCS ("Failed to connect to GCS within 60 seconds") before
+    the process died; now it says what happened and exits 1 within seconds."""
+    proc, lines, reader = _start_serve(tmp_path, "--port", str(free_port()))
+    try:
+        started = time.monotonic()
+        os.killpg(proc.pid, signal.SIGTERM)
+        code = proc.wait(timeout=120)
+        took = time.monotonic() - started
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=60)
+        _end_session(proc.pid)
+    reader.join(timeout=30)
+    output = "".join(lines)
+    if output.rstrip().endswith("hetmm: stopped"):  # the drain beat the GCS's exit: a clean stop, also right
+        assert code == 0, output[-2000:]
+        return
+    assert code == 1, output[-2000:]
+    assert "hetmm: Ray's own processes were stopped by the same signal" in output, output[-2000:]
+    assert "Failed to connect to GCS" not in output and took < 45, (took, output[-2000:])
