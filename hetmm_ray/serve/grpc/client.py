@@ -108,7 +108,9 @@ class InspectionClient:
     ) -> Iterator[pb.Result]:
         """Every image of ``images`` scored, one ``Result`` each in their order (module doc); ``options``:
         :meth:`predict`'s ``heatmap``, ``version`` and ``threshold``."""
-        with ThreadPoolExecutor(max(1, in_flight), thread_name_prefix="hetmm-grpc") as pool:
+        if in_flight < 1:
+            raise ValueError(f"in_flight must be >= 1, not {in_flight}")
+        with ThreadPoolExecutor(in_flight, thread_name_prefix="hetmm-grpc") as pool:
             pending: deque[Future[list[pb.Result]]] = deque()
             for chunk in request_chunks(images, per_request, max_bytes):
                 if len(pending) >= in_flight:  # no more than in_flight requests out, none read ahead further

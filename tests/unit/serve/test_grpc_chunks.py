@@ -60,3 +60,11 @@ def test_images_are_read_as_chunks_are_taken() -> None:
 def test_limits_below_one_are_refused(per_request: int, max_bytes: int) -> None:
     with pytest.raises(ValueError, match=">= 1"):
         list(request_chunks([("a", b"x")], per_request, max_bytes))
+
+
+def test_no_requests_in_flight_is_refused() -> None:
+    from hetmm_ray.serve.grpc.client import InspectionClient
+
+    with InspectionClient("127.0.0.1:1") as client:  # refused before any call is made
+        with pytest.raises(ValueError, match="in_flight must be >= 1"):
+            next(client.predict_all("gear", [("a", b"x")], in_flight=0))
