@@ -50,15 +50,21 @@ def _start_serve(tmp_path: Path, *extra: str) -> tuple[subprocess.Popen, list[st
     return proc, lines, reader
 
 
-def _end_session(sid: int) -> None:
-    """Kill whatever of a test's `hetmm serve` session is left (Ray's workers exit on their own once
-    their raylet is gone, within seconds; not left to linger into the next tests)."""
-    ps = subprocess.run(["ps", "-o", "pid=", "-s", str(sid)], capture_output=True, text=True, check=False)
+def _finish(proc: subprocess.Popen, lines: list[str], reader: threading.Thread) -> str:
+    """The command's whole output, once it is gone: killed if still running, and whatever of its session
+    is left killed too (Ray's workers exit on their own once their raylet is gone, within seconds; not
+    left to linger into the next tests)."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait(timeout=60)
+    ps = subprocess.run(["ps", "-o", "pid=", "-s", str(proc.pid)], capture_output=True, text=True, check=False)
     for pid in ps.stdout.split():
         try:
             os.kill(int(pid), signal.SIGKILL)
         except ProcessLookupError:
             pass
+    reader.join(timeout=30)
+    return "".join(lines)
 
 
 def _port_is_free(port: int) -> bool:
@@ -76,14 +82,10 @@ def test_serve_comes_up_answers_and_stops_on_ctrl_c(own_ray, tmp_path: Path) -> 
         with InspectionClient(f"127.0.0.1:{grpc_port}", timeout=60) as client:
             assert client.health().status == "ok"
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=180) == 0, "".join(lines)
+        code = proc.wait(timeout=180)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=60)
-        _end_session(proc.pid)
-    reader.join(timeout=30)
-    output = "".join(lines)
+        output = _finish(proc, lines, reader)
+    assert code == 0, output[-2000:]
     assert "hetmm: stopping (in-flight requests finish first)" in output
     assert output.rstrip().endswith("hetmm: stopped"), output[-2000:]
     assert "failed" not in output.lower() and "Traceback" not in output, output[-2000:]
@@ -101,12 +103,7 @@ def test_a_stop_signal_to_the_whole_group_exits_at_once(own_ray, tmp_path: Path)
         code = proc.wait(timeout=120)
         took = time.monotonic() - started
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=60)
-        _end_session(proc.pid)
-    reader.join(timeout=30)
-    output = "".join(lines)
+        output = _finish(proc, lines, reader)
     if output.rstrip().endswith("hetmm: stopped"):  # the drain beat the GCS's exit: a clean stop, also right
         assert code == 0, output[-2000:]
         return
