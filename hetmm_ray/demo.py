@@ -129,7 +129,7 @@ def _finished_job(client: Any, response: Any) -> dict[str, Any]:
         time.sleep(1.0)
         job = _checked(client.get(f"/v1/jobs/{job['id']}")).json()["job"]
     if job["state"] != "succeeded":  # the job record's error: status, code and message (distributed/jobs.py)
-        error = job["error"] if isinstance(job["error"], dict) else {"message": job["error"]}
+        error = job["error"] or {}
         status, code = int(error.get("status", 500)), str(error.get("code", "internal"))
         raise Refused(status, code, f"{job['kind']} job failed: {code}: {error.get('message')}")
     return job

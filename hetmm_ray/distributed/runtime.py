@@ -31,6 +31,7 @@ __all__ = [
     "serve_grpc_on_loopback",
     "ray_reachable",
     "started_local_ray",
+    "starts_local_ray",
     "use_assigned_cpus",
 ]
 
@@ -129,6 +130,12 @@ def serve_environment() -> None:
         os.environ.setdefault(name, value)
 
 
+def starts_local_ray(address: str | None) -> bool:
+    """Whether :func:`connect` with ``address`` would start a new local Ray: this process has joined
+    none, and neither ``address`` nor ``RAY_ADDRESS`` names a cluster."""
+    return not ray.is_initialized() and not (address or os.environ.get("RAY_ADDRESS"))
+
+
 def connect(address: str | None = None, *, num_cpus: int | None = None) -> None:
     """Start or join Ray once for this process.
 
@@ -142,10 +149,10 @@ def connect(address: str | None = None, *, num_cpus: int | None = None) -> None:
 
     Raises :class:`ClusterUnavailable` when the address cannot be reached.
     """
-    address = address or os.environ.get("RAY_ADDRESS") or None
     if ray.is_initialized():
         return  # one Ray per process: a second connect is a no-op
-    if address is None:
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    if starts_local_ray(address):
         _loopback_only()
         serve_environment()
         ray.init(

@@ -20,7 +20,7 @@ from ray import serve
 
 from ..config import GRPC_APP_NAME, GRPC_ROUTE_PREFIX, GRPC_SERVICER, HTTP_APP_NAME, ConfigError, ServiceConfig
 from ..distributed.registry import registry_name
-from ..distributed.runtime import NAMESPACE, connect, started_local_ray
+from ..distributed.runtime import NAMESPACE, connect, started_local_ray, starts_local_ray
 from .app import DEPLOY_YAML, build_application, deployment_options, load_deploy_config
 from .security import refuse_open_bind
 
@@ -105,7 +105,7 @@ def start_service(
         actor.setdefault("runtime_env", {}).setdefault("env_vars", {})[service.admin_token_env] = token
         options["Ingress"] = ingress
 
-    if address is None and not os.environ.get("RAY_ADDRESS") and not ray.is_initialized():
+    if starts_local_ray(address):
         # A new local Ray, so nothing of this service holds them yet. Ray 2.60's gRPC proxy listens on
         # every interface (deploy.yaml), so that port must be free on all of them.
         ports = {"--port": (host, port)}

@@ -4,6 +4,7 @@ Exact semantics: :func:`result_message` turns one image's result as the HTTP ans
 ``Result`` (``heatmap_png`` base64 -> bytes; rule fields that are None left unset);
 :func:`peer_is_loopback` reads a gRPC peer string (``ipv4:127.0.0.1:5000``, ``ipv6:[::1]:5000``,
 ``unix:...``; grpc may percent-encode the brackets) and :func:`host_is_loopback` a configured host name or address;
+:func:`metadata_value` reads one key of a call's metadata (case-insensitive; ``""`` when absent);
 :func:`refuse` sets a call's status from a refusal: the gRPC code of its HTTP status (``errors.GRPC_CODES``)
 and details ``"<code>: <message>"``.
 """
@@ -20,7 +21,15 @@ import grpc
 from ...errors import Refused, grpc_code
 from . import inspection_pb2 as pb
 
-__all__ = ["host_is_loopback", "peer_is_loopback", "refuse", "result_message"]
+__all__ = ["host_is_loopback", "metadata_value", "peer_is_loopback", "refuse", "result_message"]
+
+
+def metadata_value(grpc_context: Any, key: str) -> str:
+    """The value of ``key`` in the call's invocation metadata (names compared case-insensitively), or ``""``."""
+    for name, value in grpc_context.invocation_metadata():
+        if name.lower() == key:
+            return str(value)
+    return ""
 
 
 def refuse(grpc_context: Any, err: Refused) -> None:

@@ -62,7 +62,7 @@ from ..replica import Detector, ScoreRequest
 from ..security import JSONResponse, refuse_open_bind
 from ..warm_set import product_of
 from . import inspection_pb2 as pb
-from .messages import host_is_loopback, peer_is_loopback, refuse, result_message
+from .messages import host_is_loopback, metadata_value, peer_is_loopback, refuse, result_message
 
 __all__ = ["InspectionDetector"]
 
@@ -74,13 +74,6 @@ OBSERVE_TIMEOUT_S = 60.0
 OBSERVE_RETRY_S = 10.0  # after a failed forward, held entries are dropped for this long
 
 Observed = tuple[str, list[tuple[str, bytes]], list[dict[str, Any]]]  # (product, uploads, results)
-
-
-def _token_of(grpc_context: Any) -> str:
-    for key, value in grpc_context.invocation_metadata():
-        if key.lower() == "authorization":
-            return str(value)
-    return ""
 
 
 @serve.deployment(name="Detector", ray_actor_options={"num_cpus": 0.5}, max_ongoing_requests=32)
@@ -149,7 +142,7 @@ class InspectionDetector(Detector.func_or_class):  # type: ignore[name-defined,m
     def _admin(self, grpc_context: Any) -> None:
         if self.token is None:
             return  # loopback-only endpoint without a token (checked at start-up)
-        header = _token_of(grpc_context)
+        header = metadata_value(grpc_context, "authorization")
         if not header:
             raise Refused(401, "unauthorized", "threshold override: send 'authorization: Bearer <token>' metadata")
         scheme, _, given = header.partition(" ")

@@ -23,7 +23,7 @@ from typing import Any
 from ...config import GRPC_APP_NAME
 from ...errors import Refused
 from . import inspection_pb2 as pb
-from .messages import refuse
+from .messages import metadata_value, refuse
 
 __all__ = ["InspectionStandIn", "refusal_for"]
 
@@ -45,24 +45,17 @@ def refusal_for(application: str) -> Refused:
     )
 
 
-def _application(grpc_context: Any) -> str:
-    for key, value in grpc_context.invocation_metadata():
-        if key.lower() == "application":
-            return str(value)
-    return ""
-
-
 class InspectionStandIn:
     """Inspection's methods on an application that does not serve it (module doc)."""
 
     async def Predict(self, request: pb.PredictRequest, grpc_context: Any) -> pb.PredictReply:
-        refuse(grpc_context, refusal_for(_application(grpc_context)))
+        refuse(grpc_context, refusal_for(metadata_value(grpc_context, "application")))
         return pb.PredictReply()
 
     async def ListProducts(self, request: pb.ListProductsRequest, grpc_context: Any) -> pb.ListProductsReply:
-        refuse(grpc_context, refusal_for(_application(grpc_context)))
+        refuse(grpc_context, refusal_for(metadata_value(grpc_context, "application")))
         return pb.ListProductsReply()
 
     async def Health(self, request: pb.HealthRequest, grpc_context: Any) -> pb.HealthReply:
-        refuse(grpc_context, refusal_for(_application(grpc_context)))
+        refuse(grpc_context, refusal_for(metadata_value(grpc_context, "application")))
         return pb.HealthReply()
