@@ -19,6 +19,7 @@ from .config import (
     BACKBONES,
     DEFAULT_STORE,
     DTYPES,
+    GRPC_CLIENT_WAIT_S,
     IMAGE_SUFFIXES,
     TEMPLATE_KINDS,
     ConfigError,
@@ -256,7 +257,10 @@ def _predict_grpc(args: argparse.Namespace) -> int:
     token = os.environ.get("HETMM_ADMIN_TOKEN") or None
     records, out = [], Path(args.out) if args.out else None
     uploads = ((str(path), path.read_bytes()) for path in paths)
-    with InspectionClient(args.grpc, token=token) as client:
+    wait_s = GRPC_CLIENT_WAIT_S if args.wait_s is None else args.wait_s
+    if not 0 <= wait_s <= 3600:  # NaN too
+        raise CLIError(f"--wait-s must be between 0 and 3600 seconds, not {wait_s}")
+    with InspectionClient(args.grpc, token=token, wait_s=wait_s) as client:
         results = client.predict_all(
             args.product, uploads, heatmap=out is not None, version=args.version, threshold=args.threshold
         )
@@ -285,6 +289,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
         return _predict_grpc(args)
     if args.threshold is not None:
         raise CLIError("--threshold overrides the verdict of a service: give it with --grpc")
+    if args.wait_s is not None:
+        raise CLIError("--wait-s is how long to wait for a service: give it with --grpc")
     from .data.decode import ImageError, decode_image
     from .visualize import heatmap_overlay, heatmap_range, save_png
 
@@ -681,6 +687,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         address=args.address,
         grpc_port=args.grpc_port,
     )
+    print(f"hetmm: detector per application: {running.detector}", flush=True)
     if running.grpc_target:
         print(f"hetmm: gRPC hetmm.v1.Inspection on {running.grpc_target}", flush=True)
     print(f"hetmm: serving {running.url} (store {running.store}), console {running.url}/ui/; Ctrl-C stops", flush=True)
@@ -1063,6 +1070,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--grpc", metavar="HOST:PORT", help="score on a service's gRPC endpoint (hetmm.v1.Inspection), not in process"
     )
     p.add_argument("--threshold", type=float, help="with --grpc: the verdict at this threshold (admin token)")
+    p.add_argument(
+        "--wait-s",
+        type=float,
+        metavar="S",
+        help=f"with --grpc: send a call refused UNAVAILABLE (service starting) again for up to S seconds "
+        f"(default {GRPC_CLIENT_WAIT_S:g}; 0: once)",
+    )
     p.set_defaults(func=cmd_predict)
 
     p = sub.add_parser(

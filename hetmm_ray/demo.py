@@ -32,7 +32,6 @@ from PIL import Image
 
 from .config import PACKAGED_WEIGHTS, BackboneConfig, ConfigError, DetectorConfig
 from .core.backbone import WeightsError, weights_identity
-from .core.device import usable_cores
 from .core.metrics import image_auroc
 from .data.mvtec import MVTecCategory
 from .data.synthetic import SyntheticProduct, write_mvtec_layout
@@ -155,9 +154,8 @@ def run_demo(
     samples = category.test_samples()
     print(f"[1/6] generated product in {data}: {n_train} good training images, {len(samples)} test images")
 
-    # One replica on a small machine: let it use every core (deploy.yaml's default is its CPU share).
-    threads = {"Detector": {"user_config": {"threads": usable_cores()}}}
-    running = start_service(store=str(out / "store"), port=_free_port(port), address=address, deployments=threads)
+    # On its own local Ray, one detector replica uses every core (serve/run.py, one_machine_detector).
+    running = start_service(store=str(out / "store"), port=_free_port(port), address=address)
     print(f"[2/6] service up at {running.url} (local Ray, store {out / 'store'})")
     try:
         with httpx.Client(base_url=running.url, timeout=900) as client:

@@ -23,6 +23,8 @@ __all__ = [
     "GRPC_CLIENT_IMAGES_PER_REQUEST",
     "GRPC_CLIENT_IN_FLIGHT",
     "GRPC_CLIENT_REQUEST_MIB",
+    "GRPC_CLIENT_RETRY_PAUSE_S",
+    "GRPC_CLIENT_WAIT_S",
     "HTTP_APP_NAME",
     "GRPC_MAX_MESSAGE_MIB",
     "GRPC_ROUTE_PREFIX",
@@ -58,6 +60,12 @@ GRPC_MAX_MESSAGE_MIB = 65  # max_body_mib's default (64) and the message's frami
 GRPC_CLIENT_IMAGES_PER_REQUEST = 16
 GRPC_CLIENT_REQUEST_MIB = 32
 GRPC_CLIENT_IN_FLIGHT = 2
+# A call refused UNAVAILABLE (no listener yet, the gRPC application still starting, a replica going) is
+# sent again after 0.25 s, doubling to at most 2 s, until this many seconds have passed since the first
+# try (``hetmm predict --grpc --wait-s``); 0 sends once. An application comes up within about 10-30 s
+# of ``hetmm serve``'s start on 2 cores.
+GRPC_CLIENT_WAIT_S = 60.0
+GRPC_CLIENT_RETRY_PAUSE_S = (0.25, 2.0)  # first and longest pause; also the channel's reconnect backoff
 # The HTTP application (deploy.yaml's ``hetmm``): its Ingress holds the metrics, the inspection record
 # and the drift monitor, which the gRPC replicas feed too (serve/grpc/service.py).
 HTTP_APP_NAME = "hetmm"

@@ -2,7 +2,14 @@
 
 The application and its deployment options come from ``deploy.yaml``, so this
 runs exactly what ``serve run deploy.yaml`` runs, with the store, host and
-port overridable.
+port overridable, and one exception: on a Ray that :func:`start_service` starts on
+this machine (no ``address``), each application's Detector is one replica whose torch
+threads are the machine's usable cores (:func:`one_machine_detector`), not deploy.yaml's
+autoscaled replicas of half a CPU. deploy.yaml's range is for a cluster, where new replicas
+land on other nodes; on one machine they only share its cores. On 2 cores one replica of 2
+threads served 20-35 % more images/s than one of 1 thread (deploy.yaml's start) and than three
+replicas (BENCHMARKS.md, issue 25, session 17). A caller that gives the Detector ``num_replicas``
+or ``autoscaling_config`` keeps its own scaling and deploy.yaml's threads.
 """
 
 from __future__ import annotations
@@ -19,12 +26,20 @@ import ray
 from ray import serve
 
 from ..config import GRPC_APP_NAME, GRPC_ROUTE_PREFIX, GRPC_SERVICER, HTTP_APP_NAME, ConfigError, ServiceConfig
+from ..core.device import usable_cores
 from ..distributed.registry import registry_name
 from ..distributed.runtime import NAMESPACE, connect, started_local_ray, starts_local_ray
 from .app import DEPLOY_YAML, build_application, deployment_options, load_deploy_config
 from .security import refuse_open_bind
 
-__all__ = ["RunningService", "check_ports_free", "leave_ray", "start_service", "stop_service"]
+__all__ = [
+    "RunningService",
+    "check_ports_free",
+    "leave_ray",
+    "one_machine_detector",
+    "start_service",
+    "stop_service",
+]
 
 APP_NAME = HTTP_APP_NAME
 
@@ -35,6 +50,7 @@ class RunningService:
     store: str
     app_name: str
     grpc_target: str | None = None  # host:port of hetmm.v1.Inspection when it was started
+    detector: str = ""  # how each application's Detector is scaled and threaded (hetmm serve prints it)
 
 
 def _app_entry(config: dict[str, Any], name: str) -> dict[str, Any]:
@@ -42,6 +58,44 @@ def _app_entry(config: dict[str, Any], name: str) -> dict[str, Any]:
         if app.get("name") == name:
             return app
     raise ConfigError(f"the Serve config has no application named {name!r}")
+
+
+def one_machine_detector(stated: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """A Detector's options on a Ray started on this machine (module doc): ``stated`` (deploy.yaml's)
+    as one replica of ``usable_cores()`` torch threads where ``threads`` is 0, unless ``overrides``
+    (the caller's) take charge of scaling; then ``overrides`` on top."""
+    detector = copy.deepcopy(stated)
+    if not {"num_replicas", "autoscaling_config"} & set(overrides):
+        detector.pop("autoscaling_config", None)
+        detector["num_replicas"] = 1
+        user = detector.setdefault("user_config", {})
+        if not user.get("threads"):
+            user["threads"] = usable_cores()
+    return _with_overrides(detector, overrides)
+
+
+def _describe_detector(options: dict[str, Any], *, one_machine: bool) -> str:
+    """One line on a Detector's ``options``: its replicas and torch threads."""
+    threads = (options.get("user_config") or {}).get("threads") or 0
+    per = f"{threads} torch threads" if threads else "torch threads = its CPUs"
+    auto = options.get("autoscaling_config")
+    if auto:
+        count = f"{auto.get('min_replicas', 1)}-{auto.get('max_replicas', 1)} replicas (autoscaled)"
+    else:
+        n = options.get("num_replicas", 1)
+        count = f"{n} replica{'s' if n != 1 else ''}"
+    where = " (a Ray on this machine: its cores, not deploy.yaml's autoscaling)" if one_machine else ""
+    return f"{count}, {per}{where}"
+
+
+def _with_overrides(options: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """``options`` with ``overrides`` key by key; a scaling override replaces the other kind."""
+    merged = {**options, **copy.deepcopy(overrides)}
+    if "num_replicas" in overrides:
+        merged.pop("autoscaling_config", None)
+    elif "autoscaling_config" in overrides:
+        merged.pop("num_replicas", None)
+    return merged
 
 
 def check_ports_free(ports: dict[str, tuple[str, int]]) -> None:
@@ -94,18 +148,19 @@ def start_service(
     if grpc_port is not None:  # the gRPC replicas would refuse to start: say it here, once
         refuse_open_bind(service.grpc_host, token, service.admin_token_env)
 
+    one_machine = starts_local_ray(address)
     options = deployment_options(entry)
-    for name, extra in (deployments or {}).items():
-        options[name] = {**options.get(name, {}), **extra}
-        if "num_replicas" in extra:
-            options[name].pop("autoscaling_config", None)
+    overrides = deployments or {}
+    for name in set(overrides) | ({"Detector"} if one_machine else set()):
+        merge = one_machine_detector if one_machine and name == "Detector" else _with_overrides
+        options[name] = merge(options.get(name, {}), overrides.get(name, {}))
     if token:  # a cluster started elsewhere does not have this shell's environment
         ingress = copy.deepcopy(options.setdefault("Ingress", {}))
         actor = ingress.setdefault("ray_actor_options", {})
         actor.setdefault("runtime_env", {}).setdefault("env_vars", {})[service.admin_token_env] = token
         options["Ingress"] = ingress
 
-    if starts_local_ray(address):
+    if one_machine:
         # A new local Ray, so nothing of this service holds them yet. Ray 2.60's gRPC proxy listens on
         # every interface (deploy.yaml), so that port must be free on all of them.
         ports = {"--port": (host, port)}
@@ -122,25 +177,36 @@ def start_service(
     serve.run(app, name=APP_NAME, route_prefix=entry.get("route_prefix", "/"))
     grpc_target = None
     if grpc_port is not None:
-        _run_grpc_app(config, app_args, (deployments or {}).get("Detector", {}), token, service.admin_token_env)
+        detector = overrides.get("Detector", {})
+        _run_grpc_app(config, app_args, detector, token, service.admin_token_env, one_machine=one_machine)
         grpc_target = f"{service.grpc_host}:{grpc_port}"
     store_uri = ServiceConfig.from_dict(app_args).store
-    return RunningService(url=f"http://{host}:{port}", store=store_uri, app_name=APP_NAME, grpc_target=grpc_target)
+    return RunningService(
+        url=f"http://{host}:{port}",
+        store=store_uri,
+        app_name=APP_NAME,
+        grpc_target=grpc_target,
+        detector=_describe_detector(options.get("Detector", {}), one_machine=one_machine),
+    )
 
 
 def _run_grpc_app(
-    config: dict[str, Any], app_args: dict[str, Any], overrides: dict[str, Any], token: str | None, env: str
+    config: dict[str, Any],
+    app_args: dict[str, Any],
+    overrides: dict[str, Any],
+    token: str | None,
+    env: str,
+    *,
+    one_machine: bool,
 ) -> None:
     """Deploy the gRPC application with the HTTP application's args; its Detector's options are
     deploy.yaml's ``hetmm-grpc`` entry (the HTTP application's Detector when there is none), then
-    this call's Detector ``overrides``."""
+    this call's Detector ``overrides`` (on one machine, as the HTTP application's: module doc)."""
     from .grpc.app import build_grpc_application  # the gRPC modules only where gRPC is served
 
     entries = {a.get("name"): a for a in config["applications"]}
     stated = deployment_options(entries.get(GRPC_APP_NAME) or entries[APP_NAME]).get("Detector", {})
-    detector = copy.deepcopy({**stated, **overrides})
-    if "num_replicas" in overrides:
-        detector.pop("autoscaling_config", None)
+    detector = one_machine_detector(stated, overrides) if one_machine else _with_overrides(stated, overrides)
     if token:  # the threshold override's admin token, as the ingress gets it
         actor = detector.setdefault("ray_actor_options", {})
         actor.setdefault("runtime_env", {}).setdefault("env_vars", {})[env] = token

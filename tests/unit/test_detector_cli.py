@@ -750,6 +750,14 @@ def error_case(request, cli_data, tmp_path, monkeypatch):
             monkeypatch.setenv(key, value)
         dead = ["--store", "s3://bucket/x", "--endpoint-url", "http://127.0.0.1:9"]
         return ["versions", *dead], ["s3://bucket/x at http://127.0.0.1:9: list failed after retries"]
+    if kind == "--wait-s without --grpc":
+        return ["predict", train, "--product", "gear", "--store", store, "--wait-s", "5"], ["--wait-s", "--grpc"]
+    if kind == "negative --wait-s":
+        return ["predict", train, "--product", "gear", "--grpc", "127.0.0.1:9", "--wait-s", "-1"], ["--wait-s", "-1"]
+    if kind == "gRPC service down":  # nothing listens there; --wait-s 0: sent once, UNAVAILABLE said
+        return ["predict", train, "--product", "gear", "--grpc", "127.0.0.1:9", "--wait-s", "0"], [
+            "127.0.0.1:9: UNAVAILABLE"
+        ]
     raise AssertionError(kind)
 
 
@@ -768,6 +776,9 @@ ERROR_CASES = [
     "missing mvtec folder",
     "s3 store",
     "s3 store down",
+    "--wait-s without --grpc",
+    "negative --wait-s",
+    "gRPC service down",
 ]
 
 

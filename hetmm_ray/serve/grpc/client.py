@@ -13,14 +13,22 @@ in all, an image larger than that alone), keeps ``in_flight`` requests in flight
 image's result in the order given. A request of several images refused RESOURCE_EXHAUSTED (the
 service's limits are lower: ``too_many_images``, ``too_large``) is split in halves and sent again, down
 to single images; any other refusal, or one image refused, raises.
+
+Every call refused UNAVAILABLE (no listener yet, the gRPC application still starting, a replica
+going) is sent again after ``config.GRPC_CLIENT_RETRY_PAUSE_S`` (0.25 s, doubling to 2 s) until
+``wait_s`` seconds have passed since its first try, then raises the last refusal; ``wait_s`` 0 sends
+once. The channel reconnects on the same schedule (gRPC's own backoff grows to 120 s). A ``Predict``
+is sent again only when refused UNAVAILABLE: the stand-in's and the proxy's refusals score nothing;
+a connection lost mid-call may have scored (and recorded) the images once already.
 """
 
 from __future__ import annotations
 
+import time
 from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 
@@ -29,6 +37,8 @@ from ...config import (
     GRPC_CLIENT_IMAGES_PER_REQUEST,
     GRPC_CLIENT_IN_FLIGHT,
     GRPC_CLIENT_REQUEST_MIB,
+    GRPC_CLIENT_RETRY_PAUSE_S,
+    GRPC_CLIENT_WAIT_S,
     MAX_IMAGE_BYTES,
 )
 from . import inspection_pb2 as pb
@@ -37,6 +47,7 @@ from .inspection_pb2_grpc import InspectionStub
 __all__ = ["InspectionClient", "error_code", "request_chunks"]
 
 Upload = tuple[str, bytes]  # (name, encoded image)
+Reply = TypeVar("Reply")
 
 
 def request_chunks(images: Iterable[Upload], per_request: int, max_bytes: int) -> Iterator[list[Upload]]:
@@ -63,15 +74,28 @@ def error_code(error: grpc.RpcError) -> str:
 
 
 class InspectionClient:
-    """``hetmm.v1.Inspection`` on ``target``; ``timeout`` seconds per call."""
+    """``hetmm.v1.Inspection`` on ``target``; ``timeout`` seconds per call, a call refused UNAVAILABLE
+    sent again for up to ``wait_s`` seconds (module doc)."""
 
-    def __init__(self, target: str, *, token: str | None = None, timeout: float = 60.0) -> None:
+    def __init__(
+        self, target: str, *, token: str | None = None, timeout: float = 60.0, wait_s: float = GRPC_CLIENT_WAIT_S
+    ) -> None:
+        if not wait_s >= 0:
+            raise ValueError(f"wait_s must be >= 0, not {wait_s}")
         # messages up to the images' own limit (16 images of the largest accepted size and the reply)
         size = 16 * MAX_IMAGE_BYTES + 2**20
-        options = [("grpc.max_send_message_length", size), ("grpc.max_receive_message_length", size)]
+        first_ms, longest_ms = (round(1000 * s) for s in GRPC_CLIENT_RETRY_PAUSE_S)
+        options = [
+            ("grpc.max_send_message_length", size),
+            ("grpc.max_receive_message_length", size),
+            ("grpc.initial_reconnect_backoff_ms", first_ms),
+            ("grpc.min_reconnect_backoff_ms", first_ms),
+            ("grpc.max_reconnect_backoff_ms", longest_ms),
+        ]
         self.channel = grpc.insecure_channel(target, options=options)
         self.stub = InspectionStub(self.channel)
         self.timeout = timeout
+        self.wait_s = wait_s
         self._metadata: list[tuple[str, str]] = [("application", GRPC_APP_NAME)]
         if token:
             self._metadata.append(("authorization", f"Bearer {token}"))
@@ -93,8 +117,7 @@ class InspectionClient:
             request.version = version
         if threshold is not None:
             request.threshold = threshold
-        metadata = [*self._metadata, ("multiplexed_model_id", product)]
-        return self.stub.Predict(request, metadata=metadata, timeout=self.timeout)
+        return self._call(self.stub.Predict, request, [*self._metadata, ("multiplexed_model_id", product)])
 
     def predict_all(
         self,
@@ -129,10 +152,24 @@ class InspectionClient:
         return self._predict_split(product, chunk[:half], options) + self._predict_split(product, chunk[half:], options)
 
     def list_products(self) -> pb.ListProductsReply:
-        return self.stub.ListProducts(pb.ListProductsRequest(), metadata=self._metadata, timeout=self.timeout)
+        return self._call(self.stub.ListProducts, pb.ListProductsRequest(), self._metadata)
 
     def health(self) -> pb.HealthReply:
-        return self.stub.Health(pb.HealthRequest(), metadata=self._metadata, timeout=self.timeout)
+        return self._call(self.stub.Health, pb.HealthRequest(), self._metadata)
+
+    def _call(self, method: Callable[..., Reply], request: Any, metadata: list[tuple[str, str]]) -> Reply:
+        """``method(request)``, sent again while refused UNAVAILABLE until ``wait_s`` has passed."""
+        deadline = time.monotonic() + self.wait_s
+        pause, longest = GRPC_CLIENT_RETRY_PAUSE_S
+        while True:
+            try:
+                return method(request, metadata=metadata, timeout=self.timeout)
+            except grpc.RpcError as exc:
+                left = deadline - time.monotonic()
+                if exc.code() != grpc.StatusCode.UNAVAILABLE or left <= 0:  # type: ignore[attr-defined]
+                    raise
+            time.sleep(min(pause, left))  # the last try falls at the deadline
+            pause = min(2 * pause, longest)
 
     def close(self) -> None:
         self.channel.close()

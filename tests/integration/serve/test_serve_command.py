@@ -73,6 +73,7 @@ def _port_is_free(port: int) -> bool:
 
 
 def test_serve_comes_up_answers_and_stops_on_ctrl_c(own_ray, tmp_path: Path) -> None:
+    from hetmm_ray.core.device import usable_cores
     from hetmm_ray.serve.grpc.client import InspectionClient
 
     port, grpc_port = free_port(), free_port()
@@ -90,6 +91,8 @@ def test_serve_comes_up_answers_and_stops_on_ctrl_c(own_ray, tmp_path: Path) -> 
     assert output.rstrip().endswith("hetmm: stopped"), output[-2000:]
     assert "failed" not in output.lower() and "Traceback" not in output, output[-2000:]
     assert _port_is_free(port) and _port_is_free(grpc_port)
+    # its own Ray on this machine: one detector replica per application using every core (serve/run.py)
+    assert f"hetmm: detector per application: 1 replica, {usable_cores()} torch threads" in output, output[:2000]
 
 
 def test_a_stop_signal_to_the_whole_group_exits_at_once(own_ray, tmp_path: Path) -> None:
