@@ -7,8 +7,9 @@ this machine (no ``address``), each application's Detector is one replica whose 
 threads are the machine's usable cores (:func:`one_machine_detector`), not deploy.yaml's
 autoscaled replicas of half a CPU. deploy.yaml's range is for a cluster, where new replicas
 land on other nodes; on one machine they only share its cores. On 2 cores one replica of 2
-threads served 20-35 % more images/s than one of 1 thread (deploy.yaml's start) and than three
-replicas (BENCHMARKS.md, issue 25, session 17). A caller that gives the Detector ``num_replicas``
+threads served 12 % (one client) and 27 % (eight clients) more images/s than deploy.yaml's start
+(one replica of 1 thread) and at eight clients 8-33 % more than three replicas
+(``benchmarks/bench_one_machine.py``; BENCHMARKS.md, issue 25, session 17). A caller that gives the Detector ``num_replicas``
 or ``autoscaling_config`` keeps its own scaling and deploy.yaml's threads.
 """
 
@@ -65,7 +66,7 @@ def one_machine_detector(stated: dict[str, Any], overrides: dict[str, Any]) -> d
     as one replica of ``usable_cores()`` torch threads where ``threads`` is 0, unless ``overrides``
     (the caller's) take charge of scaling; then ``overrides`` on top."""
     detector = copy.deepcopy(stated)
-    if not {"num_replicas", "autoscaling_config"} & set(overrides):
+    if not _sets_scaling(overrides):
         detector.pop("autoscaling_config", None)
         detector["num_replicas"] = 1
         user = detector.setdefault("user_config", {})
@@ -74,10 +75,15 @@ def one_machine_detector(stated: dict[str, Any], overrides: dict[str, Any]) -> d
     return _with_overrides(detector, overrides)
 
 
+def _sets_scaling(overrides: dict[str, Any]) -> bool:
+    return bool({"num_replicas", "autoscaling_config"} & set(overrides))
+
+
 def _describe_detector(options: dict[str, Any], *, one_machine: bool) -> str:
-    """One line on a Detector's ``options``: its replicas and torch threads."""
+    """One line on a Detector's ``options``: its replicas and torch threads (``one_machine``: as
+    :func:`one_machine_detector` set them)."""
     threads = (options.get("user_config") or {}).get("threads") or 0
-    per = f"{threads} torch threads" if threads else "torch threads = its CPUs"
+    per = f"{threads} torch thread{'s' if threads != 1 else ''}" if threads else "torch threads = its CPUs"
     auto = options.get("autoscaling_config")
     if auto:
         count = f"{auto.get('min_replicas', 1)}-{auto.get('max_replicas', 1)} replicas (autoscaled)"
@@ -186,7 +192,9 @@ def start_service(
         store=store_uri,
         app_name=APP_NAME,
         grpc_target=grpc_target,
-        detector=_describe_detector(options.get("Detector", {}), one_machine=one_machine),
+        detector=_describe_detector(
+            options.get("Detector", {}), one_machine=one_machine and not _sets_scaling(overrides.get("Detector", {}))
+        ),
     )
 
 

@@ -47,3 +47,5 @@ def test_stated_threads_and_caller_settings_win() -> None:
     mine = one_machine_detector(_stated(), {"user_config": {"threads": 1}, "max_ongoing_requests": 5})
     assert mine["user_config"] == {"threads": 1} and mine["max_ongoing_requests"] == 5
     assert mine["num_replicas"] == 1
+    assert _describe_detector(mine, one_machine=True).startswith("1 replica, 1 torch thread (a Ray on this machine")
+    assert _describe_detector({"num_replicas": 3}, one_machine=False) == "3 replicas, torch threads = its CPUs"
