@@ -14,6 +14,7 @@ giving up; a reachability probe with a short timeout turns that into one clear
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 
@@ -74,6 +75,24 @@ def _probe(address: str, host: str, port: int, timeout: float) -> None:
 
 
 LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+class _TokenAuthNotice(logging.Filter):
+    """Drops Ray's notice that token authentication is on (not the one that it is off)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Token authentication is enabled for this Ray cluster" not in record.getMessage()
+
+
+def _quiet_token_notice() -> None:
+    """Ray 2.60 turns token authentication on for a new local Ray when ``RAY_AUTH_MODE`` is unset and
+    says so on every start ("... Set RAY_AUTH_MODE=disabled to opt out"), a line on every ``hetmm
+    serve``, demo and command that starts Ray. The mode stays on; only that notice is dropped. (Setting
+    ``RAY_AUTH_MODE=token`` instead does not work once Ray has read its config: the driver then
+    has no token for the GCS it starts.)"""
+    notices = logging.getLogger("ray._private.authentication.authentication_token_setup")
+    if not any(isinstance(f, _TokenAuthNotice) for f in notices.filters):
+        notices.addFilter(_TokenAuthNotice())
 
 
 def _loopback_only() -> None:
@@ -155,6 +174,7 @@ def connect(address: str | None = None, *, num_cpus: int | None = None) -> None:
     if starts_local_ray(address):
         _loopback_only()
         serve_environment()
+        _quiet_token_notice()
         ray.init(
             address="local",  # a new Ray of our own, not the one /tmp/ray/ray_current_cluster names
             num_cpus=num_cpus,

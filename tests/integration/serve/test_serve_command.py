@@ -90,6 +90,7 @@ def test_serve_comes_up_answers_and_stops_on_ctrl_c(own_ray, tmp_path: Path) -> 
     assert "hetmm: stopping (in-flight requests finish first)" in output
     assert output.rstrip().endswith("hetmm: stopped"), output[-2000:]
     assert "failed" not in output.lower() and "Traceback" not in output, output[-2000:]
+    assert "RAY_AUTH_MODE" not in output, output[:2000]  # Ray's token auth asked for, not warned about
     assert _port_is_free(port) and _port_is_free(grpc_port)
     # its own Ray on this machine: one detector replica per application using every core (serve/run.py)
     assert f"hetmm: detector per application: 1 replica, {usable_cores()} torch threads" in output, output[:2000]
