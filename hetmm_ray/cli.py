@@ -1054,7 +1054,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("images", nargs="+", help="images or folders of them")
     p.add_argument("--product", required=True)
     _add_store_flags(p)
-    p.add_argument("--version", type=int, help="template version (default: head)")
+    p.add_argument(
+        "--version",
+        type=int,
+        help="template version (default: head); with --grpc the version the service's head must be (a service "
+        "scores with its head: another is refused, version_moved)",
+    )
     p.add_argument("--out", help="folder for heat-map overlay PNGs")
     p.add_argument("--json", help="write results as JSON here")
     p.add_argument("--sigmas", type=float, help="threshold = mean + SIGMAS * std of good scores (default from config)")

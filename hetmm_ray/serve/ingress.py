@@ -23,7 +23,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -306,11 +306,19 @@ class Ingress(InspectionStandIn):  # gRPC calls that reach it are refused clearl
         self.metrics.observe_results(product, results)
         self.console.remember(product, uploads, results)
 
-    async def observe_predictions(self, predictions: list[tuple[str, list[tuple[str, bytes]], list[dict]]]) -> int:
+    async def observe_predictions(
+        self,
+        predictions: list[tuple[str, list[tuple[str, bytes]], list[dict]]],
+        calls: Sequence[tuple[str, int, float]] = (),
+    ) -> int:
         """gRPC predictions, forwarded by the gRPC replicas in batches (serve/grpc/service.py), each
-        ``(product, uploads, results)`` fed as an HTTP one is (:meth:`observe`). Returns how many."""
+        ``(product, uploads, results)`` fed as an HTTP one is (:meth:`observe`), and the gRPC calls,
+        answered or refused, counted as ``(route, status, seconds)`` in the request metrics. Returns
+        how many predictions."""
         for product, uploads, results in predictions:
             self.observe(product, uploads, results)
+        for route, status, seconds in calls:
+            self.metrics.observe_request(route, status, seconds)
         return len(predictions)
 
     @staticmethod

@@ -25,10 +25,17 @@ class ServiceMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         self.requests = Counter(
-            "hetmm_requests", "HTTP requests by route and status", ["route", "status"], registry=self.registry
+            "hetmm_requests",
+            "requests by route (grpc_*: hetmm.v1.Inspection calls) and HTTP status",
+            ["route", "status"],
+            registry=self.registry,
         )
         self.latency = Histogram(
-            "hetmm_request_seconds", "HTTP request latency", ["route"], buckets=LATENCY_BUCKETS, registry=self.registry
+            "hetmm_request_seconds",
+            "request latency by route",
+            ["route"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
         )
         self.batch_images = Histogram(
             "hetmm_batch_images", "images per scoring batch", buckets=BATCH_BUCKETS, registry=self.registry

@@ -31,7 +31,10 @@ Exact semantics:
   hop costs next to nothing per request. Forwarding never fails a ``Predict``: while the ingress
   cannot be reached (no HTTP application), a failed forward drops its entries (logged once) and the
   next ``OBSERVE_RETRY_S`` of them, at most ``OBSERVE_MAX_HELD`` are held, and a replica that stops
-  loses at most the last ``OBSERVE_EVERY_S`` of them.
+  loses at most the last ``OBSERVE_EVERY_S`` of them. Every call, answered or refused, is counted the
+  same way in ``/metrics``' ``hetmm_requests_total`` and ``hetmm_request_seconds`` (routes
+  ``grpc_predict``, ``grpc_list_products``, ``grpc_health``; ``status`` the HTTP status of the error
+  table, 200 when answered; seconds as the replica saw the call).
 - Result fields are the HTTP answer's (``score``, ``threshold``, ``is_anomaly``, the rule fields,
   ``version``, ``timing``; ``heatmap_png`` as PNG bytes, not base64). ``timing.total_ms`` is measured
   in the replica (decode, queue and score; there is no hop to time), ``transfer_ms`` is absent. With
@@ -42,6 +45,7 @@ Exact semantics:
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import json
 import logging
@@ -74,6 +78,7 @@ OBSERVE_TIMEOUT_S = 60.0
 OBSERVE_RETRY_S = 10.0  # after a failed forward, held entries are dropped for this long
 
 Observed = tuple[str, list[tuple[str, bytes]], list[dict[str, Any]]]  # (product, uploads, results)
+Call = tuple[str, int, float]  # (route, HTTP status, seconds): one gRPC call for the request metrics
 
 
 @serve.deployment(name="Detector", ray_actor_options={"num_cpus": 0.5}, max_ongoing_requests=32)
@@ -88,6 +93,7 @@ class InspectionDetector(Detector.func_or_class):  # type: ignore[name-defined,m
         self.loopback_only = host_is_loopback(self.service.grpc_host)
         self.limit = self.service.max_body_mib * 2**20
         self._observed: list[Observed] = []  # predictions not yet forwarded to the ingress
+        self._calls: list[Call] = []  # calls not yet counted by the ingress
         self._forwarder: asyncio.Task | None = None
         self._ingress: Any = None  # Ingress.observe_predictions, looked up on first use
         self._observe_failed = False  # a failure is logged once until forwarding works again
@@ -99,13 +105,23 @@ class InspectionDetector(Detector.func_or_class):  # type: ignore[name-defined,m
         if len(self._observed) >= OBSERVE_MAX_HELD:
             return  # the ingress is unreachable: counted by its absence (logged by _forward)
         self._observed.append((product, uploads, [{**r, "timing": dict(r["timing"])} for r in results]))
+        self._start_forwarding()
+
+    def _count(self, route: str, status: int, seconds: float) -> None:
+        """Hold one call's outcome for the ingress's request metrics (module doc)."""
+        if len(self._calls) < OBSERVE_MAX_HELD:
+            self._calls.append((route, status, seconds))
+            self._start_forwarding()
+
+    def _start_forwarding(self) -> None:
         if self._forwarder is None or self._forwarder.done():
             self._forwarder = asyncio.get_running_loop().create_task(self._forward(), name="hetmm-grpc-observe")
 
     async def _forward(self) -> None:
-        while self._observed:
+        while self._observed or self._calls:
             await asyncio.sleep(OBSERVE_EVERY_S)  # what arrives meanwhile goes in the same call
             batch, self._observed = self._observed, []
+            calls, self._calls = self._calls, []
             if time.monotonic() < self._retry_at:
                 continue  # the ingress failed lately: dropped, not asked again at every flush
             try:
@@ -114,7 +130,7 @@ class InspectionDetector(Detector.func_or_class):  # type: ignore[name-defined,m
                     handle = await asyncio.to_thread(serve.get_deployment_handle, "Ingress", HTTP_APP_NAME)
                     # through the object store: a batch of uploads can exceed a replica's gRPC message limit
                     self._ingress = handle.options(_by_reference=True).observe_predictions
-                await asyncio.wait_for(self._ingress.remote(batch), OBSERVE_TIMEOUT_S)
+                await asyncio.wait_for(self._ingress.remote(batch, calls), OBSERVE_TIMEOUT_S)
                 self._observe_failed = False
             except Exception as exc:  # noqa: BLE001 - forwarding never fails a prediction
                 self._ingress = None
@@ -129,15 +145,21 @@ class InspectionDetector(Detector.func_or_class):  # type: ignore[name-defined,m
                     )
 
     # --- plumbing -------------------------------------------------------------------------------
-    async def _answer(self, grpc_context: Any, empty: Any, work: Any) -> Any:
-        """``await work()``, or ``empty`` with the error's gRPC code and ``"<code>: <message>"``."""
+    async def _answer(self, grpc_context: Any, empty: Any, work: Any, route: str) -> Any:
+        """``await work()``, or ``empty`` with the error's gRPC code and ``"<code>: <message>"``; either
+        way counted under ``route`` (module doc)."""
+        started, status = time.perf_counter(), 200
         try:
             if self.loopback_only and not peer_is_loopback(grpc_context.peer()):
                 raise Refused(403, "forbidden", "this endpoint answers loopback peers only (service.grpc_host)")
             return await work()
         except Exception as exc:  # noqa: BLE001 - every failure becomes a status with details
-            refuse(grpc_context, classify(exc))
+            refusal = classify(exc)
+            status = refusal.status
+            refuse(grpc_context, refusal)
             return empty
+        finally:
+            self._count(route, status, time.perf_counter() - started)
 
     def _admin(self, grpc_context: Any) -> None:
         if self.token is None:
@@ -157,7 +179,8 @@ class InspectionDetector(Detector.func_or_class):  # type: ignore[name-defined,m
 
     # --- the service ----------------------------------------------------------------------------
     async def Predict(self, request: pb.PredictRequest, grpc_context: Any) -> pb.PredictReply:
-        return await self._answer(grpc_context, pb.PredictReply(), lambda: self._predict(request, grpc_context))
+        work = functools.partial(self._predict, request, grpc_context)
+        return await self._answer(grpc_context, pb.PredictReply(), work, "grpc_predict")
 
     async def ListProducts(self, request: pb.ListProductsRequest, grpc_context: Any) -> pb.ListProductsReply:
         async def work() -> pb.ListProductsReply:
@@ -169,7 +192,7 @@ class InspectionDetector(Detector.func_or_class):  # type: ignore[name-defined,m
                 ]
             )
 
-        return await self._answer(grpc_context, pb.ListProductsReply(), work)
+        return await self._answer(grpc_context, pb.ListProductsReply(), work, "grpc_list_products")
 
     async def Health(self, request: pb.HealthRequest, grpc_context: Any) -> pb.HealthReply:
         async def work() -> pb.HealthReply:
@@ -177,7 +200,7 @@ class InspectionDetector(Detector.func_or_class):  # type: ignore[name-defined,m
                 raise Refused(503, "unavailable", f"replica unhealthy: {self._fatal}")
             return pb.HealthReply(status="ok", replica=self._replica)
 
-        return await self._answer(grpc_context, pb.HealthReply(), work)
+        return await self._answer(grpc_context, pb.HealthReply(), work, "grpc_health")
 
     async def _predict(self, request: pb.PredictRequest, grpc_context: Any) -> pb.PredictReply:
         started = time.perf_counter()

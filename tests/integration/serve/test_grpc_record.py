@@ -98,3 +98,36 @@ def test_grpc_predictions_land_in_the_record_and_the_metrics(service: Any) -> No
         assert _counter(text, f'hetmm_anomalies_total{{product="{PRODUCT}"}}') == flagged
         chart = http.get(f"/v1/products/{PRODUCT}/drift", params={"hours": 1, "buckets": 4}).json()
         assert chart["live"]["windows"]["200"]["parts"] == len(answers)
+
+
+def test_grpc_calls_are_counted_by_route_and_status(service: Any) -> None:
+    """Every gRPC call, answered or refused, in ``hetmm_requests_total`` and ``hetmm_request_seconds``
+    (routes ``grpc_*``, the error table's HTTP status), as HTTP requests are counted."""
+    import grpc
+
+    from hetmm_ray.serve.grpc.client import InspectionClient
+
+    def count(text: str, route: str, status: int) -> float:
+        return _counter(text, f'hetmm_requests_total{{route="{route}",status="{status}"}}')
+
+    calls = [("grpc_predict", 200), ("grpc_predict", 404), ("grpc_predict", 400), ("grpc_health", 200)]
+    calls.append(("grpc_list_products", 200))
+    with httpx.Client(base_url=service.url, timeout=120) as http:
+        before = http.get("/metrics").text
+        with InspectionClient(service.grpc_target, timeout=120, wait_s=0) as client:
+            client.predict(PRODUCT, [("a.png", png(GEAR.good(200)))])
+            for product, image in (("no-such-product", png(GEAR.good(201))), (PRODUCT, b"not an image")):
+                with pytest.raises(grpc.RpcError):
+                    client.predict(product, [("b.png", image)])
+            client.health()
+            client.list_products()
+
+        def counted() -> str | None:
+            text = http.get("/metrics").text
+            grown = all(count(text, r, s) >= count(before, r, s) + calls.count((r, s)) for r, s in set(calls))
+            return text if grown else None
+
+        text = until(counted, "every gRPC call counted in /metrics")
+    for route, status in set(calls):
+        assert count(text, route, status) == count(before, route, status) + calls.count((route, status))
+    assert _counter(text, 'hetmm_request_seconds_count{route="grpc_predict"}') >= 3
