@@ -249,39 +249,55 @@ def _predict_grpc(args: argparse.Namespace) -> int:
 
     import grpc
 
-    from .serve.grpc.client import InspectionClient
+    from .serve.grpc.client import ImageRefused, InspectionClient
 
-    paths = [path for path, _ in _image_paths(args.images)]
-    if not paths:
+    found = _image_paths(args.images)  # (path, the name its outputs are written by), as in process
+    if not found:
         raise CLIError("no images to score")
     token = os.environ.get("HETMM_ADMIN_TOKEN") or None
-    records, out = [], Path(args.out) if args.out else None
-    uploads = ((str(path), path.read_bytes()) for path in paths)
+    records, out, failed = [], Path(args.out) if args.out else None, 0
+    uploads = ((str(path), path.read_bytes()) for path, _ in found)
     wait_s = GRPC_CLIENT_WAIT_S if args.wait_s is None else args.wait_s
     if not 0 <= wait_s <= 3600:  # NaN too
         raise CLIError(f"--wait-s must be between 0 and 3600 seconds, not {wait_s}")
     with InspectionClient(args.grpc, token=token, wait_s=wait_s) as client:
         results = client.predict_all(
-            args.product, uploads, heatmap=out is not None, version=args.version, threshold=args.threshold
+            args.product,
+            uploads,
+            heatmap=out is not None,
+            version=args.version,
+            threshold=args.threshold,
+            skip_bad_images=True,
         )
         try:
-            for r in results:
-                rec = {"image": r.name, "score": round(r.score, 6), "threshold": round(r.threshold, 6)}
-                rec.update(is_anomaly=r.is_anomaly, version=r.version)
+            # in the order sent: each result is its file's, and written by that file's unique name
+            for (path, name), r in zip(found, results, strict=True):
+                if isinstance(r, ImageRefused):
+                    print(f"hetmm: skipped: {r.details.split(': ', 1)[-1]}", file=sys.stderr)
+                    failed += 1
+                    continue
+                rec: dict[str, Any] = {"image": str(path), "score": round(r.score, 6)}
+                rec.update(threshold=round(r.threshold, 6), is_anomaly=r.is_anomaly)
+                for field in ("threshold_rule", "rule_target", "estimated_false_alarm_rate"):  # as in process
+                    if r.HasField(field):
+                        rec[field] = getattr(r, field)
+                rec["version"] = r.version
                 if out is not None and r.heatmap_png:
-                    target = out / f"{Path(r.name).name}_heatmap.png"
+                    target = out / name.parent / f"{name.name}_heatmap.png"
                     target.parent.mkdir(parents=True, exist_ok=True)
                     target.write_bytes(r.heatmap_png)
                     rec["heatmap"] = str(target)
                 records.append(rec)
-                print(f"{rec['score']:.4f}  {'ANOMALY' if r.is_anomaly else 'ok':<7}  {r.name}")
+                print(f"{rec['score']:.4f}  {'ANOMALY' if r.is_anomaly else 'ok':<7}  {path}")
         except grpc.RpcError as exc:
             raise CLIError(f"{args.grpc}: {exc.code().name}: {exc.details()}") from None
+    if not records:
+        raise CLIError("no readable images to score")
     print(f"{len(records)} images, product {args.product} v{records[-1]['version']} (gRPC {args.grpc})")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(records, indent=1))
-    return 0
+    return 1 if failed else 0
 
 
 def cmd_predict(args: argparse.Namespace) -> int:

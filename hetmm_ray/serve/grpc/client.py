@@ -12,7 +12,11 @@ them into requests (:func:`request_chunks`: consecutive, at most ``per_request``
 in all, an image larger than that alone), keeps ``in_flight`` requests in flight and yields each
 image's result in the order given. A request of several images refused RESOURCE_EXHAUSTED (the
 service's limits are lower: ``too_many_images``, ``too_large``) is split in halves and sent again, down
-to single images; any other refusal, or one image refused, raises.
+to single images; any other refusal, or one image refused, raises. With ``skip_bad_images``, a request
+refused INVALID_ARGUMENT ``bad_image`` (an image the service cannot decode: it refuses the whole
+request before scoring any of it) is split the same way, and the image refused alone is given as an
+:class:`ImageRefused` in its place, the others scored, as ``hetmm predict`` skips unreadable files in
+process.
 
 Every call refused UNAVAILABLE (no listener yet, the gRPC application still starting, a replica
 going) is sent again after ``config.GRPC_CLIENT_RETRY_PAUSE_S`` (0.25 s, doubling to 2 s) until
@@ -28,6 +32,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import grpc
@@ -44,10 +49,18 @@ from ...config import (
 from . import inspection_pb2 as pb
 from .inspection_pb2_grpc import InspectionStub
 
-__all__ = ["InspectionClient", "error_code", "request_chunks"]
+__all__ = ["ImageRefused", "InspectionClient", "error_code", "request_chunks"]
 
 Upload = tuple[str, bytes]  # (name, encoded image)
 Reply = TypeVar("Reply")
+
+
+@dataclass(frozen=True)
+class ImageRefused:
+    """An image the service refused on its own (``predict_all(skip_bad_images=True)``), in its place."""
+
+    name: str
+    details: str  # "<code>: <message>", e.g. "bad_image: part.png: not a recognised image format ..."
 
 
 def request_chunks(images: Iterable[Upload], per_request: int, max_bytes: int) -> Iterator[list[Upload]]:
@@ -127,29 +140,39 @@ class InspectionClient:
         per_request: int = GRPC_CLIENT_IMAGES_PER_REQUEST,
         max_bytes: int = GRPC_CLIENT_REQUEST_MIB * 2**20,
         in_flight: int = GRPC_CLIENT_IN_FLIGHT,
+        skip_bad_images: bool = False,
         **options: Any,
-    ) -> Iterator[pb.Result]:
-        """Every image of ``images`` scored, one ``Result`` each in their order (module doc); ``options``:
+    ) -> Iterator[pb.Result | ImageRefused]:
+        """Every image of ``images`` scored, one ``Result`` each in their order (module doc; an
+        ``ImageRefused`` in place of an undecodable image with ``skip_bad_images``); ``options``:
         :meth:`predict`'s ``heatmap``, ``version`` and ``threshold``."""
         if in_flight < 1:
             raise ValueError(f"in_flight must be >= 1, not {in_flight}")
         with ThreadPoolExecutor(in_flight, thread_name_prefix="hetmm-grpc") as pool:
-            pending: deque[Future[list[pb.Result]]] = deque()
+            pending: deque[Future[list[pb.Result | ImageRefused]]] = deque()
             for chunk in request_chunks(images, per_request, max_bytes):
                 if len(pending) >= in_flight:  # no more than in_flight requests out, none read ahead further
                     yield from pending.popleft().result()
-                pending.append(pool.submit(self._predict_split, product, chunk, options))
+                pending.append(pool.submit(self._predict_split, product, chunk, skip_bad_images, options))
             while pending:
                 yield from pending.popleft().result()
 
-    def _predict_split(self, product: str, chunk: list[Upload], options: dict[str, Any]) -> list[pb.Result]:
+    def _predict_split(
+        self, product: str, chunk: list[Upload], skip: bool, options: dict[str, Any]
+    ) -> list[pb.Result | ImageRefused]:
         try:
             return list(self.predict(product, chunk, **options).results)
         except grpc.RpcError as exc:
-            if len(chunk) < 2 or exc.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:  # type: ignore[attr-defined]
+            code = exc.code()  # type: ignore[attr-defined]
+            bad_image = skip and code == grpc.StatusCode.INVALID_ARGUMENT and error_code(exc) == "bad_image"
+            if bad_image and len(chunk) == 1:
+                return [ImageRefused(chunk[0][0], exc.details() or "")]  # type: ignore[attr-defined]
+            if len(chunk) < 2 or not (bad_image or code == grpc.StatusCode.RESOURCE_EXHAUSTED):
                 raise
-        half = len(chunk) // 2  # the service's limits are lower than this request: halves, sent again
-        return self._predict_split(product, chunk[:half], options) + self._predict_split(product, chunk[half:], options)
+        # over the service's limits, or one of them undecodable: halves, sent again
+        half = len(chunk) // 2
+        first = self._predict_split(product, chunk[:half], skip, options)
+        return first + self._predict_split(product, chunk[half:], skip, options)
 
     def list_products(self) -> pb.ListProductsReply:
         return self._call(self.stub.ListProducts, pb.ListProductsRequest(), self._metadata)

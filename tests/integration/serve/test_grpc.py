@@ -218,6 +218,33 @@ def test_cli_predict_over_grpc(service, client, tmp_path, capsys) -> None:
     assert "NOT_FOUND: unknown_product:" in capsys.readouterr().err
 
 
+def test_cli_predict_over_grpc_writes_what_in_process_writes(service, store, tmp_path, capsys) -> None:
+    """A folder with same-named files in sub-folders and an unreadable file: ``--grpc`` skips the bad
+    file and goes on (exit 1), and writes its heat-maps and JSON records under the names the
+    in-process command uses (``a/x_heatmap.png``, ``b/x_heatmap.png``: before, both went to
+    ``x.png_heatmap.png``, the second over the first), with the same fields."""
+    from hetmm_ray import cli
+
+    folder = tmp_path / "parts"
+    for sub, i in (("a", 0), ("b", 1), ("b", 2)):
+        (folder / sub).mkdir(parents=True, exist_ok=True)
+        (folder / sub / ("x.png" if i < 2 else "z.png")).write_bytes(png(GEAR.good(50 + i)))
+    (folder / "a" / "y.png").write_bytes(b"not an image")
+    runs = {}
+    for how, extra in (("grpc", ["--grpc", service[1]]), ("in_process", ["--store", store])):
+        out, js = tmp_path / f"maps_{how}", tmp_path / f"{how}.json"
+        argv = ["predict", str(folder), "--product", "gear", "--out", str(out), "--json", str(js), *extra]
+        assert cli.main(argv) == 1  # one file skipped
+        assert "hetmm: skipped: " in capsys.readouterr().err
+        runs[how] = (sorted(p.relative_to(out).as_posix() for p in out.rglob("*.png")), json.loads(js.read_text()))
+    maps, records = runs["grpc"]
+    assert maps == runs["in_process"][0] == ["a/x_heatmap.png", "b/x_heatmap.png", "b/z_heatmap.png"]
+    expected = runs["in_process"][1]
+    assert [r["image"] for r in records] == [r["image"] for r in expected]
+    assert [sorted(r) for r in records] == [sorted(r) for r in expected]
+    assert [r["score"] for r in records] == pytest.approx([r["score"] for r in expected], abs=1e-4)
+
+
 def _noise_png(seed: int, side: int = 420) -> bytes:
     """A PNG of random pixels: about 0.5 MB, so that three exceed the service's 1 MiB of images."""
     import numpy as np

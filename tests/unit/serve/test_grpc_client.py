@@ -1,10 +1,15 @@
-"""``InspectionClient`` sends a call refused UNAVAILABLE again until ``wait_s`` has passed.
+"""``InspectionClient`` against a real gRPC server in this process (``hetmm.v1.Inspection`` answered by
+a small servicer).
 
-Against a real gRPC server in this process (``hetmm.v1.Inspection`` answered by a small servicer): a
+It sends a call refused UNAVAILABLE again until ``wait_s`` has passed: a
 refusal of UNAVAILABLE is sent again and the answer that follows returned; any other refusal, or
 ``wait_s`` 0, is raised after one call; a service that stays UNAVAILABLE is given up on after
 ``wait_s``; a service whose port has no listener yet is reached once it has one (the channel's
 reconnect backoff is the client's own, not gRPC's growing one).
+
+``predict_all(skip_bad_images=True)`` finds the undecodable images of a request the service refused
+``bad_image`` by halves, gives each as an ``ImageRefused`` in its place and every other image's result
+in order; without it the refusal is raised.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import grpc
 import pytest
 
 from hetmm_ray.serve.grpc import inspection_pb2 as pb
-from hetmm_ray.serve.grpc.client import InspectionClient, error_code
+from hetmm_ray.serve.grpc.client import ImageRefused, InspectionClient, error_code
 from hetmm_ray.serve.grpc.inspection_pb2_grpc import InspectionServicer, add_InspectionServicer_to_server
 
 
@@ -154,3 +159,45 @@ def test_reaches_a_service_that_starts_listening_later(serving) -> None:
 def test_negative_wait_is_refused() -> None:
     with pytest.raises(ValueError, match="wait_s"):
         InspectionClient("127.0.0.1:1", wait_s=-1)
+
+
+class RefusingBadImages(InspectionServicer):
+    """Refuses a whole request INVALID_ARGUMENT ``bad_image`` when any image's data is ``b"bad"`` (the
+    service decodes every image before it scores any); otherwise scores each image by its length."""
+
+    def __init__(self) -> None:
+        self.requests: list[list[str]] = []
+
+    def Predict(self, request: pb.PredictRequest, context: grpc.ServicerContext) -> pb.PredictReply:
+        self.requests.append([image.name for image in request.images])
+        bad = [image.name for image in request.images if image.data == b"bad"]
+        if bad:
+            context.set_code(grpc.StatusCode.INVALID_ARGUMENT)
+            context.set_details(f"bad_image: {bad[0]}: not a recognised image format")
+            return pb.PredictReply()
+        return pb.PredictReply(results=[pb.Result(name=im.name, score=len(im.data)) for im in request.images])
+
+
+@pytest.mark.parametrize("bad_at", [(), (0,), (5,), (2, 3), (0, 9), tuple(range(10))])
+def test_skip_bad_images_gives_each_in_its_place(serving, bad_at: tuple[int, ...]) -> None:
+    servicer = RefusingBadImages()
+    port = serving(servicer)
+    images = [(f"{i}.png", b"bad" if i in bad_at else b"x" * (i + 1)) for i in range(10)]
+    with InspectionClient(f"127.0.0.1:{port}", wait_s=0) as client:
+        out = list(client.predict_all("p", iter(images), per_request=4, skip_bad_images=True))
+    assert [o.name for o in out] == [name for name, _ in images]
+    for i, o in enumerate(out):
+        if i in bad_at:
+            assert isinstance(o, ImageRefused) and o.details == f"bad_image: {i}.png: not a recognised image format"
+        else:
+            assert not isinstance(o, ImageRefused) and o.score == i + 1
+    answered = [n for names in servicer.requests if not {f"{i}.png" for i in bad_at} & set(names) for n in names]
+    assert sorted(answered) == sorted(f"{i}.png" for i in range(10) if i not in bad_at)  # each scored once
+
+
+def test_bad_images_raise_without_skip(serving) -> None:
+    port = serving(RefusingBadImages())
+    images = [("a.png", b"x"), ("b.png", b"bad")]
+    with InspectionClient(f"127.0.0.1:{port}", wait_s=0) as client, pytest.raises(grpc.RpcError) as refused:
+        list(client.predict_all("p", images))
+    assert error_code(refused.value) == "bad_image"
