@@ -302,6 +302,15 @@ def _predict_grpc(args: argparse.Namespace) -> int:
 
 def cmd_predict(args: argparse.Namespace) -> int:
     if args.grpc:
+        for option, value in (("--sigmas", args.sigmas), ("--false-alarm-rate", args.false_alarm_rate)):
+            if value is not None:
+                raise CLIError(
+                    f"{option} sets the rule in process; a service judges by the product's rule: "
+                    "give --threshold with --grpc to override its verdict"
+                )
+        for option, value in (("--device", args.device), ("--dtype", args.dtype)):
+            if value is not None:
+                raise CLIError(f"{option} applies in process; the service's replicas score on their own device")
         return _predict_grpc(args)
     if args.threshold is not None:
         raise CLIError("--threshold overrides the verdict of a service: give it with --grpc")

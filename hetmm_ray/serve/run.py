@@ -153,6 +153,8 @@ def start_service(
     refuse_open_bind(host, token, service.admin_token_env)
     if grpc_port is not None:  # the gRPC replicas would refuse to start: say it here, once
         refuse_open_bind(service.grpc_host, token, service.admin_token_env)
+        if grpc_port == port:  # both proxies bind it (one on host, one on every interface): neither is sure
+            raise ConfigError(f"--grpc-port {grpc_port}: the same port as --port; give HTTP and gRPC a port each")
 
     one_machine = starts_local_ray(address)
     options = deployment_options(entry)

@@ -758,6 +758,16 @@ def error_case(request, cli_data, tmp_path, monkeypatch):
         return ["predict", train, "--product", "gear", "--grpc", "127.0.0.1:9", "--wait-s", "0"], [
             "127.0.0.1:9: UNAVAILABLE"
         ]
+    if kind == "--sigmas with --grpc":  # before, ignored without a word
+        return ["predict", train, "--product", "gear", "--grpc", "127.0.0.1:9", "--sigmas", "2"], [
+            "--sigmas",
+            "--threshold",
+        ]
+    if kind == "--device with --grpc":
+        return ["predict", train, "--product", "gear", "--grpc", "127.0.0.1:9", "--device", "cpu"], ["--device"]
+    if kind == "same --port and --grpc-port":
+        same = ["--port", "8199", "--grpc-port", "8199"]
+        return ["serve", "--store", tmp_path / "st", *same], ["--grpc-port 8199", "same port as --port"]
     raise AssertionError(kind)
 
 
@@ -779,6 +789,9 @@ ERROR_CASES = [
     "--wait-s without --grpc",
     "negative --wait-s",
     "gRPC service down",
+    "--sigmas with --grpc",
+    "--device with --grpc",
+    "same --port and --grpc-port",
 ]
 
 
