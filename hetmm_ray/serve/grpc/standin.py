@@ -14,14 +14,19 @@ with an empty reply and, through the one error table (``errors.GRPC_CODES``):
 - the call names the gRPC application: 503 ``unavailable`` -> ``UNAVAILABLE`` (gRPC's retryable
   code): that application is not running here yet;
 - it names anything else: 404 ``not_found`` -> ``NOT_FOUND``, saying which application to name.
+
+Each refusal is counted in the ingress's request metrics as the gRPC replicas count their calls
+(routes ``grpc_predict``, ``grpc_list_products``, ``grpc_health``; status 503 or 404).
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from ...config import GRPC_APP_NAME
 from ...errors import Refused
+from ..metrics import ServiceMetrics
 from . import inspection_pb2 as pb
 from .messages import metadata_value, refuse
 
@@ -48,14 +53,22 @@ def refusal_for(application: str) -> Refused:
 class InspectionStandIn:
     """Inspection's methods on an application that does not serve it (module doc)."""
 
+    metrics: ServiceMetrics  # the ingress's
+
     async def Predict(self, request: pb.PredictRequest, grpc_context: Any) -> pb.PredictReply:
-        refuse(grpc_context, refusal_for(metadata_value(grpc_context, "application")))
+        self._refuse_call(grpc_context, "grpc_predict")
         return pb.PredictReply()
 
     async def ListProducts(self, request: pb.ListProductsRequest, grpc_context: Any) -> pb.ListProductsReply:
-        refuse(grpc_context, refusal_for(metadata_value(grpc_context, "application")))
+        self._refuse_call(grpc_context, "grpc_list_products")
         return pb.ListProductsReply()
 
     async def Health(self, request: pb.HealthRequest, grpc_context: Any) -> pb.HealthReply:
-        refuse(grpc_context, refusal_for(metadata_value(grpc_context, "application")))
+        self._refuse_call(grpc_context, "grpc_health")
         return pb.HealthReply()
+
+    def _refuse_call(self, grpc_context: Any, route: str) -> None:
+        started = time.perf_counter()
+        refusal = refusal_for(metadata_value(grpc_context, "application"))
+        refuse(grpc_context, refusal)
+        self.metrics.observe_request(route, refusal.status, time.perf_counter() - started)

@@ -66,23 +66,37 @@ def _call(target: str, method: str, application: str | None) -> grpc.RpcError | 
     return None
 
 
+def _refused(url: str, route: str, status: int) -> float:
+    """``hetmm_requests_total`` of ``route`` and ``status`` in the service's ``/metrics``."""
+    key = f'hetmm_requests_total{{route="{route}",status="{status}"}} '
+    lines = httpx.get(f"{url}/metrics", timeout=60).text.splitlines()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith(key))
+
+
+ROUTES = {"Predict": "grpc_predict", "ListProducts": "grpc_list_products", "Health": "grpc_health"}
+
+
 @pytest.mark.parametrize("method", ["Predict", "ListProducts", "Health"])
 def test_naming_the_grpc_application_gets_unavailable(http_only, method) -> None:
     url, target, _ = http_only
+    before = _refused(url, ROUTES[method], 503)
     error = _call(target, method, GRPC_APP_NAME)
     assert error is not None, "answered, but no gRPC application is deployed"
     assert error.code() == grpc.StatusCode.UNAVAILABLE, (error.code(), error.details())
     assert error.details().startswith(f"unavailable: the gRPC application {GRPC_APP_NAME!r} is not running")
     assert httpx.get(f"{url}/v1/products", timeout=60).status_code == 200  # HTTP keeps serving
+    assert _refused(url, ROUTES[method], 503) == before + 1  # counted as the gRPC replicas count theirs
 
 
 @pytest.mark.parametrize("application", [HTTP_APP_NAME, "typo", None])
 def test_naming_another_application_gets_not_found(http_only, application) -> None:
-    _, target, _ = http_only
+    url, target, _ = http_only
+    before = _refused(url, "grpc_health", 404)
     error = _call(target, "Health", application)
     assert error is not None
     assert error.code() == grpc.StatusCode.NOT_FOUND, (error.code(), error.details())
     assert error.details().startswith("not_found: ") and f"application: {GRPC_APP_NAME}" in error.details()
+    assert _refused(url, "grpc_health", 404) == before + 1
 
 
 def test_answered_once_the_grpc_application_is_up(http_only) -> None:
