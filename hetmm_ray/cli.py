@@ -246,6 +246,7 @@ def _predict_grpc(args: argparse.Namespace) -> int:
     (serve/grpc/) through ``InspectionClient.predict_all`` (files read as they are sent, requests within
     the service's limits, two in flight); the same lines as in process."""
     import os
+    import threading
 
     import grpc
 
@@ -260,7 +261,15 @@ def _predict_grpc(args: argparse.Namespace) -> int:
     wait_s = GRPC_CLIENT_WAIT_S if args.wait_s is None else args.wait_s
     if not 0 <= wait_s <= 3600:  # NaN too
         raise CLIError(f"--wait-s must be between 0 and 3600 seconds, not {wait_s}")
-    with InspectionClient(args.grpc, token=token, wait_s=wait_s) as client:
+    told = threading.Event()
+
+    def waiting(refusal: grpc.RpcError) -> None:  # said once: the service may be starting
+        if not told.is_set():
+            told.set()
+            why = (refusal.details() or "").splitlines()[0][:200]  # type: ignore[attr-defined]
+            print(f"hetmm: {args.grpc}: UNAVAILABLE ({why}); trying again for up to {wait_s:g} s", file=sys.stderr)
+
+    with InspectionClient(args.grpc, token=token, wait_s=wait_s, on_wait=waiting) as client:
         results = client.predict_all(
             args.product,
             uploads,

@@ -88,10 +88,16 @@ def error_code(error: grpc.RpcError) -> str:
 
 class InspectionClient:
     """``hetmm.v1.Inspection`` on ``target``; ``timeout`` seconds per call, a call refused UNAVAILABLE
-    sent again for up to ``wait_s`` seconds (module doc)."""
+    sent again for up to ``wait_s`` seconds (module doc), ``on_wait(refusal)`` called before each pause."""
 
     def __init__(
-        self, target: str, *, token: str | None = None, timeout: float = 60.0, wait_s: float = GRPC_CLIENT_WAIT_S
+        self,
+        target: str,
+        *,
+        token: str | None = None,
+        timeout: float = 60.0,
+        wait_s: float = GRPC_CLIENT_WAIT_S,
+        on_wait: Callable[[grpc.RpcError], None] | None = None,
     ) -> None:
         if not wait_s >= 0:
             raise ValueError(f"wait_s must be >= 0, not {wait_s}")
@@ -109,6 +115,7 @@ class InspectionClient:
         self.stub = InspectionStub(self.channel)
         self.timeout = timeout
         self.wait_s = wait_s
+        self.on_wait = on_wait
         self._metadata: list[tuple[str, str]] = [("application", GRPC_APP_NAME)]
         if token:
             self._metadata.append(("authorization", f"Bearer {token}"))
@@ -191,6 +198,8 @@ class InspectionClient:
                 left = deadline - time.monotonic()
                 if exc.code() != grpc.StatusCode.UNAVAILABLE or left <= 0:  # type: ignore[attr-defined]
                     raise
+                if self.on_wait is not None:
+                    self.on_wait(exc)
             time.sleep(min(pause, left))  # the last try falls at the deadline
             pause = min(2 * pause, longest)
 

@@ -201,3 +201,29 @@ def test_bad_images_raise_without_skip(serving) -> None:
     with InspectionClient(f"127.0.0.1:{port}", wait_s=0) as client, pytest.raises(grpc.RpcError) as refused:
         list(client.predict_all("p", images))
     assert error_code(refused.value) == "bad_image"
+
+
+def test_on_wait_hears_each_refusal_before_its_pause(serving) -> None:
+    servicer = Refusing(refusals=3)
+    port = serving(servicer)
+    heard: list[str] = []
+    with InspectionClient(f"127.0.0.1:{port}", wait_s=60, on_wait=lambda e: heard.append(e.details())) as client:
+        assert client.health().status == "ok"
+    assert heard == [f"unavailable: refused, call {i}" for i in (1, 2, 3)]
+
+
+def test_cli_says_once_that_it_waits(serving, tmp_path, capsys) -> None:
+    """``hetmm predict --grpc`` on a service still refusing UNAVAILABLE: one line on stderr saying it
+    tries again, then the results (a servicer that scores each image by its length)."""
+    from hetmm_ray import cli
+
+    port = serving(Refusing(refusals=3))
+    files = [tmp_path / f"{i}.png" for i in range(2)]
+    for i, f in enumerate(files):
+        f.write_bytes(b"x" * (i + 1))
+    assert cli.main(["predict", "--grpc", f"127.0.0.1:{port}", "--product", "p", *map(str, files)]) == 0
+    captured = capsys.readouterr()
+    said = [line for line in captured.err.splitlines() if "trying again" in line]
+    assert len(said) == 1 and said[0].startswith(f"hetmm: 127.0.0.1:{port}: UNAVAILABLE (unavailable: refused")
+    assert said[0].endswith("trying again for up to 60 s")
+    assert "2 images, product p" in captured.out
