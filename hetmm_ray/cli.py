@@ -713,21 +713,40 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from .serve.app import DEPLOY_YAML
     from .serve.run import leave_ray, start_service, stop_service
 
-    running = start_service(
-        config_path=args.serve_config or DEPLOY_YAML,
-        store=args.store,
-        host=args.host,
-        port=args.port,
-        address=args.address,
-        grpc_port=args.grpc_port,
-    )
+    # Stop signals are taken from the start: a Ctrl-C while Ray and Serve start is acted on once they are
+    # up, with the same clean stop (before, it broke off the start wherever it fell); a second one while
+    # starting gives up at once. ray.init sets a SIGTERM handler of Ray's own (it stops Ray's processes
+    # and exits 1), so SIGTERM is ours again once the service is up.
+    stop, started = threading.Event(), threading.Event()
+
+    def on_signal(signum: int, frame: Any) -> None:
+        if not started.is_set():
+            if stop.is_set():
+                raise KeyboardInterrupt  # main(): "hetmm: interrupted", exit 130
+            print("hetmm: stop asked while starting: stopping once the service is up (again: at once)", flush=True)
+        stop.set()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        running = start_service(
+            config_path=args.serve_config or DEPLOY_YAML,
+            store=args.store,
+            host=args.host,
+            port=args.port,
+            address=args.address,
+            grpc_port=args.grpc_port,
+        )
+    except BaseException:  # refused or interrupted: the caller's handlers back (tests call main())
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        raise
+    started.set()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, on_signal)
     print(f"hetmm: detector per application: {running.detector}", flush=True)
     if running.grpc_target:
         print(f"hetmm: gRPC hetmm.v1.Inspection on {running.grpc_target}", flush=True)
     print(f"hetmm: serving {running.url} (store {running.store}), console {running.url}/ui/; Ctrl-C stops", flush=True)
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
     stop.wait()
     print("hetmm: stopping (in-flight requests finish first)", flush=True)
     # Drained in a thread while this one watches Ray: a stop signal sent to the whole process group

@@ -23,7 +23,9 @@ import httpx
 from helpers import free_port
 
 
-def _start_serve(tmp_path: Path, *extra: str) -> tuple[subprocess.Popen, list[str], threading.Thread]:
+def _start_serve(
+    tmp_path: Path, *extra: str, wait_for_banner: bool = True
+) -> tuple[subprocess.Popen, list[str], threading.Thread]:
     """`hetmm serve` (the installed entry point) in a session of its own, its output collected in lines."""
     script = Path(sys.executable).with_name("hetmm")
     cmd = [str(script)] if script.exists() else [sys.executable, "-m", "hetmm_ray.cli"]
@@ -42,7 +44,7 @@ def _start_serve(tmp_path: Path, *extra: str) -> tuple[subprocess.Popen, list[st
     reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True)
     reader.start()
     deadline = time.monotonic() + 300  # Ray, Serve and the applications on a loaded 2-core machine
-    while not any(line.startswith("hetmm: serving") for line in lines):
+    while wait_for_banner and not any(line.startswith("hetmm: serving") for line in lines):
         if proc.poll() is not None or time.monotonic() > deadline:
             proc.kill()
             raise AssertionError("".join(lines))
@@ -65,6 +67,11 @@ def _finish(proc: subprocess.Popen, lines: list[str], reader: threading.Thread) 
             pass
     reader.join(timeout=30)
     return "".join(lines)
+
+
+def _session_processes(pid: int) -> list[str]:
+    ps = subprocess.run(["ps", "-o", "pid=,comm=", "-s", str(pid)], capture_output=True, text=True, check=False)
+    return [line.split(None, 1)[1] for line in ps.stdout.splitlines() if line.strip() and int(line.split()[0]) != pid]
 
 
 def _port_is_free(port: int) -> bool:
@@ -114,3 +121,29 @@ def test_a_stop_signal_to_the_whole_group_exits_at_once(own_ray, tmp_path: Path)
     assert code == 1, output[-2000:]
     assert "hetmm: Ray's own processes were stopped by the same signal" in output, output[-2000:]
     assert "Failed to connect to GCS" not in output and took < 45, (took, output[-2000:])
+
+
+def test_ctrl_c_while_starting_stops_cleanly_once_up(own_ray, tmp_path: Path) -> None:
+    """Ctrl-C while Ray is starting: before, it broke off the start wherever it fell (a KeyboardInterrupt
+    inside ray.init or serve.run: exit 130); now the command says so, finishes starting, and stops as
+    it does when up (exit 0, ``hetmm: stopped``, nothing of its session left)."""
+    port = free_port()
+    proc, lines, reader = _start_serve(tmp_path, "--port", str(port), wait_for_banner=False)
+    try:
+        deadline = time.monotonic() + 300
+        while not any("raylet" in p for p in _session_processes(proc.pid)):  # Ray is starting
+            assert proc.poll() is None and time.monotonic() < deadline, "".join(lines)
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        code = proc.wait(timeout=300)
+        left = time.monotonic() + 120  # Ray's workers exit on their own once their raylet is gone
+        while _session_processes(proc.pid) and time.monotonic() < left:
+            time.sleep(1)
+        leftover = _session_processes(proc.pid)
+    finally:
+        output = _finish(proc, lines, reader)
+    assert code == 0, output[-2000:]
+    assert "hetmm: stop asked while starting" in output, output[-2000:]
+    assert output.rstrip().endswith("hetmm: stopped"), output[-2000:]
+    assert not leftover, leftover
+    assert _port_is_free(port)
