@@ -66,7 +66,7 @@ def one_machine_detector(stated: dict[str, Any], overrides: dict[str, Any]) -> d
     as one replica of ``usable_cores()`` torch threads where ``threads`` is 0, unless ``overrides``
     (the caller's) take charge of scaling; then ``overrides`` on top."""
     detector = copy.deepcopy(stated)
-    if not _sets_scaling(overrides):
+    if not {"num_replicas", "autoscaling_config"} & set(overrides):  # the caller's own scaling stands
         detector.pop("autoscaling_config", None)
         detector["num_replicas"] = 1
         user = detector.setdefault("user_config", {})
@@ -75,13 +75,15 @@ def one_machine_detector(stated: dict[str, Any], overrides: dict[str, Any]) -> d
     return _with_overrides(detector, overrides)
 
 
-def _sets_scaling(overrides: dict[str, Any]) -> bool:
-    return bool({"num_replicas", "autoscaling_config"} & set(overrides))
+def _detector_options(stated: dict[str, Any], overrides: dict[str, Any], *, one_machine: bool) -> dict[str, Any]:
+    """An application's Detector options: ``stated`` with the caller's ``overrides``, on one machine
+    through :func:`one_machine_detector` (the HTTP and gRPC applications alike)."""
+    return one_machine_detector(stated, overrides) if one_machine else _with_overrides(stated, overrides)
 
 
 def _describe_detector(options: dict[str, Any], *, one_machine: bool) -> str:
-    """One line on a Detector's ``options``: its replicas and torch threads (``one_machine``: as
-    :func:`one_machine_detector` set them)."""
+    """One line on a Detector's ``options``: its replicas and torch threads, and whether they run on
+    a Ray of this machine (README "On one machine")."""
     threads = (options.get("user_config") or {}).get("threads") or 0
     per = f"{threads} torch thread{'s' if threads != 1 else ''}" if threads else "torch threads = its CPUs"
     auto = options.get("autoscaling_config")
@@ -90,7 +92,7 @@ def _describe_detector(options: dict[str, Any], *, one_machine: bool) -> str:
     else:
         n = options.get("num_replicas", 1)
         count = f"{n} replica{'s' if n != 1 else ''}"
-    where = " (a Ray on this machine: its cores, not deploy.yaml's autoscaling)" if one_machine else ""
+    where = " (a Ray on this machine)" if one_machine else ""
     return f"{count}, {per}{where}"
 
 
@@ -159,9 +161,11 @@ def start_service(
     one_machine = starts_local_ray(address)
     options = deployment_options(entry)
     overrides = deployments or {}
-    for name in set(overrides) | ({"Detector"} if one_machine else set()):
-        merge = one_machine_detector if one_machine and name == "Detector" else _with_overrides
-        options[name] = merge(options.get(name, {}), overrides.get(name, {}))
+    for name, extra in overrides.items():
+        if name != "Detector":
+            options[name] = _with_overrides(options.get(name, {}), extra)
+    detector_overrides = overrides.get("Detector", {})
+    options["Detector"] = _detector_options(options.get("Detector", {}), detector_overrides, one_machine=one_machine)
     if token:  # a cluster started elsewhere does not have this shell's environment
         ingress = copy.deepcopy(options.setdefault("Ingress", {}))
         actor = ingress.setdefault("ray_actor_options", {})
@@ -185,8 +189,7 @@ def start_service(
     serve.run(app, name=APP_NAME, route_prefix=entry.get("route_prefix", "/"))
     grpc_target = None
     if grpc_port is not None:
-        detector = overrides.get("Detector", {})
-        _run_grpc_app(config, app_args, detector, token, service.admin_token_env, one_machine=one_machine)
+        _run_grpc_app(config, app_args, detector_overrides, token, service.admin_token_env, one_machine=one_machine)
         grpc_target = f"{service.grpc_host}:{grpc_port}"
     store_uri = ServiceConfig.from_dict(app_args).store
     return RunningService(
@@ -194,9 +197,7 @@ def start_service(
         store=store_uri,
         app_name=APP_NAME,
         grpc_target=grpc_target,
-        detector=_describe_detector(
-            options.get("Detector", {}), one_machine=one_machine and not _sets_scaling(overrides.get("Detector", {}))
-        ),
+        detector=_describe_detector(options["Detector"], one_machine=one_machine),
     )
 
 
@@ -216,7 +217,7 @@ def _run_grpc_app(
 
     entries = {a.get("name"): a for a in config["applications"]}
     stated = deployment_options(entries.get(GRPC_APP_NAME) or entries[APP_NAME]).get("Detector", {})
-    detector = one_machine_detector(stated, overrides) if one_machine else _with_overrides(stated, overrides)
+    detector = _detector_options(stated, overrides, one_machine=one_machine)
     if token:  # the threshold override's admin token, as the ingress gets it
         actor = detector.setdefault("ray_actor_options", {})
         actor.setdefault("runtime_env", {}).setdefault("env_vars", {})[env] = token

@@ -6,7 +6,8 @@ Exact semantics: :func:`result_message` turns one image's result as the HTTP ans
 ``unix:...``; grpc may percent-encode the brackets) and :func:`host_is_loopback` a configured host name or address;
 :func:`metadata_value` reads one key of a call's metadata (case-insensitive; ``""`` when absent);
 :func:`refuse` sets a call's status from a refusal: the gRPC code of its HTTP status (``errors.GRPC_CODES``)
-and details ``"<code>: <message>"``.
+and details ``"<code>: <message>"``; :data:`METRIC_ROUTES` names each Inspection method's route in the
+ingress's request metrics (``hetmm_requests_total``), for the replicas and the stand-in alike.
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ import grpc
 from ...errors import Refused, grpc_code
 from . import inspection_pb2 as pb
 
-__all__ = ["host_is_loopback", "metadata_value", "peer_is_loopback", "refuse", "result_message"]
+__all__ = ["METRIC_ROUTES", "host_is_loopback", "metadata_value", "peer_is_loopback", "refuse", "result_message"]
+
+METRIC_ROUTES = {"Predict": "grpc_predict", "ListProducts": "grpc_list_products", "Health": "grpc_health"}
 
 
 def metadata_value(grpc_context: Any, key: str) -> str:

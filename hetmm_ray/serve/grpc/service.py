@@ -66,7 +66,7 @@ from ..replica import Detector, ScoreRequest
 from ..security import JSONResponse, refuse_open_bind
 from ..warm_set import product_of
 from . import inspection_pb2 as pb
-from .messages import host_is_loopback, metadata_value, peer_is_loopback, refuse, result_message
+from .messages import METRIC_ROUTES, host_is_loopback, metadata_value, peer_is_loopback, refuse, result_message
 
 __all__ = ["InspectionDetector"]
 
@@ -145,9 +145,9 @@ class InspectionDetector(Detector.func_or_class):  # type: ignore[name-defined,m
                     )
 
     # --- plumbing -------------------------------------------------------------------------------
-    async def _answer(self, grpc_context: Any, empty: Any, work: Any, route: str) -> Any:
+    async def _answer(self, grpc_context: Any, empty: Any, work: Any, method: str) -> Any:
         """``await work()``, or ``empty`` with the error's gRPC code and ``"<code>: <message>"``; either
-        way counted under ``route`` (module doc)."""
+        way counted under ``method``'s route (module doc)."""
         started, status = time.perf_counter(), 200
         try:
             if self.loopback_only and not peer_is_loopback(grpc_context.peer()):
@@ -159,7 +159,7 @@ class InspectionDetector(Detector.func_or_class):  # type: ignore[name-defined,m
             refuse(grpc_context, refusal)
             return empty
         finally:
-            self._count(route, status, time.perf_counter() - started)
+            self._count(METRIC_ROUTES[method], status, time.perf_counter() - started)
 
     def _admin(self, grpc_context: Any) -> None:
         if self.token is None:
@@ -180,7 +180,7 @@ class InspectionDetector(Detector.func_or_class):  # type: ignore[name-defined,m
     # --- the service ----------------------------------------------------------------------------
     async def Predict(self, request: pb.PredictRequest, grpc_context: Any) -> pb.PredictReply:
         work = functools.partial(self._predict, request, grpc_context)
-        return await self._answer(grpc_context, pb.PredictReply(), work, "grpc_predict")
+        return await self._answer(grpc_context, pb.PredictReply(), work, "Predict")
 
     async def ListProducts(self, request: pb.ListProductsRequest, grpc_context: Any) -> pb.ListProductsReply:
         async def work() -> pb.ListProductsReply:
@@ -192,7 +192,7 @@ class InspectionDetector(Detector.func_or_class):  # type: ignore[name-defined,m
                 ]
             )
 
-        return await self._answer(grpc_context, pb.ListProductsReply(), work, "grpc_list_products")
+        return await self._answer(grpc_context, pb.ListProductsReply(), work, "ListProducts")
 
     async def Health(self, request: pb.HealthRequest, grpc_context: Any) -> pb.HealthReply:
         async def work() -> pb.HealthReply:
@@ -200,7 +200,7 @@ class InspectionDetector(Detector.func_or_class):  # type: ignore[name-defined,m
                 raise Refused(503, "unavailable", f"replica unhealthy: {self._fatal}")
             return pb.HealthReply(status="ok", replica=self._replica)
 
-        return await self._answer(grpc_context, pb.HealthReply(), work, "grpc_health")
+        return await self._answer(grpc_context, pb.HealthReply(), work, "Health")
 
     async def _predict(self, request: pb.PredictRequest, grpc_context: Any) -> pb.PredictReply:
         started = time.perf_counter()

@@ -16,7 +16,7 @@ with an empty reply and, through the one error table (``errors.GRPC_CODES``):
 - it names anything else: 404 ``not_found`` -> ``NOT_FOUND``, saying which application to name.
 
 Each refusal is counted in the ingress's request metrics as the gRPC replicas count their calls
-(routes ``grpc_predict``, ``grpc_list_products``, ``grpc_health``; status 503 or 404).
+(``messages.METRIC_ROUTES``; status 503 or 404).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from ...config import GRPC_APP_NAME
 from ...errors import Refused
 from ..metrics import ServiceMetrics
 from . import inspection_pb2 as pb
-from .messages import metadata_value, refuse
+from .messages import METRIC_ROUTES, metadata_value, refuse
 
 __all__ = ["InspectionStandIn", "refusal_for"]
 
@@ -56,19 +56,19 @@ class InspectionStandIn:
     metrics: ServiceMetrics  # the ingress's
 
     async def Predict(self, request: pb.PredictRequest, grpc_context: Any) -> pb.PredictReply:
-        self._refuse_call(grpc_context, "grpc_predict")
+        self._refuse_call(grpc_context, "Predict")
         return pb.PredictReply()
 
     async def ListProducts(self, request: pb.ListProductsRequest, grpc_context: Any) -> pb.ListProductsReply:
-        self._refuse_call(grpc_context, "grpc_list_products")
+        self._refuse_call(grpc_context, "ListProducts")
         return pb.ListProductsReply()
 
     async def Health(self, request: pb.HealthRequest, grpc_context: Any) -> pb.HealthReply:
-        self._refuse_call(grpc_context, "grpc_health")
+        self._refuse_call(grpc_context, "Health")
         return pb.HealthReply()
 
-    def _refuse_call(self, grpc_context: Any, route: str) -> None:
+    def _refuse_call(self, grpc_context: Any, method: str) -> None:
         started = time.perf_counter()
         refusal = refusal_for(metadata_value(grpc_context, "application"))
         refuse(grpc_context, refusal)
-        self.metrics.observe_request(route, refusal.status, time.perf_counter() - started)
+        self.metrics.observe_request(METRIC_ROUTES[method], refusal.status, time.perf_counter() - started)
