@@ -146,11 +146,11 @@ def main() -> None:
     parser.add_argument("--out", default=str(OUT / "autoscale"), help="path stem of the .csv and .png")
     args = parser.parse_args()
 
-    import ray
     import yaml
     from bench_serve import body_png, publish
     from ray import serve
 
+    from hetmm_ray.distributed import shutdown_ray
     from hetmm_ray.serve.app import DEPLOY_YAML
     from hetmm_ray.serve.run import start_service, stop_service
 
@@ -207,7 +207,7 @@ def main() -> None:
         sampling.set()
         stop_service(running)
         serve.shutdown()
-        ray.shutdown()
+        shutdown_ray()
 
     rows = []
     for t, replicas in samples:

@@ -201,10 +201,10 @@ def _inspect_argv(source: str, dest: str, store: str, *extra: str) -> list[str]:
 # --- phases --------------------------------------------------------------------------------------
 def phase_cluster(args: argparse.Namespace, store: str, work: Path) -> dict[str, Any]:
     import boto3
-    import ray
     from ray.cluster_utils import Cluster
 
     from hetmm_ray.archive import FsSpec, JobOptions, inspect_archive
+    from hetmm_ray.distributed import shutdown_ray
 
     os.environ.update(
         {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1"}
@@ -286,7 +286,7 @@ def phase_cluster(args: argparse.Namespace, store: str, work: Path) -> dict[str,
             **check_output("s3://archive/out-kill", spec, args.images),
         }
         print("node loss:", json.dumps(out["node_loss"]), flush=True)
-        ray.shutdown()
+        shutdown_ray()
         c.shutdown()
     finally:
         moto.terminate()

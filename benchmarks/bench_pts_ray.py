@@ -24,7 +24,7 @@ from bench_pts import extract_features
 from common import describe, table
 
 from hetmm_ray.core.pts import pts_indices
-from hetmm_ray.distributed import pts_indices_ray
+from hetmm_ray.distributed import pts_indices_ray, shutdown_ray
 
 
 def fanout_overhead(tasks: int) -> float:
@@ -59,7 +59,7 @@ def main() -> None:
             same = all(torch.equal(got[n], reference[n]) for n in bank)
             overhead = fanout_overhead(100)
         finally:
-            ray.shutdown()
+            shutdown_ray()
         rows.append(
             [f"Ray, {workers} worker CPUs", "yes" if same else "NO", wall, single / wall, f"{1000 * overhead:.1f}"]
         )

@@ -47,6 +47,7 @@ def main() -> None:
 
     import ray
 
+    from hetmm_ray.distributed import shutdown_ray
     from hetmm_ray.distributed.runtime import connect
 
     @ray.remote(num_cpus=0)
@@ -65,7 +66,7 @@ def main() -> None:
         wall = time.perf_counter() - t0
         after = {pid: (thread_cpu(pid), wakeups(pid)) for pid in pids}
     finally:
-        ray.shutdown()
+        shutdown_ray()
 
     print(f"{args.actors} idle Ray actors over {wall:.1f} s (CPU ms per second; main thread = the process id)")
     print("| actor pid | all threads | main thread | main thread wake-ups per s | threads |")

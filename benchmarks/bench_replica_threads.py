@@ -35,9 +35,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=20.0)
     args = parser.parse_args()
 
-    import ray
     from ray import serve
 
+    from hetmm_ray.distributed import shutdown_ray
     from hetmm_ray.serve.run import start_service, stop_service
 
     store = tempfile.mkdtemp(prefix="bench-threads-")
@@ -77,7 +77,7 @@ def main() -> None:
     finally:
         stop_service(running)
         serve.shutdown()
-        ray.shutdown()
+        shutdown_ray()
     print(f"{args.load}: {images} images in {wall:.1f} s ({images / wall:.1f} images/s), {source} bodies")
     for name in pids:
         spent = sorted(((after[name][t] - before[name].get(t, 0.0), t) for t in after[name]), reverse=True)

@@ -263,7 +263,7 @@ def main() -> None:
     import ray
     from ray.cluster_utils import Cluster
 
-    from hetmm_ray.distributed import connect, get_registry
+    from hetmm_ray.distributed import connect, get_registry, shutdown_ray
 
     store = tempfile.mkdtemp(prefix="bench-scale-")
     cluster = Cluster(
@@ -317,7 +317,7 @@ def main() -> None:
     finally:
         if args.json:
             Path(args.json).write_text(json.dumps(results, indent=2))
-        ray.shutdown()
+        shutdown_ray()
         cluster.shutdown()
 
     rows = []

@@ -237,10 +237,10 @@ def main() -> None:
     args = parser.parse_args()
     inproc_s = args.seconds if args.inproc_seconds is None else args.inproc_seconds
 
-    import ray
     import torch
     from ray import serve
 
+    from hetmm_ray.distributed import shutdown_ray
     from hetmm_ray.serve.run import start_service, stop_service
 
     threads = torch.get_num_threads()
@@ -315,7 +315,7 @@ def main() -> None:
         stop_service(running)
         serve.shutdown()
         if args.address is None:  # the local Ray this run started: gone, as it was before the first rows
-            ray.shutdown()
+            shutdown_ray()
     # In-process again, now that the service is gone: this machine's speed drifts by a few per cent over
     # minutes (2-core VM, measured), so each share is of the mean of the in-process rates measured before
     # and after the service rows, not of the first alone. Measured as the first was, with no Ray process

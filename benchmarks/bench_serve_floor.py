@@ -211,6 +211,7 @@ def main() -> None:
     from ray import serve
 
     from hetmm_ray.detector import HETMM
+    from hetmm_ray.distributed import shutdown_ray
     from hetmm_ray.distributed.runtime import serve_environment
     from hetmm_ray.store import open_store
 
@@ -275,7 +276,7 @@ def main() -> None:
             rates.append(n / wall)
         results[path] = (per_run, rates)
     serve.shutdown()
-    ray.shutdown()
+    shutdown_ray()
 
     names = [g for g, _ in GROUPS] + ["other", "client (this process)"]
     rows = [[g] + [f"{statistics.median(r.get(g, 0.0) for r in results[p][0]):.1f}" for p in results] for g in names]

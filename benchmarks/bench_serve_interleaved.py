@@ -67,11 +67,11 @@ def main() -> None:
     parser.add_argument("--no-freeze", action="store_true", help="leave the idle service running during in-process")
     args = parser.parse_args()
 
-    import ray
     import torch
     from ray import serve
 
     from hetmm_ray.detector import HETMM
+    from hetmm_ray.distributed import shutdown_ray
     from hetmm_ray.serve.run import start_service, stop_service
     from hetmm_ray.store import open_store
 
@@ -125,7 +125,7 @@ def main() -> None:
     finally:
         stop_service(running)
         serve.shutdown()
-        ray.shutdown()
+        shutdown_ray()
     print("| median | | " + " | ".join(f"{statistics.median(v):.0f} %" for v in shares.values()) + " |")
     print("\nCPU ms per image by process (median over the rounds)")
     print("| process | " + " | ".join(shares) + " |")

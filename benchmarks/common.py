@@ -205,8 +205,8 @@ def start_service_retrying(*, tries: int = 5, **kwargs: object) -> object:
     """``hetmm_ray.serve.run.start_service(**kwargs)``, tried again (after ``ray.shutdown``) when the
     embedded Ray does not come up: Ray gives its raylet a fixed 30 s to register, which a loaded
     machine can miss ("The current node timed out during startup"); anything else is raised."""
-    import ray
 
+    from hetmm_ray.distributed import shutdown_ray
     from hetmm_ray.serve.run import start_service
 
     for attempt in range(1, tries + 1):
@@ -216,6 +216,6 @@ def start_service_retrying(*, tries: int = 5, **kwargs: object) -> object:
             if "timed out during startup" not in str(exc) or attempt == tries:
                 raise
             print(f"Ray did not start ({exc}); try {attempt + 1} of {tries}", flush=True)
-            ray.shutdown()
+            shutdown_ray()
             time.sleep(10.0)
     raise AssertionError("unreachable")

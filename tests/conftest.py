@@ -35,13 +35,13 @@ def local_ray() -> Iterator[None]:
     """A real local Ray (2 CPUs), started once for the tests that ask for it."""
     import ray
 
-    from hetmm_ray.distributed.runtime import serve_environment
+    from hetmm_ray.distributed.runtime import serve_environment, shutdown_ray
 
     serve_environment()  # the Serve settings the service's own local Ray runs with
     if not ray.is_initialized():
         ray.init(**LOCAL_RAY_ARGS)
     yield
-    ray.shutdown(wait_for_processes=True)
+    shutdown_ray(wait_for_processes=True)
 
 
 @pytest.fixture(scope="module")
@@ -54,14 +54,14 @@ def own_ray() -> Iterator[None]:
     """
     import ray
 
-    from hetmm_ray.distributed.runtime import serve_environment
+    from hetmm_ray.distributed.runtime import serve_environment, shutdown_ray
 
     serve_environment()  # the Ray this module starts runs Serve with the service's settings too
     was_running = ray.is_initialized()
     # Waited: the next Ray starts only once this one's processes have exited, so two Rays never
     # wind down and start up together on a 2-core machine.
-    ray.shutdown(wait_for_processes=True)
+    shutdown_ray(wait_for_processes=True)
     yield
-    ray.shutdown(wait_for_processes=True)
+    shutdown_ray(wait_for_processes=True)
     if was_running:
         ray.init(**LOCAL_RAY_ARGS)

@@ -33,6 +33,7 @@ of writing them; nothing is skipped and nothing written.
 
 from __future__ import annotations
 
+import os
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -212,6 +213,12 @@ def decoded(refs: list[Any], config: Any, opts: JobOptions, spec: FsSpec) -> Any
     """Listing blocks -> ``read_and_fit`` tasks: each file decoded and fitted to ``config``'s canvas."""
     import ray.data
 
+    # Ray Data's usage collection, on when the driver joins a cluster (a new local Ray turns Ray's
+    # usage stats off), starts a thread that asks a Prometheus on localhost:9090 for cluster counters
+    # every 10 s for the rest of the process, and reports each job to the cluster's usage tags. A
+    # line PC has no use for it, and that thread running through a ray.shutdown is what ended a test
+    # process (runtime.shutdown_ray). A value already set wins.
+    os.environ.setdefault("RAY_DATA_USAGE_DISABLED", "1")
     ctx = ray.data.DataContext.get_current()
     ctx.enable_progress_bars = False  # the job's own bar (images/s, ETA) instead of one per operator
     ctx.wait_for_min_actors_s = ACTORS_START_S  # every minimum actor up before the first block (config.archive)
@@ -264,7 +271,6 @@ def _clean_temporaries(dest: str, spec: FsSpec) -> None:
     if dest.startswith("s3://"):
         return  # S3 parts are single PUTs: nothing temporary is ever visible
     import glob
-    import os
 
     _, root = spec.resolve(dest)
     for tmp in glob.glob(os.path.join(glob.escape(root), f".{PART_PREFIX}*.tmp")):

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from .hosts import HostPool, TemplateHost
     from .pts_fanout import pts_indices_ray
     from .registry import ProductRegistry, get_registry
-    from .runtime import ClusterUnavailable, connect
+    from .runtime import ClusterUnavailable, connect, shutdown_ray
     from .shard import LayerShard, ShardPlacement, TemplateShard, shard_options
 
 _WHERE = {
@@ -31,6 +31,7 @@ _WHERE = {
     "get_registry": "registry",
     "pts_indices_ray": "pts_fanout",
     "shard_options": "shard",
+    "shutdown_ray": "runtime",
 }
 
 __all__ = [
@@ -46,6 +47,7 @@ __all__ = [
     "get_registry",
     "pts_indices_ray",
     "shard_options",
+    "shutdown_ray",
 ]
 
 

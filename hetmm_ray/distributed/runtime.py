@@ -14,9 +14,12 @@ giving up; a reachability probe with a short timeout turns that into one clear
 
 from __future__ import annotations
 
+import atexit
+import gc
 import logging
 import os
 import socket
+import time
 
 import ray
 
@@ -31,6 +34,7 @@ __all__ = [
     "serve_environment",
     "serve_grpc_on_loopback",
     "ray_reachable",
+    "shutdown_ray",
     "started_local_ray",
     "starts_local_ray",
     "use_assigned_cpus",
@@ -41,6 +45,9 @@ PROBE_TIMEOUT_S = 3.0
 DEFAULT_CLIENT_PORT = 10001  # Ray Client's default when a ray:// address has no port
 
 _started_gcs: str | None = None  # the GCS address of the local Ray that connect() started, if it did
+_exit_collect_registered = False
+_collecting = False  # a cyclic garbage collection is running (in any thread): gc.callbacks say so
+GC_SETTLE_S = 10.0  # at most this long for another thread's collection to end before leaving Ray
 
 
 class ClusterUnavailable(HetmmError, RuntimeError):
@@ -155,6 +162,17 @@ def starts_local_ray(address: str | None) -> bool:
     return not ray.is_initialized() and not (address or os.environ.get("RAY_ADDRESS"))
 
 
+def _collect_before_ray_exits() -> None:
+    """At interpreter exit, collect Ray's garbage (and stop automatic collections) before Ray's own
+    exit hook shuts the driver down (exit hooks run last registered first; Ray registers its hook when
+    it is imported), for the reason :func:`shutdown_ray` gives: a command that ends without leaving
+    Ray would otherwise risk exit status 1 after its work is done."""
+    global _exit_collect_registered
+    if not _exit_collect_registered:
+        atexit.register(_collect_ray_garbage)
+        _exit_collect_registered = True
+
+
 def connect(address: str | None = None, *, num_cpus: int | None = None) -> None:
     """Start or join Ray once for this process.
 
@@ -170,6 +188,7 @@ def connect(address: str | None = None, *, num_cpus: int | None = None) -> None:
     """
     if ray.is_initialized():
         return  # one Ray per process: a second connect is a no-op
+    _collect_before_ray_exits()
     address = address or os.environ.get("RAY_ADDRESS") or None
     if starts_local_ray(address):
         _loopback_only()
@@ -196,6 +215,47 @@ def connect(address: str | None = None, *, num_cpus: int | None = None) -> None:
     except ConnectionError as exc:  # "auto" with no cluster on this machine, a stale address file...
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ClusterUnavailable(f"ray cluster at {address} is unreachable ({first})") from None
+
+
+def shutdown_ray(*, wait_for_processes: bool = False) -> None:
+    """``ray.shutdown()`` with no Ray garbage left for another thread to finalize while it runs.
+
+    Ray 2.60 destroys the driver's core worker inside ``ray.shutdown`` a moment before it drops the
+    Python handle to it, and lets other threads run meanwhile. An ``ObjectRef`` or actor handle
+    finalized in that moment calls into the destroyed core worker, and Ray then ends the whole
+    process with status 1 and nothing on stderr ("The core worker has already been shutdown ... The
+    process will exit"). Garbage in reference cycles is finalized by whichever thread's allocations
+    start the cyclic GC, so any Python thread still running (a poller, a progress monitor) can do it:
+    a test process died that way twice in CI (thread and stack seen under gdb in a reproduction).
+
+    So automatic collections stop in every thread (``gc.disable``), one that another thread already
+    runs is let finish (a process holds one at a time), and a full collection here finalizes the
+    rest while the core worker is alive; automatic collections resume after the shutdown.
+    """
+    enabled = gc.isenabled()
+    _collect_ray_garbage()
+    try:
+        ray.shutdown(wait_for_processes=wait_for_processes)
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _collect_ray_garbage() -> None:
+    """Stop automatic collections, wait (bounded) for one that another thread runs, collect here."""
+    gc.disable()
+    deadline = time.monotonic() + GC_SETTLE_S
+    while _collecting and time.monotonic() < deadline:
+        time.sleep(0.001)
+    gc.collect()
+
+
+def _note_collection(phase: str, info: dict[str, int]) -> None:
+    global _collecting
+    _collecting = phase == "start"
+
+
+gc.callbacks.append(_note_collection)  # what _collect_ray_garbage waits on
 
 
 def ray_reachable(timeout_s: float = 1.0) -> bool:

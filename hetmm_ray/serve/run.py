@@ -29,7 +29,7 @@ from ray import serve
 from ..config import GRPC_APP_NAME, GRPC_ROUTE_PREFIX, GRPC_SERVICER, HTTP_APP_NAME, ConfigError, ServiceConfig
 from ..core.device import usable_cores
 from ..distributed.registry import registry_name
-from ..distributed.runtime import NAMESPACE, connect, started_local_ray, starts_local_ray
+from ..distributed.runtime import NAMESPACE, connect, shutdown_ray, started_local_ray, starts_local_ray
 from .app import DEPLOY_YAML, build_application, deployment_options, load_deploy_config
 from .security import refuse_open_bind
 
@@ -247,4 +247,4 @@ def leave_ray() -> None:
     a cluster outlives this process, so Serve is taken off it first."""
     if not started_local_ray():
         serve.shutdown()
-    ray.shutdown()
+    shutdown_ray()

@@ -8,6 +8,7 @@ actors take 2 CPUs, so exactly one fits per node (the third CPU runs the read an
 
 from __future__ import annotations
 
+import threading
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +19,7 @@ import ray
 from archive_helpers import PRODUCT, read_rows, write_images
 
 from hetmm_ray.archive import JobOptions, inspect_archive
+from hetmm_ray.distributed import shutdown_ray
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -33,7 +35,7 @@ def cluster(own_ray) -> Iterator[Any]:
         c.add_node(num_cpus=3)
     c.wait_for_nodes()
     yield c
-    ray.shutdown()
+    shutdown_ray()
     c.shutdown()
 
 
@@ -59,3 +61,6 @@ def test_every_node_scores_a_share_and_every_image_is_written_once(
     assert Counter(r["node"] for r in rows) == Counter(report.per_node)  # the rows say where they were scored
     paths = Counter(r["path"] for r in rows)
     assert len(paths) == n and max(paths.values()) == 1
+    # A driver that joins a cluster has Ray's usage stats on, and Ray Data's usage collection would
+    # start a thread polling a Prometheus on localhost:9090 for the rest of the process (archive/job.py).
+    assert "data-usage-metrics-poller" not in {t.name for t in threading.enumerate()}

@@ -22,7 +22,7 @@ import ray
 from hetmm_ray.config import BackboneConfig, DetectorConfig, TemplateConfig, ThresholdConfig
 from hetmm_ray.data.synthetic import SyntheticProduct
 from hetmm_ray.detector import HETMM
-from hetmm_ray.distributed import ShardPlacement, TemplateShard, connect, shard_options
+from hetmm_ray.distributed import ShardPlacement, TemplateShard, connect, shard_options, shutdown_ray
 from hetmm_ray.store import open_store
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -71,7 +71,7 @@ def cluster(own_ray) -> Iterator[Any]:
     c.wait_for_nodes()
     connect(c.address)  # the same entry point the CLI uses for --address
     yield c
-    ray.shutdown()
+    shutdown_ray()
     c.shutdown()
 
 

@@ -25,7 +25,7 @@ from hetmm_ray.config import BackboneConfig, DetectorConfig, TemplateConfig, Thr
 from hetmm_ray.core.pts import pts_indices
 from hetmm_ray.core.templates import TemplateSet
 from hetmm_ray.detector import HETMM
-from hetmm_ray.distributed import connect, get_registry
+from hetmm_ray.distributed import connect, get_registry, shutdown_ray
 from hetmm_ray.distributed.placement import place
 from hetmm_ray.store import open_store
 
@@ -80,7 +80,7 @@ def cluster(own_ray) -> Iterator[Any]:
     c.wait_for_nodes()
     connect(c.address)
     yield c
-    ray.shutdown()
+    shutdown_ray()
     c.shutdown()
 
 
