@@ -32,6 +32,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+import sys
 import threading
 import warnings
 from collections import OrderedDict
@@ -57,10 +58,27 @@ def openvino_available() -> bool:
     """True when the ``openvino`` package imports here (it is a dependency; a bare install
     without it falls back to torch)."""
     try:
-        import openvino  # noqa: F401
+        _openvino()
     except ImportError:
         return False
     return True
+
+
+def _openvino() -> Any:
+    """The ``openvino`` module, imported without OpenVINO's telemetry.
+
+    ``import openvino`` imports its model converter (``openvino.tools.ovc``), which sends Google
+    Analytics events (the import; each conversion's parameters and result) and writes a client id
+    under ``~/intel`` unless an opt-out file exists there or ``CI=true``: a line PC would report to a
+    third party without anyone asking. The converter falls back to its own no-op stub when
+    ``openvino_telemetry`` cannot be imported, so that import is blocked in this process before
+    OpenVINO is first imported (a ``None`` entry in ``sys.modules`` makes an import fail).
+    """
+    if "openvino" not in sys.modules:
+        sys.modules.setdefault("openvino_telemetry", None)  # type: ignore[arg-type]
+    import openvino
+
+    return openvino
 
 
 class _TapsAsTuple(nn.Module):
@@ -90,7 +108,7 @@ _requests_lock = threading.Lock()
 def _code_fingerprint() -> str:
     """Digest of what decides the converted graph besides the identity: the modules that build
     and fold the networks, and the torch and OpenVINO versions."""
-    import openvino as ov
+    ov = _openvino()
 
     h = hashlib.sha256(f"{torch.__version__}|{ov.__version__}".encode())
     here = Path(__file__).resolve().parent
@@ -102,7 +120,7 @@ def _code_fingerprint() -> str:
 def _converted(extractor: nn.Module, taps: Sequence[str], identity: Hashable, height: int, width: int) -> Any:
     """The OpenVINO model of ``extractor`` for (height, width) inputs, from the disk cache or
     converted now (and cached)."""
-    import openvino as ov
+    ov = _openvino()
 
     key = repr((identity, tuple(taps), height, width, _code_fingerprint()))
     path = model_cache_dir() / "openvino" / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.xml"
@@ -135,7 +153,7 @@ def _converted(extractor: nn.Module, taps: Sequence[str], identity: Hashable, he
 def _compile(
     extractor: nn.Module, taps: Sequence[str], identity: Hashable, height: int, width: int, threads: int
 ) -> Any:
-    import openvino as ov
+    ov = _openvino()
 
     model = _converted(extractor, taps, identity, height, width)
     # One call uses the caller's torch thread count; enough streams that callers running at
