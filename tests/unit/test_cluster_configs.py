@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -109,6 +110,23 @@ def test_every_ray_node_runs_the_serve_environment() -> None:
     for command in starts:
         for name, value in SERVE_ENVIRONMENT.items():
             assert f"{name}={value} ray start" in command or f"{name}={value} " in command, command
+
+
+def test_no_cluster_sends_rays_usage_statistics() -> None:
+    """Every way this repository starts a Ray cluster turns Ray's usage statistics off: the image
+    every pod of the Kubernetes manifests runs, and the `ray start` commands of aws.yaml and
+    local_cluster.sh."""
+    assert "\nENV RAY_USAGE_STATS_ENABLED=0\n" in (CLUSTER / "Dockerfile").read_text()
+    images = re.compile(r"^\s*image: (\S+)", re.MULTILINE)
+    for manifest in ("rayservice.yaml", "rayjob.yaml"):
+        text = (CLUSTER / manifest).read_text()
+        assert "# built from cluster/Dockerfile" in text
+        assert len(set(images.findall(text))) == 1, manifest  # every pod runs that one image
+    aws = load_yaml(CLUSTER / "aws.yaml")
+    starts = [c for c in aws["head_start_ray_commands"] + aws["worker_start_ray_commands"] if "ray start" in c]
+    script = (CLUSTER / "local_cluster.sh").read_text().replace("\\\n", " ")  # continued lines joined
+    starts += [line for line in script.splitlines() if '"$RAY" start' in line]
+    assert len(starts) == 4 and all("--disable-usage-stats" in c for c in starts), starts
 
 
 def test_sync_rewrites_only_the_applications(sync: ModuleType) -> None:
