@@ -251,6 +251,7 @@ def _predict_grpc(args: argparse.Namespace) -> int:
     import grpc
 
     from .serve.grpc.client import ImageRefused, InspectionClient
+    from .serve.grpc.messages import RULE_FIELDS
 
     found = _image_paths(args.images)  # (path, the name its outputs are written by), as in process
     if not found:
@@ -287,7 +288,7 @@ def _predict_grpc(args: argparse.Namespace) -> int:
                     continue
                 rec: dict[str, Any] = {"image": str(path), "score": round(r.score, 6)}
                 rec.update(threshold=round(r.threshold, 6), is_anomaly=r.is_anomaly)
-                for field in ("threshold_rule", "rule_target", "estimated_false_alarm_rate"):  # as in process
+                for field in RULE_FIELDS:  # as in process
                     if r.HasField(field):
                         rec[field] = getattr(r, field)
                 rec["version"] = r.version

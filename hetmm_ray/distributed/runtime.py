@@ -15,6 +15,7 @@ giving up; a reachability probe with a short timeout turns that into one clear
 from __future__ import annotations
 
 import atexit
+import functools
 import gc
 import logging
 import os
@@ -45,7 +46,6 @@ PROBE_TIMEOUT_S = 3.0
 DEFAULT_CLIENT_PORT = 10001  # Ray Client's default when a ray:// address has no port
 
 _started_gcs: str | None = None  # the GCS address of the local Ray that connect() started, if it did
-_exit_collect_registered = False
 _collecting = False  # a cyclic garbage collection is running (in any thread): gc.callbacks say so
 GC_SETTLE_S = 10.0  # at most this long for another thread's collection to end before leaving Ray
 
@@ -162,15 +162,13 @@ def starts_local_ray(address: str | None) -> bool:
     return not ray.is_initialized() and not (address or os.environ.get("RAY_ADDRESS"))
 
 
+@functools.cache  # once per process
 def _collect_before_ray_exits() -> None:
     """At interpreter exit, collect Ray's garbage (and stop automatic collections) before Ray's own
     exit hook shuts the driver down (exit hooks run last registered first; Ray registers its hook when
     it is imported), for the reason :func:`shutdown_ray` gives: a command that ends without leaving
     Ray would otherwise risk exit status 1 after its work is done."""
-    global _exit_collect_registered
-    if not _exit_collect_registered:
-        atexit.register(_collect_ray_garbage)
-        _exit_collect_registered = True
+    atexit.register(_collect_ray_garbage)
 
 
 def connect(address: str | None = None, *, num_cpus: int | None = None) -> None:

@@ -28,8 +28,9 @@ from ray import serve
 
 from ..config import GRPC_APP_NAME, GRPC_ROUTE_PREFIX, GRPC_SERVICER, HTTP_APP_NAME, ConfigError, ServiceConfig
 from ..core.device import usable_cores
+from ..distributed import runtime
 from ..distributed.registry import registry_name
-from ..distributed.runtime import NAMESPACE, connect, shutdown_ray, started_local_ray, starts_local_ray
+from ..distributed.runtime import NAMESPACE, connect, started_local_ray, starts_local_ray
 from .app import DEPLOY_YAML, build_application, deployment_options, load_deploy_config
 from .security import refuse_open_bind
 
@@ -106,6 +107,14 @@ def _with_overrides(options: dict[str, Any], overrides: dict[str, Any]) -> dict[
     return merged
 
 
+def _with_env(options: dict[str, Any], name: str, value: str) -> dict[str, Any]:
+    """A copy of a deployment's ``options`` whose actors have ``name=value`` in their environment."""
+    options = copy.deepcopy(options)
+    actor = options.setdefault("ray_actor_options", {})
+    actor.setdefault("runtime_env", {}).setdefault("env_vars", {})[name] = value
+    return options
+
+
 def check_ports_free(ports: dict[str, tuple[str, int]]) -> None:
     """Refuse with ``ConfigError`` a port that another program holds (``ports``: the option that named
     it -> (host, port)). Serve's proxy would fail to bind it only after Ray and Serve had started, and
@@ -167,10 +176,7 @@ def start_service(
     detector_overrides = overrides.get("Detector", {})
     options["Detector"] = _detector_options(options.get("Detector", {}), detector_overrides, one_machine=one_machine)
     if token:  # a cluster started elsewhere does not have this shell's environment
-        ingress = copy.deepcopy(options.setdefault("Ingress", {}))
-        actor = ingress.setdefault("ray_actor_options", {})
-        actor.setdefault("runtime_env", {}).setdefault("env_vars", {})[service.admin_token_env] = token
-        options["Ingress"] = ingress
+        options["Ingress"] = _with_env(options.get("Ingress", {}), service.admin_token_env, token)
 
     if one_machine:
         # A new local Ray, so nothing of this service holds them yet. Ray 2.60's gRPC proxy listens on
@@ -219,8 +225,7 @@ def _run_grpc_app(
     stated = deployment_options(entries.get(GRPC_APP_NAME) or entries[APP_NAME]).get("Detector", {})
     detector = _detector_options(stated, overrides, one_machine=one_machine)
     if token:  # the threshold override's admin token, as the ingress gets it
-        actor = detector.setdefault("ray_actor_options", {})
-        actor.setdefault("runtime_env", {}).setdefault("env_vars", {})[env] = token
+        detector = _with_env(detector, env, token)
     app = build_grpc_application(app_args, {"Detector": detector})
     serve.run(app, name=GRPC_APP_NAME, route_prefix=GRPC_ROUTE_PREFIX)
 
@@ -247,4 +252,4 @@ def leave_ray() -> None:
     a cluster outlives this process, so Serve is taken off it first."""
     if not started_local_ray():
         serve.shutdown()
-    shutdown_ray()
+    runtime.shutdown_ray()  # not the name: stop_service's keyword of that name would shadow it

@@ -7,7 +7,8 @@ Exact semantics: :func:`result_message` turns one image's result as the HTTP ans
 :func:`metadata_value` reads one key of a call's metadata (case-insensitive; ``""`` when absent);
 :func:`refuse` sets a call's status from a refusal: the gRPC code of its HTTP status (``errors.GRPC_CODES``)
 and details ``"<code>: <message>"``; :data:`METRIC_ROUTES` names each Inspection method's route in the
-ingress's request metrics (``hetmm_requests_total``), for the replicas and the stand-in alike.
+ingress's request metrics (``hetmm_requests_total``), for the replicas and the stand-in alike;
+:data:`RULE_FIELDS` are a ``Result``'s optional rule fields (set only when the rule has them).
 """
 
 from __future__ import annotations
@@ -22,9 +23,18 @@ import grpc
 from ...errors import Refused, grpc_code
 from . import inspection_pb2 as pb
 
-__all__ = ["METRIC_ROUTES", "host_is_loopback", "metadata_value", "peer_is_loopback", "refuse", "result_message"]
+__all__ = [
+    "METRIC_ROUTES",
+    "RULE_FIELDS",
+    "host_is_loopback",
+    "metadata_value",
+    "peer_is_loopback",
+    "refuse",
+    "result_message",
+]
 
 METRIC_ROUTES = {"Predict": "grpc_predict", "ListProducts": "grpc_list_products", "Health": "grpc_health"}
+RULE_FIELDS = ("threshold_rule", "rule_target", "estimated_false_alarm_rate")  # a Result's optional rule fields
 
 
 def metadata_value(grpc_context: Any, key: str) -> str:
@@ -53,9 +63,6 @@ def host_is_loopback(host: str) -> bool:
     return (mapped or address).is_loopback
 
 
-_RULE_FIELDS = ("threshold_rule", "rule_target", "estimated_false_alarm_rate")
-
-
 def peer_is_loopback(peer: str) -> bool:
     """Whether a gRPC peer string (``ipv4:127.0.0.1:5000``, ``ipv6:[::1]:5000``, ``unix:...``) is local."""
     kind, _, rest = peer.partition(":")
@@ -75,7 +82,7 @@ def result_message(result: dict[str, Any]) -> pb.Result:
         version=result["version"],
         timing=pb.Timing(**{k: timing[k] for k in pb.Timing.DESCRIPTOR.fields_by_name if k in timing}),
     )
-    for key in _RULE_FIELDS:
+    for key in RULE_FIELDS:
         if result.get(key) is not None:
             setattr(msg, key, result[key])
     if "heatmap_png" in result:
