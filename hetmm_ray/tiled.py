@@ -18,8 +18,15 @@ the grid):
   8 // 5 = 1 frame, and ATMM on one image per call: 8.62 against 9.71 frames/s, 2048-px frames.)
 - **One verdict per frame.** Tile position ``p`` has a scale ``t_p``: the threshold of its own
   out-of-fold scores under the ``far`` rule at the product's ``threshold.false_alarm_rate`` (its
-  own calibrated threshold). A tile's normalised score is ``s_p / t_p``, and the **frame score is
-  the maximum over tiles of the normalised scores**. The frame's calibration is the per-frame
+  own calibrated threshold) when the positions were last calibrated (fit, hot update, compress,
+  another region). The scales are stored with the version (``meta["tiles"]["scales"]``) and a load
+  uses them. A far rule set later at another rate (the service's ``POST .../calibrate``
+  ``{"rule": "far"}``: a new version of the same templates and calibrations) moves the frame
+  threshold only, to that rate on the frame calibration, as a predict-time ``false_alarm_rate``
+  does: the scales, hence every frame score, stay, as an untiled product's scores stay when its
+  rule changes. The next recalibration of the positions takes the new rate. A tile's normalised
+  score is ``s_p / t_p``, and the **frame score is the maximum over tiles of the normalised
+  scores**. The frame's calibration is the per-frame
   maximum of the tiles' normalised out-of-fold scores (the tile sets hold the frames' digests, so
   every position deals the same images into the same folds, and the ``i``-th out-of-fold score is
   the same frame at every position); the product's threshold rule (``far``, ``sigmas``,
@@ -434,13 +441,37 @@ class TiledHETMM:
         new._install(sets, self.frame_digests)
         return new
 
-    def _install(self, sets: list[TemplateSet], digests: tuple[str, ...], version: int | None = None) -> None:
+    def _install(
+        self,
+        sets: list[TemplateSet],
+        digests: tuple[str, ...],
+        version: int | None = None,
+        *,
+        scales: Sequence[float] | None = None,
+    ) -> None:
+        """Hold ``sets`` (one per position); ``scales``: a stored version's (checked), else each
+        position's own threshold at the product's rate (module docstring, "One verdict per frame")."""
         for det, ts in zip(self.dets, sets, strict=True):
             det.scorer.install(ts, version)
         self.frame_digests = digests
         self.version = version
-        self.scales = [self._scale(ts, live) for ts, live in zip(sets, self.live, strict=True)]
+        if scales is None:
+            self.scales = [self._scale(ts, live) for ts, live in zip(sets, self.live, strict=True)]
+        else:
+            self.scales = self._checked_scales(scales)
         self.calibration = self._frame_calibration(sets)
+
+    def _checked_scales(self, scales: Sequence[float]) -> list[float]:
+        """Stored scales, refused unless one finite positive number per position."""
+        try:
+            values = [float(s) for s in scales]
+        except (TypeError, ValueError):
+            raise TemplateError(f"stored tile scales are not numbers: {scales!r}") from None
+        if len(values) != self.n_positions or not all(np.isfinite(v) and v > 0 for v in values):
+            raise TemplateError(
+                f"stored tile scales {values} do not give one positive number to each of {self.n_positions} positions"
+            )
+        return values
 
     def _scale(self, ts: TemplateSet, live: bool = True) -> float:
         """The tile's own threshold: ``far`` at the product's false-alarm rate on its out-of-fold scores
@@ -607,7 +638,7 @@ class TiledHETMM:
                 )
             )
         det.frame = tuple(info["frame"]) if info.get("frame") else None
-        det._install(sets, ts.image_digests, version)
+        det._install(sets, ts.image_digests, version, scales=info.get("scales"))
         det.calibration = ts.calibration  # the stored frame calibration (a labelled one would ride here)
         return det
 
@@ -650,7 +681,7 @@ class TiledHETMM:
                 )
             )
         det.frame = tuple(tiles["frame"]) if tiles.get("frame") else None
-        det._install(sets, (), version)
+        det._install(sets, (), version, scales=tiles.get("scales"))
         det.calibration = calibration  # the published frame calibration
         return det
 

@@ -252,17 +252,6 @@ def _frames_grid(config: DetectorConfig, images: list[bytes]) -> DetectorConfig:
     return replace(config, geometry=replace(g, tiles=(rows, cols)))
 
 
-def _refuse_tiled(product: str, config: DetectorConfig, what: str) -> None:
-    """TemplateError (409) before any work: ``what`` does not take a tiled product yet."""
-    from ..core.templates import TemplateError
-
-    if config.geometry.tiled:
-        raise TemplateError(
-            f"product {product!r} is tiled (geometry.tiles {list(config.geometry.tiles)}): "
-            f"{what} does not take tiled products yet"
-        )
-
-
 @ray.remote
 class ProductRegistry:
     def __init__(self, store_uri: str, placement: dict[str, Any] | None = None) -> None:
@@ -985,14 +974,14 @@ class ProductRegistry:
     async def start_far_rule(self, product: str, false_alarm_rate: float, publish: str | None = None) -> dict[str, Any]:
         """Set ``product``'s threshold rule to ``far`` at ``false_alarm_rate`` as a new version (a job,
         kind ``calibrate``): the same bank, templates and out-of-fold scores, only the stored
-        ``threshold`` settings change (``VersionedStore.republish``), then published to the replicas."""
+        ``threshold`` settings change (``VersionedStore.republish``), then published to the replicas.
+        A tiled product keeps its stored tile scales: the rate moves its frame threshold only, on the
+        frame calibration (hetmm_ray/tiled.py, "One verdict per frame")."""
         from ..core.templates import TemplateError
 
         version = await self.head(product)  # ProductNotFound before any work starts
         rec = await asyncio.to_thread(self.store.record, product, version)
         cfg = rec.config
-        # a tile's scale is its own threshold at the product's false-alarm rate: a new rate re-scales tiles
-        _refuse_tiled(product, cfg, "setting the far rule")
         if rec.calibration is None:
             raise TemplateError(f"product {product!r} v{version} has no out-of-fold scores: the far rule needs them")
         threshold = replace(cfg.threshold, rule="far", false_alarm_rate=false_alarm_rate)  # ConfigError if out of range

@@ -458,3 +458,42 @@ def test_another_region_equals_a_fit_under_it(frames, tmp_path, capsys):
     back = loaded.with_region(None)
     assert back.config.region is None
     assert_same_tiled(back, TiledHETMM(config(**TILED)).fit(train), test)
+
+
+def test_a_far_rule_at_another_rate_moves_the_frame_threshold_only(tiled, frames, tmp_path):
+    """A version republished at another far rate (the service's far rule: the same templates and
+    calibrations, another stored rate) keeps the stored tile scales: the same frame scores, and the
+    frame threshold at the new rate on the frame calibration, which the predict-time override gives
+    too. The positions' next recalibration (a hot update) takes the new rate, as a fit at it would."""
+    _, test = frames
+    store = open_store(tmp_path / "store")
+    v1 = tiled.save(store, "t")
+    rate = 0.2
+    stored = store.record("t", v1).config
+    moved = replace(stored, threshold=replace(stored.threshold, rule="far", false_alarm_rate=rate))
+    v2 = store.republish("t", config=moved.stored_dict(), expect_head=v1)
+    loaded = TiledHETMM.load(store, "t", v2, batch_size=4, device="cpu")
+    assert loaded.scales == tiled.scales and loaded.calibration.scores == tiled.calibration.scores
+    before, after = tiled.predict(test), loaded.predict(test)
+    np.testing.assert_array_equal(after.scores, before.scores)
+    np.testing.assert_array_equal(after.tile_scores, before.tile_scores)
+    assert after.threshold == TailModel(tiled.calibration.scores).threshold(rate) != before.threshold
+    assert after.threshold == tiled.predict(test, false_alarm_rate=rate).threshold
+    assert np.array_equal(after.is_anomaly, after.scores > after.threshold)
+    assert loaded.operating_point().target == rate
+    # recalibrated positions: each scale is now the far threshold at the new rate of its own scores
+    grown = loaded.update([SyntheticProduct(seed=0, size=FRAME).good(50)])
+    for p, det in enumerate(grown.dets):
+        assert grown.scales[p] == pytest.approx(TailModel(det.templates.calibration.scores).threshold(rate))
+
+
+def test_stored_tile_scales_are_checked(tiled, tmp_path):
+    store = open_store(tmp_path / "store")
+    v1 = tiled.save(store, "t")
+    tiles = store.manifest("t", v1)["meta"]["tiles"]
+    for bad in ([1.0, 2.0], [1.0, 1.0, float("nan"), 1.0], [1.0, 0.0, 1.0, 1.0], ["a", 1.0, 1.0, 1.0]):
+        config = store.record("t").config.stored_dict()
+        head = store.head("t")
+        store.republish("t", config=config, expect_head=head, meta={"tiles": {**tiles, "scales": bad}})
+        with pytest.raises(TemplateError, match="tile scales"):
+            TiledHETMM.load(store, "t", batch_size=4, device="cpu")

@@ -672,7 +672,7 @@ function storedShapes(stored) {
 
 function describeStored(settings) {
   const tiles = settings.tiles || [1, 1];
-  const tiled = tiles[0] * tiles[1] > 1 ? `; tiled ${tiles[0]} x ${tiles[1]} (a region does not take tiles yet)` : "";
+  const tiled = tiles[0] * tiles[1] > 1 ? `; tiled ${tiles[0]} x ${tiles[1]} (each tile position counts its part of the region)` : "";
   const r = settings.region;
   if (!r) return `v${settings.version}: no stored region (every pixel counts)${tiled}`;
   return `v${settings.version}: stored region ${(r.include || []).length} include, ${(r.exclude || []).length} exclude, `

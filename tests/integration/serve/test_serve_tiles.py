@@ -207,7 +207,7 @@ def test_hot_update_and_labelled_calibration_of_a_tiled_product(service, product
     assert r.json()["version"] == 3 and r.json()["threshold"] == pytest.approx(rec.operating_point().threshold)
 
 
-def test_region_with_tiles_and_refusals(service, product, tiled) -> None:
+def test_region_with_tiles_and_refusals(service, product) -> None:
     client, store = service["client"], open_store(service["store"])
     region = {"size": [FRAME, FRAME], "include": [], "exclude": [{"rect": [0, 0, 40, 40]}]}
     r = create(client, "tiledregion", product, tiles="2x2", region=json.dumps(region))
@@ -231,13 +231,42 @@ def test_region_with_tiles_and_refusals(service, product, tiled) -> None:
     r = client.post("/v1/products/tiledregion/predict", content=png(frame), headers={"content-type": "image/png"})
     assert r.json()["version"] == 2
     assert r.json()["score"] == pytest.approx(float(expected.predict([frame]).scores[0]), rel=1e-4)
-    # the far rule at another rate re-scales every tile: not yet for a tiled product
-    r = client.post(f"/v1/products/{tiled}/calibrate", json={"false_alarm_rate": 0.05}, headers=ADMIN)
-    assert r.status_code == 409 and "tiled" in r.json()["error"]["message"], r.text
     r = create(client, "badtiles", product, tiles="2y2")
     assert r.status_code == 400 and "RxC" in r.json()["error"]["message"], r.text
     r = create(client, "badtiles", product, tiles="[0, 2]")
     assert r.status_code == 400 and r.json()["error"]["code"] == "bad_config", r.text
+
+
+def test_the_far_rule_at_another_rate_of_a_tiled_product(service, product) -> None:
+    """``{"rule": "far"}`` on a tiled product: a new version whose frame threshold is the far rule at
+    that rate on the frame calibration, the threshold the console's preview showed, and whose frame
+    scores are unchanged (the stored tile scales are kept: hetmm_ray/tiled.py)."""
+    from hetmm_ray.core.calibration import TailModel
+
+    client, store = service["client"], open_store(service["store"])
+    r = create(client, "tiledfar", product, tiles="2x2")
+    assert r.status_code == 200, r.text
+    files = [("images", (f"{i}.png", png(f), "image/png")) for i, f in enumerate(_frames(product))]
+    before = client.post("/v1/products/tiledfar/predict", files=files)
+    assert before.status_code == 200, before.text
+    rate = 0.2
+    r = client.get("/v1/products/tiledfar/calibration", params={"false_alarm_rate": rate})
+    assert r.status_code == 200, r.text
+    previewed = r.json()["preview"]["far"]["threshold"]
+    body = {"rule": "far", "false_alarm_rate": rate}
+    r = client.post("/v1/products/tiledfar/calibrate?wait=true", json=body, headers=ADMIN)
+    assert r.status_code == 200 and r.json()["job"]["version"] == 2, r.text
+    rec = store.record("tiledfar", 2)
+    assert rec.config.threshold.rule == "far" and rec.config.threshold.false_alarm_rate == rate
+    expected = TailModel(rec.calibration.scores).threshold(rate)
+    assert previewed == pytest.approx(expected) and expected != pytest.approx(before.json()["results"][0]["threshold"])
+    after = client.post("/v1/products/tiledfar/predict", files=files)
+    assert after.status_code == 200 and after.json()["version"] == 2, after.text
+    results = after.json()["results"]
+    np.testing.assert_allclose([x["score"] for x in results], [x["score"] for x in before.json()["results"]], rtol=1e-5)
+    for x in results:
+        assert x["threshold"] == pytest.approx(expected) and x["rule_target"] == rate, x
+        assert x["is_anomaly"] == (x["score"] > x["threshold"])
 
 
 def test_auto_tiles_are_resolved_from_the_uploaded_frames(service) -> None:
