@@ -223,7 +223,7 @@ class CompareBody(BaseModel):
     """``POST .../versions/{v}/compare`` as JSON (issue 23): a server-side ``source`` (folder or
     s3:// prefix, as create's; ``store:labels``: the console's labelled set), ``labelled`` (the
     folder is good/ + defect sub-folders: then recall per version), ``base`` (default HEAD), and
-    ``since`` / ``until`` (the inspection record's time range: refused while it is not built in)."""
+    ``since`` / ``until`` (a time range of the product's inspection record: the images it kept)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     source: Any = None
