@@ -527,8 +527,10 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     store = _open(args)
     head = store.head(args.product)
     version = head if args.version is None else args.version
-    if (args.val is None) == (not args.val_store):
-        raise CLIError("give one of --val DIR or --val-store")
+    if sum((args.val is not None, bool(args.val_store), args.far is not None)) != 1:
+        raise CLIError("give one of --val DIR, --val-store or --far RATE")
+    if args.far is not None:
+        return _calibrate_far(args, store, head, version)
     from .tiled import TiledHETMM, load_detector
 
     det = load_detector(store, args.product, version, progress=True)
@@ -566,6 +568,29 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         f"F1 {100 * record['f1']:.1f}; estimated false alarms on good parts "
         f"{100 * record['estimated_false_alarm_rate']:.2f}% (out-of-fold)"
     )
+    return 0
+
+
+def _calibrate_far(args: argparse.Namespace, store: Any, head: int, version: int) -> int:
+    """``hetmm calibrate --far RATE``: the far rule at ``RATE`` as a new version of the head's templates
+    and out-of-fold scores, nothing recomputed (``VersionedStore.republish``, as the service's
+    ``POST .../calibrate {"rule": "far"}``). A tiled product keeps its tile scales: its frame threshold
+    moves, its scores stay (hetmm_ray/tiled.py)."""
+    from dataclasses import replace
+
+    if version != head:
+        raise CLIError(f"--far sets the rule of the head, v{head}: drop --version {version}")
+    rec = store.record(args.product, head)
+    if rec.calibration is None:
+        raise CLIError(f"product {args.product!r} v{head} has no out-of-fold scores: the far rule needs them")
+    threshold = replace(rec.config.threshold, rule="far", false_alarm_rate=args.far)  # ConfigError out of range
+    candidate = _candidate(args, rec.config)
+    config = replace(rec.config, threshold=threshold).stored_dict()
+    new = int(store.republish(args.product, config=config, expect_head=head, candidate=candidate))
+    if candidate:
+        _announce_candidate(args, store, new)
+    op = store.record(args.product, new).operating_point()
+    print(f"product {args.product}: version {new} (from v{head}) threshold {_describe_operating_point(op)}")
     return 0
 
 
@@ -657,6 +682,12 @@ def _publish(args: argparse.Namespace, store: Any, ts: Any, *, expect_head: int 
     if not _candidate(args, ts.config):
         return int(store.put(args.product, ts, expect_head=expect_head))
     version = int(store.put(args.product, ts, expect_head=expect_head, candidate=True))
+    _announce_candidate(args, store, version)
+    return version
+
+
+def _announce_candidate(args: argparse.Namespace, store: Any, version: int) -> None:
+    """On stderr: ``version`` is a candidate, and how to compare and promote it."""
     head = store.head(args.product)
     if head != version:  # a product's first version is always head
         print(
@@ -664,7 +695,6 @@ def _publish(args: argparse.Namespace, store: Any, ts: Any, *, expect_head: int 
             f"{args.product} {version})",
             file=sys.stderr,
         )
-    return version
 
 
 def _ladder_table(auto: dict[str, Any]) -> str:
@@ -1184,7 +1214,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_evaluate)
 
     p = sub.add_parser(
-        "calibrate", help="set a stored product's threshold on labelled images (new version; never the default)"
+        "calibrate",
+        help="set a stored product's threshold: on labelled images, or the far rule at another rate (a new version)",
     )
     p.add_argument("--product", required=True)
     p.add_argument("--val", metavar="DIR", help="labelled folder: MVTec test layout, or good/ + defect sub-folders")
@@ -1192,6 +1223,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--val-store",
         action="store_true",
         help="instead of --val: the product's labelled set in the store (taught in the console, GET /ui/)",
+    )
+    p.add_argument(
+        "--far",
+        type=float,
+        metavar="RATE",
+        help="instead of labelled images: the far rule at this false-alarm rate (e.g. 0.02) on the stored "
+        "out-of-fold scores; a new version of the same templates, nothing recomputed",
     )
     p.add_argument("--objective", choices=("f1", "recall"), default="f1", help="best F1 (default) or best recall")
     p.add_argument(

@@ -461,17 +461,20 @@ def test_another_region_equals_a_fit_under_it(frames, tmp_path, capsys):
 
 
 def test_a_far_rule_at_another_rate_moves_the_frame_threshold_only(tiled, frames, tmp_path):
-    """A version republished at another far rate (the service's far rule: the same templates and
-    calibrations, another stored rate) keeps the stored tile scales: the same frame scores, and the
-    frame threshold at the new rate on the frame calibration, which the predict-time override gives
-    too. The positions' next recalibration (a hot update) takes the new rate, as a fit at it would."""
+    """A version republished at another far rate (``hetmm calibrate --far``, as the service's far
+    rule: the same templates and calibrations, another stored rate) keeps the stored tile scales: the
+    same frame scores, and the frame threshold at the new rate on the frame calibration, which the
+    predict-time override gives too. The positions' next recalibration (a hot update) takes the new
+    rate, as a fit at it would."""
+    from hetmm_ray.cli import main
+
     _, test = frames
     store = open_store(tmp_path / "store")
     v1 = tiled.save(store, "t")
     rate = 0.2
-    stored = store.record("t", v1).config
-    moved = replace(stored, threshold=replace(stored.threshold, rule="far", false_alarm_rate=rate))
-    v2 = store.republish("t", config=moved.stored_dict(), expect_head=v1)
+    assert main(["calibrate", "--product", "t", "--store", str(tmp_path / "store"), "--far", str(rate)]) == 0
+    v2 = store.head("t")
+    assert v2 == v1 + 1 and store.manifest("t", v2)["chunks"] == store.manifest("t", v1)["chunks"]
     loaded = TiledHETMM.load(store, "t", v2, batch_size=4, device="cpu")
     assert loaded.scales == tiled.scales and loaded.calibration.scores == tiled.calibration.scores
     before, after = tiled.predict(test), loaded.predict(test)

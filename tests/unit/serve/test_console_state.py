@@ -115,5 +115,5 @@ def test_cli_calibrate_val_store_uses_the_labelled_set(tmp_path, capsys) -> None
     # neither or both sources: one line, exit 2
     assert main(["calibrate", "--product", "gear", "--store", uri]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0] == "hetmm: error: give one of --val DIR or --val-store"
+    assert len(err) == 1 and err[0] == "hetmm: error: give one of --val DIR, --val-store or --far RATE"
     shutil.rmtree(tmp_path / "store")
