@@ -241,6 +241,12 @@ def _fit_tiled(args: argparse.Namespace, config: Any, paths: list[Path]) -> int:
     return 0
 
 
+def _write_json(path: str, value: Any) -> None:
+    """``--json``: ``value`` written to ``path`` (its folder made), indented."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(value, indent=1))
+
+
 def _predict_grpc(args: argparse.Namespace) -> int:
     """``hetmm predict --grpc HOST:PORT``: the images scored by a service's hetmm.v1.Inspection
     (serve/grpc/) through ``InspectionClient.predict_all`` (files read as they are sent, requests within
@@ -305,8 +311,7 @@ def _predict_grpc(args: argparse.Namespace) -> int:
         raise CLIError("no readable images to score")
     print(f"{len(records)} images, product {args.product} v{records[-1]['version']} (gRPC {args.grpc})")
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(records, indent=1))
+        _write_json(args.json, records)
     return 1 if failed else 0
 
 
@@ -383,8 +388,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
         print(f"{det.rows} x {det.cols} tiles per frame, {len(good) * det.n_tiles / pred.seconds:.2f} tiles/s")
     print(f"threshold {_describe_operating_point(op)}")
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(records, indent=1))
+        _write_json(args.json, records)
     return 1 if failed else 0
 
 
@@ -398,8 +402,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         version = det.save(_open(args), args.product or result.category)
         print(f"published templates as {args.product or result.category} v{version} in {args.store}")
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result.to_json(), indent=1))
+        _write_json(args.json, result.to_json())
         print(f"written {args.json}")
     return 0
 
@@ -1001,8 +1004,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
                 f"{'-' if r is None else f'{100 * r:.1f}%'}, false alarms {'-' if f is None else f'{100 * f:.1f}%'}"
             )
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=1))
+        _write_json(args.json, result)
     return 0
 
 
