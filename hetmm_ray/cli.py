@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -509,14 +510,22 @@ def _compress_tiled(args: argparse.Namespace, store: Any, version: int, override
     return 0
 
 
+def _short_operating_point(op: Any) -> str:
+    """``0.4321 far 1%``, ``0.5000 validation``, ``0.3900 sigmas 3``; ``none`` before calibration."""
+    if op is None:
+        return "none"
+    target = ""
+    if op.target is not None:
+        target = f" {100 * op.target:g}%" if op.rule == "far" else f" {op.target:g}"
+    return f"{op.threshold:.4f} {op.rule}{target}"
+
+
 def _describe_operating_point(op: Any) -> str:
     """``0.4321 (rule far 1%, estimated false alarms 1.00%)``; ``none`` before calibration."""
     if op is None:
         return "none (not calibrated)"
-    target = ""
-    if op.target is not None:
-        target = f" {100 * op.target:g}%" if op.rule == "far" else f" {op.target:g}"
-    text = f"{op.threshold:.4f} (rule {op.rule}{target}, estimated false alarms {100 * op.false_alarm_rate:.2f}%)"
+    threshold, _, rule = _short_operating_point(op).partition(" ")
+    text = f"{threshold} (rule {rule}, estimated false alarms {100 * op.false_alarm_rate:.2f}%)"
     warning = op.warning()  # a threshold far above every good score: say so where it is shown
     return text if warning is None else f"{text}\nwarning: {warning}"
 
@@ -854,10 +863,15 @@ def cmd_versions(args: argparse.Namespace) -> int:
         if rec.sheets_auto:
             sheets, auto_seen = f"{sheets}a", True  # chosen by sheets: auto
         mark = "*" if v == head else " "
-        rows.append(f"{mark}{v:>6}  {rec.parent or '-':>6}  {rec.images:>6}  {sheets:>6}  {created}  {rec.weights_id}")
+        threshold = _short_operating_point(rec.operating_point())
+        rows.append(
+            f"{mark}{v:>6}  {rec.parent or '-':>6}  {rec.images:>6}  {sheets:>6}  {threshold:<18}  {created}  "
+            f"{rec.weights_id}"
+        )
     if auto_seen:
         print("(sheets 'Ka': K chosen by sheets: auto, the smallest K whose verdicts match ALL's)")
-    print(f"{'version':>7}  {'parent':>6}  {'images':>6}  {'sheets':>6}  created              weights")
+    header = f"{'version':>7}  {'parent':>6}  {'images':>6}  {'sheets':>6}  {'threshold (rule)':<18}"
+    print(f"{header}  created              weights")
     print("\n".join(rows))
     cands = store.candidates(args.product)
     if cands:  # issue 23: stored beside the head, not served until promoted
@@ -1379,16 +1393,41 @@ def error_line(exc: BaseException) -> str:
     return f"unexpected {type(exc).__name__}: {exc} (run with --debug for a traceback)".splitlines()[0]
 
 
+EXIT_READER_GONE = 141  # 128 + SIGPIPE: what a Unix tool's exit status is when its reader goes
+
+
+def _reader_gone() -> bool:
+    """Whether standard output's reader has gone (``hetmm versions | head``). If so, standard output
+    is pointed at /dev/null, so that Python's own flush at exit does not report the pipe again."""
+    import select
+
+    try:
+        fd = sys.stdout.fileno()
+        poller = select.poll()
+        poller.register(fd, select.POLLOUT)
+        gone = any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+    except (OSError, ValueError):  # no file descriptor (a test's captured stdout)
+        return False
+    if gone:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, fd)
+        os.close(devnull)
+    return gone
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     start = time.perf_counter()
     try:
         code = args.func(args)
+        sys.stdout.flush()  # here, not at exit: a reader that went away is seen below
     except KeyboardInterrupt:
         print("hetmm: interrupted", file=sys.stderr)
         return 130
     except Exception as exc:
+        if isinstance(exc, BrokenPipeError) and _reader_gone():
+            return EXIT_READER_GONE  # quietly, as Unix tools stop when their reader does
         if args.debug:
             raise
         print(f"hetmm: error: {error_line(exc)}", file=sys.stderr)

@@ -69,3 +69,9 @@ def test_far_rule_at_another_rate_is_a_new_version_of_the_same_templates(tmp_pat
     one_error_line(code, err, "head, v2", "drop --version 1")
     one_error_line(*run(capsys, "calibrate", "--product", "gear", "--store", uri, "--far", "nan")[::2], "finite")
     assert store.head("gear") == 2 and store.versions("gear") == [1, 2] and store.candidates("gear") == [3]
+    # the version list says which rule each version holds
+    code, out, _ = run(capsys, "versions", "--product", "gear", "--store", uri)
+    lines = out.splitlines()
+    assert code == 0 and "threshold (rule)" in lines[0], out
+    assert lines[1].split()[4:7] == [f"{v1.threshold:.4f}", "far", "1%"], lines[1]
+    assert lines[2].split()[:7] == ["*", "2", "1", "8", "8", f"{want:.4f}", "far"] and "20%" in lines[2], lines[2]

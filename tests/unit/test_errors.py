@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import pkgutil
+import subprocess
+import sys
 
 import pytest
 
@@ -142,3 +145,19 @@ def test_a_failed_job_is_answered_through_the_table() -> None:
         assert response.status_code == status
         assert body["error"] == {"code": code, "message": str(exc)}
         assert body["job"]["id"] == record["id"]
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly(tmp_path) -> None:
+    """``hetmm versions | head``: when standard output's reader has gone, the command stops with
+    status 141 (128 + SIGPIPE, as Unix tools) and says nothing on stderr (it said 'Broken pipe')."""
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the first line is written
+    try:
+        argv = [sys.executable, "-m", "hetmm_ray.cli", "versions", "--store", str(tmp_path / "none")]
+        done = subprocess.run(argv, stdout=write, stderr=subprocess.PIPE, timeout=120, check=False)
+    finally:
+        os.close(write)
+    assert done.returncode == 141 and done.stderr == b"", done.stderr.decode()
+    # with a reader, the same command prints and succeeds
+    done = subprocess.run(argv, capture_output=True, timeout=120, check=False)
+    assert done.returncode == 0 and b"no products in" in done.stdout, done
