@@ -215,9 +215,7 @@ def _fit_tiled(args: argparse.Namespace, config: Any, paths: list[Path]) -> int:
     """``hetmm fit`` of a tiled product (hetmm_ray/tiled.py): the cost first, then the fit."""
     from .tiled import TiledHETMM, frame_shape
 
-    if getattr(args, "address", None):
-        raise CLIError("tiled products are fit in process: drop --address")
-    det = TiledHETMM(config, progress=True)
+    det = TiledHETMM(config, progress=True, steps=_steps(args))  # --address: each position's PTS as Ray tasks
     h, w = frame_shape(paths[0])
     tile = det.tiles_of(h, w)[0]
     size = config.backbone.image_size
@@ -439,9 +437,7 @@ def _update_tiled(args: argparse.Namespace, store: Any, head: int) -> int:
     """``hetmm update`` of a tiled product (``TiledHETMM.update``): frames at their own resolution."""
     from .tiled import TiledHETMM
 
-    if getattr(args, "address", None):
-        raise CLIError("tiled products are updated in process: drop --address")
-    det = TiledHETMM.load(store, args.product, head, progress=True)
+    det = TiledHETMM.load(store, args.product, head, progress=True, steps=_steps(args))
     paths = [p for p, _ in _image_paths(args.images)]
     det.update(paths)
     if det.skipped_duplicates:
@@ -488,9 +484,7 @@ def _compress_tiled(args: argparse.Namespace, store: Any, version: int, override
     """``hetmm compress`` of a tiled product (``TiledHETMM.compress``): a selection per tile position."""
     from .tiled import TiledHETMM
 
-    if getattr(args, "address", None):
-        raise CLIError("tiled products are compressed in process: drop --address")
-    det = TiledHETMM.load(store, args.product, version, progress=True, **overrides)
+    det = TiledHETMM.load(store, args.product, version, progress=True, steps=_steps(args), **overrides)
     start = time.perf_counter()
     det.compress(_template_kind(args.templates), args.sheets, seed=args.seed)
     seconds = time.perf_counter() - start
@@ -737,7 +731,8 @@ def _ladder_table(auto: dict[str, Any]) -> str:
 
 def _steps(args: argparse.Namespace) -> Any:
     """Where fit/update/compress extract features and run PTS: as tasks on the Ray cluster at
-    ``--address`` (joined here), else in this process (None)."""
+    ``--address`` (joined here), else in this process (None). A tiled product's tiles go through the
+    backbone in this process either way; its positions' PTS runs as those tasks."""
     if not getattr(args, "address", None):
         return None
     from .distributed.runtime import connect

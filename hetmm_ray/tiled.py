@@ -116,6 +116,7 @@ from .core.tiles import Tile, cut, grid_of, stitch, tile_grid
 from .detector import HETMM
 from .fitting import FrameCost, check_visible
 from .scorer import ImageInput, Prediction, as_rgb
+from .steps import FitSteps
 
 __all__ = ["TiledHETMM", "TiledPrediction", "frame_shape", "load_detector", "resolve_tiles"]
 
@@ -167,8 +168,17 @@ class TiledHETMM:
     """A tiled product in process (see the module docstring): ``fit``, ``update``, ``predict``, ``save``, ``load``."""
 
     def __init__(
-        self, config: DetectorConfig, *, progress: bool = False, map_size: int | None = None, backbone: Any = None
+        self,
+        config: DetectorConfig,
+        *,
+        progress: bool = False,
+        map_size: int | None = None,
+        backbone: Any = None,
+        steps: FitSteps | None = None,
     ) -> None:
+        """``steps``: where each position's selection runs (``hetmm_ray/steps.py``: PTS as Ray tasks with
+        ``ray_steps()``, as ``--address`` gives); the tiles go through the one shared backbone here,
+        whatever ``steps`` says."""
         if config.geometry.tiles == "auto":
             raise ValueError("geometry.tiles 'auto' is resolved from frames first (resolve_tiles)")
         self.config = config
@@ -181,7 +191,8 @@ class TiledHETMM:
         if self.whole_view:
             parts.append(self._whole_part(tile_config))
         self.live = [part.counts for part in parts]  # False: the region counts none of its pixels
-        self.dets = [HETMM(replace(tile_config, region=part.region), progress=progress) for part in parts]
+        self.steps = steps
+        self.dets = [HETMM(replace(tile_config, region=part.region), progress=progress, steps=steps) for part in parts]
         for det in self.dets:  # sheets: auto's time budget is per frame with all its tiles (_measure_cost)
             det.pipeline.tiles = self.n_positions
             det.pipeline.scored = sum(self.live)
@@ -430,7 +441,9 @@ class TiledHETMM:
         positions keep their templates (bank and selection) and are recalibrated under their parts
         of ``region`` (:meth:`FitPipeline.calibrated`), as ``hetmm region`` does for an untiled
         product; so it equals a fit under that region. Unsaved (version None)."""
-        new = TiledHETMM(replace(self.config, region=region), progress=self.progress, map_size=self.map_size)
+        new = TiledHETMM(
+            replace(self.config, region=region), progress=self.progress, map_size=self.map_size, steps=self.steps
+        )
         for det in new.dets:
             det.scorer.backbone = self.backbone  # no second build
         sets = []
@@ -611,10 +624,12 @@ class TiledHETMM:
 
     @classmethod
     def from_template_set(cls, ts: TemplateSet, version: int | None = None, **options: Any) -> Self:
-        """A detector over a stored tiled set (``options``: ``progress=``, ``map_size=``, run-time settings)."""
+        """A detector over a stored tiled set (``options``: ``progress=``, ``map_size=``, ``steps=``,
+        run-time settings)."""
         run_time = {k: v for k, v in options.items() if k not in ("progress", "map_size", "steps")}
         config = ts.config.replace(**run_time) if run_time else ts.config
-        det = cls(config, progress=options.get("progress", False), map_size=options.get("map_size"))
+        progress, map_size, steps = options.get("progress", False), options.get("map_size"), options.get("steps")
+        det = cls(config, progress=progress, map_size=map_size, steps=steps)
         info = ts.meta["tiles"]
         if det.backbone.weights_id != ts.weights_id:
             raise TemplateError(

@@ -153,6 +153,11 @@ def _numpy(t: torch.Tensor) -> np.ndarray:
     return (t.float() if t.dtype == torch.bfloat16 else t).numpy()
 
 
+def _fanned_out_pts() -> FitSteps:
+    """A tiled job's steps: each position's PTS as pixel-chunk tasks of a full CPU each."""
+    return FitSteps(pts=partial(pts_indices_ray, num_cpus=TASK_CPUS))
+
+
 @ray.remote(num_cpus=TASK_CPUS)
 def _tiled_fit(config: dict[str, Any], images: list[bytes], registry: Any, job_id: str | None) -> TemplateSet:
     """A tiled product's fit (hetmm_ray/tiled.py) in one task on a full CPU: every frame decoded, the
@@ -165,10 +170,9 @@ def _tiled_fit(config: dict[str, Any], images: list[bytes], registry: Any, job_i
     use_assigned_cpus()
     cfg = DetectorConfig.from_dict(config)
     frames = [decode_image(data) for data in images]
-    det = TiledHETMM(cfg)
+    det = TiledHETMM(cfg, steps=_fanned_out_pts())
     report = None if job_id is None else JobReport(registry, job_id)
     for p, d in enumerate(det.dets):
-        d.pipeline.steps = FitSteps(pts=partial(pts_indices_ray, num_cpus=TASK_CPUS))
         d.pipeline.report = None if report is None else _TileReport(report, p, det.n_positions)
     if report is not None:
         h, w = max(f.shape[0] for f in frames), max(f.shape[1] for f in frames)
@@ -199,9 +203,7 @@ def _tiled_update(store_uri: str, product: str, version: int, images: list[bytes
     from ..tiled import TiledHETMM
 
     use_assigned_cpus()
-    det = TiledHETMM.load(open_store(store_uri), product, version)
-    for d in det.dets:  # each position's re-selection: PTS fanned out as pixel-chunk tasks, as in the fit
-        d.pipeline.steps = FitSteps(pts=partial(pts_indices_ray, num_cpus=TASK_CPUS))
+    det = TiledHETMM.load(open_store(store_uri), product, version, steps=_fanned_out_pts())
     det.update([decode_image(data) for data in images])
     added = len(images) - det.skipped_duplicates
     return (det.template_set() if added else None), added
