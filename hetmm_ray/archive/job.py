@@ -33,6 +33,7 @@ of writing them; nothing is skipped and nothing written.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections import Counter
@@ -209,6 +210,24 @@ def _pipeline(
     return score_with(decoded(refs, config, opts, spec), DetectorActor, kwargs, opts)
 
 
+class _QuietDataConsole(logging.Filter):
+    """Ray Data's console lines a job's user has no use for: its INFO (each dataset's start, plan and
+    end, all kept in Ray Data's own log file) and its notice that its progress bars are off (the job
+    draws its own). Its warnings and errors still print."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.WARNING and "Progress bars disabled" not in record.getMessage()
+
+
+def quiet_data_console() -> None:
+    """:class:`_QuietDataConsole` on Ray Data's console handlers in this process (once; its file log
+    keeps every line)."""
+    for handler in logging.getLogger("ray.data").handlers:
+        console = isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler)
+        if console and not any(isinstance(f, _QuietDataConsole) for f in handler.filters):
+            handler.addFilter(_QuietDataConsole())
+
+
 def decoded(refs: list[Any], config: Any, opts: JobOptions, spec: FsSpec) -> Any:
     """Listing blocks -> ``read_and_fit`` tasks: each file decoded and fitted to ``config``'s canvas."""
     import ray.data
@@ -221,6 +240,7 @@ def decoded(refs: list[Any], config: Any, opts: JobOptions, spec: FsSpec) -> Any
     os.environ.setdefault("RAY_DATA_USAGE_DISABLED", "1")
     ctx = ray.data.DataContext.get_current()
     ctx.enable_progress_bars = False  # the job's own bar (images/s, ETA) instead of one per operator
+    quiet_data_console()
     ctx.wait_for_min_actors_s = ACTORS_START_S  # every minimum actor up before the first block (config.archive)
     bb = config.backbone
     return ray.data.from_arrow_refs(refs).map_batches(

@@ -124,3 +124,28 @@ def test_inspect_takes_source_or_a_record_range_not_both(tmp_path: Path, capsys)
         assert main(base + extra) == 2
         assert word in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_ray_datas_console_keeps_its_warnings_and_drops_its_info(capfd: pytest.CaptureFixture[str]) -> None:
+    """``hetmm inspect`` draws its own progress bar: Ray Data's INFO lines (a dataset's start, plan and
+    end) and its notice that its bars are off stay out of the console; its warnings still print."""
+    import logging
+
+    import ray.data  # noqa: F401 - configures Ray Data's loggers and console handler
+
+    from hetmm_ray.archive.job import _QuietDataConsole, quiet_data_console
+
+    executor = logging.getLogger("ray.data._internal.execution.streaming_executor")
+    executor.info("Starting execution of Dataset before")
+    assert "Starting execution of Dataset before" in capfd.readouterr().err  # the control: it printed
+    quiet_data_console()
+    quiet_data_console()  # once is enough: no second filter
+    executor.info("Starting execution of Dataset after")
+    logging.getLogger("ray.data").warning("Progress bars disabled. To enable, set ...")
+    executor.warning("a placement warning")
+    err = capfd.readouterr().err
+    assert "Dataset after" not in err and "Progress bars disabled" not in err
+    assert "a placement warning" in err
+    consoles = [h for h in logging.getLogger("ray.data").handlers if isinstance(h, logging.StreamHandler)]
+    ours = [[f for f in h.filters if isinstance(f, _QuietDataConsole)] for h in consoles]
+    assert consoles and all(len(f) == 1 for f in ours), ours
