@@ -504,22 +504,23 @@ def _compress_tiled(args: argparse.Namespace, store: Any, version: int, override
     return 0
 
 
+def _rule_text(op: Any) -> str:
+    """``far 1%``, ``validation``, ``sigmas 3``."""
+    if op.target is None:
+        return op.rule
+    return f"{op.rule} {100 * op.target:g}%" if op.rule == "far" else f"{op.rule} {op.target:g}"
+
+
 def _short_operating_point(op: Any) -> str:
-    """``0.4321 far 1%``, ``0.5000 validation``, ``0.3900 sigmas 3``; ``none`` before calibration."""
-    if op is None:
-        return "none"
-    target = ""
-    if op.target is not None:
-        target = f" {100 * op.target:g}%" if op.rule == "far" else f" {op.target:g}"
-    return f"{op.threshold:.4f} {op.rule}{target}"
+    """``0.4321 far 1%`` (``hetmm versions``); ``none`` before calibration."""
+    return "none" if op is None else f"{op.threshold:.4f} {_rule_text(op)}"
 
 
 def _describe_operating_point(op: Any) -> str:
     """``0.4321 (rule far 1%, estimated false alarms 1.00%)``; ``none`` before calibration."""
     if op is None:
         return "none (not calibrated)"
-    threshold, _, rule = _short_operating_point(op).partition(" ")
-    text = f"{threshold} (rule {rule}, estimated false alarms {100 * op.false_alarm_rate:.2f}%)"
+    text = f"{op.threshold:.4f} (rule {_rule_text(op)}, estimated false alarms {100 * op.false_alarm_rate:.2f}%)"
     warning = op.warning()  # a threshold far above every good score: say so where it is shown
     return text if warning is None else f"{text}\nwarning: {warning}"
 
@@ -582,16 +583,11 @@ def _calibrate_far(args: argparse.Namespace, store: Any, head: int, version: int
     and out-of-fold scores, nothing recomputed (``VersionedStore.republish``, as the service's
     ``POST .../calibrate {"rule": "far"}``). A tiled product keeps its tile scales: its frame threshold
     moves, its scores stay (hetmm_ray/tiled.py)."""
-    from dataclasses import replace
-
     if version != head:
         raise CLIError(f"--far sets the rule of the head, v{head}: drop --version {version}")
     rec = store.record(args.product, head)
-    if rec.calibration is None:
-        raise CLIError(f"product {args.product!r} v{head} has no out-of-fold scores: the far rule needs them")
-    threshold = replace(rec.config.threshold, rule="far", false_alarm_rate=args.far)  # ConfigError out of range
+    config = rec.under_far_rule(args.far)  # TemplateError without out-of-fold scores, ConfigError out of range
     candidate = _candidate(args, rec.config)
-    config = replace(rec.config, threshold=threshold).stored_dict()
     new = int(store.republish(args.product, config=config, expect_head=head, candidate=candidate))
     if candidate:
         _announce_candidate(args, store, new)

@@ -979,16 +979,10 @@ class ProductRegistry:
         ``threshold`` settings change (``VersionedStore.republish``), then published to the replicas.
         A tiled product keeps its stored tile scales: the rate moves its frame threshold only, on the
         frame calibration (hetmm_ray/tiled.py, "One verdict per frame")."""
-        from ..core.templates import TemplateError
-
         version = await self.head(product)  # ProductNotFound before any work starts
         rec = await asyncio.to_thread(self.store.record, product, version)
-        cfg = rec.config
-        if rec.calibration is None:
-            raise TemplateError(f"product {product!r} v{version} has no out-of-fold scores: the far rule needs them")
-        threshold = replace(cfg.threshold, rule="far", false_alarm_rate=false_alarm_rate)  # ConfigError if out of range
-        config = replace(cfg, threshold=threshold).stored_dict()
-        candidate = self._candidate(publish, cfg)
+        config = rec.under_far_rule(false_alarm_rate)  # TemplateError, ConfigError before any work
+        candidate = self._candidate(publish, rec.config)
 
         async def work(progress: JobProgress) -> int:
             progress.stage("publish")

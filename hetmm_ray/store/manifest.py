@@ -23,7 +23,7 @@ Exact semantics of the fields, for both readable manifest formats (1 and 2):
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..config import DetectorConfig, stored_config
@@ -92,3 +92,18 @@ class VersionRecord:
         """The threshold in force under the stored rule, and its estimated false-alarm rate
         (None without a calibration)."""
         return operating_point(self.calibration, self.config)
+
+    def under_far_rule(self, false_alarm_rate: float) -> dict[str, Any]:
+        """This version's stored configuration with the ``far`` rule at ``false_alarm_rate``, to
+        republish its templates and out-of-fold scores under (``VersionedStore.republish``; the
+        service's far rule and ``hetmm calibrate --far``). TemplateError without out-of-fold scores,
+        ConfigError for a rate out of range. A tiled product's tile scales are stored apart and stay
+        (hetmm_ray/tiled.py, "One verdict per frame")."""
+        from ..core.templates import TemplateError
+
+        if self.calibration is None:
+            raise TemplateError(
+                f"product {self.product!r} v{self.version} has no out-of-fold scores: the far rule needs them"
+            )
+        threshold = replace(self.config.threshold, rule="far", false_alarm_rate=false_alarm_rate)
+        return replace(self.config, threshold=threshold).stored_dict()
