@@ -732,6 +732,22 @@ def test_tiled_product_inspected_and_taught_in_the_console(
     rescored.wait_for(timeout=1000 * JOB_WAIT_S)
     assert rescored.get_attribute("data-version") == "2"
     assert open_store(store).record(product, 2).images == 6  # the frame joined every tile position's bank
+    # the far rule at another rate, previewed and applied (a tiled product was refused it: 409): the
+    # previewed frame threshold in force at v3, the frame's score unchanged (its tiles keep their scales)
+    before = score(api, frame, product)
+    goto(page, "calibration")
+    first = page.locator("[data-testid=preview-text]").inner_text()
+    page.locator("[data-testid=far-slider]").fill("90")
+    until(page, "(old) => document.querySelector('[data-testid=preview-text]').innerText !== old", arg=first)
+    text = page.locator("[data-testid=preview-text]")
+    rate, far_previewed = float(text.get_attribute("data-rate")), float(text.get_attribute("data-far-threshold"))
+    page.click("[data-testid=apply-far]")
+    job_says = "document.querySelector('[data-testid=calibration-job]').innerText.includes(arguments_0)"
+    until(page, f"(arguments_0) => {job_says}", arg="new version v3", timeout=JOB_WAIT_S)
+    after = score(api, frame, product)
+    assert after["version"] == 3 and after["rule_target"] == rate, after
+    assert after["threshold"] == pytest.approx(far_previewed, rel=1e-9) != before["threshold"]
+    assert after["score"] == pytest.approx(before["score"], rel=1e-6)
 
 
 def test_drift_view_draws_the_flagged_share_and_the_live_windows(
