@@ -191,7 +191,6 @@ class TiledHETMM:
         if self.whole_view:
             parts.append(self._whole_part(tile_config))
         self.live = [part.counts for part in parts]  # False: the region counts none of its pixels
-        self.steps = steps
         self.dets = [HETMM(replace(tile_config, region=part.region), progress=progress, steps=steps) for part in parts]
         for det in self.dets:  # sheets: auto's time budget is per frame with all its tiles (_measure_cost)
             det.pipeline.tiles = self.n_positions
@@ -441,9 +440,9 @@ class TiledHETMM:
         positions keep their templates (bank and selection) and are recalibrated under their parts
         of ``region`` (:meth:`FitPipeline.calibrated`), as ``hetmm region`` does for an untiled
         product; so it equals a fit under that region. Unsaved (version None)."""
-        new = TiledHETMM(
-            replace(self.config, region=region), progress=self.progress, map_size=self.map_size, steps=self.steps
-        )
+        config = replace(self.config, region=region)
+        steps = self.dets[0].steps  # every position's, given at construction
+        new = TiledHETMM(config, progress=self.progress, map_size=self.map_size, steps=steps)
         for det in new.dets:
             det.scorer.backbone = self.backbone  # no second build
         sets = []
