@@ -5,9 +5,7 @@ stored before the setting existed (tests/data/pre_whole_view/, see its make_stor
 
 from __future__ import annotations
 
-import hashlib
 import json
-import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -15,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 from helpers import tiled_served
-from PIL import Image
+from stored_products import RUNTIMES, check_replayed, check_through_backbone, store_copy, test_frames
 
 from hetmm_ray.config import BackboneConfig, ConfigError, DetectorConfig, ThresholdConfig, stored_config
 from hetmm_ray.core.calibration import TailModel
@@ -193,23 +191,17 @@ def test_the_setting_is_checked_and_missing_means_none():
     assert "geometry" not in DetectorConfig().stored_dict()  # untiled manifests unchanged
 
 
-def test_a_tiled_product_stored_before_the_whole_view_scores_bit_for_bit(tmp_path):
-    shutil.copytree(OLD / "store", tmp_path / "store")
-    store = open_store(tmp_path / "store")
-    assert "tile_whole_view" not in store.manifest("tiled", 1)["config"]["geometry"]
-    det = load_detector(store, "tiled", 1, device="cpu", backbone_runtime="torch")
-    assert isinstance(det, TiledHETMM) and not det.whole_view and det.n_positions == 4
-    test = [np.asarray(Image.open(OLD / f"test{i}.png").convert("RGB")) for i in range(3)]
-    pred = det.predict(test)
-    expected = json.loads((OLD / "expected.json").read_text())
-    assert [float(s).hex() for s in pred.scores] == expected["scores"]
-    assert [[float(s).hex() for s in row] for row in pred.tile_scores] == expected["tile_scores"]
-    assert float(pred.threshold).hex() == expected["threshold"]
-    assert [hashlib.sha256(np.ascontiguousarray(m, dtype=np.float32).tobytes()).hexdigest() for m in pred.maps] == (
-        expected["maps_sha256"]
-    )
-    assert [bool(v) for v in pred.is_anomaly] == expected["is_anomaly"]
-    ts = store.get("tiled", 1)  # and a replica over its (tile, layer) shards: no whole view either
-    served = tiled_served(ts, det.backbone, version=1)
-    assert not served.whole_view
-    np.testing.assert_allclose(served.predict(test).scores, pred.scores, rtol=1e-6)
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_a_tiled_product_stored_before_the_whole_view_scores_as_it_did(tmp_path, runtime):
+    """Exact where no CPU kernel is involved, to stated tolerances where one is (tests/stored_products.py)."""
+    with store_copy(OLD, tmp_path) as root:
+        store = open_store(root)
+        assert "tile_whole_view" not in store.manifest("tiled", 1)["config"]["geometry"]
+        det = load_detector(store, "tiled", 1, device="cpu", backbone_runtime=runtime)
+        assert isinstance(det, TiledHETMM) and not det.whole_view and det.n_positions == 4
+        replayed = check_replayed(det, OLD, 1)
+        pred = check_through_backbone(det, OLD, json.loads((OLD / "expected.json").read_text()), replayed)
+        ts = store.get("tiled", 1)  # and a replica over its (tile, layer) shards: no whole view either
+        served = tiled_served(ts, det.backbone, version=1)
+        assert not served.whole_view
+        np.testing.assert_allclose(served.predict(test_frames(OLD)).scores, pred.scores, rtol=1e-6)
