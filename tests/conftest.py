@@ -2,23 +2,17 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
-from pathlib import Path
 
+import crash_watch
 import pytest
 import torch
 from helpers import LOCAL_RAY_ARGS
 
-# Where each test's id is written as it starts (.ci/run sets it). A process that dies without
-# pytest's summary (Ray's driver exits the process when its core worker is used after a shutdown,
-# or its raylet dies) leaves here the test it died in; .ci/run prints it with Ray's driver errors.
-RUNNING_TEST_FILE = os.environ.get("HETMM_RUNNING_TEST_FILE")
 
-
-def pytest_runtest_logstart(nodeid: str, location: tuple[str, int | None, str]) -> None:
-    if RUNNING_TEST_FILE:
-        Path(RUNNING_TEST_FILE).write_text(nodeid + "\n")
+def pytest_configure(config: pytest.Config) -> None:
+    # A test process that dies without pytest's summary says which test it died in (crash_watch.py).
+    config.pluginmanager.register(crash_watch, "hetmm-crash-watch")
 
 
 @pytest.fixture(scope="module")
