@@ -208,3 +208,57 @@ print(done.stdout.decode().strip())
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().endswith("ok")
+
+
+# --- exit: no OpenVINO inference outlives the runtime (issue 41) -----------------------------------
+EXIT_WITH_A_THREAD_INFERRING = """
+import threading
+import torch
+from hetmm_ray.config import BackboneConfig
+from hetmm_ray.core.backbone import Backbone
+
+bb = Backbone(BackboneConfig(name="resnet18", weights="random", image_size=32), runtime="openvino")
+x = torch.rand(2, 3, 32, 32)
+bb(x)
+started = threading.Event()
+
+
+def scoring():  # a daemon thread still scoring when the process exits
+    while True:
+        bb(x)
+        started.set()
+
+
+threading.Thread(target=scoring, daemon=True).start()
+started.wait()
+print("exiting", flush=True)
+"""
+
+
+def test_a_process_exits_cleanly_while_a_thread_still_infers(model_cache: Path) -> None:
+    """Before the exit hook (openvino_runtime.release_compiled_models) such a process ended with
+    "terminate called without an active exception" (SIGABRT) every time."""
+    import os
+    import subprocess
+    import sys
+
+    for _ in range(2):  # the fixture's cache (in the environment): converted once, by the first run
+        out = subprocess.run(
+            [sys.executable, "-c", EXIT_WITH_A_THREAD_INFERRING],
+            env=dict(os.environ),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert out.returncode == 0 and "exiting" in out.stdout, (out.returncode, out.stderr[-2000:])
+
+
+def test_inference_is_refused_once_the_models_are_released(model_cache: Path, monkeypatch) -> None:
+    fast, _ = _pair("resnet18")
+    x = torch.rand(1, 3, 32, 32)
+    fast(x)
+    monkeypatch.setattr(ovr, "_released", False)  # restored after the test: this process goes on inferring
+    ovr.release_compiled_models(wait_s=1.0)
+    assert not ovr._compiled and not ovr._requests
+    with pytest.raises(RuntimeError, match="the process is exiting"):
+        fast(x)
