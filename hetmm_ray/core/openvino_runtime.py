@@ -31,7 +31,8 @@ inferences in flight have finished (bounded by ``EXIT_WAIT_S``), and any inferen
 (a daemon thread still scoring) is refused with an error. Why: otherwise the process's C++ static
 destructors tear OpenVINO's executor threads down while another thread still infers, and the
 process ends with "terminate called without an active exception" (SIGABRT) or a segfault instead
-of its exit status (reproduced: a daemon thread inferring at exit aborted 3 runs of 3, and 0 of 8 with the hook; issue 41).
+of its exit status (reproduced: a daemon thread inferring at exit aborted 3 runs of 3, and none
+of 8 with the hook; issue 41).
 """
 
 from __future__ import annotations
