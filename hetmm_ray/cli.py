@@ -160,7 +160,6 @@ def _folder_images(folder: Path) -> tuple[list[Path], list[tuple[Path, str]]]:
 # --- commands ------------------------------------------------------------------------
 def cmd_fit(args: argparse.Namespace) -> int:
     from .detector import HETMM
-    from .evaluation import load_images
 
     config = _config_from(args)
     paths = [p for p, _ in _image_paths(args.images)]
@@ -173,9 +172,10 @@ def cmd_fit(args: argparse.Namespace) -> int:
         if config.geometry.tiled:
             return _fit_tiled(args, config, paths)
     det = HETMM(config, progress=True, steps=_steps(args))
-    bb = config.backbone
     _print_untiled_cost(det, paths)
-    det.fit(load_images(paths, bb.image_size, progress=True, desc="decode", geometry=bb.geometry))
+    # The files themselves, not canvases resized here: the detector decodes them a batch at a time,
+    # and an image's digest is its decoded frame's, as on every other path (issue 38).
+    det.fit(paths)
     version = det.save(_open(args), args.product)
     print(
         f"product {args.product}: version {version} from {len(paths)} good images "
@@ -408,7 +408,6 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 def cmd_update(args: argparse.Namespace) -> int:
     from .detector import HETMM
-    from .evaluation import load_images
 
     store = _open(args)
     head = store.head(args.product)
@@ -416,8 +415,7 @@ def cmd_update(args: argparse.Namespace) -> int:
         return _update_tiled(args, store, head)
     det = HETMM.load(store, args.product, head, progress=True, steps=_steps(args))
     paths = [p for p, _ in _image_paths(args.images)]
-    bb = det.config.backbone
-    det.update(load_images(paths, bb.image_size, progress=True, desc="decode", geometry=bb.geometry))
+    det.update(paths)  # frames' digests, as every path stores (issue 38)
     if det.skipped_duplicates:
         print(f"hetmm: skipped: {det.skipped_duplicates} image(s) already in v{head} (same content)", file=sys.stderr)
     if det.skipped_duplicates == len(paths):

@@ -172,7 +172,7 @@ def evaluate(
         det.fit(category.train_paths())
     else:
         det = HETMM(config, progress=progress)
-        det.fit(load_images(category.train_paths(), size, progress=progress, desc="decode train", geometry=geometry))
+        det.fit(category.train_paths())  # the files: frames' digests, as every path stores (issue 38)
     fit_s = time.perf_counter() - t0
 
     t0 = time.perf_counter()

@@ -49,6 +49,7 @@ from .core.pts import select_layers
 from .core.region import check_region_visible
 from .core.scoring import Calibration
 from .core.templates import SheetsAuto, TemplateMeta, TemplateSet, unseen_positions
+from .data.decode import canvas_digest
 from .scorer import ImageInput, Scorer, as_rgb
 from .steps import FitSteps, Progress, Report
 
@@ -119,35 +120,45 @@ class FitPipeline:
         ``bank=True`` moves each batch to the CPU in ``bank_dtype`` as it comes, so a large
         bank never exists twice (device float32 and CPU storage) at once.
         """
-        feats, digests, _ = self._extract(images, desc=desc, bank=bank)
+        feats, digests, _, _ = self._extract(images, desc=desc, bank=bank)
         return feats, digests
 
     def _extract(
-        self, images: Sequence[ImageInput], *, desc: str = "features", bank: bool = False
-    ) -> tuple[dict[str, Tensor], list[str], list[Box] | None]:
-        """:meth:`extract` plus the images' canvas boxes (None: squash, or not known)."""
+        self, images: Sequence[ImageInput], *, desc: str = "features", bank: bool = False, aliases: bool = False
+    ) -> tuple[dict[str, Tensor], list[str], list[Box] | None, list[str] | None]:
+        """:meth:`extract` plus the images' canvas boxes (None: squash, or not known) and, with
+        ``aliases``, their ``data.decode.canvas_digest`` (the digest older fits stored: a hot update
+        compares both with the bank's)."""
         if len(images) == 0:
             raise ValueError("no images given")
         config = self.scorer.config
         if bank and self.steps.extract is not None:
+            items = _as_items(images)
             with self._stage(desc, len(images), leave=False) as progress:
-                feats, digests = self.steps.extract(config, _as_items(images), progress=progress)
+                feats, digests = self.steps.extract(config, items, progress=progress)
             bank_feats = {k: torch.from_numpy(v).to(TORCH_DTYPES[config.bank_dtype]) for k, v in feats.items()}
-            return bank_feats, digests, None
+            return bank_feats, digests, None, [self._canvas_digest(as_rgb(x)) for x in items] if aliases else None
         parts: dict[str, list[Tensor]] = {}
         digests: list[str] = []
+        canvas: list[str] | None = [] if aliases else None
         all_boxes: list[Box] | None = None if config.backbone.geometry == "squash" else []
         if self.report is not None:
             self.report.stage(desc, len(images))
         for decoded, batch, boxes in self.scorer.decoded_batches(images, desc):
             digests.extend(image_digest(x) for x in decoded)
+            if canvas is not None:
+                canvas.extend(self._canvas_digest(x) for x in decoded)
             if all_boxes is not None and boxes is not None:
                 all_boxes.extend(boxes)
             for k, v in self.scorer.features(batch, boxes).items():
                 parts.setdefault(k, []).append(v.to("cpu", TORCH_DTYPES[config.bank_dtype]) if bank else v)
             if self.report is not None:
                 self.report(len(digests), len(images))
-        return {k: torch.cat(v) for k, v in parts.items()}, digests, all_boxes
+        return {k: torch.cat(v) for k, v in parts.items()}, digests, all_boxes, canvas
+
+    def _canvas_digest(self, frame: np.ndarray) -> str:
+        bb = self.scorer.config.backbone
+        return canvas_digest(frame, bb.image_size, bb.geometry)
 
     def bank_boxes(self, ts: TemplateSet, images: Sequence[int]) -> list[Box] | None:
         """Canvas boxes of bank images: kept in ``meta.image_boxes`` by fit/update, else
@@ -167,7 +178,7 @@ class FitPipeline:
         if len(images) < 2:
             raise ValueError(f"fit needs at least 2 good images, got {len(images)}")
         self.cost_crops = list(images[:1])  # sheets auto's time budget: a frame as predict will get it
-        feats, digests, boxes = self._extract(images, desc="fit: features", bank=True)
+        feats, digests, boxes, _ = self._extract(images, desc="fit: features", bank=True)
         return self.fit_features(feats, digests, config=config, weights_id=self.scorer.backbone.weights_id, boxes=boxes)
 
     def fit_features(
@@ -197,8 +208,8 @@ class FitPipeline:
         already in the bank; how many were skipped as already there)."""
         if len(images) > 0:
             self.cost_crops = list(images[:1])
-        feats, digests, boxes = self._extract(images, desc="update: features", bank=True)
-        grown, keep = self.grown(ts, feats, digests, boxes)
+        feats, digests, boxes, canvas = self._extract(images, desc="update: features", bank=True, aliases=True)
+        grown, keep = self.grown(ts, feats, digests, boxes, aliases=canvas)
         return (None if grown is None else self.refit(grown)), len(digests) - len(keep)
 
     def grown(
@@ -207,11 +218,14 @@ class FitPipeline:
         feats: dict[str, Tensor],
         digests: Sequence[str],
         boxes: Sequence[Box] | None = None,
+        *,
+        aliases: Sequence[str] | None = None,
     ) -> tuple[TemplateSet | None, list[int]]:
         """``ts`` with the new images' features appended (selection reset, not yet refit; None
         when there is nothing new), and the positions in ``digests`` kept: the others have the
-        content digest of a bank image or of an earlier new one."""
-        keep = unseen_positions(ts.image_digests, list(digests))
+        content digest of a bank image or of an earlier new one, or their ``aliases`` entry
+        (``data.decode.canvas_digest``) is a bank image's (a bank stored by an older ``hetmm fit``)."""
+        keep = unseen_positions(ts.image_digests, list(digests), aliases)
         if not keep:
             return None, keep
         if len(keep) < len(digests):

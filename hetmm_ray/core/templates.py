@@ -15,7 +15,7 @@ so what is on disk stays byte for byte what older versions wrote and read.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -30,16 +30,23 @@ from .scoring import Calibration
 __all__ = ["SheetsAuto", "TemplateError", "TemplateMeta", "TemplateSet", "unseen_positions"]
 
 
-def unseen_positions(known: tuple[str, ...] | list[str], digests: list[str] | tuple[str, ...]) -> list[int]:
+def unseen_positions(
+    known: tuple[str, ...] | list[str],
+    digests: list[str] | tuple[str, ...],
+    aliases: Sequence[str] | None = None,
+) -> list[int]:
     """Positions in ``digests`` of images not in ``known`` and not repeated earlier in ``digests``.
 
     Hot updates keep only these, so sending the same good images twice (a client's retry)
-    changes nothing: the bank, the selection and the threshold stay as they are.
+    changes nothing: the bank, the selection and the threshold stay as they are. ``aliases[i]``:
+    another digest image ``i`` may be known by (``data.decode.canvas_digest``: what older
+    ``hetmm fit`` stored); an image whose alias is in ``known`` is held too.
     """
     seen = set(known)
+    bank = set(known)
     keep = []
     for i, d in enumerate(digests):
-        if d not in seen:
+        if d not in seen and (aliases is None or aliases[i] not in bank):
             seen.add(d)
             keep.append(i)
     return keep

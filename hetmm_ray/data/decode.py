@@ -55,10 +55,12 @@ import torch
 from PIL import Image, JpegImagePlugin
 
 from hetmm_ray.config import MAX_IMAGE_BYTES, MAX_IMAGE_PIXELS, MIN_IMAGE_SIDE
+from hetmm_ray.core.device import image_digest
 from hetmm_ray.core.geometry import PAD_VALUE, canvas_box, resized_shape
 from hetmm_ray.errors import HetmmError
 
 __all__ = [
+    "canvas_digest",
     "ACCEPTED_FORMATS",
     "ImageError",
     "decode_image",
@@ -346,6 +348,17 @@ def resize_to_geometry(image: np.ndarray, size: int, geometry: str = "squash") -
         return image
     pil = Image.fromarray(np.ascontiguousarray(image))
     return np.asarray(pil.resize((w, h), Image.Resampling.BILINEAR), dtype=np.uint8).copy()
+
+
+def canvas_digest(image: np.ndarray, size: int, geometry: str = "squash") -> str:
+    """The digest ``hetmm fit``, ``update`` and ``evaluate`` stored for an image before issue 38: its
+    :func:`~hetmm_ray.core.device.image_digest` after :func:`resize_to_geometry` (they resized first).
+
+    Every path now stores the digest of the decoded frame (what the service always stored); a hot
+    update also compares this one with the bank's, so an image of a product stored with canvas
+    digests is still recognised as held (no duplicate, the same folds).
+    """
+    return image_digest(resize_to_geometry(image, size, geometry))
 
 
 def images_to_tensor(images: list[np.ndarray], size: int, geometry: str = "squash") -> torch.Tensor:

@@ -24,7 +24,7 @@ import torch
 
 from ..config import BackboneConfig, DetectorConfig
 from ..core.device import TORCH_DTYPES, image_digest, resolve_device
-from ..data.decode import ImageError, decode_image, images_to_tensor
+from ..data.decode import ImageError, canvas_digest, decode_image, images_to_tensor
 from .runtime import use_assigned_cpus
 
 if TYPE_CHECKING:
@@ -57,8 +57,13 @@ def _decode(item: ImageItem, index: int) -> np.ndarray:
 
 @ray.remote
 def _extract_batch(
-    config: DetectorConfig, start: int, items: list[ImageItem], use_gpu: bool, estimate_sheets: int | None = None
-) -> tuple[dict[str, np.ndarray], list[str], float | None]:
+    config: DetectorConfig,
+    start: int,
+    items: list[ImageItem],
+    use_gpu: bool,
+    estimate_sheets: int | None = None,
+    canvas_digests: bool = False,
+) -> tuple[dict[str, np.ndarray], list[str], float | None, list[str] | None]:
     use_assigned_cpus()  # Ray sets OMP_NUM_THREADS=1 in workers: use the CPUs this task was given
     decoded = [_decode(x, start + i) for i, x in enumerate(items)]
     # A CPU-only task must not grab a GPU it was not given, whatever config.device says.
@@ -78,7 +83,8 @@ def _extract_batch(
         stored = v.to("cpu", dtype)
         # numpy has no bfloat16: hand out its values widened to float32 (exact).
         out[layer] = (stored.float() if dtype == torch.bfloat16 else stored).numpy()
-    return out, [image_digest(x) for x in decoded], estimate
+    canvas = [canvas_digest(x, size, geometry) for x in decoded] if canvas_digests else None
+    return out, [image_digest(x) for x in decoded], estimate, canvas
 
 
 def _estimate(
@@ -104,6 +110,7 @@ def extract_features_ray(
     progress: Callable[[int, int], None] | None = None,
     estimate_sheets: int | None = None,
     on_estimate: Callable[[float], None] | None = None,
+    canvas_digests: list[str] | None = None,
 ) -> tuple[dict[str, np.ndarray], list[str]]:
     """Backbone features of ``images`` with batches as Ray tasks, and the images' digests.
 
@@ -138,17 +145,20 @@ def extract_features_ray(
     task = _extract_batch.options(num_cpus=num_cpus, num_gpus=num_gpus)
     asked = estimate_sheets if on_estimate is not None else None
     starts = {
-        task.remote(config, s, list(images[s : s + bs]), num_gpus > 0, asked if s == 0 else None): s
+        task.remote(
+            config, s, list(images[s : s + bs]), num_gpus > 0, asked if s == 0 else None, canvas_digests is not None
+        ): s
         for s in range(0, total, bs)
     }
     layers: dict[str, np.ndarray] = {}
     digests: list[str] = [""] * total
+    canvas: list[str] = [""] * total
     pending, done = list(starts), 0
     try:
         while pending:
             ready, pending = ray.wait(pending, num_returns=1)
             for ref in ready:
-                feats, ds, estimate = _get(ref)
+                feats, ds, estimate, cs = _get(ref)
                 s = starts[ref]
                 if estimate is not None and on_estimate is not None:
                     on_estimate(estimate)
@@ -157,6 +167,8 @@ def extract_features_ray(
                         layers[layer] = np.empty((total, *v.shape[1:]), dtype=v.dtype)
                     layers[layer][s : s + len(ds)] = v
                 digests[s : s + len(ds)] = ds
+                if cs is not None:
+                    canvas[s : s + len(cs)] = cs
                 done += len(ds)
                 if progress is not None:
                     progress(done, total)
@@ -164,10 +176,12 @@ def extract_features_ray(
         for ref in pending:  # no point finishing the rest of a failed extraction
             ray.cancel(ref)
         raise
+    if canvas_digests is not None:
+        canvas_digests[:] = canvas
     return layers, digests
 
 
-def _get(ref: ray.ObjectRef) -> tuple[dict[str, np.ndarray], list[str], float | None]:
+def _get(ref: ray.ObjectRef) -> tuple[dict[str, np.ndarray], list[str], float | None, list[str] | None]:
     """``ray.get``, with the task's own error (an :class:`ImageError` names its image) raised as is."""
     try:
         return ray.get(ref)

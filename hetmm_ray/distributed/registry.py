@@ -589,14 +589,16 @@ class ProductRegistry:
         digests: list[str],
         progress: JobProgress | None = None,
         candidate: bool = False,
+        aliases: list[str] | None = None,
     ) -> int:
         """Hot update with new good images' features (layer -> (n, C, H, W)); returns the new version.
 
         ``candidate``: stored as a candidate beside the head (issue 23); the shards, which appended
         and re-selected in place, load the head again, so the head keeps serving unchanged.
 
-        Images already in the head's bank (same content digest) are skipped and counted in the
-        job's ``skipped_duplicates``; with nothing new the head stays as it is (idempotent retries).
+        Images already in the head's bank (same content digest, or an ``aliases`` entry: the canvas
+        digest older ``hetmm fit`` stored) are skipped and counted in the job's ``skipped_duplicates``;
+        with nothing new the head stays as it is (idempotent retries).
         """
         async with self._lock(product):
             stored_head = await asyncio.to_thread(self.store.head, product)  # another writer may have moved it
@@ -607,7 +609,7 @@ class ProductRegistry:
             if set(features) != set(shards):
                 raise ValueError(f"{product}: features have layers {sorted(features)}, shards {sorted(shards)}")
             pipeline = self._pipeline(base.config, progress, shards)
-            grown, keep = pipeline.grown(base, _features_to_bank(features), digests)
+            grown, keep = pipeline.grown(base, _features_to_bank(features), digests, aliases=aliases)
             if progress is not None:
                 progress.note(skipped_duplicates=len(digests) - len(keep), added_images=len(keep))
             if grown is None:
@@ -797,10 +799,17 @@ class ProductRegistry:
 
     # --- jobs (the HTTP service's admin routes) -------------------------------------------
     async def _extract(
-        self, config: DetectorConfig, images: list[bytes], progress: JobProgress, *, estimate: bool = False
+        self,
+        config: DetectorConfig,
+        images: list[bytes],
+        progress: JobProgress,
+        *,
+        estimate: bool = False,
+        canvas_digests: list[str] | None = None,
     ) -> Any:
         """Features of ``images`` as tasks; ``estimate``: the first task also measures the estimated ms
-        per frame at the sheets the fit will keep (at most), noted in the job's record with them."""
+        per frame at the sheets the fit will keep (at most), noted in the job's record with them;
+        ``canvas_digests``: filled with the images' canvas digests (``extract_features_ray``)."""
         from .extract import extract_features_ray
 
         progress.stage("features", len(images))
@@ -816,6 +825,7 @@ class ProductRegistry:
                 progress=progress,
                 estimate_sheets=sheets if estimate else None,
                 on_estimate=note if estimate else None,
+                canvas_digests=canvas_digests,
             ),
             config,
             images,
@@ -861,10 +871,11 @@ class ProductRegistry:
             )
 
         async def work(progress: JobProgress) -> int:
-            features, digests = await self._extract(cfg, images, progress)
+            canvas: list[str] = []  # a bank stored by an older hetmm fit holds these (data.decode.canvas_digest)
+            features, digests = await self._extract(cfg, images, progress, canvas_digests=canvas)
             progress.stage("select and publish")
             progress.note(candidate=candidate)
-            return await self.update(product, features, digests, progress, candidate=candidate)
+            return await self.update(product, features, digests, progress, candidate=candidate, aliases=canvas)
 
         return self.jobs.start("normals", product, work)
 

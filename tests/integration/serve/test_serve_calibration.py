@@ -172,3 +172,65 @@ def test_live_false_alarm_rate_setting_overrides_every_product(client, service_i
     r = client.post("/v1/products/weld/predict", content=png(product.good(501)), headers={"content-type": "image/png"})
     own = (before["threshold_rule"], before["rule_target"])
     assert (r.json()["threshold_rule"], r.json()["rule_target"]) == own != ("far", 0.2)  # the product's own rule again
+
+
+def _job_end(client: httpx.Client, r: httpx.Response) -> dict:
+    """The job of an admin answer, polled to its end when ``?wait=true`` answered before it."""
+    from helpers import until
+
+    assert r.status_code in (200, 202), r.text
+    job_id = r.json()["job"]["id"]
+    return until(
+        lambda: (j := client.get(f"/v1/jobs/{job_id}", headers=ADMIN).json()["job"])["state"] != "running" and j,
+        "the job's end",
+    )
+
+
+@pytest.mark.parametrize("fitted_by", ["cli", "pre-issue-38 cli"])
+def test_a_cli_fitted_product_updated_over_http_with_the_same_images(client, service_info, tmp_path, fitted_by):
+    """Issue 38 item 3: an image's digest is its decoded frame's on every path, so the good images a
+    product was fitted with by ``hetmm fit`` are recognised by ``POST .../normals`` (the bank stays,
+    the head stays), and the CLI's threshold is the in-process API's on the same files. A product
+    stored by the older CLI (canvas digests: frames resized before hashing) is recognised too.
+    Frames larger than the canvas, so a frame's digest and its canvas's differ."""
+    from hetmm_ray.config import DetectorConfig
+    from hetmm_ray.data.decode import resize_to_geometry
+    from hetmm_ray.detector import HETMM
+
+    frames = [SyntheticProduct(seed=11, size=2 * SIZE).good(i) for i in range(12)]
+    folder = tmp_path / "train"
+    folder.mkdir()
+    paths = []
+    for i, a in enumerate(frames):
+        Image.fromarray(a).save(folder / f"{i:02d}.png")
+        paths.append(folder / f"{i:02d}.png")
+    cfg = tmp_path / "small.json"
+    cfg.write_text(json.dumps(SMALL))
+    name = f"digests-{fitted_by.replace(' ', '-')}"
+    config = DetectorConfig.from_dict(SMALL)
+    if fitted_by == "cli":
+        argv = ["fit", str(folder), "--product", name, "--store", service_info["store"], "--config", str(cfg)]
+        assert main(argv) == 0
+        in_process = HETMM(config).fit(paths)
+        stored = open_store(service_info["store"]).get(name)
+        assert stored.image_digests == in_process.templates.image_digests
+        from hetmm_ray.core.scoring import operating_point
+
+        assert operating_point(stored.calibration, stored.config).threshold == pytest.approx(
+            in_process.threshold, rel=1e-6
+        )
+    else:  # what hetmm fit did before: canvases (resized first) hashed and fitted
+        bb = config.backbone
+        canvases = [resize_to_geometry(f, bb.image_size, bb.geometry) for f in frames]
+        open_store(service_info["store"]).put(name, HETMM(config).fit(canvases).templates)
+    before = open_store(service_info["store"]).get(name)
+    files = [("images", (p.name, p.read_bytes(), "image/png")) for p in paths]
+    job = _job_end(client, client.post(f"/v1/products/{name}/normals?wait=true", files=files, headers=ADMIN))
+    assert job["state"] == "succeeded", job
+    assert job.get("skipped_duplicates") == 12 and job.get("added_images") == 0, job
+    s = open_store(service_info["store"])
+    assert s.head(name) == 1 and s.get(name).n_images == before.n_images == 12
+    # and the in-process API's hot update with the same files adds nothing either
+    det = HETMM.load(s, name)
+    det.update(paths)
+    assert det.skipped_duplicates == 12 and det.templates.n_images == 12
