@@ -197,7 +197,7 @@ def _sheets_text(tc: Any, n_images: int) -> str:
 def _print_untiled_cost(det: Any, paths: list[Path]) -> None:
     """``hetmm fit`` of an untiled product: the cost line before the long work (as a tiled fit's)."""
     from .evaluation import load_images
-    from .fitting import estimate_ms_per_frame
+    from .frame_cost import estimate_ms_per_frame
     from .tiled import frame_shape
 
     bb = det.config.backbone
@@ -618,9 +618,9 @@ def cmd_region(args: argparse.Namespace) -> int:
     """
     from dataclasses import replace
 
+    from .core.region import check_visible
     from .data.region_file import read_region
     from .detector import HETMM
-    from .fitting import check_visible
 
     region = read_region(args.region)  # a bad file fails before any loading
     store = _open(args)

@@ -119,7 +119,7 @@ class JobRecord(TypedDict, total=False):
     preview: dict[str, Any]  # region_preview: current vs proposed (distributed/registry.py region_preview)
     # create of a tiled product, before the long work: its grid, tile size, sheets per position and the
     # estimated milliseconds per frame with all its tiles (TiledHETMM.estimate_ms_per_frame); an untiled
-    # product's create: sheets and estimated_ms_per_frame (fitting.estimate_ms_per_frame, measured in
+    # product's create: sheets and estimated_ms_per_frame (frame_cost.estimate_ms_per_frame, measured in
     # the first feature-extraction task with its backbone), when that task's batch is back
     tiles: list[int]
     tile_px: list[int]

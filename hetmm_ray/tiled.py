@@ -109,12 +109,12 @@ from .config import ConfigError, DetectorConfig, GeometryConfig, check_number, s
 from .core.calibration import TailModel
 from .core.device import TORCH_DTYPES, image_digest
 from .core.geometry import Box
-from .core.region import TilePart, map_mask, raster, tile_regions
+from .core.region import TilePart, check_visible, map_mask, raster, tile_regions
 from .core.scoring import Calibration, OperatingPoint, calibration_json, content_maps, image_scores, operating_point
 from .core.templates import TemplateError, TemplateSet, unseen_positions
 from .core.tiles import Tile, cut, grid_of, stitch, tile_grid
 from .detector import HETMM
-from .fitting import FrameCost, check_visible
+from .frame_cost import FrameCost
 from .scorer import ImageInput, Prediction, as_rgb
 from .steps import FitSteps
 
@@ -303,11 +303,11 @@ class TiledHETMM:
     def estimate_ms_per_frame(self, frame: ImageInput, n_train: int) -> float:
         """Milliseconds to score one frame with all its tiles against as many sheets as the fit will
         keep per position (``templates.sheets_of``): :meth:`frame_cost` of ``frame`` (the one estimate,
-        :class:`~hetmm_ray.fitting.FrameCost`, as :func:`~hetmm_ray.fitting.estimate_ms_per_frame`)."""
+        :class:`~hetmm_ray.frame_cost.FrameCost`, as :func:`~hetmm_ray.frame_cost.estimate_ms_per_frame`)."""
         return self.frame_cost(frame).ms_per_frame(self.config.templates.sheets_of(n_train))
 
     def frame_cost(self, frame: ImageInput) -> FrameCost:
-        """:class:`~hetmm_ray.fitting.FrameCost` of ``frame`` on this host: the backbone pass of all its
+        """:class:`~hetmm_ray.frame_cost.FrameCost` of ``frame`` on this host: the backbone pass of all its
         tiles, the stitching of their maps at the frame's resolution, and ATMM of each tile the
         region leaves in (what ``sheets: auto``'s time budget is judged by)."""
         x = as_rgb(frame)
@@ -332,7 +332,7 @@ class TiledHETMM:
         return lambda: stitch(maps, grid, (h, w), self._map_shape(h, w))
 
     def _measure_cost(self, frame: ImageInput | None) -> None:
-        """With a time budget (``templates.auto_max_ms_per_image``), one :class:`~hetmm_ray.fitting.FrameCost`
+        """With a time budget (``templates.auto_max_ms_per_image``), one :class:`~hetmm_ray.frame_cost.FrameCost`
         of ``frame``'s tiles (None: a blank frame of the training frame's size) for every position's
         sheets auto: the frame's backbone pass of all its tiles + the stitching of their maps + ATMM of
         each scored tile. Without a budget nothing is measured."""

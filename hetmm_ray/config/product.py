@@ -211,7 +211,7 @@ class TemplateConfig(Settings):
     # share of images with the same verdict, each side cut at its own threshold, at least
     auto_min_verdict_agreement: float = setting(0.98, Range(0.0, 1.0))
     # optional time budget in ms per FRAME: the whole frame's estimated scoring cost on the fitting
-    # host, backbone of all its tiles + ATMM of every scored tile (fitting.FrameCost, the estimate
+    # host, backbone of all its tiles + ATMM of every scored tile (frame_cost.FrameCost, the estimate
     # `hetmm fit` prints); no K estimated over it is chosen. A budget under what the backbone alone
     # takes cannot be met: the cheapest selection is taken with a warning (TimeBudgetWarning).
     # None: no budget (nothing is timed for it).

@@ -43,7 +43,7 @@ Exact semantics:
    If no K below N agrees, K = N: ALL itself.
 5. Time budget ``auto_max_ms_per_image``: the whole frame's scoring cost in milliseconds, as a
    user reads "ms per image": the backbone pass of all the frame's canvases (its tiles, or the image)
-   plus ATMM of every scored canvas, estimated on the fitting host (``fitting.FrameCost``, the
+   plus ATMM of every scored canvas, estimated on the fitting host (``frame_cost.FrameCost``, the
    estimate ``hetmm fit`` prints). Each rung carries ``ms_per_frame``, that estimate with its K at
    every scored canvas; a tiled product chooses K per tile position, each position judged by that
    figure, so each keeps its ATMM within ``(budget - backbone) / scored`` and the frame with all its
@@ -54,7 +54,7 @@ Exact semantics:
    "too big" (the search goes lower) and is never chosen; if no agreeing K within the budget is
    found, the largest tried K within it is taken, agreeing or not, and ALL only when ALL itself is
    within it (the reason says so). Only when even the ladder's first rung is over the budget is that
-   rung taken over budget (the reason says so, and the fit warns: ``fitting.TimeBudgetWarning``,
+   rung taken over budget (the reason says so, and the fit warns: ``frame_cost.TimeBudgetWarning``,
    naming the backbone's share when it alone is over). Without a budget nothing is timed for it.
 
 PTS's selection at K is not a prefix of its selection at a larger K (OPTICS's

@@ -61,13 +61,14 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..config import ConfigError
+from ..config import ConfigError, DetectorConfig
 from ..config.region import check_region
 from .geometry import Box, canvas_box, scale_box
 
 __all__ = [
     "check_region_covers",
     "check_region_visible",
+    "check_visible",
     "covered_share",
     "map_mask",
     "map_masks",
@@ -251,3 +252,13 @@ def tile_regions(region: dict[str, Any], tiles: Sequence[Any]) -> list[TilePart]
         else:
             parts.append(TilePart(True, region_from_mask(part)))
     return parts
+
+
+def check_visible(config: DetectorConfig) -> None:
+    """ConfigError when ``config``'s inspection region counts no pixel of its fused map
+    (:func:`check_region_visible` at the product's canvas, map size and geometry)."""
+    if config.region is not None:
+        size = config.backbone.image_size
+        check_region_visible(
+            config.region, canvas=size, out=config.scoring.output_size or size, geometry=config.backbone.geometry
+        )

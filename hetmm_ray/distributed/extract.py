@@ -90,9 +90,9 @@ def _extract_batch(
 def _estimate(
     config: DetectorConfig, device: torch.device, backbone: Backbone, image: np.ndarray, sheets: int
 ) -> float:
-    """``fitting.estimate_ms_per_frame`` of one image against ``sheets`` templates, with the backbone
+    """``frame_cost.estimate_ms_per_frame`` of one image against ``sheets`` templates, with the backbone
     this task extracted with (no second build)."""
-    from ..fitting import estimate_ms_per_frame
+    from ..frame_cost import estimate_ms_per_frame
     from ..scorer import Scorer
 
     scorer = Scorer(config.replace(device=str(device)))
@@ -124,7 +124,7 @@ def extract_features_ray(
     threads) and ``num_gpus`` GPUs (``> 0`` runs it on ``config.device``).
     ``progress(done_images, total_images)`` is called as batches finish.
     With ``estimate_sheets`` (and ``on_estimate``), the first batch's task also measures
-    ``fitting.estimate_ms_per_frame`` of its first image against that many templates with the
+    ``frame_cost.estimate_ms_per_frame`` of its first image against that many templates with the
     backbone it extracted with, and ``on_estimate(ms)`` is called when that batch is back (a
     create job's cost without a backbone built for it alone).
 

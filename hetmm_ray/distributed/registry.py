@@ -917,7 +917,7 @@ class ProductRegistry:
         for a region that counts no map pixel, and for a product on the ``validation`` rule (its
         labelled threshold was chosen under the old region)."""
         from ..config import ConfigError
-        from ..fitting import check_visible
+        from ..core.region import check_visible
 
         version = await self.head(product)  # ProductNotFound before any work starts
         cfg = (await asyncio.to_thread(self.store.record, product, version)).config

@@ -38,12 +38,12 @@ from starlette.requests import ClientDisconnect
 
 from ..config import PUBLISH_MODES, SERVE_BY_VALUE_MAX_BYTES, DetectorConfig, ServiceConfig, merge_product_config
 from ..core.calibration import check_rate
+from ..core.region import check_visible
 from ..data.decode import decode_image
 from ..data.region_file import region_from_json
 from ..data.sources import read_image_source
 from ..distributed.registry import get_registry
 from ..errors import Refused, describe
-from ..fitting import check_visible
 from ..pipeline import keep_memory_mapped
 from ..store import StoreError, check_product_name, open_store
 from ..store.labels import STORED_LABELS

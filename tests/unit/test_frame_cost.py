@@ -1,4 +1,4 @@
-"""``fitting.FrameCost`` / ``estimate_ms_per_frame``: the frame's scoring cost on this host (backbone of
+"""``frame_cost.FrameCost`` / ``estimate_ms_per_frame``: the frame's scoring cost on this host (backbone of
 all its canvases + ATMM of every scored canvas), the figure ``hetmm fit`` prints, the create job
 reports and ``sheets: auto``'s time budget is judged by.
 
@@ -15,7 +15,7 @@ import pytest
 from hetmm_ray.config import BackboneConfig, DetectorConfig, ScoringConfig, TemplateConfig
 from hetmm_ray.data.synthetic import SyntheticProduct
 from hetmm_ray.detector import HETMM
-from hetmm_ray.fitting import FrameCost, blank_frame_crops, estimate_ms_per_frame
+from hetmm_ray.frame_cost import FrameCost, blank_frame_crops, estimate_ms_per_frame
 from hetmm_ray.scorer import Scorer
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -107,15 +107,15 @@ def test_estimate_ms_per_frame_is_the_frame_cost():
     crops = blank_frame_crops(scorer.config, 3)
     assert len(crops) == 3 and crops[0].shape == (SIZE, SIZE, 3)
     reference = FrameCost(scorer, crops, scored=2, clock=clock).ms_per_frame(9)
-    import hetmm_ray.fitting as fitting
+    import hetmm_ray.frame_cost as frame_cost
 
-    original = fitting.FrameCost.__init__
+    original = frame_cost.FrameCost.__init__
 
     def counted(self, *args, **kw):
         original(self, *args, **{**kw, "clock": clock})
 
     with pytest.MonkeyPatch.context() as m:
-        m.setattr(fitting.FrameCost, "__init__", counted)
+        m.setattr(frame_cost.FrameCost, "__init__", counted)
         assert estimate_ms_per_frame(scorer, crops, 9, scored=2) == pytest.approx(reference)
     assert reference == pytest.approx(slow_obvious_ms(3, [9, 9]))
 

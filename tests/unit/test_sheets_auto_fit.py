@@ -13,7 +13,8 @@ from hetmm_ray.config import BackboneConfig, ConfigError, DetectorConfig, Templa
 from hetmm_ray.core.templates import TemplateSet
 from hetmm_ray.data.synthetic import SyntheticProduct
 from hetmm_ray.detector import HETMM
-from hetmm_ray.fitting import FitPipeline, TimeBudgetWarning
+from hetmm_ray.fitting import FitPipeline
+from hetmm_ray.frame_cost import TimeBudgetWarning
 from hetmm_ray.store import open_store
 from hetmm_ray.tiled import TiledHETMM
 
@@ -40,7 +41,7 @@ STRICT = {"templates.auto_min_rank_corr": 0.999, "templates.auto_max_norm_diff":
 
 
 class ModelledCost:
-    """A deterministic :class:`~hetmm_ray.fitting.FrameCost`: ``backbone_ms`` per frame plus
+    """A deterministic :class:`~hetmm_ray.frame_cost.FrameCost`: ``backbone_ms`` per frame plus
     ``MS_PER_SHEET`` x K per scored canvas."""
 
     def __init__(self, backbone_ms: float, canvases: int, scored: int) -> None:

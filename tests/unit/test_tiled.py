@@ -416,7 +416,7 @@ def test_cli_compress_and_calibrate_of_a_tiled_product(frames, tmp_path, capsys)
 def test_fit_reports_the_cost_first_tiled_or_not(tmp_path, capsys):
     from hetmm_ray.cli import main
     from hetmm_ray.data.synthetic import write_mvtec_layout
-    from hetmm_ray.fitting import estimate_ms_per_frame
+    from hetmm_ray.frame_cost import estimate_ms_per_frame
 
     data = write_mvtec_layout(tmp_path / "data", n_train=5, n_test_good=1, n_test_per_defect=1, size=96)
     train, store = str(data / "train" / "good"), str(tmp_path / "store")
