@@ -34,7 +34,7 @@ from typing import IO
 RAY_SESSIONS = Path("/tmp/ray")
 # a Ray log line of level E, F or C ("[2026-11-29 02:31:00,123 E 1234 1234] ..."), or an exit
 RAY_ERROR = re.compile(r"^\[[0-9-]+ [0-9:,]+ [EFC] [0-9]+ [0-9]+\]|[Ee]xit(ing)? ")
-RAY_NOISE = "constructor arguments in the object store"
+RAY_NOISE = ("constructor arguments in the object store", "[state-dump]")
 
 
 # --- the plugin (in the pytest process) -------------------------------------------------------
@@ -99,10 +99,11 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _ray_errors(sessions: int = 3, lines: int = 5) -> list[str]:
-    """The last error and exit lines of the newest Ray sessions' driver and raylet logs."""
+def _ray_errors(pid: int, sessions: int = 3, lines: int = 5) -> list[str]:
+    """The last error and exit lines of the driver and raylet logs of the newest Ray sessions the
+    test process ``pid`` started (Ray names a session after its driver's pid)."""
     out: list[str] = []
-    for session in sorted(RAY_SESSIONS.glob("session_2*"), reverse=True)[:sessions]:
+    for session in sorted(RAY_SESSIONS.glob(f"session_2*_{pid}"), reverse=True)[:sessions]:
         out.append(str(session))
         logs = [*sorted((session / "logs").glob("python-core-driver-*.log")), session / "logs" / "raylet.out"]
         for log in logs:
@@ -110,12 +111,12 @@ def _ray_errors(sessions: int = 3, lines: int = 5) -> list[str]:
                 text = log.read_text(errors="replace").splitlines()
             except OSError:
                 continue
-            hits = [line[:400] for line in text if RAY_ERROR.search(line) and RAY_NOISE not in line]
+            hits = [line[:400] for line in text if RAY_ERROR.search(line) and not any(n in line for n in RAY_NOISE)]
             out.extend(f"  {log.name}: {line}" for line in hits[-lines:])
     return out
 
 
-def report(last: str | None, ended: bool, summary: bool, threads: str = "") -> str:
+def report(last: str | None, ended: bool, summary: bool, threads: str = "", pid: int = 0) -> str:
     """What the watcher writes when the test process died before ``exit``."""
     if summary:
         where = "after pytest's summary, on its way out"
@@ -125,10 +126,11 @@ def report(last: str | None, ended: bool, summary: bool, threads: str = "") -> s
         where = f"after {last} ended, before the next test started"
     else:
         where = f"in {last} (its setup, call or teardown; the last test's teardown ends the session's fixtures)"
-    lines = [f"--- hetmm tests: the test process died {where}, without pytest's exit"]
+    # on a line of its own: pytest's progress dots may be mid-line
+    lines = [f"\n--- hetmm tests: the test process died {where}, without pytest's exit"]
     if threads:
         lines.append(f"--- its Python threads when that test started: {threads}")
-    ray = _ray_errors()
+    ray = _ray_errors(pid)
     if ray:
         lines.append("--- errors and exits in the newest Ray sessions' driver and raylet logs:")
         lines.extend(ray)
@@ -164,7 +166,7 @@ def watch(pid: int, stream: IO[str]) -> int:
                 elif kind == "exit":
                     return 0
             continue
-        sys.stderr.write(report(last, ended, summary, threads))
+        sys.stderr.write(report(last, ended, summary, threads, pid))
         sys.stderr.flush()
         return 1
 
