@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import __version__
-from .config import (
+from .. import __version__
+from ..config import (
     BACKBONES,
     DEFAULT_STORE,
     DTYPES,
@@ -28,8 +28,8 @@ from .config import (
     check_number,
     load_config,
 )
-from .config.archive import ACTOR_CPUS, ACTOR_THREADS, BLOCK_IMAGES, SCORE_BATCH
-from .errors import HetmmError, describe
+from ..config.archive import ACTOR_CPUS, ACTOR_THREADS, BLOCK_IMAGES, SCORE_BATCH
+from ..errors import HetmmError, describe
 
 __all__ = ["main"]
 
@@ -84,7 +84,7 @@ def _config_from(args: argparse.Namespace, base: DetectorConfig | None = None) -
         if getattr(args, flag, None) is not None:
             changes[key] = getattr(args, flag)
     if getattr(args, "region", None):
-        from .data.region_file import read_region
+        from ..data.region_file import read_region
 
         changes["region"] = read_region(args.region)
     for item in getattr(args, "set", []):
@@ -159,15 +159,15 @@ def _folder_images(folder: Path) -> tuple[list[Path], list[tuple[Path, str]]]:
 
 # --- commands ------------------------------------------------------------------------
 def cmd_fit(args: argparse.Namespace) -> int:
-    from .detector import HETMM
-    from .evaluation import load_images
+    from ..detector import HETMM
+    from ..evaluation import load_images
 
     config = _config_from(args)
     paths = [p for p, _ in _image_paths(args.images)]
     if len(paths) < 2:
         raise CLIError(f"fit needs at least 2 good images, got {len(paths)}")
     if config.geometry.tiles != (1, 1):
-        from .tiled import resolve_tiles
+        from ..tiled import resolve_tiles
 
         config = resolve_tiles(config, paths)  # "auto": from the frames' headers; 1 x 1 is the plain fit
         if config.geometry.tiled:
@@ -196,9 +196,9 @@ def _sheets_text(tc: Any, n_images: int) -> str:
 
 def _print_untiled_cost(det: Any, paths: list[Path]) -> None:
     """``hetmm fit`` of an untiled product: the cost line before the long work (as a tiled fit's)."""
-    from .evaluation import load_images
-    from .fitting import estimate_ms_per_frame
-    from .tiled import frame_shape
+    from ..evaluation import load_images
+    from ..fitting import estimate_ms_per_frame
+    from ..tiled import frame_shape
 
     bb = det.config.backbone
     h, w = frame_shape(paths[0])
@@ -213,7 +213,7 @@ def _print_untiled_cost(det: Any, paths: list[Path]) -> None:
 
 def _fit_tiled(args: argparse.Namespace, config: Any, paths: list[Path]) -> int:
     """``hetmm fit`` of a tiled product (hetmm_ray/tiled.py): the cost first, then the fit."""
-    from .tiled import TiledHETMM, frame_shape
+    from ..tiled import TiledHETMM, frame_shape
 
     det = TiledHETMM(config, progress=True, steps=_steps(args))  # --address: each position's PTS as Ray tasks
     h, w = frame_shape(paths[0])
@@ -255,8 +255,8 @@ def _predict_grpc(args: argparse.Namespace) -> int:
 
     import grpc
 
-    from .serve.grpc.client import ImageRefused, InspectionClient
-    from .serve.grpc.messages import RULE_FIELDS
+    from ..serve.grpc.client import ImageRefused, InspectionClient
+    from ..serve.grpc.messages import RULE_FIELDS
 
     found = _image_paths(args.images)  # (path, the name its outputs are written by), as in process
     if not found:
@@ -330,12 +330,12 @@ def cmd_predict(args: argparse.Namespace) -> int:
         raise CLIError("--threshold overrides the verdict of a service: give it with --grpc")
     if args.wait_s is not None:
         raise CLIError("--wait-s is how long to wait for a service: give it with --grpc")
-    from .data.decode import ImageError, decode_image
-    from .visualize import heatmap_overlay, heatmap_range, save_png
+    from ..data.decode import ImageError, decode_image
+    from ..visualize import heatmap_overlay, heatmap_range, save_png
 
     if args.sigmas is not None:
         check_number("threshold.sigmas", args.sigmas)  # before any work: NaN would pass every image
-    from .tiled import TiledHETMM, load_detector
+    from ..tiled import TiledHETMM, load_detector
 
     overrides = {k: v for k, v in (("device", args.device), ("dtype", args.dtype)) if v}
     det = load_detector(_open(args), args.product, args.version, progress=True, **overrides)
@@ -392,7 +392,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    from .evaluation import evaluate
+    from ..evaluation import evaluate
 
     config = _config_from(args)
     result, det, _ = evaluate(args.data, config, progress=True)
@@ -407,8 +407,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def cmd_update(args: argparse.Namespace) -> int:
-    from .detector import HETMM
-    from .evaluation import load_images
+    from ..detector import HETMM
+    from ..evaluation import load_images
 
     store = _open(args)
     head = store.head(args.product)
@@ -435,7 +435,7 @@ def cmd_update(args: argparse.Namespace) -> int:
 
 def _update_tiled(args: argparse.Namespace, store: Any, head: int) -> int:
     """``hetmm update`` of a tiled product (``TiledHETMM.update``): frames at their own resolution."""
-    from .tiled import TiledHETMM
+    from ..tiled import TiledHETMM
 
     det = TiledHETMM.load(store, args.product, head, progress=True, steps=_steps(args))
     paths = [p for p, _ in _image_paths(args.images)]
@@ -456,7 +456,7 @@ def _update_tiled(args: argparse.Namespace, store: Any, head: int) -> int:
 
 
 def cmd_compress(args: argparse.Namespace) -> int:
-    from .detector import HETMM
+    from ..detector import HETMM
 
     store = _open(args)
     overrides = {k: v for k, v in (("device", args.device),) if v}
@@ -482,7 +482,7 @@ def cmd_compress(args: argparse.Namespace) -> int:
 
 def _compress_tiled(args: argparse.Namespace, store: Any, version: int, overrides: dict[str, Any]) -> int:
     """``hetmm compress`` of a tiled product (``TiledHETMM.compress``): a selection per tile position."""
-    from .tiled import TiledHETMM
+    from ..tiled import TiledHETMM
 
     det = TiledHETMM.load(store, args.product, version, progress=True, steps=_steps(args), **overrides)
     start = time.perf_counter()
@@ -526,10 +526,10 @@ def _describe_operating_point(op: Any) -> str:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    from .data.decode import decode_image
-    from .data.labelled import labelled_images
-    from .evaluation import load_images
-    from .validation import calibrate_with_labels
+    from ..data.decode import decode_image
+    from ..data.labelled import labelled_images
+    from ..evaluation import load_images
+    from ..validation import calibrate_with_labels
 
     store = _open(args)
     head = store.head(args.product)
@@ -538,12 +538,12 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         raise CLIError("give one of --val DIR, --val-store or --far RATE")
     if args.far is not None:
         return _calibrate_far(args, store, head, version)
-    from .tiled import TiledHETMM, load_detector
+    from ..tiled import TiledHETMM, load_detector
 
     det = load_detector(store, args.product, version, progress=True)
     tiled = isinstance(det, TiledHETMM)
     if args.val_store:  # the labels taught in the console (store/labels.py), beside the product's versions
-        from .store.labels import LabelSet
+        from ..store.labels import LabelSet
 
         stored = LabelSet(store.backend).labelled(args.product)
         labelled = [(name, label) for name, _, label in stored]
@@ -600,7 +600,7 @@ def _describe_region(region: dict[str, Any] | None) -> str:
     """``1 include / 2 exclude shapes in a 460 x 1130 frame, 83.2% of it counts``; ``none``."""
     if region is None:
         return "none (every pixel counts)"
-    from .core.region import covered_share, raster
+    from ..core.region import covered_share, raster
 
     h, w = region["size"]
     share = 100 * covered_share(raster(region))
@@ -620,9 +620,9 @@ def cmd_region(args: argparse.Namespace) -> int:
     """
     from dataclasses import replace
 
-    from .data.region_file import read_region
-    from .detector import HETMM
-    from .fitting import check_visible
+    from ..data.region_file import read_region
+    from ..detector import HETMM
+    from ..fitting import check_visible
 
     region = read_region(args.region)  # a bad file fails before any loading
     store = _open(args)
@@ -653,7 +653,7 @@ def cmd_region(args: argparse.Namespace) -> int:
 
 def _region_tiled(args: argparse.Namespace, store: Any, head: int, version: int, region: Any) -> int:
     """``hetmm region`` of a tiled product (``TiledHETMM.with_region``): every position recalibrated."""
-    from .tiled import TiledHETMM
+    from ..tiled import TiledHETMM
 
     det = TiledHETMM.load(store, args.product, version, progress=True)
     if det.config.threshold.rule == "validation":
@@ -731,8 +731,8 @@ def _steps(args: argparse.Namespace) -> Any:
     backbone in this process either way; its positions' PTS runs as those tasks."""
     if not getattr(args, "address", None):
         return None
-    from .distributed.runtime import connect
-    from .distributed.steps import ray_steps
+    from ..distributed.runtime import connect
+    from ..distributed.steps import ray_steps
 
     connect(args.address)
     return ray_steps()
@@ -743,9 +743,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import signal
     import threading
 
-    from .distributed.runtime import ray_reachable
-    from .serve.app import DEPLOY_YAML
-    from .serve.run import leave_ray, start_service, stop_service
+    from ..distributed.runtime import ray_reachable
+    from ..serve.app import DEPLOY_YAML
+    from ..serve.run import leave_ray, start_service, stop_service
 
     # Stop signals are taken from the start: a Ctrl-C while Ray and Serve start is acted on once they are
     # up, with the same clean stop (before, it broke off the start wherever it fell); a second one while
@@ -926,12 +926,12 @@ def cmd_discard(args: argparse.Namespace) -> int:
 
 def _compare_images(args: argparse.Namespace) -> tuple[list[tuple[str, Any]], list[int] | None]:
     """The images ``hetmm compare`` scores: files / folders / ``s3://`` prefixes, or ``--labelled``."""
-    from .data.decode import decode_image
-    from .data.labelled import labelled_images
-    from .data.sources import read_image_source
+    from ..data.decode import decode_image
+    from ..data.labelled import labelled_images
+    from ..data.sources import read_image_source
 
     if args.since is not None or args.until is not None:  # the product's inspection record
-        from .compare import parse_time, record_images
+        from ..compare import parse_time, record_images
 
         if args.images or args.labelled:
             raise CLIError("give --since/--until, images or --labelled DIR, one of them")
@@ -960,7 +960,7 @@ def _compare_images(args: argparse.Namespace) -> tuple[list[tuple[str, Any]], li
 
 def cmd_compare(args: argparse.Namespace) -> int:
     """HEAD (or ``--base``) and a candidate side by side (compare.py); flips' heat-maps to ``--out``."""
-    from .compare import compare_versions
+    from ..compare import compare_versions
 
     if args.on_ray:
         result = _compare_on_ray(args)
@@ -1016,7 +1016,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 def _compare_on_ray(args: argparse.Namespace) -> dict[str, Any]:
     """``hetmm compare --on-ray``: both versions over one SOURCE (or the record's range) as the Ray
     Data job of ``hetmm inspect`` (archive/compare_job.py): no heat-maps, no labels."""
-    from .archive import JobOptions, compare_archive
+    from ..archive import JobOptions, compare_archive
 
     if args.labelled or args.out:
         raise CLIError("--on-ray compares scores and verdicts only: --labelled and --out need the one-process compare")
@@ -1033,7 +1033,7 @@ def _compare_on_ray(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from .demo import run_demo
+    from ..demo import run_demo
 
     run_demo(Path(args.out), config=_config_from(args), n_train=args.train_images, port=args.port, address=args.address)
     return 0
@@ -1041,7 +1041,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_inspect(args: argparse.Namespace) -> int:
     """``hetmm inspect``: an archive scored by a Ray Data job into Parquet (hetmm_ray/archive/)."""
-    from .archive import JobOptions, inspect_archive
+    from ..archive import JobOptions, inspect_archive
 
     concurrency = None
     if args.concurrency:
@@ -1075,14 +1075,14 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 def _inspect_source(source: str | None, args: argparse.Namespace) -> Any:
     """SOURCE, or the product's inspection record over ``--since``/``--until`` (archive.RecordSource)."""
-    from .archive import RecordSource
+    from ..archive import RecordSource
 
     ranged = args.since is not None or args.until is not None
     if ranged == (source is not None):
         raise CLIError("give SOURCE, or --since/--until for the product's inspection record (not both)")
     if not ranged:
         return source
-    from .compare import parse_time
+    from ..compare import parse_time
 
     try:
         since, until = (None if t is None else parse_time(t) for t in (args.since, args.until))
@@ -1092,7 +1092,7 @@ def _inspect_source(source: str | None, args: argparse.Namespace) -> Any:
 
 
 def _open(args: argparse.Namespace) -> Any:
-    from .store import open_store
+    from ..store import open_store
 
     return open_store(args.store, endpoint_url=getattr(args, "endpoint_url", None))
 
@@ -1426,7 +1426,3 @@ def main(argv: list[str] | None = None) -> int:
     if args.debug:
         print(f"hetmm: {args.command} took {time.perf_counter() - start:.1f}s", file=sys.stderr)
     return code
-
-
-if __name__ == "__main__":
-    sys.exit(main())
