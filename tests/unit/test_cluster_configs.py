@@ -148,7 +148,8 @@ def test_sync_rewrites_only_the_applications(sync: ModuleType) -> None:
 def test_rayjob_runs_hetmm_inspect_with_the_real_parser() -> None:
     import shlex
 
-    from hetmm_ray.cli import build_parser, cmd_inspect
+    from hetmm_ray.cli import build_parser
+    from hetmm_ray.cli.scoring import cmd_inspect
 
     manifest = load_yaml(CLUSTER / "rayjob.yaml")
     assert manifest["apiVersion"] == "ray.io/v1" and manifest["kind"] == "RayJob"

@@ -380,14 +380,15 @@ def test_stored_config_ignores_run_time_settings_of_older_manifests() -> None:
 
 
 def test_image_suffixes_selection_kinds_and_store_have_one_home() -> None:
-    from hetmm_ray import cli, config
+    from hetmm_ray import config
+    from hetmm_ray.cli import common
     from hetmm_ray.core import pts
     from hetmm_ray.data import mvtec, sources
     from hetmm_ray.distributed import pts_fanout, shard
 
-    assert sources.IMAGE_SUFFIXES is config.IMAGE_SUFFIXES is mvtec.IMAGE_EXTENSIONS is cli.IMAGE_SUFFIXES
+    assert sources.IMAGE_SUFFIXES is config.IMAGE_SUFFIXES is mvtec.IMAGE_EXTENSIONS is common.IMAGE_SUFFIXES
     assert pts.SELECTION_KINDS is config.TEMPLATE_KINDS
-    assert cli.DEFAULT_STORE == config.DEFAULT_STORE and config.ServiceConfig().store == f"./{config.DEFAULT_STORE}"
+    assert common.DEFAULT_STORE == config.DEFAULT_STORE and config.ServiceConfig().store == f"./{config.DEFAULT_STORE}"
     import inspect
 
     assert pts_fanout.DEFAULT_CHUNK_PIXELS == config.PTS_CHUNK_PIXELS

@@ -20,6 +20,7 @@ import pytest
 
 import hetmm_ray
 from hetmm_ray import cli
+from hetmm_ray.cli import store_admin
 from hetmm_ray.errors import ERRORS, HetmmError, all_error_classes
 
 
@@ -70,7 +71,7 @@ def test_cli_prints_one_line_and_exits_2(
     def failing(_args: object) -> int:
         raise _instance(cls, message)
 
-    monkeypatch.setattr(cli, "cmd_versions", failing)  # the parser binds the command when main builds it
+    monkeypatch.setattr(store_admin, "cmd_versions", failing)  # the parser binds the command when main builds it
     code = cli.main(["versions", "--store", str(tmp_path)])
     err = capsys.readouterr().err
     assert code == 2

@@ -13,7 +13,7 @@ import re
 import numpy as np
 import pytest
 
-from hetmm_ray.cli import _describe_operating_point
+from hetmm_ray.cli.common import _describe_operating_point
 from hetmm_ray.config import THRESHOLD_WARN_OVER_HIGHEST
 from hetmm_ray.core.calibration import TailModel, empirical_min_images
 from hetmm_ray.core.scoring import Calibration, OperatingPoint

@@ -1,0 +1,203 @@
+"""``hetmm calibrate`` and ``hetmm region``: a stored product's templates kept, its threshold set
+again (on labelled images, or the far rule at another rate) or its inspection region changed and
+recalibrated, published as a new version (live or a candidate)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from .common import (
+    CLIError,
+    Subcommands,
+    _add_publish_flags,
+    _add_store_flags,
+    _announce_candidate,
+    _candidate,
+    _describe_operating_point,
+    _describe_region,
+    _open,
+    _publish,
+)
+
+
+# --- calibrate -------------------------------------------------------------------------
+def add_calibrate(sub: Subcommands) -> None:
+    p = sub.add_parser(
+        "calibrate",
+        help="set a stored product's threshold: on labelled images, or the far rule at another rate (a new version)",
+    )
+    p.add_argument("--product", required=True)
+    p.add_argument("--val", metavar="DIR", help="labelled folder: MVTec test layout, or good/ + defect sub-folders")
+    p.add_argument(
+        "--val-store",
+        action="store_true",
+        help="instead of --val: the product's labelled set in the store (taught in the console, GET /ui/)",
+    )
+    p.add_argument(
+        "--far",
+        type=float,
+        metavar="RATE",
+        help="instead of labelled images: the far rule at this false-alarm rate (e.g. 0.02) on the stored "
+        "out-of-fold scores; a new version of the same templates, nothing recomputed",
+    )
+    p.add_argument("--objective", choices=("f1", "recall"), default="f1", help="best F1 (default) or best recall")
+    p.add_argument(
+        "--max-false-alarm-rate",
+        type=float,
+        default=0.01,
+        metavar="RATE",
+        help="--objective recall: at most this share of the good images flagged (default 0.01)",
+    )
+    p.add_argument("--version", type=int, help="version to calibrate (default: head)")
+    _add_store_flags(p)
+    _add_publish_flags(p)
+    p.set_defaults(func=cmd_calibrate)
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from ..data.decode import decode_image
+    from ..data.labelled import labelled_images
+    from ..evaluation import load_images
+    from ..validation import calibrate_with_labels
+
+    store = _open(args)
+    head = store.head(args.product)
+    version = head if args.version is None else args.version
+    if sum((args.val is not None, bool(args.val_store), args.far is not None)) != 1:
+        raise CLIError("give one of --val DIR, --val-store or --far RATE")
+    if args.far is not None:
+        return _calibrate_far(args, store, head, version)
+    from ..tiled import TiledHETMM, load_detector
+
+    det = load_detector(store, args.product, version, progress=True)
+    tiled = isinstance(det, TiledHETMM)
+    if args.val_store:  # the labels taught in the console (store/labels.py), beside the product's versions
+        from ..store.labels import LabelSet
+
+        stored = LabelSet(store.backend).labelled(args.product)
+        labelled = [(name, label) for name, _, label in stored]
+        images = [decode_image(data, source=name) for name, data, _ in stored]
+    else:
+        labelled = labelled_images(args.val)
+        bb = det.config.backbone
+        if tiled:  # frames at their own resolution: the tiles are cut from them
+            images = [decode_image(p) for p, _ in labelled]
+        else:
+            images = load_images(
+                [p for p, _ in labelled], bb.image_size, progress=True, desc="decode", geometry=bb.geometry
+            )
+    try:
+        ts, record = calibrate_with_labels(
+            det,
+            images,
+            [v for _, v in labelled],
+            objective=args.objective,
+            max_false_alarm_rate=args.max_false_alarm_rate,
+        )
+    except ValueError as exc:
+        raise CLIError(str(exc)) from None
+    new = _publish(args, store, ts, expect_head=head)
+    print(
+        f"product {args.product}: version {new} (from v{version}) threshold {record['threshold']:.4f} "
+        f"for {record['objective']} on {record['good']} good + {record['defective']} defective images: "
+        f"recall {100 * record['recall']:.1f}%, false alarms {100 * record['false_alarm_rate']:.1f}%, "
+        f"F1 {100 * record['f1']:.1f}; estimated false alarms on good parts "
+        f"{100 * record['estimated_false_alarm_rate']:.2f}% (out-of-fold)"
+    )
+    return 0
+
+
+def _calibrate_far(args: argparse.Namespace, store: Any, head: int, version: int) -> int:
+    """``hetmm calibrate --far RATE``: the far rule at ``RATE`` as a new version of the head's templates
+    and out-of-fold scores, nothing recomputed (``VersionedStore.republish``, as the service's
+    ``POST .../calibrate {"rule": "far"}``). A tiled product keeps its tile scales: its frame threshold
+    moves, its scores stay (hetmm_ray/tiled.py)."""
+    if version != head:
+        raise CLIError(f"--far sets the rule of the head, v{head}: drop --version {version}")
+    rec = store.record(args.product, head)
+    config = rec.under_far_rule(args.far)  # TemplateError without out-of-fold scores, ConfigError out of range
+    candidate = _candidate(args, rec.config)
+    new = int(store.republish(args.product, config=config, expect_head=head, candidate=candidate))
+    if candidate:
+        _announce_candidate(args, store, new)
+    op = store.record(args.product, new).operating_point()
+    print(f"product {args.product}: version {new} (from v{head}) threshold {_describe_operating_point(op)}")
+    return 0
+
+
+# --- region ----------------------------------------------------------------------------
+def add_region(sub: Subcommands) -> None:
+    p = sub.add_parser("region", help="give a stored product another inspection region (a new version, recalibrated)")
+    p.add_argument("--product", required=True)
+    p.add_argument(
+        "--region",
+        required=True,
+        metavar="FILE",
+        help="JSON/YAML shapes, a PNG mask (nonzero = include), or 'none' to remove the region",
+    )
+    p.add_argument("--version", type=int, help="version to start from (default: head)")
+    _add_store_flags(p)
+    _add_publish_flags(p)
+    p.set_defaults(func=cmd_region)
+
+
+def cmd_region(args: argparse.Namespace) -> int:
+    """A new version of a stored product with another inspection region, recalibrated.
+
+    The templates (bank and selection) are kept: a region changes which map pixels count, not
+    the features. The out-of-fold calibration is recomputed under the new region, so the
+    threshold follows it. A product on the ``validation`` rule is refused: its labelled
+    threshold was chosen under the old region (run ``hetmm calibrate`` again afterwards).
+    """
+    from dataclasses import replace
+
+    from ..core.region import check_visible
+    from ..data.region_file import read_region
+    from ..detector import HETMM
+
+    region = read_region(args.region)  # a bad file fails before any loading
+    store = _open(args)
+    head = store.head(args.product)
+    version = head if args.version is None else args.version
+    if store.record(args.product, version).config.geometry.tiled:
+        return _region_tiled(args, store, head, version, region)
+    det = HETMM.load(store, args.product, version, progress=True)
+    ts = det.templates
+    assert ts is not None
+    if ts.config.threshold.rule == "validation":
+        raise CLIError(
+            f"product {args.product!r} uses the validation threshold rule, chosen on labelled images under its "
+            "old region: refit or change its rule first"
+        )
+    before = det.operating_point()
+    config = replace(ts.config, region=region)
+    check_visible(config)
+    new_ts = det.calibrated(replace(ts, config=config))
+    new = _publish(args, store, new_ts, expect_head=head)
+    after = HETMM.load(store, args.product, new).operating_point()
+    print(
+        f"product {args.product}: version {new} (from v{version}) region {_describe_region(region)}; threshold "
+        f"{_describe_operating_point(before)} -> {_describe_operating_point(after)}"
+    )
+    return 0
+
+
+def _region_tiled(args: argparse.Namespace, store: Any, head: int, version: int, region: Any) -> int:
+    """``hetmm region`` of a tiled product (``TiledHETMM.with_region``): every position recalibrated."""
+    from ..tiled import TiledHETMM
+
+    det = TiledHETMM.load(store, args.product, version, progress=True)
+    if det.config.threshold.rule == "validation":
+        raise CLIError(
+            f"product {args.product!r} uses the validation threshold rule, chosen on labelled images under its "
+            "old region: refit or change its rule first"
+        )
+    before = det.operating_point()
+    new_det = det.with_region(region)
+    new = _publish(args, store, new_det.template_set(), expect_head=head)
+    print(
+        f"product {args.product}: version {new} (from v{version}) region {_describe_region(region)}; threshold "
+        f"{_describe_operating_point(before)} -> {_describe_operating_point(new_det.operating_point())}"
+    )
+    return 0
