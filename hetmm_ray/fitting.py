@@ -119,10 +119,10 @@ class FitPipeline:
         ``bank=True`` moves each batch to the CPU in ``bank_dtype`` as it comes, so a large
         bank never exists twice (device float32 and CPU storage) at once.
         """
-        feats, digests, _ = self._extract(images, desc=desc, bank=bank)
+        feats, digests, _ = self.extract_with_boxes(images, desc=desc, bank=bank)
         return feats, digests
 
-    def _extract(
+    def extract_with_boxes(
         self, images: Sequence[ImageInput], *, desc: str = "features", bank: bool = False
     ) -> tuple[dict[str, Tensor], list[str], list[Box] | None]:
         """:meth:`extract` plus the images' canvas boxes (None: squash, or not known)."""
@@ -167,7 +167,7 @@ class FitPipeline:
         if len(images) < 2:
             raise ValueError(f"fit needs at least 2 good images, got {len(images)}")
         self.cost_crops = list(images[:1])  # sheets auto's time budget: a frame as predict will get it
-        feats, digests, boxes = self._extract(images, desc="fit: features", bank=True)
+        feats, digests, boxes = self.extract_with_boxes(images, desc="fit: features", bank=True)
         return self.fit_features(feats, digests, config=config, weights_id=self.scorer.backbone.weights_id, boxes=boxes)
 
     def fit_features(
@@ -197,7 +197,7 @@ class FitPipeline:
         already in the bank; how many were skipped as already there)."""
         if len(images) > 0:
             self.cost_crops = list(images[:1])
-        feats, digests, boxes = self._extract(images, desc="update: features", bank=True)
+        feats, digests, boxes = self.extract_with_boxes(images, desc="update: features", bank=True)
         grown, keep = self.grown(ts, feats, digests, boxes)
         return (None if grown is None else self.refit(grown)), len(digests) - len(keep)
 
