@@ -19,7 +19,8 @@ is listed, read and decoded **once** and each decoded batch is scored by both ve
 --version`` gives). Otherwise each version runs its own pass (``job.score_rows``) and the rows are
 joined. The single pass lists, reads and decodes SOURCE once and starts one actor pool, not two:
 83 bottle test PNGs took 0.62x the time of two passes (medians 10.1 s and 16.4 s), with equal
-scores (``benchmarks/bench_compare_ray.py``; BENCHMARKS.md, "Inspecting an archive"). Each actor holds both versions.
+scores (``benchmarks/bench_archive.py compare``; BENCHMARKS.md, "Inspecting an archive"). Each actor holds
+both versions.
 """
 
 from __future__ import annotations
