@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test test-unit test-integration lint bench clean
+.PHONY: setup demo test test-unit test-integration acceptance acceptance-quick lint bench clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -29,13 +29,21 @@ test-unit: $(STAMP)
 test-integration: $(STAMP)
 	$(PY) -m pytest -q tests/integration
 
+# tests/acceptance: whole features at the size their issues state (hours on 2 cores; the runs that need
+# ../shared skip without it). Not in `make test`; acceptance-quick runs the same code at toy sizes (minutes).
+acceptance: $(STAMP)
+	$(PY) -m pytest -q -s -m acceptance tests/acceptance
+
+acceptance-quick: $(STAMP)
+	HETMM_ACCEPTANCE_QUICK=1 $(PY) -m pytest -q -s -m acceptance tests/acceptance
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check hetmm_ray tests benchmarks
 	$(VENV)/bin/ruff format --check hetmm_ray tests benchmarks
 
 bench: $(STAMP)
-	$(PY) benchmarks/bench_atmm.py
-	$(PY) benchmarks/bench_e2e.py
+	$(PY) benchmarks/bench_atmm.py einsum
+	$(PY) benchmarks/bench_throughput.py e2e
 
 clean:
 	rm -rf $(VENV) out .pytest_cache

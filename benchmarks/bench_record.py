@@ -21,7 +21,6 @@ The record's cost is ``1 - with / without`` of images/s; the issue asks for at m
 from __future__ import annotations
 
 import argparse
-import io
 import os
 import statistics
 import sys
@@ -31,10 +30,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from PIL import Image
+import torch  # noqa: F401 - before hetmm_ray, as this benchmark has always run: torch's own OpenMP wait policy
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import free_port, post_images, table
+from common import free_port, png_bytes, post_images, served, table
 
 from hetmm_ray.config import BackboneConfig, DetectorConfig, ServiceConfig, TemplateConfig, ThresholdConfig
 from hetmm_ray.data.synthetic import SyntheticProduct
@@ -43,12 +42,6 @@ from hetmm_ray.record.writer import InspectionRecorder, RecordSettings
 from hetmm_ray.store import open_store
 
 PRODUCT = "bench-record"
-
-
-def _png(array: np.ndarray) -> bytes:
-    buf = io.BytesIO()
-    Image.fromarray(array).save(buf, format="PNG")
-    return buf.getvalue()
 
 
 def settings(pass_sample: float) -> RecordSettings:
@@ -119,13 +112,9 @@ def query(backend: Any, rows: int, batch: int) -> list[list[str]]:
 
 
 def http(store: str, port: int, record: bool, body: bytes, concurrency: list[int], requests: int) -> dict[int, float]:
-    from hetmm_ray.serve.run import start_service, stop_service
-
     args = {"record": record, "record_pass_sample": 1.0}
-    running = start_service(
-        store=store, port=port, args=args, deployments={"Detector": {"num_replicas": 1, "user_config": {}}}
-    )
-    try:
+    detector = {"Detector": {"num_replicas": 1, "user_config": {}}}
+    with served(leave="apps", store=store, port=port, args=args, deployments=detector) as running:
         post_images(running.url, PRODUCT, body, 1, 4)  # warm-up
         out = {}
         for conc in concurrency:
@@ -134,8 +123,6 @@ def http(store: str, port: int, record: bool, body: bytes, concurrency: list[int
             assert failures == 0, f"{failures} failed requests"
             out[conc] = len(answered) / wall
         return out
-    finally:
-        stop_service(running)
 
 
 def main() -> None:
@@ -159,7 +146,7 @@ def main() -> None:
     store = f"{work}/store"
     det = publish(store, args.size, args.images, args.backbone)
     image = SyntheticProduct(seed=5, size=args.size).good(1000)
-    body = _png(image)
+    body = png_bytes(image)
     backend = open_store(store).backend
     rows = []
 

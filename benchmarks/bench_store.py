@@ -15,7 +15,6 @@ import json
 import os
 import resource
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -24,7 +23,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import table
+from common import free_port, table
 
 # wide_resnet101_2 layer shapes at 256x256; stored as fp16 like a compact production bank
 SHAPES = {"layer1": (256, 64, 64), "layer2": (512, 32, 32), "layer3": (1024, 16, 16)}
@@ -75,12 +74,6 @@ def child(op: str, uri: str, mb: int) -> None:
     print(json.dumps({"seconds": seconds, "bytes": size, "extra_mb": _peak_mb() - before}))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _run_child(op: str, uri: str, mb: int, env: dict[str, str]) -> dict[str, float]:
     out = subprocess.run(
         [sys.executable, __file__, "--child", op, "--uri", uri, "--mb", str(mb)],
@@ -118,7 +111,7 @@ def main() -> None:
         tmp = tempfile.mkdtemp(prefix="hetmm-bench-")
         try:
             if backend == "s3":
-                port = _free_port()
+                port = free_port()
                 server = subprocess.Popen(
                     [str(Path(sys.executable).with_name("moto_server")), "-H", "127.0.0.1", "-p", str(port)],
                     stdout=subprocess.DEVNULL,

@@ -38,7 +38,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-from common import median_time  # noqa: E402 - benchmarks/common.py: torch only, as this machine has
+from common import median_time  # noqa: E402 - benchmarks/common.py: no Ray, no network, as this machine has
 
 from hetmm_ray.config import BackboneConfig, DetectorConfig, TemplateConfig, ThresholdConfig  # noqa: E402
 from hetmm_ray.core.atmm import atm_pair, pixel_major  # noqa: E402

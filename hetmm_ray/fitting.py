@@ -115,6 +115,13 @@ class FitPipeline:
         feats, digests, _, _ = self._extract(images, desc=desc, bank=bank)
         return feats, digests
 
+    def extract_with_boxes(
+        self, images: Sequence[ImageInput], *, desc: str = "features", bank: bool = False
+    ) -> tuple[dict[str, Tensor], list[str], list[Box] | None]:
+        """:meth:`extract` plus the images' canvas boxes (None: squash, or not known)."""
+        feats, digests, boxes, _ = self._extract(images, desc=desc, bank=bank)
+        return feats, digests, boxes
+
     def _extract(
         self, images: Sequence[ImageInput], *, desc: str = "features", bank: bool = False, aliases: bool = False
     ) -> tuple[dict[str, Tensor], list[str], list[Box] | None, list[str] | None]:

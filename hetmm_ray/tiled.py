@@ -281,7 +281,7 @@ class TiledHETMM:
                 yield decoded
                 bar.update(len(decoded))
 
-    def _tile_features(
+    def tile_features(
         self, decoded: list[np.ndarray], *, bank: bool
     ) -> tuple[dict[str, Tensor], list[Box] | None, list[list[Tile]]]:
         """Features of every position of ``decoded`` frames (frame-major, position-minor: the tiles,
@@ -362,7 +362,7 @@ class TiledHETMM:
         for decoded in self._groups(frames, desc):
             digests.extend(image_digest(x) for x in decoded)
             shapes.update((x.shape[0], x.shape[1]) for x in decoded)
-            feats, b, _ = self._tile_features(decoded, bank=True)
+            feats, b, _ = self.tile_features(decoded, bank=True)
             if boxes is not None and b is not None:
                 boxes.extend(b)
             for k, v in feats.items():
@@ -541,7 +541,7 @@ class TiledHETMM:
         tile_scores: list[np.ndarray] = []
         maps: list[np.ndarray] = []
         for decoded in self._groups(frames, "predict: frames"):
-            feats, boxes, grids = self._tile_features(decoded, bank=False)
+            feats, boxes, grids = self.tile_features(decoded, bank=False)
             n = len(decoded)
             scores = np.zeros((n, t))
             tile_maps: list[list[Tensor]] = [[torch.zeros(1, 1)] * n_tiles for _ in range(n)]

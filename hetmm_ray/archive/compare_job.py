@@ -19,7 +19,8 @@ is listed, read and decoded **once** and each decoded batch is scored by both ve
 --version`` gives). Otherwise each version runs its own pass (``job.score_rows``) and the rows are
 joined. The single pass lists, reads and decodes SOURCE once and starts one actor pool, not two:
 83 bottle test PNGs took 0.62x the time of two passes (medians 10.1 s and 16.4 s), with equal
-scores (``benchmarks/bench_compare_ray.py``; BENCHMARKS.md, "Inspecting an archive"). Each actor holds both versions.
+scores (``benchmarks/bench_archive.py compare``; BENCHMARKS.md, "Inspecting an archive"). Each actor holds
+both versions.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from .job import JobOptions, decoded, detector_kwargs, score_rows, score_with, s
 from .listing import RecordSource
 from .stages import DetectorActor
 
-__all__ = ["PairActor", "compare_archive"]
+__all__ = ["PairActor", "collect_sides", "compare_archive", "paired_sides"]
 
 Side = tuple[dict[str, tuple[float, bool]], set[str], float]  # scored path -> (score, flagged); failed; threshold
 
@@ -55,7 +56,7 @@ class PairActor:
         return pa.table(columns)
 
 
-def _collect(rows: Iterable[dict[str, Any]], suffixes: tuple[str, ...] = ("",)) -> list[Side]:
+def collect_sides(rows: Iterable[dict[str, Any]], suffixes: tuple[str, ...] = ("",)) -> list[Side]:
     """Each version's scores by path from output rows, read as they stream in (one ``suffix`` per
     version: ``""`` for ``score_rows``' rows, ``"_0"``/``"_1"`` for :class:`PairActor`'s)."""
     sides: list[Side] = [({}, set(), float("nan")) for _ in suffixes]
@@ -76,7 +77,7 @@ def _canvas(config: Any) -> tuple[int, str, bool]:
     return config.backbone.image_size, config.backbone.geometry, config.geometry.tiled
 
 
-def _paired(
+def paired_sides(
     source: str | RecordSource, product: str, versions: tuple[int, int], config: Any, opts: JobOptions
 ) -> list[Side]:
     """Both versions' sides from one pass over SOURCE (:class:`PairActor`); ``config``: either
@@ -84,11 +85,11 @@ def _paired(
     refs, spec = spool_source(source, opts)
     suffixes = tuple(f"_{i}" for i in range(len(versions)))
     if not refs:
-        return _collect((), suffixes)
+        return collect_sides((), suffixes)
     sides = [detector_kwargs(opts, product, v, None, spec) for v in versions]
     ds = score_with(decoded(refs, config, opts, spec), PairActor, {"sides": sides}, opts)
     batches = ds.iter_batches(batch_size=None, batch_format="pyarrow")
-    return _collect((row for batch in batches for row in batch.to_pylist()), suffixes)
+    return collect_sides((row for batch in batches for row in batch.to_pylist()), suffixes)
 
 
 def compare_archive(
@@ -105,10 +106,10 @@ def compare_archive(
     ops = tuple(rec.operating_point() for rec in records)
     one_pass = _canvas(records[0].config) == _canvas(records[1].config)
     if one_pass:
-        (b, b_failed, t0), (c, c_failed, t1) = _paired(source, product, (base, candidate), records[0].config, opts)
+        (b, b_failed, t0), (c, c_failed, t1) = paired_sides(source, product, (base, candidate), records[0].config, opts)
     else:
         (b, b_failed, t0), (c, c_failed, t1) = (
-            _collect(score_rows(source, product, v, opts))[0] for v in (base, candidate)
+            collect_sides(score_rows(source, product, v, opts))[0] for v in (base, candidate)
         )
     paths = sorted(set(b) & set(c))
     s0, s1 = (np.asarray([side[p][0] for p in paths], dtype=np.float64) for side in (b, c))

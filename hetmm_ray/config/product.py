@@ -102,7 +102,7 @@ THRESHOLD_RULES = ("far", "sigmas", "validation")  # see ThresholdConfig
 # every defect scoring between the good images and the threshold passes unflagged. Not a limit:
 # the threshold stands. 1.5, measured: battery_weld's 37 welds at far 1 % give 3.0x at today's
 # defaults (2.7x mobilenet_v2 letterbox, 1.45x squash: not warned) and flag none of 93 defects;
-# bottle 0.98x (209 images). On simulated good scores (seven families like sim_threshold.py's, 300
+# bottle 0.98x (209 images). On simulated good scores (seven families like bench_threshold.py estimators', 300
 # draws each, far 1 %) it fires in 0-43 % of draws at n = 37, where the 1 % point often does lie
 # past the sample, and in 0-5 % at n = 200: a note on small sets, quiet once the rank is near.
 THRESHOLD_WARN_OVER_HIGHEST = 1.5

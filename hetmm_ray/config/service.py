@@ -56,7 +56,7 @@ GRPC_MAX_MESSAGE_MIB = 65  # max_body_mib's default (64) and the message's frami
 # refused as too large for a service with lower ones is split and sent again), this many at a time,
 # so that a second detector replica, where the service has one, scores too. On one replica of 2
 # threads the pairs 16 x 2, 16 x 1, 8 x 2 and 8 x 1 measured the same to within this host's noise
-# (benchmarks/bench_grpc_client.py, BENCHMARKS.md issue 25, session 16).
+# (benchmarks/bench_serve.py client, BENCHMARKS.md issue 25, session 16).
 GRPC_CLIENT_IMAGES_PER_REQUEST = 16
 GRPC_CLIENT_REQUEST_MIB = 32
 GRPC_CLIENT_IN_FLIGHT = 2
@@ -72,7 +72,7 @@ HTTP_APP_NAME = "hetmm"
 
 # Ray Serve settings for the processes of a Ray this package starts (distributed.runtime.connect;
 # a cluster sets them in its own environment, cluster/rayservice.yaml). Measured with
-# benchmarks/bench_serve_floor.py (BENCHMARKS.md "Throughput"): deployment handle calls over
+# benchmarks/bench_serve.py floor (BENCHMARKS.md "Throughput"): deployment handle calls over
 # gRPC, not Ray actor calls through the object store, take a third less CPU per request in the
 # raylet, the ingress and the proxy. A value already in the environment wins.
 # RAY_SERVE_GRPC_MAX_MESSAGE_SIZE bounds what Serve's gRPC proxy (the hetmm.v1.Inspection endpoint)

@@ -84,7 +84,7 @@ def resolve_precision(precision: str, device: torch.device | str) -> str:
     native bf16 (``cpu_has_native_bf16``) and float32 elsewhere. Measured on an AMD EPYC with
     ``avx512_bf16`` (BENCHMARKS.md, "Backbone precision on a CPU with native bf16"): OpenVINO
     float32 ran efficientnet_lite0 about 10x faster than torch bfloat16, which the earlier rule
-    picked there. ``benchmarks/bench_e2e.py`` measures both side by side, to set it explicitly
+    picked there. ``benchmarks/bench_throughput.py e2e`` measures both side by side, to set it explicitly
     where the measurement disagrees with the rule.
     """
     if precision != "auto":

@@ -28,7 +28,7 @@ The ``far`` rule (default): estimated false-alarm rate -> threshold
       The ``x_(n-2)`` floor keeps ``t`` monotone across the two regimes and
       never below where the data themselves put the tail.
 
-    Why these (``benchmarks/sim_threshold.py``, seeded, 400 draws per cell, true
+    Why these (``benchmarks/bench_threshold.py estimators``, seeded, 400 draws per cell, true
     false-alarm rate from the family's own survival function): the empirical
     rank is unbiased for every family once it exists (n = 300, a = 1 %: medians
     0.85-0.91 %, 10-90 % band about 0.4-1.8 %), while every parametric family

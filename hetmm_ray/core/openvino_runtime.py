@@ -55,7 +55,7 @@ from torch import Tensor, nn
 from ..config import model_cache_dir
 from .device import usable_cores
 
-__all__ = ["OpenVinoTaps", "openvino_available"]
+__all__ = ["OpenVinoTaps", "TapsAsTuple", "openvino_available"]
 
 # Distinct (network, input size, threads) compiled at once in one process: a replica serving
 # products of a few backbones and canvas sizes; each entry holds a copy of the weights.
@@ -90,7 +90,7 @@ def _openvino() -> Any:
     return openvino
 
 
-class _TapsAsTuple(nn.Module):
+class TapsAsTuple(nn.Module):
     """The extractor with its dict output flattened in tap order (what a converter can trace)."""
 
     def __init__(self, extractor: nn.Module, taps: Sequence[str]) -> None:
@@ -180,7 +180,7 @@ def _converted(extractor: nn.Module, taps: Sequence[str], identity: Hashable, he
     with torch.no_grad(), warnings.catch_warnings():
         warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"torch\.jit")
         model = ov.convert_model(
-            _TapsAsTuple(extractor, taps).eval(),
+            TapsAsTuple(extractor, taps).eval(),
             example_input=torch.zeros(1, 3, height, width),
             input=[ov.PartialShape([-1, 3, height, width])],
         )

@@ -57,8 +57,13 @@ __all__ = [
     "DEFAULT_CHUNK_BYTES",
     "SELECTION_KINDS",
     "LayerSelection",
+    "Workspace",
+    "chunk_size",
+    "cluster_medoids",
+    "complete_selection",
     "kmeans_centres",
     "pixel_similarities",
+    "pixel_vectors",
     "pts_indices",
     "select_layer",
     "select_layers",
@@ -80,7 +85,9 @@ def _check_bank(bank: Tensor, k: int) -> None:
         raise ValueError(f"k must be an integer >= 1, got {k!r}")
 
 
-def _chunk_size(n: int, c: int, pixels: int, chunk_pixels: int | None) -> int:
+def chunk_size(n: int, c: int, pixels: int, chunk_pixels: int | None) -> int:
+    """Pixels per chunk of :func:`pts_indices`: ``chunk_pixels``, else as many as ``DEFAULT_CHUNK_BYTES``
+    of float64 workspace hold (this and the other stages are public for ``benchmarks/bench_pts.py split``)."""
     if chunk_pixels is not None:
         if chunk_pixels < 1:
             raise ValueError(f"chunk_pixels must be >= 1, got {chunk_pixels}")
@@ -89,13 +96,13 @@ def _chunk_size(n: int, c: int, pixels: int, chunk_pixels: int | None) -> int:
     return max(1, min(pixels, DEFAULT_CHUNK_BYTES // per_pixel))
 
 
-def _pixel_vectors(bank: Tensor, p0: int, p1: int) -> Tensor:
+def pixel_vectors(bank: Tensor, p0: int, p1: int) -> Tensor:
     """Pixels ``p0:p1`` (row-major over H, W) of a (N, C, H, W) bank as a (P, N, C) view."""
     n, c = bank.shape[:2]
     return bank.reshape(n, c, -1)[:, :, p0:p1].permute(2, 0, 1)
 
 
-class _Workspace:
+class Workspace:
     """float64 buffers for the largest chunk, reused by every chunk (see :func:`.optics.cosine_similarities`)."""
 
     def __init__(self, p: int, n: int, c: int, device: torch.device) -> None:
@@ -113,11 +120,11 @@ def pixel_similarities(bank: Tensor, p0: int = 0, p1: int | None = None) -> Tens
 
     Public so that checks can hand exactly these matrices to a reference.
     """
-    return cosine_similarities(_pixel_vectors(bank, p0, bank.shape[2] * bank.shape[3] if p1 is None else p1))
+    return cosine_similarities(pixel_vectors(bank, p0, bank.shape[2] * bank.shape[3] if p1 is None else p1))
 
 
 # --- easy normals ----------------------------------------------------------------------
-def _cluster_medoids(sim: Tensor, labels: Tensor, k: int, work: Tensor | None = None) -> tuple[Tensor, Tensor]:
+def cluster_medoids(sim: Tensor, labels: Tensor, k: int, work: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Medoids of the clusters in ``labels`` (P, N), in order of lowest member index.
 
     Returns (P, k) indices (entries past the count are undefined) and the count
@@ -169,7 +176,7 @@ def _optics_init(sim: Tensor, k: int, work: Tensor) -> tuple[Tensor, Tensor]:
     n = sim.shape[1]
     m = max(2, n // k)
     graph = optics_graph(cosine_distances(sim, out=work), m, overwrite=True)
-    return _cluster_medoids(sim, xi_labels(graph, m), k, work)
+    return cluster_medoids(sim, xi_labels(graph, m), k, work)
 
 
 def kmeans_centres(x: np.ndarray, k: int, seed: int) -> np.ndarray:
@@ -204,7 +211,7 @@ def _kmeans_init(unit: Tensor, k: int, seed: int) -> tuple[Tensor, Tensor]:
 
 
 # --- hard normals -----------------------------------------------------------------------
-def _complete(sim: Tensor, init: Tensor, count: Tensor, k: int, empty: Tensor | None = None) -> Tensor:
+def complete_selection(sim: Tensor, init: Tensor, count: Tensor, k: int, empty: Tensor | None = None) -> Tensor:
     """Selection order (P, k): ``init[:, :count]`` first, then hard normals.
 
     ``empty`` (P, N) marks zero vectors (letterbox padding, ``core.geometry``): they are
@@ -266,18 +273,18 @@ def pts_indices(
             progress(total, total)
         return torch.arange(n, device=bank.device).view(n, 1, 1).expand(n, h, w).contiguous()
     out = torch.empty((k, total), dtype=torch.int64, device=bank.device)
-    step = _chunk_size(n, c, total, chunk_pixels)
-    ws = _Workspace(step, n, c, bank.device)
+    step = chunk_size(n, c, total, chunk_pixels)
+    ws = Workspace(step, n, c, bank.device)
     for p0 in range(0, total, step):
         p1 = min(total, p0 + step)
-        sim = ws.similarities(_pixel_vectors(bank, p0, p1))
+        sim = ws.similarities(pixel_vectors(bank, p0, p1))
         if init == "optics":
             first, count = _optics_init(sim, k, ws.work[: p1 - p0])
         else:
             first, count = _kmeans_init(ws.vectors[: p1 - p0], k, seed)
-        vectors = _pixel_vectors(bank, p0, p1)
+        vectors = pixel_vectors(bank, p0, p1)
         empty = vectors.abs().amax(dim=2) == 0  # (P, N) padding (letterbox), never a real feature
-        out[:, p0:p1] = _complete(sim, first, count, k, empty if bool(empty.any()) else None).T
+        out[:, p0:p1] = complete_selection(sim, first, count, k, empty if bool(empty.any()) else None).T
         if progress is not None:
             progress(p1, total)
     return out.view(k, h, w)

@@ -66,6 +66,7 @@ __all__ = [
     "decode_image",
     "images_to_tensor",
     "load_image",
+    "pillow_only",
     "resize_rgb",
     "resize_to_geometry",
 ]
@@ -190,6 +191,13 @@ except ImportError:  # pragma: no cover - imagecodecs is a declared dependency
     _png_decode = None
 
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def pillow_only() -> None:
+    """Decode every image of this process with Pillow from now on, libpng's fast path off (the plain
+    sequential baseline of ``benchmarks/bench_throughput.py``)."""
+    global _png_decode
+    _png_decode = None
 
 
 def _is_plain_intact_rgb8_png(raw: bytes) -> bool:

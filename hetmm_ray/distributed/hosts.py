@@ -221,7 +221,8 @@ def _host_options(placement: ShardPlacement, slot: int) -> dict[str, Any]:
         "max_concurrency": HOST_CONCURRENCY,
         # Shards load in the host's threads; with glibc's default of one heap per thread, a freed
         # shard set's read buffers stayed in ever more thread heaps and RSS crept up over load and
-        # free cycles (+35 % after 6 candidates discarded; flat with 2 heaps: benchmarks/bench_candidate_memory.py).
+        # free cycles (+35 % after 6 candidates discarded; flat with 2 heaps:
+        # benchmarks/bench_cluster.py candidate-memory).
         "runtime_env": {"env_vars": {"MALLOC_ARENA_MAX": str(HOST_MALLOC_ARENAS)}},
     }
 

@@ -214,7 +214,7 @@ class Ingress(InspectionStandIn):  # gRPC calls that reach it are refused clearl
         else:
             logger.warning("ingress: the HTTP bind is not known (args.http_host unset); open-bind check skipped")
         # Images go to the detector by value over gRPC, not by object reference through the object
-        # store: a third less CPU per request (benchmarks/bench_serve_floor.py). Set on the handle, as
+        # store: a third less CPU per request (benchmarks/bench_serve.py floor). Set on the handle, as
         # the process that built the application may have read Serve's default before
         # config.SERVE_ENVIRONMENT was applied (that setting covers the proxy's hop to this replica).
         self.detector = detector.options(_by_reference=False)

@@ -129,7 +129,7 @@ class Detector:
             model = self._by_product.get(product)
             if model is None:
                 model = self._by_product[product] = ProductModel(product)
-            await self._swap(model, await self.registry.head.remote(product))
+            await self.swap(model, await self.registry.head.remote(product))
             return model
 
         # Multiplexing is set up per instance so the LRU size comes from the application's args.
@@ -184,7 +184,9 @@ class Detector:
             backbone=self._backbone(config.backbone),
         )
 
-    async def _swap(self, model: ProductModel, head: int) -> None:
+    async def swap(self, model: ProductModel, head: int) -> None:
+        """``model`` at version ``head``: the registry's snapshot, its tiny set from the object store, the
+        serving detector built (a product's cold load; timed by ``benchmarks/bench_cluster.py replicas``)."""
         async with model.swap_lock:
             if model.version == head:
                 return
@@ -219,7 +221,7 @@ class Detector:
         model = await self.product_model(model_id)
         head = await self.registry.head.remote(product)
         if head != model.version:
-            await self._swap(model, head)
+            await self.swap(model, head)
         detector = model.detector
         assert detector is not None
         images = [im for r in requests for im in r.images]

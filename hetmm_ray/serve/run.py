@@ -9,7 +9,7 @@ autoscaled replicas of half a CPU. deploy.yaml's range is for a cluster, where n
 land on other nodes; on one machine they only share its cores. On 2 cores one replica of 2
 threads served 12 % (one client) and 27 % (eight clients) more images/s than deploy.yaml's start
 (one replica of 1 thread) and at eight clients 8-33 % more than three replicas
-(``benchmarks/bench_one_machine.py``; BENCHMARKS.md, issue 25, session 17). A caller that gives
+(``benchmarks/bench_cluster.py one-machine``; BENCHMARKS.md, issue 25, session 17). A caller that gives
 the Detector ``num_replicas`` or ``autoscaling_config`` keeps its own scaling and deploy.yaml's threads.
 """
 

@@ -25,7 +25,7 @@ from hetmm_ray.core.optics import (
 )
 from hetmm_ray.core.pts import (
     SELECTION_KINDS,
-    _cluster_medoids,
+    cluster_medoids,
     kmeans_centres,
     pixel_similarities,
     pts_indices,
@@ -297,7 +297,7 @@ def test_all_noise_falls_back_to_the_global_medoid() -> None:
     rng = np.random.default_rng(9)
     for bank in (gaussian_bank(rng, 17), few_vectors_bank(rng, 17, distinct=3), dyadic_bank(rng, 17)):
         sims = pixel_similarities(bank)
-        first, count = _cluster_medoids(sims, torch.full(sims.shape[:2], -1), 5)
+        first, count = cluster_medoids(sims, torch.full(sims.shape[:2], -1), 5)
         assert count.tolist() == [1] * sims.shape[0]
         for pix, sim in enumerate(sims.numpy()):
             totals = [sum(float(sim[i, j]) for j in range(17) if j != i) for i in range(17)]
