@@ -27,7 +27,7 @@ images, the out-of-fold estimate of the false-alarm rate), and the cost per fram
   computed first and untimed, median of ``--rounds`` rounds with the two runs of a dataset interleaved
   round by round (so load from other jobs falls on both alike): the cost the template count controls;
 - ``fit est. ms/frame``: with ``--budget``, the fit's estimate of the whole frame's cost for the chosen
-  K (``fitting.FrameCost``: backbone of all tiles + stitching + ATMM of every tile), the quantity
+  K (``frame_cost.FrameCost``: backbone of all tiles + stitching + ATMM of every tile), the quantity
   ``auto_max_ms_per_image`` budgets; without, what sheets auto measured for the chosen K (out-of-fold
   ATMM time scaled to the final sheet count, summed over the tiles; core/auto_sheets.py);
 - ``e2e ms/frame``: ``evaluate``'s predict of the whole test set (decode, backbone, ATMM) per frame;

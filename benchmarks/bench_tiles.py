@@ -32,7 +32,7 @@ temporary store; then:
 - the ratio HTTP / in process per row, and each row against the 1-tile row of its size.
 
 Then the time budget check (``templates.auto_max_ms_per_image``: the whole frame's estimated scoring
-cost, ``fitting.FrameCost``: backbone of all tiles + the stitching of their maps + ATMM of every tile)
+cost, ``frame_cost.FrameCost``: backbone of all tiles + the stitching of their maps + ATMM of every tile)
 on a product where ATMM matters: ``--budget-train`` good frames (default 240, so ALL holds hundreds of
 sheets per tile) of ``--budget-size`` px (default 1024: 240 frames of 2048 px would hold 3 GiB of
 pixels) at 2 x 2 tiles. The frame cost of one training frame is estimated first: the fixed part (no
