@@ -42,8 +42,8 @@ def unseen_positions(
     another digest image ``i`` may be known by (``data.decode.canvas_digest``: what older
     ``hetmm fit`` stored); an image whose alias is in ``known`` is held too.
     """
-    seen = set(known)
-    bank = set(known)
+    bank = frozenset(known)
+    seen = set(bank)  # grows with the new images kept
     keep = []
     for i, d in enumerate(digests):
         if d not in seen and (aliases is None or aliases[i] not in bank):
