@@ -6,7 +6,7 @@ the CPU goes (issue 25). One command per question; each starts deploy.yaml's ser
 product per backbone with 60 template sheets (ALL of 60 synthetic good images; random weights: speed
 does not depend on them), then, for each backbone:
 
-- in-process: ``HETMM.load(...).predict`` of ``--inproc-images`` copies of the body per call, calls
+- in-process: ``load_detector(...).predict`` of ``--inproc-images`` copies of the body per call, calls
   repeated for ``--inproc-seconds`` (default ``--seconds``) per run (batch 8, the detector's own
   decode/prefetch pipeline, this process's torch threads);
 - over HTTP: ``POST /v1/products/{p}/predict`` with one PNG body per request from ``concurrency``
@@ -111,6 +111,8 @@ from common import (
     with_default_command,
 )
 
+from hetmm_ray.detectors import load_detector
+
 
 # --- paths: HTTP and gRPC vs in-process ----------------------------------------------------------------
 def in_process(
@@ -120,10 +122,9 @@ def in_process(
     process's; medians of ``runs``). A run makes calls until ``seconds`` have passed (at least one), so
     the baseline is measured over as long as a service row: this host's speed swings by a quarter
     between one-second calls (session 12: 21-36 images/s on identical consecutive calls)."""
-    from hetmm_ray.detector import HETMM
     from hetmm_ray.store import open_store
 
-    det = HETMM.load(open_store(store), product, device=device)
+    det = load_detector(open_store(store), product, device=device)
     images = [body] * n
     det.predict(images[:8])
     rates, cpus = zip(*(predict_for(det, images, seconds) for _ in range(runs)), strict=True)
@@ -356,7 +357,6 @@ def floor(args: argparse.Namespace) -> None:
     from ray import serve
 
     from hetmm_ray.config import GRPC_APP_NAME, GRPC_SERVICER
-    from hetmm_ray.detector import HETMM
     from hetmm_ray.distributed import shutdown_ray
     from hetmm_ray.distributed.runtime import serve_environment
     from hetmm_ray.store import open_store
@@ -364,7 +364,7 @@ def floor(args: argparse.Namespace) -> None:
     body, source = body_png()
     # in-process CPU per image: what scoring costs when nothing surrounds it
     store = tempfile.mkdtemp(prefix="bench-floor-")
-    det = HETMM.load(open_store(store), publish(store, "mobilenet_v2", "auto"))
+    det = load_detector(open_store(store), publish(store, "mobilenet_v2", "auto"))
     images = [body] * args.inproc_images
     det.predict(images[:8])
     inproc_cpu, inproc_rate = [], []
@@ -473,13 +473,12 @@ def frozen(pids: set[int]) -> Iterator[None]:
 def interleaved(args: argparse.Namespace) -> None:
     import torch  # before hetmm_ray, as this benchmark has always run: torch's own OpenMP wait policy
 
-    from hetmm_ray.detector import HETMM
     from hetmm_ray.store import open_store
 
     store = tempfile.mkdtemp(prefix="bench-interleaved-")
     product = publish(store, "efficientnet_lite0", "auto")
     body, source = body_png()
-    detector = HETMM.load(open_store(store), product, device="auto")
+    detector = load_detector(open_store(store), product, device="auto")
     images = [body] * 24
     detector.predict(images[:8])
     user = {"threads": torch.get_num_threads()}

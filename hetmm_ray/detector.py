@@ -11,6 +11,7 @@ install what it returns; ``predict`` is the scorer's. Nothing here imports Ray.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any, Self
 
 import numpy as np
@@ -20,19 +21,22 @@ from . import persistence
 from .config import DetectorConfig, TemplateConfig
 from .core.backbone import Backbone
 from .core.calibration import OutOfFold
+from .core.region import check_visible
 from .core.scoring import Calibration, OperatingPoint, operating_point
-from .core.templates import TemplateSet
+from .core.templates import TemplateError, TemplateSet
 from .data.decode import resize_to_geometry
 from .fitting import FitPipeline
+from .frame_cost import FrameCost
+from .interface import Detector, Layout
 from .pipeline import keep_memory_mapped
-from .scorer import ImageInput, Prediction, Scorer
+from .scorer import ImageInput, Prediction, Scorer, as_rgb
 from .steps import FitSteps
 
 __all__ = ["HETMM", "ImageInput", "Prediction", "operating_point"]
 
 
-class HETMM:
-    """A HETMM detector for one product.
+class HETMM(Detector):
+    """A HETMM detector for one product, a frame on one canvas (:class:`~hetmm_ray.interface.Detector`).
 
     ``fit`` extracts the good images' features into the bank and calibrates the
     verdict threshold; ``predict`` scores new images; ``update`` adds good
@@ -121,14 +125,50 @@ class HETMM:
         """``ts`` with its threshold calibration recomputed from its own bank (:meth:`FitPipeline.calibrated`)."""
         return self.pipeline.calibrated(ts)
 
-    def save(self, store: Any, product: str) -> int:
-        """Publish the current template set to ``store``; returns the new version."""
-        return persistence.save(self.scorer, store, product)
+    def report_to(self, report: Any) -> None:
+        """The fit's stages and counts to ``report`` (``steps.Report``; None: nowhere)."""
+        self.pipeline.report = report
+
+    def _with_region(self, region: dict[str, Any] | None) -> HETMM:
+        """The same templates (bank and selection) under ``region``, recalibrated (its out-of-fold
+        scores count the region's pixels only); ConfigError for a region that counts no map pixel."""
+        ts = self.scorer.require_templates()
+        config = replace(self.config, region=region)
+        check_visible(config)
+        new = HETMM(config, progress=self.progress, steps=self.steps)
+        new.scorer.backbone = self.backbone  # no second build
+        new.scorer.install(new.calibrated(replace(ts, config=replace(ts.config, region=region))))
+        return new
+
+    def template_set(self) -> TemplateSet:
+        return self.scorer.require_templates()
+
+    def selections(self) -> list[TemplateSet]:
+        return [self.scorer.require_templates()]
+
+    @property
+    def image_digests(self) -> tuple[str, ...]:
+        return self.templates.image_digests if self.templates is not None else ()
+
+    @property
+    def sheets(self) -> int:
+        return self.templates.sheets if self.templates is not None else 0
+
+    def layout(self, height: int, width: int) -> Layout:
+        return Layout(1, 1, height, width, height, width)
+
+    def frame_cost(self, frame: ImageInput) -> FrameCost:
+        """:class:`~hetmm_ray.frame_cost.FrameCost` of ``frame`` brought to the canvas, as ``predict`` brings it."""
+        return FrameCost(self.scorer, [self.input_view(as_rgb(frame))])
 
     @classmethod
-    def load(cls, store: Any, product: str, version: int | None = None, **options: Any) -> Self:
-        """A detector from a stored template set (:func:`persistence.load`): ``progress=``, ``steps=``,
-        and overrides of run-time settings (``device=``, ``dtype=``...)."""
+    def from_store(cls, store: Any, product: str, version: int, **options: Any) -> Self:
+        """An untiled product's detector from a stored template set (:func:`persistence.load`):
+        ``progress=``, ``steps=``, and overrides of run-time settings (``device=``, ``dtype=``...).
+        :func:`hetmm_ray.detectors.load_detector` is the loader callers use (it chooses the class)."""
+        tiles = store.record(product, version).config.geometry.tiles
+        if tiles != (1, 1):  # one set per tile position inside (hetmm_ray/tiled.py)
+            raise TemplateError(f"product {product!r} v{version} is tiled ({tiles}): load it with load_detector")
         return persistence.load(cls, store, product, version, **options)
 
     @classmethod
@@ -149,12 +189,6 @@ class HETMM:
         (``backbone.geometry``). :class:`~hetmm_ray.tiled.TiledHETMM` has the same method (whole frames)."""
         bb = self.config.backbone
         return resize_to_geometry(image, bb.image_size, bb.geometry)
-
-    @property
-    def threshold(self) -> float:
-        """Current verdict threshold (``inf`` before calibration)."""
-        op = self.operating_point()
-        return op.threshold if op else float("inf")
 
     def operating_point(
         self, *, sigmas: float | None = None, false_alarm_rate: float | None = None

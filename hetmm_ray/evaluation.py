@@ -23,8 +23,8 @@ from .core.calibration import best_f1_cut, labelled_cuts, recall_cut
 from .core.metrics import image_auroc, pixel_auroc, pro_score
 from .data.decode import decode_image, resize_to_geometry
 from .data.mvtec import MVTecCategory, Sample
-from .detector import HETMM
-from .tiled import TiledHETMM, resolve_tiles
+from .detectors import new_detector
+from .interface import Detector
 
 __all__ = ["EvaluationResult", "evaluate", "load_images"]
 
@@ -153,7 +153,7 @@ def score_summary(scores: Sequence[float]) -> dict[str, float]:
 
 def evaluate(
     data: str | Path, config: DetectorConfig, *, progress: bool = False, map_size: int | None = None
-) -> tuple[EvaluationResult, HETMM | TiledHETMM, list[Sample]]:
+) -> tuple[EvaluationResult, Detector, list[Sample]]:
     """Fit on ``train/good``, score ``test/``, and measure AUROCs, PRO and speed.
 
     With an inspection region (``config.region``) the image scores and the pixel metrics count
@@ -163,26 +163,17 @@ def evaluate(
     the pixel metrics) are at the frame's resolution, or ``map_size`` (long side)."""
     category = MVTecCategory(data)
     samples = category.measurable_samples()  # the layout, checked before minutes of fitting
-    size, geometry = config.backbone.image_size, config.backbone.geometry
-    config = resolve_tiles(config, category.train_paths())  # "auto": from the frames' headers
-    det: HETMM | TiledHETMM
+    train = category.train_paths()
     t0 = time.perf_counter()
-    if config.geometry.tiled:  # frames at their own resolution, decoded as the tiles are cut
-        det = TiledHETMM(config, progress=progress, map_size=map_size)
-        det.fit(category.train_paths())
-    else:
-        det = HETMM(config, progress=progress)
-        det.fit(category.train_paths())  # the files: frames' digests, as every path stores (issue 38)
+    # the files: the detector decodes them (frames' digests, as every path stores; issue 38) and
+    # brings them to its canvas or cuts its tiles ("auto" resolved from the frames' headers)
+    det = new_detector(config, train, progress=progress, map_size=map_size)
+    det.fit(train)
+    config = det.config
     fit_s = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    if isinstance(det, TiledHETMM):
-        pred = det.predict([s.path for s in samples])
-    else:
-        test_images = load_images(
-            [s.path for s in samples], size, progress=progress, desc="decode test", geometry=geometry
-        )
-        pred = det.predict(test_images)
+    pred = det.predict([s.path for s in samples])
     elapsed = time.perf_counter() - t0
 
     # Masks at each map's shape (the image's own aspect for letterbox), resized like the image.
@@ -201,19 +192,16 @@ def evaluate(
     cuts = labelled_cuts(pred.scores.tolist(), labels.tolist())
     good_n = max(int((labels == 0).sum()), 1)
     bad_n = max(int((labels == 1).sum()), 1)
-    if isinstance(det, TiledHETMM):
-        cal, sheets = det.calibration, det.sheets
-        tiled = {"tiles": (det.rows, det.cols), "tiles_per_s": len(samples) * det.n_tiles / elapsed}
-    else:
-        cal = det.templates.calibration if det.templates else None
-        sheets, tiled = det.templates.sheets if det.templates else 0, {}
+    cal, sheets = det.calibration, det.sheets
+    # the keys of a tiled evaluation only: an untiled one's JSON stays as it always was
+    tiled = {"tiles": det.grid, "tiles_per_s": len(samples) * det.n_tiles / elapsed} if det.n_tiles > 1 else {}
     result = EvaluationResult(
         category=category.name,
         backbone=config.backbone.name,
         weights=det.backbone.weights_id,
         templates=config.templates.kind,
         sheets=sheets,
-        n_train=len(category.train_paths()),
+        n_train=len(train),
         n_test=len(samples),
         image_auroc=100 * image_auroc(pred.scores, labels),
         pixel_auroc=pixel_auroc_pct,

@@ -55,11 +55,6 @@ def load(
     if version is None:
         version = store.head(product)
     ts = store.get(product, version)
-    if ts.config.geometry.tiled:  # one set per tile position inside (hetmm_ray/tiled.py)
-        raise TemplateError(
-            f"product {product!r} v{version} is tiled (geometry.tiles {list(ts.config.geometry.tiles)}): "
-            "load it with hetmm_ray.tiled.TiledHETMM (or hetmm_ray.tiled.load_detector)"
-        )
     config = ts.config.replace(**overrides) if overrides else ts.config
     det = make(config, progress=progress, steps=steps)
     if det.scorer.backbone.weights_id != ts.weights_id:

@@ -93,6 +93,7 @@ shards' tiny sets. Nothing here imports Ray.
 
 from __future__ import annotations
 
+import io
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
@@ -115,18 +116,20 @@ from .core.templates import TemplateError, TemplateSet, unseen_positions
 from .core.tiles import Tile, cut, grid_of, stitch, tile_grid
 from .detector import HETMM
 from .frame_cost import FrameCost
+from .interface import Detector, Layout
 from .scorer import ImageInput, Prediction, as_rgb
 from .steps import FitSteps
 
-__all__ = ["TiledHETMM", "TiledPrediction", "frame_shape", "load_detector", "resolve_tiles"]
+__all__ = ["TiledHETMM", "TiledPrediction", "frame_shape", "region_parts", "resolve_tiles"]
 
 
 def frame_shape(x: ImageInput) -> tuple[int, int]:
-    """(height, width) of an image: arrays directly, files from their header (nothing decoded)."""
+    """(height, width) of an image: arrays directly, files and encoded bytes from their header
+    (nothing decoded)."""
     if isinstance(x, np.ndarray):
         return int(x.shape[0]), int(x.shape[1])
-    if isinstance(x, str | Path):
-        with Image.open(x) as im:
+    if isinstance(x, str | Path | bytes):
+        with Image.open(io.BytesIO(x) if isinstance(x, bytes) else x) as im:
             return im.height, im.width
     return as_rgb(x).shape[:2]  # type: ignore[return-value]
 
@@ -152,6 +155,20 @@ class TiledPrediction(Prediction):
     tiles: int = 1
 
 
+class _PositionReport:
+    """A position's fit stages to a report, named with the position (``tile 2/5: calibrate``; the whole
+    view, if any, is the last)."""
+
+    def __init__(self, report: Any, position: int, positions: int) -> None:
+        self.report, self.prefix = report, f"tile {position + 1}/{positions}: "
+
+    def stage(self, name: str, total: int = 0) -> None:
+        self.report.stage(self.prefix + name, total)
+
+    def __call__(self, done: int, total: int) -> None:
+        self.report(done, total)
+
+
 def _visible(tile_config: DetectorConfig, part: TilePart) -> TilePart:
     """``part``, or a part that counts nothing when its region covers no pixel of the canvas's map (a
     sliver of a tile, or a region of the whole view all outside)."""
@@ -164,8 +181,25 @@ def _visible(tile_config: DetectorConfig, part: TilePart) -> TilePart:
     return part
 
 
-class TiledHETMM:
-    """A tiled product in process (see the module docstring): ``fit``, ``update``, ``predict``, ``save``, ``load``."""
+def region_parts(config: DetectorConfig, tile_config: DetectorConfig | None = None) -> list[TilePart]:
+    """Each tile's part of ``config``'s region (module docstring, "Region"), computed from the
+    settings alone (no backbone); ConfigError when it counts no pixel of any tile's map."""
+    rows, cols = (int(v) for v in config.geometry.tiles)
+    region = config.region
+    if region is None:
+        return [TilePart(True, None)] * (rows * cols)
+    tile_config = tile_config or replace(config, geometry=GeometryConfig(), region=None)
+    tiles = tile_grid(*region["size"], (rows, cols), config.geometry.tile_overlap)
+    parts = [_visible(tile_config, part) for part in tile_regions(region, tiles)]
+    if not any(part.counts for part in parts):
+        h, w = region["size"]
+        raise ConfigError(f"region: its included area covers no pixel of any tile's map of a {w} x {h} frame")
+    return parts
+
+
+class TiledHETMM(Detector):
+    """A tiled product in process (see the module docstring): the :class:`~hetmm_ray.interface.Detector`
+    interface over one :class:`~hetmm_ray.detector.HETMM` per tile position."""
 
     def __init__(
         self,
@@ -199,22 +233,20 @@ class TiledHETMM:
             self.dets[0].scorer.backbone = backbone
         self._share_backbone()
         self.scales: list[float] = []
-        self.calibration: Calibration | None = None
+        self.frame_calibration: Calibration | None = None  # the verdict's (module docstring)
         self.frame: tuple[int, int] | None = None
         self.version: int | None = None
         self.frame_digests: tuple[str, ...] = ()
         self.skipped_duplicates = 0  # frames the last update() skipped: already held
 
+    def report_to(self, report: Any) -> None:
+        """Every position's fit stages and counts to ``report`` (``steps.Report``), named with the position."""
+        for p, det in enumerate(self.dets):
+            det.pipeline.report = None if report is None else _PositionReport(report, p, self.n_positions)
+
     def _region_parts(self, tile_config: DetectorConfig) -> list[TilePart]:
         """Each position's part of the product's region ("Region" in the module docstring)."""
-        region = self.config.region
-        if region is None:
-            return [TilePart(True, None)] * self.n_tiles
-        parts = [_visible(tile_config, part) for part in tile_regions(region, self.tiles_of(*region["size"]))]
-        if not any(part.counts for part in parts):
-            h, w = region["size"]
-            raise ConfigError(f"region: its included area covers no pixel of any tile's map of a {w} x {h} frame")
-        return parts
+        return region_parts(self.config, tile_config)
 
     def _whole_part(self, tile_config: DetectorConfig) -> TilePart:
         """The whole view's region: the product's own, mapped onto the canvas as an untiled product's is."""
@@ -234,8 +266,8 @@ class TiledHETMM:
             det.scorer.backbone = backbone
 
     @property
-    def n_tiles(self) -> int:
-        return self.rows * self.cols
+    def grid(self) -> tuple[int, int]:
+        return (self.rows, self.cols)
 
     @property
     def n_positions(self) -> int:
@@ -300,12 +332,6 @@ class TiledHETMM:
         return {k: torch.cat(v) for k, v in parts.items()}, boxes, grids
 
     # --- fit -------------------------------------------------------------------------------
-    def estimate_ms_per_frame(self, frame: ImageInput, n_train: int) -> float:
-        """Milliseconds to score one frame with all its tiles against as many sheets as the fit will
-        keep per position (``templates.sheets_of``): :meth:`frame_cost` of ``frame`` (the one estimate,
-        :class:`~hetmm_ray.frame_cost.FrameCost`, as :func:`~hetmm_ray.frame_cost.estimate_ms_per_frame`)."""
-        return self.frame_cost(frame).ms_per_frame(self.config.templates.sheets_of(n_train))
-
     def frame_cost(self, frame: ImageInput) -> FrameCost:
         """:class:`~hetmm_ray.frame_cost.FrameCost` of ``frame`` on this host: the backbone pass of all its
         tiles, the stitching of their maps at the frame's resolution, and ATMM of each tile the
@@ -435,7 +461,7 @@ class TiledHETMM:
         self._install(sets, self.frame_digests)
         return self
 
-    def with_region(self, region: dict[str, Any] | None) -> TiledHETMM:
+    def _with_region(self, region: dict[str, Any] | None) -> TiledHETMM:
         """This product under another region (None: every pixel counts): a new detector whose
         positions keep their templates (bank and selection) and are recalibrated under their parts
         of ``region`` (:meth:`FitPipeline.calibrated`), as ``hetmm region`` does for an untiled
@@ -471,7 +497,7 @@ class TiledHETMM:
             self.scales = [self._scale(ts, live) for ts, live in zip(sets, self.live, strict=True)]
         else:
             self.scales = self._checked_scales(scales)
-        self.calibration = self._frame_calibration(sets)
+        self.frame_calibration = self._frame_calibration(sets)
 
     def _checked_scales(self, scales: Sequence[float]) -> list[float]:
         """Stored scales, refused unless one finite positive number per position."""
@@ -505,7 +531,7 @@ class TiledHETMM:
         self, *, sigmas: float | None = None, false_alarm_rate: float | None = None
     ) -> OperatingPoint | None:
         """The frame threshold under the product's rule (or the override), on the frame calibration."""
-        return operating_point(self.calibration, self.config, sigmas=sigmas, false_alarm_rate=false_alarm_rate)
+        return operating_point(self.frame_calibration, self.config, sigmas=sigmas, false_alarm_rate=false_alarm_rate)
 
     def input_view(self, image: np.ndarray) -> np.ndarray:
         """``image`` as ``predict`` is given it: the whole frame (it is cut into tiles there), and its
@@ -513,9 +539,9 @@ class TiledHETMM:
         return image
 
     @property
-    def threshold(self) -> float:
-        op = self.operating_point()
-        return op.threshold if op else float("inf")
+    def calibration(self) -> Calibration | None:
+        """The frame calibration (module docstring, "One verdict per frame")."""
+        return self.frame_calibration
 
     def _map_shape(self, h: int, w: int) -> tuple[int, int]:
         if self.map_size is None:
@@ -610,16 +636,29 @@ class TiledHETMM:
             config=self.config,
             weights_id=sets[0].weights_id,
             image_digests=self.frame_digests,
-            calibration=self.calibration,
+            calibration=self.frame_calibration,
             indices=indices,
             centres=centres,
             meta={"created": time.time(), "tiles": tiles_meta},
         )
 
-    def save(self, store: Any, product: str) -> int:
-        """Publish every position's set as one new version of ``product``; returns it."""
-        self.version = store.put(product, self.template_set())
-        return self.version
+    def selections(self) -> list[TemplateSet]:
+        return [det.scorer.require_templates() for det in self.dets]
+
+    @property
+    def image_digests(self) -> tuple[str, ...]:
+        return self.frame_digests
+
+    def layout(self, height: int, width: int) -> Layout:
+        tile = self.tiles_of(height, width)[0]
+        outside = self.n_tiles - sum(self.live[: self.n_tiles])  # tiles only (the whole view is not one)
+        return Layout(self.rows, self.cols, tile.height, tile.width, height, width, self.whole_view, outside)
+
+    @classmethod
+    def from_store(cls, store: Any, product: str, version: int, **options: Any) -> Self:
+        """A stored tiled product's detector (:meth:`from_template_set`); callers use
+        :func:`hetmm_ray.detectors.load_detector`, which chooses the class."""
+        return cls.from_template_set(store.get(product, version), version, **options)
 
     @classmethod
     def from_template_set(cls, ts: TemplateSet, version: int | None = None, **options: Any) -> Self:
@@ -653,7 +692,7 @@ class TiledHETMM:
             )
         det.frame = tuple(info["frame"]) if info.get("frame") else None
         det._install(sets, ts.image_digests, version, scales=info.get("scales"))
-        det.calibration = ts.calibration  # the stored frame calibration (a labelled one would ride here)
+        det.frame_calibration = ts.calibration  # the stored frame calibration (a labelled one would ride here)
         return det
 
     @classmethod
@@ -696,22 +735,5 @@ class TiledHETMM:
             )
         det.frame = tuple(tiles["frame"]) if tiles.get("frame") else None
         det._install(sets, (), version, scales=tiles.get("scales"))
-        det.calibration = calibration  # the published frame calibration
+        det.frame_calibration = calibration  # the published frame calibration
         return det
-
-    @classmethod
-    def load(cls, store: Any, product: str, version: int | None = None, **options: Any) -> Self:
-        if version is None:
-            version = store.head(product)
-        return cls.from_template_set(store.get(product, version), version, **options)
-
-
-def load_detector(store: Any, product: str, version: int | None = None, **options: Any) -> HETMM | TiledHETMM:
-    """The stored product as its detector: :class:`TiledHETMM` for a tiled one, else exactly
-    :meth:`HETMM.load` (untiled products load as they always did)."""
-    if version is None:
-        version = store.head(product)
-    if store.record(product, version).config.geometry.tiled:
-        return TiledHETMM.load(store, product, version, **options)
-    options.pop("map_size", None)  # an untiled map is the canvas crop, as always
-    return HETMM.load(store, product, version, **options)

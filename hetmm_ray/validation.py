@@ -26,8 +26,8 @@ from typing import Any
 from .core.calibration import OBJECTIVES, best_f1_cut, check_rate, labelled_cuts, recall_cut
 from .core.scoring import Calibration
 from .core.templates import TemplateSet
-from .detector import HETMM, ImageInput
-from .tiled import TiledHETMM
+from .interface import Detector
+from .scorer import ImageInput
 
 __all__ = ["calibrate_with_labels", "choose_threshold"]
 
@@ -50,7 +50,7 @@ def choose_threshold(
 
 
 def calibrate_with_labels(
-    detector: HETMM | TiledHETMM,
+    detector: Detector,
     images: Sequence[ImageInput],
     labels: Sequence[int],
     *,
@@ -63,11 +63,7 @@ def calibrate_with_labels(
     frame scores (the maximum of the tiles' normalised scores) on the labelled frames choose the
     threshold, kept with its frame calibration (the per-frame out-of-fold maxima); the tile sets
     and their scales are unchanged."""
-    if isinstance(detector, TiledHETMM):
-        ts = detector.template_set()
-        ts = replace(ts, calibration=detector.calibration)
-    else:
-        ts = detector.scorer.require_templates()
+    ts = detector.template_set()  # a tiled product's holds its frame calibration
     if ts.calibration is None:
         raise ValueError("the product has no out-of-fold calibration to keep; refit it first")
     if len(images) != len(labels):

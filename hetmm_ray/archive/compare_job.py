@@ -12,8 +12,9 @@ counts, each version's out-of-fold estimate from its stored calibration), the sa
 heat-maps and no labels: the images never reach the driver, so it runs on a cluster over a bucket
 of any size, holding only two floats and two verdicts per image. ``passes`` says how it ran (below).
 
-How it runs: where both versions fit images to the same canvas (``backbone.image_size``,
-``backbone.geometry`` and whether the product is tiled: what ``read_and_fit`` depends on), SOURCE
+How it runs: where both versions fit images to the same canvas (``DetectorConfig.decode_canvas``:
+``backbone.image_size`` and ``backbone.geometry``, or the whole frame for a tiled product; what
+``read_and_fit`` depends on), SOURCE
 is listed, read and decoded **once** and each decoded batch is scored by both versions in one actor
 (:class:`PairActor`: two ``DetectorActor``\\ s, so each score is exactly the one ``hetmm inspect
 --version`` gives). Otherwise each version runs its own pass (``job.score_rows``) and the rows are
@@ -72,9 +73,9 @@ def collect_sides(rows: Iterable[dict[str, Any]], suffixes: tuple[str, ...] = ("
     return sides
 
 
-def _canvas(config: Any) -> tuple[int, str, bool]:
+def _canvas(config: Any) -> tuple[int, str] | None:
     """What ``stages.read_and_fit`` makes of a file under ``config``."""
-    return config.backbone.image_size, config.backbone.geometry, config.geometry.tiled
+    return config.decode_canvas
 
 
 def paired_sides(

@@ -242,13 +242,12 @@ def decoded(refs: list[Any], config: Any, opts: JobOptions, spec: FsSpec) -> Any
     ctx.enable_progress_bars = False  # the job's own bar (images/s, ETA) instead of one per operator
     quiet_data_console()
     ctx.wait_for_min_actors_s = ACTORS_START_S  # every minimum actor up before the first block (config.archive)
-    bb = config.backbone
     return ray.data.from_arrow_refs(refs).map_batches(
         read_and_fit,
         batch_format="pyarrow",
         batch_size=opts.batch_size,
         num_cpus=DECODE_CPUS,
-        fn_kwargs={"spec": spec, "image_size": bb.image_size, "geometry": bb.geometry, "tiled": config.geometry.tiled},
+        fn_kwargs={"spec": spec, "canvas": config.decode_canvas},
     )
 
 

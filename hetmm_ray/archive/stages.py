@@ -8,7 +8,7 @@ Exact semantics:
   image_size, geometry)`` that ``hetmm predict`` applies (tiled products keep the whole frame: their
   detector cuts it). Any failure is the row's ``error``; the task never raises for a bad file.
 - :class:`DetectorActor` (an actor pool): loads the product's version once per actor, as ``hetmm
-  predict`` does (``tiled.load_detector`` over ``store.open_store``), with ``threads`` torch threads
+  predict`` does (``detectors.load_detector`` over ``store.open_store``), with ``threads`` torch threads
   (> 0), else :func:`actor_threads` of its node's CPUs and its reservation; each call is one ``predict`` on the batch's
   decoded images, so a row's score is ``hetmm predict``'s (scores do not depend on which images share
   a batch). Rows with an error pass through unscored. Heat-map PNGs are written from here.
@@ -50,8 +50,9 @@ def actor_threads(node_cpus: float, actor_cpus: float) -> int:
     return max(1, math.ceil(actor_cpus), int(node_cpus // per_node))
 
 
-def read_and_fit(batch: pa.Table, *, spec: FsSpec, image_size: int, geometry: str, tiled: bool) -> pa.Table:
-    """Decoded, canvas-fitted pixels (or the error) of each listed file (module docstring)."""
+def read_and_fit(batch: pa.Table, *, spec: FsSpec, canvas: tuple[int, str] | None) -> pa.Table:
+    """Decoded, canvas-fitted pixels (or the error) of each listed file (module docstring); ``canvas``:
+    the product's ``DetectorConfig.decode_canvas`` (None: frames kept whole, a tiled product cuts them)."""
     rows: dict[str, list[Any]] = {name: [] for name in DECODED_SCHEMA.names}
     for uri, size in zip(batch.column("uri").to_pylist(), batch.column("size").to_pylist(), strict=True):
         image = fitted = None
@@ -62,7 +63,7 @@ def read_and_fit(batch: pa.Table, *, spec: FsSpec, image_size: int, geometry: st
             raw = read_bytes(uri, size, spec)
             t1 = time.perf_counter()
             image = decode_image(raw, source=uri)
-            fitted = image if tiled else resize_to_geometry(image, image_size, geometry)
+            fitted = image if canvas is None else resize_to_geometry(image, *canvas)
         except ImageError as exc:
             error = str(exc)
         except Exception as exc:  # noqa: BLE001 - never stop the archive on one file: the row says why
@@ -113,9 +114,9 @@ class DetectorActor:
     ) -> None:
         import ray
 
+        from ..detectors import load_detector
         from ..distributed.runtime import use_assigned_cpus
         from ..store import open_store
-        from ..tiled import load_detector
 
         self.node = ray.get_runtime_context().get_node_id()
         if threads <= 0:  # the rule: the node's cores shared by the actors placed there (actor_threads)

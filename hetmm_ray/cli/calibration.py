@@ -58,7 +58,6 @@ def add_calibrate(sub: Subcommands) -> None:
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from ..data.decode import decode_image
     from ..data.labelled import labelled_images
-    from ..evaluation import load_images
     from ..validation import calibrate_with_labels
 
     store = _open(args)
@@ -68,10 +67,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         raise CLIError("give one of --val DIR, --val-store or --far RATE")
     if args.far is not None:
         return _calibrate_far(args, store, head, version)
-    from ..tiled import TiledHETMM, load_detector
+    from ..detectors import load_detector
 
     det = load_detector(store, args.product, version, progress=True)
-    tiled = isinstance(det, TiledHETMM)
     if args.val_store:  # the labels taught in the console (store/labels.py), beside the product's versions
         from ..store.labels import LabelSet
 
@@ -80,13 +78,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         images = [decode_image(data, source=name) for name, data, _ in stored]
     else:
         labelled = labelled_images(args.val)
-        bb = det.config.backbone
-        if tiled:  # frames at their own resolution: the tiles are cut from them
-            images = [decode_image(p) for p, _ in labelled]
-        else:
-            images = load_images(
-                [p for p, _ in labelled], bb.image_size, progress=True, desc="decode", geometry=bb.geometry
-            )
+        images = [p for p, _ in labelled]  # the files: the detector decodes and resizes (or cuts) them
     try:
         ts, record = calibrate_with_labels(
             det,
@@ -150,49 +142,18 @@ def cmd_region(args: argparse.Namespace) -> int:
     threshold follows it. A product on the ``validation`` rule is refused: its labelled
     threshold was chosen under the old region (run ``hetmm calibrate`` again afterwards).
     """
-    from dataclasses import replace
-
-    from ..core.region import check_visible
+    from ..core.region import check_region_change
     from ..data.region_file import read_region
-    from ..detector import HETMM
+    from ..detectors import check_region, load_detector
 
     region = read_region(args.region)  # a bad file fails before any loading
     store = _open(args)
     head = store.head(args.product)
     version = head if args.version is None else args.version
-    if store.record(args.product, version).config.geometry.tiled:
-        return _region_tiled(args, store, head, version, region)
-    det = HETMM.load(store, args.product, version, progress=True)
-    ts = det.templates
-    assert ts is not None
-    if ts.config.threshold.rule == "validation":
-        raise CLIError(
-            f"product {args.product!r} uses the validation threshold rule, chosen on labelled images under its "
-            "old region: refit or change its rule first"
-        )
-    before = det.operating_point()
-    config = replace(ts.config, region=region)
-    check_visible(config)
-    new_ts = det.calibrated(replace(ts, config=config))
-    new = _publish(args, store, new_ts, expect_head=head)
-    after = HETMM.load(store, args.product, new).operating_point()
-    print(
-        f"product {args.product}: version {new} (from v{version}) region {_describe_region(region)}; threshold "
-        f"{_describe_operating_point(before)} -> {_describe_operating_point(after)}"
-    )
-    return 0
-
-
-def _region_tiled(args: argparse.Namespace, store: Any, head: int, version: int, region: Any) -> int:
-    """``hetmm region`` of a tiled product (``TiledHETMM.with_region``): every position recalibrated."""
-    from ..tiled import TiledHETMM
-
-    det = TiledHETMM.load(store, args.product, version, progress=True)
-    if det.config.threshold.rule == "validation":
-        raise CLIError(
-            f"product {args.product!r} uses the validation threshold rule, chosen on labelled images under its "
-            "old region: refit or change its rule first"
-        )
+    config = store.record(args.product, version).config
+    check_region_change(config)  # before any loading: the validation rule's refusal
+    check_region(config.replace(region=region))
+    det = load_detector(store, args.product, version, progress=True)
     before = det.operating_point()
     new_det = det.with_region(region)
     new = _publish(args, store, new_det.template_set(), expect_head=head)

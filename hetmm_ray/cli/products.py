@@ -1,14 +1,13 @@
 """``hetmm fit``, ``update`` and ``compress``: a product's templates built from good images, grown
-with more, or compressed to a small selection (PTS), each published as a new version; a tiled
-product (hetmm_ray/tiled.py) takes its own path in each. Where the features and PTS run (here or
-as Ray tasks, ``--address``) is :func:`_steps`."""
+with more, or compressed to a small selection (PTS), each published as a new version; tiled or
+not, one path (``detectors.new_detector`` / ``load_detector``: the ``interface.Detector`` calls).
+Where the features and PTS run (here or as Ray tasks, ``--address``) is :func:`_steps`."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 from ..config import TEMPLATE_KINDS
@@ -43,30 +42,33 @@ def add_fit(sub: Subcommands) -> None:
 
 
 def cmd_fit(args: argparse.Namespace) -> int:
-    from ..detector import HETMM
+    from ..detectors import new_detector
+    from ..tiled import frame_shape
 
     config = _config_from(args)
     paths = [p for p, _ in _image_paths(args.images)]
     if len(paths) < 2:
         raise CLIError(f"fit needs at least 2 good images, got {len(paths)}")
-    if config.geometry.tiles != (1, 1):
-        from ..tiled import resolve_tiles
-
-        config = resolve_tiles(config, paths)  # "auto": from the frames' headers; 1 x 1 is the plain fit
-        if config.geometry.tiled:
-            return _fit_tiled(args, config, paths)
-    det = HETMM(config, progress=True, steps=_steps(args))
-    _print_untiled_cost(det, paths)
+    # --address: PTS as Ray tasks ("auto" tiles resolved from the frames' headers)
+    det = new_detector(config, paths, progress=True, steps=_steps(args))
+    layout = det.layout(*frame_shape(paths[0]))
+    sheets = _sheets_text(det.config.templates, len(paths)).replace(" (", f"{layout.per_tile} (", 1)
+    ms = det.estimate_ms_per_frame(paths[0], len(paths))
+    print(
+        f"{layout.describe(det.config.backbone.image_size)}, sheets {sheets}, estimated {ms:.0f} ms per frame",
+        flush=True,
+    )
     # The files themselves, not canvases resized here: the detector decodes them a batch at a time,
     # and an image's digest is its decoded frame's, as on every other path (issue 38).
     det.fit(paths)
     version = det.save(_open(args), args.product)
     print(
         f"product {args.product}: version {version} from {len(paths)} good images "
-        f"({det.backbone.weights_id}); threshold {_describe_operating_point(det.operating_point())}; store {args.store}"
+        f"({det.backbone.weights_id}); {layout.fitted_note()}threshold "
+        f"{_describe_operating_point(det.operating_point())}; store {args.store}"
     )
     if config.region is not None:
-        print(f"region {_describe_region(config.region)}")
+        print(f"region {_describe_region(config.region)}{layout.region_note()}")
     return 0
 
 
@@ -76,52 +78,6 @@ def _sheets_text(tc: Any, n_images: int) -> str:
     if tc.kind != "all" and tc.sheets == "auto":
         return f"at most {k} ({tc.kind}, sheets auto)"
     return f"{k} ({tc.kind})"
-
-
-def _print_untiled_cost(det: Any, paths: list[Path]) -> None:
-    """``hetmm fit`` of an untiled product: the cost line before the long work (as a tiled fit's)."""
-    from ..evaluation import load_images
-    from ..frame_cost import estimate_ms_per_frame
-    from ..tiled import frame_shape
-
-    bb = det.config.backbone
-    h, w = frame_shape(paths[0])
-    first = load_images(paths[:1], bb.image_size, geometry=bb.geometry)  # as the fit will get it
-    ms = estimate_ms_per_frame(det.scorer, first, det.config.templates.sheets_of(len(paths)))
-    print(
-        f"tiles 1 x 1 (1 per frame, a {h} x {w} frame, {max(h, w) / bb.image_size:.2f} frame px per canvas px), "
-        f"sheets {_sheets_text(det.config.templates, len(paths))}, estimated {ms:.0f} ms per frame",
-        flush=True,
-    )
-
-
-def _fit_tiled(args: argparse.Namespace, config: Any, paths: list[Path]) -> int:
-    """``hetmm fit`` of a tiled product (hetmm_ray/tiled.py): the cost first, then the fit."""
-    from ..tiled import TiledHETMM, frame_shape
-
-    det = TiledHETMM(config, progress=True, steps=_steps(args))  # --address: each position's PTS as Ray tasks
-    h, w = frame_shape(paths[0])
-    tile = det.tiles_of(h, w)[0]
-    size = config.backbone.image_size
-    sheets = _sheets_text(config.templates, len(paths)).replace(" (", " per tile (", 1)
-    ms = det.estimate_ms_per_frame(paths[0], len(paths))
-    print(
-        f"tiles {det.rows} x {det.cols} ({det.n_tiles} per frame, {tile.height} x {tile.width} px of a "
-        f"{h} x {w} frame, {max(tile.height, tile.width) / size:.2f} frame px per canvas px), "
-        f"sheets {sheets}, estimated {ms:.0f} ms per frame",
-        flush=True,
-    )
-    det.fit(paths)
-    version = det.save(_open(args), args.product)
-    print(
-        f"product {args.product}: version {version} from {len(paths)} good images "
-        f"({det.backbone.weights_id}); {det.n_tiles} tiles{' + the whole view' if det.whole_view else ''}; threshold "
-        f"{_describe_operating_point(det.operating_point())}; store {args.store}"
-    )
-    if config.region is not None:
-        dead = det.n_tiles - sum(det.live[: det.n_tiles])  # tiles only (the whole view is not one)
-        print(f"region {_describe_region(config.region)}; {dead} of {det.n_tiles} tiles wholly outside it")
-    return 0
 
 
 # --- update ----------------------------------------------------------------------------
@@ -136,13 +92,11 @@ def add_update(sub: Subcommands) -> None:
 
 
 def cmd_update(args: argparse.Namespace) -> int:
-    from ..detector import HETMM
+    from ..detectors import load_detector
 
     store = _open(args)
     head = store.head(args.product)
-    if store.record(args.product, head).config.geometry.tiled:
-        return _update_tiled(args, store, head)
-    det = HETMM.load(store, args.product, head, progress=True, steps=_steps(args))
+    det = load_detector(store, args.product, head, progress=True, steps=_steps(args))
     paths = [p for p, _ in _image_paths(args.images)]
     det.update(paths)  # frames' digests, as every path stores (issue 38)
     if det.skipped_duplicates:
@@ -151,33 +105,12 @@ def cmd_update(args: argparse.Namespace) -> int:
         print(f"product {args.product}: no new images; head stays v{head}")
         return 0
     # expect_head: a concurrent update in between makes this one fail cleanly instead of losing images.
-    version = _publish(args, store, det.templates, expect_head=head)
-    print(
-        f"product {args.product}: version {version} (from v{head}) with "
-        f"{len(paths) - det.skipped_duplicates} more good images, "
-        f"{det.templates.n_images} in all; threshold {_describe_operating_point(det.operating_point())}"
-    )
-    return 0
-
-
-def _update_tiled(args: argparse.Namespace, store: Any, head: int) -> int:
-    """``hetmm update`` of a tiled product (``TiledHETMM.update``): frames at their own resolution."""
-    from ..tiled import TiledHETMM
-
-    det = TiledHETMM.load(store, args.product, head, progress=True, steps=_steps(args))
-    paths = [p for p, _ in _image_paths(args.images)]
-    det.update(paths)
-    if det.skipped_duplicates:
-        print(f"hetmm: skipped: {det.skipped_duplicates} image(s) already in v{head} (same content)", file=sys.stderr)
-    if det.skipped_duplicates == len(paths):
-        print(f"product {args.product}: no new images; head stays v{head}")
-        return 0
     version = _publish(args, store, det.template_set(), expect_head=head)
+    tiles = f"; {det.n_tiles} tiles" if det.n_tiles > 1 else ""
     print(
         f"product {args.product}: version {version} (from v{head}) with "
         f"{len(paths) - det.skipped_duplicates} more good images, "
-        f"{len(det.frame_digests)} in all; {det.n_tiles} tiles; threshold "
-        f"{_describe_operating_point(det.operating_point())}"
+        f"{det.n_images} in all{tiles}; threshold {_describe_operating_point(det.operating_point())}"
     )
     return 0
 
@@ -203,50 +136,29 @@ def add_compress(sub: Subcommands) -> None:
 
 
 def cmd_compress(args: argparse.Namespace) -> int:
-    from ..detector import HETMM
+    from ..detectors import load_detector
 
     store = _open(args)
     overrides = {k: v for k, v in (("device", args.device),) if v}
-    version = store.head(args.product) if args.version is None else args.version
-    if store.record(args.product, version).config.geometry.tiled:
-        return _compress_tiled(args, store, version, overrides)
-    det = HETMM.load(store, args.product, args.version, progress=True, steps=_steps(args), **overrides)
+    det = load_detector(store, args.product, args.version, progress=True, steps=_steps(args), **overrides)
     start = time.perf_counter()
     det.compress(_template_kind(args.templates), args.sheets, seed=args.seed)
     seconds = time.perf_counter() - start
-    version = _publish(args, store, det.templates) if _candidate(args, det.config) else det.save(store, args.product)
-    ts = det.templates
-    assert ts is not None
-    auto = ts.meta.get("sheets_auto")  # present only when this selection measured its K
-    if auto:
-        print(_ladder_table(auto))
-    print(
-        f"product {args.product}: version {version} = {ts.config.templates.kind} with {ts.sheets} sheets "
-        f"of {ts.n_images} images ({seconds:.1f}s); threshold {_describe_operating_point(det.operating_point())}"
-    )
-    return 0
-
-
-def _compress_tiled(args: argparse.Namespace, store: Any, version: int, overrides: dict[str, Any]) -> int:
-    """``hetmm compress`` of a tiled product (``TiledHETMM.compress``): a selection per tile position."""
-    from ..tiled import TiledHETMM
-
-    det = TiledHETMM.load(store, args.product, version, progress=True, steps=_steps(args), **overrides)
-    start = time.perf_counter()
-    det.compress(_template_kind(args.templates), args.sheets, seed=args.seed)
-    seconds = time.perf_counter() - start
-    new = _publish(args, store, det.template_set()) if _candidate(args, det.config) else det.save(store, args.product)
-    sets = [d.templates for d in det.dets]
+    candidate = _candidate(args, det.config)
+    version = _publish(args, store, det.template_set()) if candidate else det.save(store, args.product)
+    sets = det.selections()
     for p, ts in enumerate(sets):
-        auto = ts.meta.get("sheets_auto")  # present only when this position measured its K
-        if auto:
+        auto = ts.meta.get("sheets_auto")  # present only when this selection measured its K
+        if auto and len(sets) == 1:
+            print(_ladder_table(auto))
+        elif auto:
             print(f"tile {p}: sheets auto chose K = {auto['chosen']} ({auto['why']})")
-    sheets = sorted({ts.sheets for ts in sets})
-    held = str(sheets[0]) if len(sheets) == 1 else f"{sheets[0]}-{sheets[-1]}"
+    counts = sorted({ts.sheets for ts in sets})
+    held = str(counts[0]) if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
+    per_tile = f" per tile ({det.n_tiles} tiles)" if det.n_tiles > 1 else ""
     print(
-        f"product {args.product}: version {new} = {det.config.templates.kind} with {held} sheets per tile "
-        f"({det.n_tiles} tiles) of {len(det.frame_digests)} images ({seconds:.1f}s); threshold "
-        f"{_describe_operating_point(det.operating_point())}"
+        f"product {args.product}: version {version} = {det.config.templates.kind} with {held} sheets{per_tile} "
+        f"of {det.n_images} images ({seconds:.1f}s); threshold {_describe_operating_point(det.operating_point())}"
     )
     return 0
 

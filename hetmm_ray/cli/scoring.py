@@ -85,11 +85,10 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
     if args.sigmas is not None:
         check_number("threshold.sigmas", args.sigmas)  # before any work: NaN would pass every image
-    from ..tiled import TiledHETMM, load_detector
+    from ..detectors import load_detector
 
     overrides = {k: v for k, v in (("device", args.device), ("dtype", args.dtype)) if v}
     det = load_detector(_open(args), args.product, args.version, progress=True, **overrides)
-    tiled = isinstance(det, TiledHETMM)
     good: list[tuple[Path, Path, Any]] = []
     failed = 0
     for path, name in _image_paths(args.images):
@@ -133,8 +132,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
         flag = "ANOMALY" if rec["is_anomaly"] else "ok"
         print(f"{rec['score']:.4f}  {flag:<7}  {path}")
     print(f"{len(good)} images, {len(good) / pred.seconds:.2f} images/s, product {args.product} v{pred.version}")
-    if tiled:
-        print(f"{det.rows} x {det.cols} tiles per frame, {len(good) * det.n_tiles / pred.seconds:.2f} tiles/s")
+    if det.n_tiles > 1:
+        print(f"{det.grid[0]} x {det.grid[1]} tiles per frame, {len(good) * det.n_tiles / pred.seconds:.2f} tiles/s")
     print(f"threshold {_describe_operating_point(op)}")
     if args.json:
         _write_json(args.json, records)

@@ -123,6 +123,13 @@ class DetectorConfig(Settings):
             del out["geometry"]
         return out
 
+    @property
+    def decode_canvas(self) -> tuple[int, str] | None:
+        """What a frame may be decoded and resized to before it reaches the detector: ``(image_size,
+        geometry)`` for a frame on one canvas; None for a tiled product, whose frames travel whole
+        (the detector cuts its tiles from the frame at its own resolution)."""
+        return None if self.geometry.tiled else (self.backbone.image_size, self.backbone.geometry)
+
     def product_only(self) -> DetectorConfig:
         """This configuration with every run-time setting at its default: the product as stored."""
         defaults = {f.name: f.default for f in dataclasses.fields(DetectorConfig) if is_run_time(f)}

@@ -262,3 +262,15 @@ def check_visible(config: DetectorConfig) -> None:
         check_region_visible(
             config.region, canvas=size, out=config.scoring.output_size or size, geometry=config.backbone.geometry
         )
+
+
+def check_region_change(config: DetectorConfig) -> None:
+    """ConfigError when a product of ``config`` may not take another region: one on the ``validation``
+    threshold rule, whose labelled threshold was chosen under the old region (every path that
+    changes a region asks this, before any work: ``hetmm region``, the service's region job and
+    its preview, ``Detector.with_region``)."""
+    if config.threshold.rule == "validation":
+        raise ConfigError(
+            "the product uses the validation threshold rule, chosen on labelled images under its old region: "
+            "set the far rule first (hetmm calibrate --far RATE) or refit"
+        )

@@ -88,11 +88,11 @@ def _labelled_calibration(
     """Score labelled images with ``version`` and choose its validation threshold (hetmm_ray.validation;
     a tiled product at the frame level, its frames at their own resolution)."""
     from ..data.decode import decode_image
-    from ..tiled import load_detector
+    from ..detectors import load_detector
     from ..validation import calibrate_with_labels
 
     use_assigned_cpus()
-    det = load_detector(open_store(store_uri), product, version)  # HETMM.load for an untiled product
+    det = load_detector(open_store(store_uri), product, version)
     decoded = [decode_image(data) for data in images]
     return calibrate_with_labels(det, decoded, labels, objective=objective, max_false_alarm_rate=cap)
 
@@ -153,42 +153,49 @@ def _numpy(t: torch.Tensor) -> np.ndarray:
     return (t.float() if t.dtype == torch.bfloat16 else t).numpy()
 
 
+def _whole_frames(config: DetectorConfig) -> bool:
+    """Whether a product's create, hot update and region jobs run as one detector in a task (the
+    ``*_in_task`` functions), not on the sharded path. The one kind check of this module: a tiled
+    product's tiles are cut from whole frames in one process, while a frame on one canvas is
+    extracted as image-batch tasks across the cluster and grows its layer shards in place (its
+    features never need the whole frame together)."""
+    return config.geometry.tiled
+
+
 def _fanned_out_pts() -> FitSteps:
     """A tiled job's steps: each position's PTS as pixel-chunk tasks of a full CPU each."""
     return FitSteps(pts=partial(pts_indices_ray, num_cpus=TASK_CPUS))
 
 
 @ray.remote(num_cpus=TASK_CPUS)
-def _tiled_fit(config: dict[str, Any], images: list[bytes], registry: Any, job_id: str | None) -> TemplateSet:
-    """A tiled product's fit (hetmm_ray/tiled.py) in one task on a full CPU: every frame decoded, the
-    tiles of several frames through the backbone together (``TiledHETMM.fit``), each position's
-    selection with PTS fanned out as pixel-chunk tasks. Before the long work it reports the grid,
-    the tile size, the sheets per position and the estimated ms per frame to the job."""
+def _fit_in_task(config: dict[str, Any], images: list[bytes], registry: Any, job_id: str | None) -> TemplateSet:
+    """A product fit as one detector (``detectors.new_detector``) in one task on a full CPU: every
+    frame decoded, its canvases (a tiled product's tiles of several frames together) through the
+    backbone, each position's selection with PTS fanned out as pixel-chunk tasks. Before the long
+    work it reports the layout, the sheets per position and the estimated ms per frame to the job."""
     from ..data.decode import decode_image
-    from ..tiled import TiledHETMM
+    from ..detectors import new_detector
 
     use_assigned_cpus()
     cfg = DetectorConfig.from_dict(config)
     frames = [decode_image(data) for data in images]
-    det = TiledHETMM(cfg, steps=_fanned_out_pts())
+    det = new_detector(cfg, frames, steps=_fanned_out_pts())
     report = None if job_id is None else JobReport(registry, job_id)
-    for p, d in enumerate(det.dets):
-        d.pipeline.report = None if report is None else _TileReport(report, p, det.n_positions)
     if report is not None:
-        h, w = max(f.shape[0] for f in frames), max(f.shape[1] for f in frames)
-        tile = det.tiles_of(h, w)[0]
+        det.report_to(report)
+        layout = det.layout(max(f.shape[0] for f in frames), max(f.shape[1] for f in frames))
         sheets = cfg.templates.sheets_of(len(frames))
         ms = det.estimate_ms_per_frame(frames[0], len(frames))
         facts = {
-            "tiles": [det.rows, det.cols],
-            "tile_px": [tile.height, tile.width],
+            "tiles": [layout.rows, layout.cols],
+            "tile_px": [layout.tile_height, layout.tile_width],
             "sheets": sheets,
             "estimated_ms_per_frame": round(ms, 1),
         }
         ray.get(registry.job_note.remote(job_id, facts))
         report.stage(
-            f"fit {det.rows} x {det.cols} tiles ({tile.height} x {tile.width} px), {sheets} sheets per tile, "
-            f"about {ms:.0f} ms per frame",
+            f"fit {layout.rows} x {layout.cols} tiles ({layout.tile_height} x {layout.tile_width} px), "
+            f"{sheets} sheets{layout.per_tile}, about {ms:.0f} ms per frame",
             len(frames),
         )
     det.fit(frames)
@@ -196,62 +203,27 @@ def _tiled_fit(config: dict[str, Any], images: list[bytes], registry: Any, job_i
 
 
 @ray.remote(num_cpus=TASK_CPUS)
-def _tiled_update(store_uri: str, product: str, version: int, images: list[bytes]) -> tuple[TemplateSet | None, int]:
-    """``TiledHETMM.update`` of ``product`` at ``version`` with encoded good frames, in a task (PTS fanned
+def _update_in_task(store_uri: str, product: str, version: int, images: list[bytes]) -> tuple[TemplateSet | None, int]:
+    """``Detector.update`` of ``product`` at ``version`` with encoded good frames, in a task (PTS fanned
     out): the new template set (None when every frame was already held) and how many frames it added."""
     from ..data.decode import decode_image
-    from ..tiled import TiledHETMM
+    from ..detectors import load_detector
 
     use_assigned_cpus()
-    det = TiledHETMM.load(open_store(store_uri), product, version, steps=_fanned_out_pts())
+    det = load_detector(open_store(store_uri), product, version, steps=_fanned_out_pts())
     det.update([decode_image(data) for data in images])
     added = len(images) - det.skipped_duplicates
     return (det.template_set() if added else None), added
 
 
 @ray.remote(num_cpus=TASK_CPUS)
-def _tiled_with_region(store_uri: str, product: str, version: int, region: dict[str, Any] | None) -> TemplateSet:
-    """``product`` at ``version`` under another region (``TiledHETMM.with_region``: every tile position
-    keeps its templates and is recalibrated under its part), in a task; unsaved."""
-    from ..tiled import TiledHETMM
+def _with_region_in_task(store_uri: str, product: str, version: int, region: dict[str, Any] | None) -> TemplateSet:
+    """``product`` at ``version`` under another region (``Detector.with_region``: the templates kept,
+    every position recalibrated under its part), in a task; unsaved."""
+    from ..detectors import load_detector
 
     use_assigned_cpus()
-    return TiledHETMM.load(open_store(store_uri), product, version).with_region(region).template_set()
-
-
-class _TileReport:
-    """A position's fit stages to the job, named with the position (``tile 2/5: calibrate``; the whole view, if
-    any, is the last)."""
-
-    def __init__(self, report: JobReport, position: int, tiles: int) -> None:
-        self.report, self.prefix = report, f"tile {position + 1}/{tiles}: "
-
-    def stage(self, name: str, total: int = 0) -> None:
-        self.report.stage(self.prefix + name, total)
-
-    def __call__(self, done: int, total: int) -> None:
-        self.report(done, total)
-
-
-def _frames_grid(config: DetectorConfig, images: list[bytes]) -> DetectorConfig:
-    """``config`` with ``geometry.tiles: auto`` resolved from the frames' headers (nothing decoded,
-    the largest height and width, as ``tiled.resolve_tiles``); a given grid as it is."""
-    import io
-
-    from PIL import Image
-
-    from ..core.tiles import grid_of
-
-    g = config.geometry
-    if g.tiles != "auto":
-        return config
-    sizes = []
-    for data in images:
-        with Image.open(io.BytesIO(data)) as im:
-            sizes.append((im.height, im.width))
-    h, w = max(s[0] for s in sizes), max(s[1] for s in sizes)
-    rows, cols = grid_of("auto", h, w, config.backbone.image_size, g.tile_overlap)
-    return replace(config, geometry=replace(g, tiles=(rows, cols)))
+    return load_detector(open_store(store_uri), product, version).with_region(region).template_set()
 
 
 @ray.remote
@@ -503,9 +475,9 @@ class ProductRegistry:
         for f in futures:
             if f.exception() is not None:  # a host lost under the publish: the old version keeps serving
                 raise f.exception()  # type: ignore[misc]
-        tiles = None
-        if source.config.geometry.tiled:  # the positions' settings and calibrations ride in the manifest's meta
-            tiles = dict(source.meta["tiles"] if isinstance(source, TemplateSet) else source.tiles or {}) or None
+        # a tiled product's positions' settings and calibrations ride in the manifest's meta (None: one canvas)
+        held = source.meta.get("tiles") if isinstance(source, TemplateSet) else source.tiles
+        tiles = dict(held) if held else None
         # The tiny sets are ObjectRefs owned by this actor: replicas read them from shared memory.
         self.published[product] = _snapshot(product, version, source, tiny, tiles)
         self.versions[product] = version
@@ -638,11 +610,11 @@ class ProductRegistry:
             await self._publish(product, version, calibrated)
         return version
 
-    async def _update_tiled(
+    async def _update_via_task(
         self, product: str, images: list[bytes], progress: JobProgress, candidate: bool = False
     ) -> int:
-        """Hot update of a tiled product: ``TiledHETMM.update`` on the head in a task
-        (:func:`_tiled_update`: every position grown, re-selected and recalibrated), published with
+        """Hot update as one detector in a task: ``Detector.update`` on the head
+        (:func:`_update_in_task`: every position grown, re-selected and recalibrated), published with
         ``expect_head``; its (tile, layer) shards grow in place (:meth:`_adopted_in_place`), or load
         the new head from the store (a candidate: the shards keep the head). Frames already held
         are skipped (``skipped_duplicates``); with nothing new the head stays. A failure publishes nothing."""
@@ -650,7 +622,7 @@ class ProductRegistry:
             head = await asyncio.to_thread(self.store.head, product)
             progress.stage("tile features, select and calibrate", len(images))
             progress.note(candidate=candidate)
-            ts, added = await _tiled_update.remote(self.store_uri, product, head, images)
+            ts, added = await _update_in_task.remote(self.store_uri, product, head, images)
             progress.note(skipped_duplicates=len(images) - added, added_images=added)
             if ts is None:
                 if product not in self.shards or self.versions.get(product) != head:
@@ -837,9 +809,11 @@ class ProductRegistry:
         cfg = DetectorConfig.from_dict(config)
         if product in await asyncio.to_thread(self.store.products):
             raise StoreConflict(f"product {product!r} already exists; add images with .../normals")
-        cfg = await asyncio.to_thread(_frames_grid, cfg, images)  # tiles: auto -> a grid (1 x 1: untiled)
-        if cfg.geometry.tiled:
-            return self.jobs.start("create", product, partial(self._create_tiled, product, cfg, images))
+        from ..tiled import resolve_tiles
+
+        cfg = await asyncio.to_thread(resolve_tiles, cfg, images)  # tiles: auto -> a grid (1 x 1: untiled)
+        if _whole_frames(cfg):
+            return self.jobs.start("create", product, partial(self._create_in_task, product, cfg, images))
 
         async def work(progress: JobProgress) -> int:
             features, digests = await self._extract(cfg, images, progress, estimate=True)  # the cost, as tiled
@@ -847,12 +821,14 @@ class ProductRegistry:
 
         return self.jobs.start("create", product, work)
 
-    async def _create_tiled(self, product: str, cfg: DetectorConfig, images: list[bytes], progress: JobProgress) -> int:
-        """A tiled product (``geometry.tiles``, resolved): fit in a task (:func:`_tiled_fit`), published
-        as v1; its shards are its (tile position, layer) objects, placed over the template hosts."""
+    async def _create_in_task(
+        self, product: str, cfg: DetectorConfig, images: list[bytes], progress: JobProgress
+    ) -> int:
+        """A product fit as one detector in a task (:func:`_fit_in_task`), published as v1; its shards
+        are its bank's objects ((tile position, layer) for a tiled one), placed over the template hosts."""
         progress.stage("tile features and fit", len(images))
         me = ray.get_runtime_context().current_actor
-        ts = await _tiled_fit.remote(cfg.to_dict(), images, me, progress.job_id)
+        ts = await _fit_in_task.remote(cfg.to_dict(), images, me, progress.job_id)
         async with self._lock(product):
             progress.stage("publish")
             version = await asyncio.to_thread(self.store.put, product, ts, expect_head=0)
@@ -865,9 +841,9 @@ class ProductRegistry:
         version = await self.head(product)  # ProductNotFound before any work starts
         cfg = (await asyncio.to_thread(self.store.record, product, version)).config
         candidate = self._candidate(publish, cfg)
-        if cfg.geometry.tiled:
+        if _whole_frames(cfg):
             return self.jobs.start(
-                "normals", product, partial(self._update_tiled, product, images, candidate=candidate)
+                "normals", product, partial(self._update_via_task, product, images, candidate=candidate)
             )
 
         async def work(progress: JobProgress) -> int:
@@ -916,18 +892,13 @@ class ProductRegistry:
         """The head version a region job starts from and its settings; ConfigError before any work
         for a region that counts no map pixel, and for a product on the ``validation`` rule (its
         labelled threshold was chosen under the old region)."""
-        from ..config import ConfigError
-        from ..core.region import check_visible
+        from ..core.region import check_region_change
+        from ..detectors import check_region
 
         version = await self.head(product)  # ProductNotFound before any work starts
         cfg = (await asyncio.to_thread(self.store.record, product, version)).config
-        if cfg.threshold.rule == "validation":
-            raise ConfigError(
-                f"product {product!r} uses the validation threshold rule, chosen on labelled images under its "
-                "old region: set the far rule first"
-            )
-        if not cfg.geometry.tiled:  # a tiled product's region is cut per tile and checked there (its job)
-            check_visible(replace(cfg, region=region))
+        check_region_change(cfg)
+        check_region(replace(cfg, region=region))  # on the canvas's map, or on every tile's
         return version, cfg
 
     async def _under_region(
@@ -936,8 +907,8 @@ class ProductRegistry:
         """``version``'s template set, and the same set under ``region`` recalibrated (its out-of-fold
         scores count the region's pixels only): the one computation of a region job and its preview."""
         base = await asyncio.to_thread(self.store.get, product, version)
-        if base.config.geometry.tiled:  # every position recalibrated under its part (TiledHETMM.with_region)
-            return base, await _tiled_with_region.remote(self.store_uri, product, version, region)
+        if _whole_frames(base.config):  # every position recalibrated under its part (Detector.with_region)
+            return base, await _with_region_in_task.remote(self.store_uri, product, version, region)
         ts = replace(base, config=replace(base.config, region=region))
         return base, await asyncio.to_thread(self._pipeline(ts.config, progress).calibrated, ts)
 

@@ -49,11 +49,9 @@ class CanvasCache:
             return hit[1]
         try:
             snap = await self._snapshot(product)
-            bb = snap.config.backbone
-            tiled = snap.config.geometry.tiled
         except Exception:  # noqa: BLE001 - an optimisation only: the replica reports real errors
             return None
-        value = None if tiled else (bb.image_size, bb.geometry)
+        value = snap.config.decode_canvas
         self._cache[product] = (now + self._ttl_s, value)
         return value
 

@@ -38,10 +38,10 @@ from starlette.requests import ClientDisconnect
 
 from ..config import PUBLISH_MODES, SERVE_BY_VALUE_MAX_BYTES, DetectorConfig, ServiceConfig, merge_product_config
 from ..core.calibration import check_rate
-from ..core.region import check_visible
 from ..data.decode import decode_image
 from ..data.region_file import region_from_json
 from ..data.sources import read_image_source
+from ..detectors import check_region
 from ..distributed.registry import get_registry
 from ..errors import Refused, describe
 from ..pipeline import keep_memory_mapped
@@ -165,13 +165,11 @@ def timed(route: str) -> Callable[[Callable[..., Awaitable[Response]]], Callable
 
 def _check_region(config: dict[str, Any]) -> None:
     """ConfigError (400) for a region that counts no pixel, at the reference size or on the map (a
-    tiled product: on one tile's map at least, checked when its job cuts the region per tile)."""
+    tiled product's: on one tile's map at least; ``detectors.check_region``)."""
     region = config.get("region")
     if region is not None:
         region_from_json(region)
-        cfg = DetectorConfig.from_dict(config)
-        if not cfg.geometry.tiled:
-            check_visible(cfg)
+        check_region(DetectorConfig.from_dict(config))
 
 
 MAP_SIZE_MAX = 8192  # ?map_size: a heat-map's long side at most (never enlarged, serve/replica.py)

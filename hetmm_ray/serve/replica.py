@@ -38,11 +38,11 @@ from ..config import BackboneConfig, ReplicaSettings
 from ..core.backbone import Backbone
 from ..core.review import review_threshold, verdict
 from ..core.templates import TemplateError
-from ..detector import HETMM
+from ..detectors import serving_detector
 from ..distributed.registry import get_registry
 from ..distributed.runtime import use_assigned_cpus
+from ..interface import Detector as ProductDetector
 from ..records import ProductSnapshot
-from ..tiled import TiledHETMM
 from ..visualize import heatmap_overlay, heatmap_range
 from .autoscaling import IMAGES_IN_FLIGHT
 from .greedy import GreedyBatcher
@@ -66,7 +66,7 @@ class ProductModel:
 
     def __init__(self, product: str) -> None:
         self.product = product
-        self.detector: HETMM | TiledHETMM | None = None
+        self.detector: ProductDetector | None = None
         self.version = -1
         self.swap_lock = asyncio.Lock()
         self.review: tuple[int, float | None] | None = None  # (version, its review threshold: core/review.py)
@@ -155,18 +155,16 @@ class Detector:
             self._backbones[config] = Backbone(config).to(self._device)
         return self._backbones[config]
 
-    def _build(self, snapshot: ProductSnapshot) -> HETMM | TiledHETMM:
+    def _build(self, snapshot: ProductSnapshot) -> ProductDetector:
         """A detector scoring against a published tiny set (never the full bank); a tiled product's
-        from its (tile position, layer) tiny sets (``TiledHETMM.serving``)."""
+        from its (tile position, layer) tiny sets (``detectors.serving_detector``)."""
         config = snapshot.config.replace(device=self._device)
         tiny = {
             k: torch.from_numpy(np.array(v))
             for k, v in zip(snapshot.tiny, ray.get(list(snapshot.tiny.values())), strict=True)
         }
-        if config.geometry.tiled:
-            if snapshot.tiles is None:
-                raise TemplateError(f"product {snapshot.product!r} v{snapshot.version} is tiled but has no tile record")
-            return TiledHETMM.serving(
+        try:
+            return serving_detector(
                 config,
                 tiny,
                 tiles=snapshot.tiles,
@@ -175,14 +173,8 @@ class Detector:
                 version=snapshot.version,
                 backbone=self._backbone(config.backbone),
             )
-        return HETMM.serving(
-            config,
-            tiny,
-            weights_id=snapshot.weights_id,
-            calibration=snapshot.calibration,
-            version=snapshot.version,
-            backbone=self._backbone(config.backbone),
-        )
+        except TemplateError as exc:
+            raise TemplateError(f"product {snapshot.product!r} {exc}") from None
 
     async def swap(self, model: ProductModel, head: int) -> None:
         """``model`` at version ``head``: the registry's snapshot, its tiny set from the object store, the

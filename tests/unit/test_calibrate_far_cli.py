@@ -11,6 +11,7 @@ from hetmm_ray.config import BackboneConfig, DetectorConfig, ThresholdConfig
 from hetmm_ray.core.calibration import TailModel
 from hetmm_ray.data.synthetic import SyntheticProduct
 from hetmm_ray.detector import HETMM
+from hetmm_ray.detectors import load_detector
 from hetmm_ray.store import open_store
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -42,7 +43,7 @@ def test_far_rule_at_another_rate_is_a_new_version_of_the_same_templates(tmp_pat
     store = open_store(uri)
     HETMM(config).fit([gear.good(i) for i in range(8)]).save(store, "gear")
     queries = [gear.good(100), gear.defective(200, "hole")[0], gear.defective(201, "scratch")[0]]
-    v1 = HETMM.load(store, "gear", 1)
+    v1 = load_detector(store, "gear", 1)
     code, out, err = run(capsys, "calibrate", "--product", "gear", "--store", uri, "--far", "0.2")
     assert code == 0, err
     rec = store.record("gear", 2)
@@ -51,7 +52,7 @@ def test_far_rule_at_another_rate_is_a_new_version_of_the_same_templates(tmp_pat
     want = TailModel(v1.calibration.scores).threshold(0.2)
     assert want < v1.threshold  # a higher rate: a lower threshold
     assert f"version 2 (from v1) threshold {want:.4f} (rule far 20%" in out, out
-    v2 = HETMM.load(store, "gear", 2)
+    v2 = load_detector(store, "gear", 2)
     assert v2.threshold == want and v2.calibration.scores == v1.calibration.scores
     np.testing.assert_array_equal(v2.predict(queries).scores, v1.predict(queries).scores)
     assert store.manifest("gear", 2)["chunks"] == store.manifest("gear", 1)["chunks"]  # nothing uploaded

@@ -14,6 +14,7 @@ from PIL import Image
 
 from hetmm_ray.cli import main
 from hetmm_ray.data.synthetic import SyntheticProduct
+from hetmm_ray.detectors import load_detector
 from hetmm_ray.store import open_store
 
 FLAGS = ["--backbone", "resnet18", "--weights", "random", "--device", "cpu", "--set", "backbone.image_size=64"]
@@ -172,7 +173,7 @@ def test_tiled_candidate_and_compare(tmp_path, capsys) -> None:
     from hetmm_ray.compare import compare_versions
     from hetmm_ray.config import BackboneConfig, DetectorConfig, ThresholdConfig
     from hetmm_ray.data.synthetic import DEFECT_KINDS
-    from hetmm_ray.tiled import TiledHETMM, load_detector
+    from hetmm_ray.tiled import TiledHETMM
 
     part = SyntheticProduct(seed=0, size=128)
     config = DetectorConfig(

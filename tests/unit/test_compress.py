@@ -15,6 +15,7 @@ from hetmm_ray.config import BackboneConfig, DetectorConfig, TemplateConfig, Thr
 from hetmm_ray.core.pts import pts_indices
 from hetmm_ray.data.synthetic import SyntheticProduct, write_mvtec_layout
 from hetmm_ray.detector import HETMM
+from hetmm_ray.detectors import load_detector
 from hetmm_ray.store import open_store
 
 SIZE = 64
@@ -63,7 +64,7 @@ def test_compress_round_trips_through_the_store(images, tmp_path, kind):
     assert (det.templates.centres is not None) == (kind == "pc_k")
     store = open_store(tmp_path)
     version = det.save(store, "gear")
-    loaded = HETMM.load(store, "gear", version)
+    loaded = load_detector(store, "gear", version)
     assert loaded.templates.sheets == 3
     for layer in det.templates.layers:
         assert torch.equal(loaded.templates.templates(layer), det.templates.templates(layer))

@@ -32,6 +32,7 @@ from hetmm_ray.core.templates import TemplateError
 from hetmm_ray.data.decode import images_to_tensor
 from hetmm_ray.data.synthetic import DEFECT_KINDS, SyntheticProduct, write_mvtec_layout
 from hetmm_ray.detector import HETMM, Prediction
+from hetmm_ray.detectors import load_detector
 from hetmm_ray.store import open_store
 
 SIZE = 64
@@ -248,7 +249,7 @@ def test_save_load_gives_identical_scores(fitted, images, tmp_path):
     before = fitted.predict(good + bad)
     try:
         assert fitted.save(store, "gear") == 1
-        loaded = HETMM.load(store, "gear")
+        loaded = load_detector(store, "gear")
         assert loaded.version == 1
         # the product's settings; run-time ones (device, batch_size) are this host's (issue 10)
         assert loaded.config.stored_dict() == fitted.config.stored_dict()
@@ -258,7 +259,7 @@ def test_save_load_gives_identical_scores(fitted, images, tmp_path):
         assert after.threshold == before.threshold
         assert after.version == 1
         # An explicit version and run-time overrides.
-        again = HETMM.load(store, "gear", 1, batch_size=1)
+        again = load_detector(store, "gear", 1, batch_size=1)
         assert again.config.batch_size == 1
         np.testing.assert_allclose(again.predict(good + bad).scores, before.scores, atol=1e-6)
     finally:
@@ -269,14 +270,14 @@ def test_load_refuses_templates_of_other_weights(fitted, tmp_path):
     store = open_store(tmp_path)
     store.put("gear", fitted.templates)
     with pytest.raises(TemplateError, match="weights"):
-        HETMM.load(store, "gear", **{"backbone.seed": 1})
+        load_detector(store, "gear", **{"backbone.seed": 1})
 
 
 def test_update_grows_the_bank_and_keeps_working(fitted, product, images, tmp_path):
     _, good, bad = images
     store = open_store(tmp_path)
     store.put("gear", fitted.templates)
-    det = HETMM.load(store, "gear")
+    det = load_detector(store, "gear")
     extra = [product.good(50), product.good(51)]
     det.update(extra)
     ts = det.templates
@@ -580,7 +581,7 @@ def test_cli_predict_writes_heatmaps_and_json(capsys, cli_data, tmp_path):
     assert sorted(p.name for p in out_dir.iterdir()) == sorted(f"{Path(n).stem}_heatmap.png" for n in names)
 
     # The CLI's numbers are the API's numbers.
-    det = HETMM.load(open_store(cli_data["store"]), "gear")
+    det = load_detector(open_store(cli_data["store"]), "gear")
     pred = det.predict([Path(r["image"]) for r in records])
     np.testing.assert_allclose([r["score"] for r in records], pred.scores, atol=2e-6)
     assert records[0]["threshold"] == pytest.approx(pred.threshold, abs=2e-6)

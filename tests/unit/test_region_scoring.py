@@ -21,6 +21,7 @@ from hetmm_ray.core.scoring import _blurred_content, content_maps, gaussian_blur
 from hetmm_ray.core.templates import TemplateSet
 from hetmm_ray.data.synthetic import SyntheticProduct
 from hetmm_ray.detector import HETMM
+from hetmm_ray.detectors import load_detector
 from hetmm_ray.store import open_store
 from hetmm_ray.visualize import heatmap_overlay
 
@@ -149,7 +150,7 @@ def test_products_without_a_region_store_and_score_as_before(tmp_path, coded) ->
     version = det.save(store, "gear")
     manifests = list((tmp_path / "store").rglob("*.json"))
     assert manifests and not any('"region"' in m.read_text() for m in manifests)  # as every older manifest
-    again = HETMM.load(store, "gear", device="cpu")
+    again = load_detector(store, "gear", device="cpu")
     assert again.version == version and again.config.region is None
     after = again.predict([coded.good(40), coded.good(41)])
     assert np.array_equal(before.scores, after.scores) and np.array_equal(before.maps, after.maps)
@@ -161,7 +162,7 @@ def test_a_region_is_stored_with_the_product(tmp_path, coded) -> None:
     det = HETMM(tiny_config(region=region)).fit([coded.good(i) for i in range(6)])
     store = open_store(tmp_path / "store")
     det.save(store, "gear")
-    again = HETMM.load(store, "gear", device="cpu")
+    again = load_detector(store, "gear", device="cpu")
     assert again.config.region == json.loads(json.dumps(region))
     a, b = det.predict([coded.good(40)]), again.predict([coded.good(40)])
     assert np.array_equal(a.scores, b.scores)

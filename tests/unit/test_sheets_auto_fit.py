@@ -13,6 +13,7 @@ from hetmm_ray.config import BackboneConfig, ConfigError, DetectorConfig, Templa
 from hetmm_ray.core.templates import TemplateSet
 from hetmm_ray.data.synthetic import SyntheticProduct
 from hetmm_ray.detector import HETMM
+from hetmm_ray.detectors import load_detector
 from hetmm_ray.fitting import FitPipeline
 from hetmm_ray.frame_cost import TimeBudgetWarning
 from hetmm_ray.store import open_store
@@ -207,7 +208,7 @@ def test_a_product_stored_with_the_retired_key_loads_and_scores_bit_for_bit(
     manifest = store.manifest("gear", version)
     assert manifest["config"]["templates"]["auto_max_rel_diff"] == 0.05
     assert "auto_max_norm_diff" not in manifest["config"]["templates"]
-    again = HETMM.load(store, "gear", device="cpu")
+    again = load_detector(store, "gear", device="cpu")
     after = again.predict(probe)
     assert np.array_equal(before.scores, after.scores) and np.array_equal(before.maps, after.maps)
     assert again.operating_point().threshold == det.operating_point().threshold

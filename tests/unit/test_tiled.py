@@ -17,8 +17,9 @@ from hetmm_ray.core.templates import TemplateError
 from hetmm_ray.core.tiles import cut, stitch, tile_grid
 from hetmm_ray.data.synthetic import DEFECT_KINDS, SyntheticProduct
 from hetmm_ray.detector import HETMM
+from hetmm_ray.detectors import load_detector
 from hetmm_ray.store import open_store
-from hetmm_ray.tiled import TiledHETMM, load_detector, resolve_tiles
+from hetmm_ray.tiled import TiledHETMM, resolve_tiles
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -123,7 +124,7 @@ def test_save_load_round_trip_one_object_per_tile_and_layer(tiled, frames, tmp_p
     np.testing.assert_array_equal(after.maps, before.maps)
     assert after.threshold == before.threshold
     with pytest.raises(TemplateError, match="tiled"):
-        HETMM.load(store, "tiled")  # a tiled product is never scored untiled
+        HETMM.from_store(store, "tiled", version)  # a tiled product is never scored untiled
 
 
 def test_untiled_products_store_and_load_as_before(frames, tmp_path):
@@ -339,7 +340,7 @@ def test_cli_update_of_a_tiled_product(frames, tmp_path, capsys):
     captured = capsys.readouterr()
     assert "1 image(s) already in v1" in captured.err
     assert "version 2 (from v1) with 2 more good images, 6 in all; 4 tiles" in captured.out
-    loaded = TiledHETMM.load(store, "t", batch_size=4, device="cpu")
+    loaded = load_detector(store, "t", batch_size=4, device="cpu")
     assert loaded.version == 2 and store.record("t", 2).parent == 1
     assert_same_tiled(loaded, TiledHETMM(config(**TILED)).fit(train), test)
     assert main(["update", str(folders["new"]), "--product", "t", "--store", str(tmp_path / "store")]) == 0
@@ -379,7 +380,7 @@ def test_labelled_calibration_is_at_the_frame_level(tiled, frames, tmp_path):
     assert ts.calibration.scores == tiled.calibration.scores  # the frame out-of-fold scores kept
     store = open_store(tmp_path / "store")
     version = store.put("t", ts)
-    loaded = TiledHETMM.load(store, "t", version, batch_size=4, device="cpu")
+    loaded = load_detector(store, "t", version, batch_size=4, device="cpu")
     assert loaded.threshold == record["threshold"] and loaded.scales == tiled.scales
     pred = loaded.predict(test)
     assert np.array_equal(pred.is_anomaly, pred.scores > record["threshold"])
@@ -402,12 +403,12 @@ def test_cli_compress_and_calibrate_of_a_tiled_product(frames, tmp_path, capsys)
     assert main(["compress", "--product", "t", "--store", store_uri, "--templates", "pts", "--sheets", "2"]) == 0
     out = capsys.readouterr().out
     assert "version 2 = pts_o with 2 sheets per tile (4 tiles) of 6 images" in out
-    compressed = TiledHETMM.load(store, "t", 2, batch_size=4, device="cpu")
+    compressed = load_detector(store, "t", 2, batch_size=4, device="cpu")
     reference = TiledHETMM(config(**TILED, **{"templates.kind": "pts_o", "templates.sheets": 2})).fit(train)
     assert_same_tiled(compressed, reference, test)
     assert main(["calibrate", "--product", "t", "--store", store_uri, "--val", str(val)]) == 0
     assert "version 3 (from v2) threshold" in capsys.readouterr().out
-    calibrated = TiledHETMM.load(store, "t", 3, batch_size=4, device="cpu")
+    calibrated = load_detector(store, "t", 3, batch_size=4, device="cpu")
     assert calibrated.config.threshold.rule == "validation"
     assert calibrated.threshold == calibrated.calibration.validation["threshold"]
 
@@ -452,7 +453,7 @@ def test_another_region_equals_a_fit_under_it(frames, tmp_path, capsys):
         == 0
     )
     assert "version 2 (from v1) region" in capsys.readouterr().out
-    loaded = TiledHETMM.load(store, "t", 2, batch_size=4, device="cpu")
+    loaded = load_detector(store, "t", 2, batch_size=4, device="cpu")
     assert loaded.config.region is not None
     assert_same_tiled(loaded, TiledHETMM(config(**TILED, region=region)).fit(train), test)
     back = loaded.with_region(None)
@@ -475,7 +476,7 @@ def test_a_far_rule_at_another_rate_moves_the_frame_threshold_only(tiled, frames
     assert main(["calibrate", "--product", "t", "--store", str(tmp_path / "store"), "--far", str(rate)]) == 0
     v2 = store.head("t")
     assert v2 == v1 + 1 and store.manifest("t", v2)["chunks"] == store.manifest("t", v1)["chunks"]
-    loaded = TiledHETMM.load(store, "t", v2, batch_size=4, device="cpu")
+    loaded = load_detector(store, "t", v2, batch_size=4, device="cpu")
     assert loaded.scales == tiled.scales and loaded.calibration.scores == tiled.calibration.scores
     before, after = tiled.predict(test), loaded.predict(test)
     np.testing.assert_array_equal(after.scores, before.scores)
@@ -499,4 +500,4 @@ def test_stored_tile_scales_are_checked(tiled, tmp_path):
         head = store.head("t")
         store.republish("t", config=config, expect_head=head, meta={"tiles": {**tiles, "scales": bad}})
         with pytest.raises(TemplateError, match="tile scales"):
-            TiledHETMM.load(store, "t", batch_size=4, device="cpu")
+            load_detector(store, "t", batch_size=4, device="cpu")

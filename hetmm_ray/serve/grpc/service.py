@@ -59,7 +59,6 @@ from ray import serve
 from ...config import HTTP_APP_NAME, ServiceConfig
 from ...errors import Refused
 from ...store import StoreError, check_product_name
-from ...tiled import TiledHETMM
 from ..canvas import decode_to_canvas
 from ..ingress import classify
 from ..replica import Detector, ScoreRequest
@@ -228,9 +227,7 @@ class InspectionDetector(Detector.func_or_class):  # type: ignore[name-defined,m
         model = await self.product_model(model_id)  # ProductNotFound -> NOT_FOUND
         detector = model.detector
         assert detector is not None
-        bb = detector.config.backbone
-        # a tiled product's frames reach the replica whole (serve/canvas.py): it cuts them itself
-        canvas = None if isinstance(detector, TiledHETMM) else (bb.image_size, bb.geometry)
+        canvas = detector.config.decode_canvas  # None: a tiled product's frames travel whole (it cuts them)
         uploads = [(im.name or f"<image {i}>", im.data) for i, im in enumerate(request.images)]
         decode_start = time.perf_counter()
         # decoded in a thread as it arrives, announced to the batcher meanwhile (serve/greedy.py: a free

@@ -14,6 +14,7 @@ from helpers import SHARED
 
 from hetmm_ray.archive import JobOptions, inspect_archive
 from hetmm_ray.cli import main
+from hetmm_ray.detectors import load_detector
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -61,7 +62,6 @@ def test_every_file_is_one_row_and_scores_equal_predict(inspected: dict, gear_st
 def test_scores_equal_the_detector_in_process_to_float32_rounding(inspected: dict, gear_store: str) -> None:
     from hetmm_ray.data.decode import decode_image, resize_to_geometry
     from hetmm_ray.store import open_store
-    from hetmm_ray.tiled import load_detector
 
     det = load_detector(open_store(gear_store), PRODUCT)
     paths = sorted(str(inspected["root"] / "in" / name) for name in inspected["images"])

@@ -16,6 +16,7 @@ from archive_helpers import PRODUCT, bad_bytes, gear_images, read_rows
 from helpers import png
 
 from hetmm_ray.archive import FsSpec, JobOptions, inspect_archive
+from hetmm_ray.detectors import load_detector
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -43,7 +44,6 @@ def bucket(own_ray, s3_endpoint: str) -> Iterator[dict[str, np.ndarray]]:
 def _expected_scores(store: str, images: dict[str, np.ndarray]) -> dict[str, float]:
     from hetmm_ray.data.decode import decode_image, resize_to_geometry
     from hetmm_ray.store import open_store
-    from hetmm_ray.tiled import load_detector
 
     det = load_detector(open_store(store), PRODUCT)
     bb = det.config.backbone
@@ -115,7 +115,6 @@ def test_a_record_in_an_s3_store_is_a_source(bucket: dict, s3_endpoint: str, tmp
     from hetmm_ray.detector import HETMM
     from hetmm_ray.record.writer import InspectionRecorder, RecordSettings
     from hetmm_ray.store import open_store
-    from hetmm_ray.tiled import load_detector
 
     store = f"s3://{BUCKET}/templates"
     templates = open_store(store, endpoint_url=s3_endpoint)

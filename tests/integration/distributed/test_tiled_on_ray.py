@@ -17,6 +17,7 @@ from hetmm_ray.cli import main
 from hetmm_ray.config import BackboneConfig, DetectorConfig, TemplateConfig, ThresholdConfig
 from hetmm_ray.core.templates import TemplateSet
 from hetmm_ray.data.synthetic import SyntheticProduct
+from hetmm_ray.detectors import load_detector
 from hetmm_ray.distributed.pts_fanout import pts_indices_ray
 from hetmm_ray.steps import FitSteps
 from hetmm_ray.store import open_store
@@ -94,8 +95,8 @@ def test_cli_fit_update_compress_of_a_tiled_product_with_address(tmp_path: Path)
         same(s.get("ray", version), s.get("here", version))
     assert s.record("ray", 3).sheets == 2 and s.record("ray", 2).images == 8
     np.testing.assert_array_equal(
-        TiledHETMM.load(s, "ray", device="cpu").predict([part.good(90)]).scores,
-        TiledHETMM.load(s, "here", device="cpu").predict([part.good(90)]).scores,
+        load_detector(s, "ray", device="cpu").predict([part.good(90)]).scores,
+        load_detector(s, "here", device="cpu").predict([part.good(90)]).scores,
     )
 
 

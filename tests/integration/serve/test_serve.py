@@ -29,6 +29,7 @@ from PIL import Image
 from hetmm_ray.config import BackboneConfig, DetectorConfig, TemplateConfig, ThresholdConfig
 from hetmm_ray.data.synthetic import SyntheticProduct
 from hetmm_ray.detector import HETMM
+from hetmm_ray.detectors import load_detector
 from hetmm_ray.store import open_store
 
 pytestmark = pytest.mark.usefixtures("local_ray")
@@ -144,7 +145,7 @@ def test_five_products_on_replicas_holding_two_each_score_with_their_own_templat
         p: [gear(i).good(50 + j) for j in range(2)] + [gear(i).defective(0, "scratch")[0]]
         for i, p in enumerate(PRODUCTS)
     }
-    expected = {p: HETMM.load(open_store(store), p).predict(images[p]).scores for p in PRODUCTS}
+    expected = {p: load_detector(open_store(store), p).predict(images[p]).scores for p in PRODUCTS}
     jobs = [(p, j) for _ in range(2) for p in PRODUCTS for j in range(3)]  # interleaved: forces LRU swaps
     with ThreadPoolExecutor(8) as pool:
         got = list(pool.map(lambda pj: predict(client, pj[0], images[pj[0]][pj[1]]), jobs))
@@ -161,7 +162,7 @@ def test_multipart_with_heatmaps(client: httpx.Client, store: str) -> None:
     r = client.post("/v1/products/part-0/predict", files=files, params={"map": "png"})
     assert r.status_code == 200, r.text
     body = r.json()
-    expected = HETMM.load(open_store(store), "part-0").predict(images).scores
+    expected = load_detector(open_store(store), "part-0").predict(images).scores
     assert [x["name"] for x in body["results"]] == ["im0.png", "im1.png", "im2.png"]
     assert {x["version"] for x in body["results"]} == {body["version"]}
     for x, e in zip(body["results"], expected, strict=True):
@@ -286,7 +287,7 @@ def test_create_over_http_reports_progress_and_serves(client: httpx.Client, stor
     assert stored.image_digests == local.templates.image_digests
     probe = gear(7).good(40)
     assert predict(client, "made-over-http", probe)["score"] == pytest.approx(
-        float(HETMM.load(open_store(store), "made-over-http").predict([probe]).scores[0]), rel=1e-5
+        float(load_detector(open_store(store), "made-over-http").predict([probe]).scores[0]), rel=1e-5
     )
     # Creating it again is a conflict; a folder source works too.
     again = client.post("/v1/products/made-over-http", files=files, headers=ADMIN)
@@ -344,7 +345,7 @@ def test_normals_then_rollback(client: httpx.Client, store: str) -> None:
     after = predict(client, "part-3", probe)
     assert after["version"] == 1
     assert after["score"] == pytest.approx(
-        float(HETMM.load(open_store(store), "part-3", 1).predict([probe]).scores[0]), rel=1e-5
+        float(load_detector(open_store(store), "part-3", 1).predict([probe]).scores[0]), rel=1e-5
     )
 
 
@@ -478,7 +479,7 @@ def test_letterbox_product_with_auto_sheets_over_http(client: httpx.Client, stor
     auto = listed["sheets_auto"]
     assert listed["geometry"] == "letterbox" and auto["chosen"] == listed["sheets"]
     assert [rung["sheets"] for rung in auto["ladder"]] == [10]
-    local = HETMM.load(open_store(store), "tiles")
+    local = load_detector(open_store(store), "tiles")
     assert local.config.templates.sheets == auto["chosen"]
     probe = tile(40)
     body = predict(client, "tiles", probe, map="png")
@@ -509,7 +510,7 @@ def test_a_heatmap_does_not_depend_on_its_batch(client: httpx.Client, store: str
     assert r.status_code == 200, r.text
     beside = r.json()["results"][0]
     assert np.abs(_heatmap(alone) - _heatmap(beside)).max() <= 2  # the same picture (rounding only)
-    det = HETMM.load(open_store(store), "part-0")
+    det = load_detector(open_store(store), "part-0")
     pred = det.predict([good])
     vmin, vmax = heatmap_range(pred.maps[0], pred.threshold)
     local = heatmap_overlay(resize_to_geometry(good, SIZE, "squash"), pred.maps[0], vmin=vmin, vmax=vmax)

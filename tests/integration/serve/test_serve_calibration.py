@@ -22,6 +22,7 @@ from PIL import Image
 from hetmm_ray.cli import main
 from hetmm_ray.core.calibration import TailModel
 from hetmm_ray.data.synthetic import SyntheticProduct
+from hetmm_ray.detectors import load_detector
 from hetmm_ray.store import open_store
 
 pytestmark = pytest.mark.usefixtures("local_ray")
@@ -231,6 +232,6 @@ def test_a_cli_fitted_product_updated_over_http_with_the_same_images(client, ser
     s = open_store(service_info["store"])
     assert s.head(name) == 1 and s.get(name).n_images == before.n_images == 12
     # and the in-process API's hot update with the same files adds nothing either
-    det = HETMM.load(s, name)
+    det = load_detector(s, name)
     det.update(paths)
     assert det.skipped_duplicates == 12 and det.templates.n_images == 12

@@ -27,8 +27,8 @@ from helpers import free_port, png
 
 from hetmm_ray.data.decode import decode_image, resize_to_geometry
 from hetmm_ray.data.synthetic import SyntheticProduct
+from hetmm_ray.detectors import load_detector
 from hetmm_ray.store import open_store
-from hetmm_ray.tiled import load_detector
 
 SIZE = 32
 TOKEN_ENV = "HETMM_TEST_CAND_TOKEN"

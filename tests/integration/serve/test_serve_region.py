@@ -17,7 +17,7 @@ import pytest
 from helpers import free_port, png
 
 from hetmm_ray.data.synthetic import SyntheticProduct
-from hetmm_ray.detector import HETMM
+from hetmm_ray.detectors import load_detector
 from hetmm_ray.store import open_store
 
 pytestmark = pytest.mark.usefixtures("local_ray")
@@ -77,7 +77,7 @@ def test_create_with_a_region_and_put_another(service, coded, region) -> None:
     ruled = store.get("ruled")
     assert ruled.config.region == region
     # predictions score under the region, as in process
-    local = HETMM.load(store, "ruled", device="cpu")
+    local = load_detector(store, "ruled", device="cpu")
     image = coded.good(300)
     r = client.post("/v1/products/ruled/predict?map=png", content=png(image), headers={"content-type": "image/png"})
     assert r.status_code == 200, r.text
@@ -92,7 +92,7 @@ def test_create_with_a_region_and_put_another(service, coded, region) -> None:
     assert job["kind"] == "region" and job["version"] == 2
     put = store.get("plain")
     assert put.config.region == region and put.image_digests == plain.image_digests
-    det = HETMM.load(store, "plain", 1, device="cpu")
+    det = load_detector(store, "plain", 1, device="cpu")
     expected = det.calibrated(replace(plain, config=replace(plain.config, region=region))).calibration.scores
     np.testing.assert_allclose(put.calibration.scores, expected, rtol=1e-5)
     assert np.mean(put.calibration.scores) < np.mean(plain.calibration.scores)

@@ -22,9 +22,9 @@ from helpers import free_port, png
 from PIL import Image
 
 from hetmm_ray.data.synthetic import DEFECT_KINDS, SyntheticProduct
+from hetmm_ray.detectors import load_detector
 from hetmm_ray.distributed import get_registry
 from hetmm_ray.store import open_store
-from hetmm_ray.tiled import TiledHETMM
 
 pytestmark = pytest.mark.usefixtures("local_ray")
 
@@ -95,7 +95,7 @@ def test_tiled_product_scores_as_in_process(service, product, tiled) -> None:
     client, store = service["client"], open_store(service["store"])
     rec = store.record(tiled)
     assert set(rec.layers) == KEYS and rec.config.geometry.tiles == (2, 2)
-    local = TiledHETMM.load(store, tiled, device="cpu")
+    local = load_detector(store, tiled, device="cpu")
     frames = _frames(product)
     expected = local.predict(frames)
     files = [("images", (f"{i}.png", png(f), "image/png")) for i, f in enumerate(frames)]
@@ -177,8 +177,8 @@ def test_hot_update_and_labelled_calibration_of_a_tiled_product(service, product
     r = client.post("/v1/products/grown/normals?wait=true", files=files, headers=ADMIN)
     assert r.status_code == 200, r.text
     assert r.json()["job"]["version"] == 2 and r.json()["job"]["added_images"] == 2
-    expected = TiledHETMM.load(store, "grown", 1, device="cpu").update(new)
-    stored = TiledHETMM.load(store, "grown", 2, device="cpu")
+    expected = load_detector(store, "grown", 1, device="cpu").update(new)
+    stored = load_detector(store, "grown", 2, device="cpu")
     np.testing.assert_allclose(stored.calibration.scores, expected.calibration.scores, rtol=1e-5)
     assert store.record("grown", 2).images == 8
     # the (tile, layer) shards grew in place (LayerShard.adopt) and hold exactly what v2 stores
@@ -214,7 +214,7 @@ def test_region_with_tiles_and_refusals(service, product) -> None:
     assert r.status_code == 200, r.text
     got = client.get("/v1/products/tiledregion").json()
     assert got["region"] == region and got["tiles"] == [2, 2]
-    local = TiledHETMM.load(store, "tiledregion", device="cpu")
+    local = load_detector(store, "tiledregion", device="cpu")
     frame = _frames(product)[2]
     r = client.post("/v1/products/tiledregion/predict", content=png(frame), headers={"content-type": "image/png"})
     assert r.status_code == 200, r.text
@@ -224,7 +224,7 @@ def test_region_with_tiles_and_refusals(service, product) -> None:
     r = client.put("/v1/products/tiledregion/region?wait=true", json={"region": other}, headers=ADMIN)
     assert r.status_code == 200 and r.json()["job"]["version"] == 2, r.text
     expected = local.with_region(other)
-    stored = TiledHETMM.load(store, "tiledregion", 2, device="cpu")
+    stored = load_detector(store, "tiledregion", 2, device="cpu")
     assert stored.config.region == other
     np.testing.assert_allclose(stored.calibration.scores, expected.calibration.scores, rtol=1e-5)
     assert client.get("/v1/products/tiledregion").json()["region"] == other
@@ -308,7 +308,7 @@ def test_tiled_candidate_and_compare(service, product) -> None:
     r = client.post("/v1/products/cand/versions/2/compare?wait=true", files=upload, headers=ADMIN)
     assert r.status_code == 200, r.text
     result = r.json()["job"]["compare"]
-    preds = [TiledHETMM.load(store, "cand", v, device="cpu").predict(frames) for v in (1, 2)]
+    preds = [load_detector(store, "cand", v, device="cpu").predict(frames) for v in (1, 2)]
     assert result["threshold"]["base"] == pytest.approx(preds[0].threshold, rel=1e-5)
     assert result["threshold"]["candidate"] == pytest.approx(preds[1].threshold, rel=1e-5)
     flips = [f"f{i}.png" for i in range(len(frames)) if preds[0].is_anomaly[i] != preds[1].is_anomaly[i]]

@@ -36,6 +36,7 @@ from template_bytes import to_bytes
 from hetmm_ray.config import BackboneConfig, ConfigError, DetectorConfig, ScoringConfig, ThresholdConfig, stored_config
 from hetmm_ray.core.scoring import Calibration
 from hetmm_ray.core.templates import TemplateSet
+from hetmm_ray.detectors import load_detector
 from hetmm_ray.store import (
     ProductNotFound,
     StoreConflict,
@@ -881,7 +882,7 @@ def test_detector_saved_to_s3_loads_and_scores_identically(s3_endpoint):
     queries = [product.good(10), product.defective(1, "scratch")[0]]
     expected = det.predict(queries)
 
-    loaded = HETMM.load(open_store(location), "gear")
+    loaded = load_detector(open_store(location), "gear")
     assert loaded.version == 1
     assert_identical(loaded.templates, det.templates, version=1)
     got = loaded.predict(queries)
@@ -895,7 +896,7 @@ def test_detector_saved_to_s3_loads_and_scores_identically(s3_endpoint):
     assert det.save(store, "gear") == 2
     m1, m2 = store.manifest("gear", 1), store.manifest("gear", 2)
     assert m2["chunks"][: len(m1["chunks"])] == m1["chunks"] and m2["images"] == 8
-    reloaded = HETMM.load(open_store(location), "gear")
+    reloaded = load_detector(open_store(location), "gear")
     assert reloaded.version == 2
     np.testing.assert_array_equal(reloaded.predict(queries).scores, det.predict(queries).scores)
 

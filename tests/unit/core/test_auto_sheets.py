@@ -23,6 +23,7 @@ from hetmm_ray.core.auto_sheets import (
 from hetmm_ray.core.pts import pts_indices
 from hetmm_ray.data.synthetic import SyntheticProduct, write_mvtec_layout
 from hetmm_ray.detector import HETMM
+from hetmm_ray.detectors import load_detector
 from hetmm_ray.store import open_store
 
 _T = TemplateConfig()
@@ -250,7 +251,7 @@ def test_fit_with_auto_sheets_records_the_ladder_and_fixes_k(images, tmp_path, o
     det.save(store, "gear")
     manifest = store.manifest("gear", 1)
     assert manifest["config"]["templates"]["sheets"] == k and manifest["meta"]["sheets_auto"]["chosen"] == k
-    again = HETMM.load(store, "gear")
+    again = load_detector(store, "gear")
     assert again.config.templates.sheets == k
     # A fixed K still works, and it drops the ladder (nothing was measured).
     again.compress(sheets=5)

@@ -40,6 +40,7 @@ from hetmm_ray.core.pts import select_layers
 from hetmm_ray.core.scoring import Calibration, image_scores
 from hetmm_ray.data.synthetic import SyntheticProduct
 from hetmm_ray.detector import HETMM
+from hetmm_ray.detectors import load_detector
 from hetmm_ray.store import open_store
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -338,7 +339,7 @@ def test_cli_calibrate_stores_a_validation_version(tmp_path, capsys):
     assert ts.config.threshold.rule == "validation"
     record = ts.calibration.validation
     assert ts.calibration.scores == open_store(store).get("gear", 1).calibration.scores  # OOF kept
-    det = HETMM.load(open_store(store), "gear", 2)
+    det = load_detector(open_store(store), "gear", 2)
     val = [product.good(200 + i) for i in range(4)] + [product.defective(300 + i, "hole")[0] for i in range(4)]
     scores = det.predict(val).scores
     labels = np.array([0] * 4 + [1] * 4)

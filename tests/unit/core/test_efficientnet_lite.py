@@ -27,6 +27,7 @@ from hetmm_ray.core.efficientnet_lite import KeyMappingError, build_lite, timm_s
 from hetmm_ray.core.templates import TemplateError
 from hetmm_ray.data.synthetic import SyntheticProduct
 from hetmm_ray.detector import HETMM
+from hetmm_ray.detectors import load_detector
 from hetmm_ray.store import StoreError, open_store
 
 LITES = ("efficientnet_lite0", "efficientnet_lite1", "efficientnet_lite2")
@@ -254,20 +255,20 @@ def test_a_manifest_built_with_the_default_refuses_another_backbone_or_weights(s
     manifest = store.manifest("part", 1)
     assert manifest["weights_id"] == "sha256:" + PACKAGED_WEIGHTS["efficientnet_lite0"].sha256
     query = good_images(6)[4:]
-    again = HETMM.load(store, "part")
+    again = load_detector(store, "part")
     np.testing.assert_array_equal(again.predict(query).scores, det.predict(query).scores)
 
     with pytest.raises(TemplateError, match="built with weights sha256:5793"):
-        HETMM.load(store, "part", **{"backbone.name": "efficientnet_lite1"})
+        load_detector(store, "part", **{"backbone.name": "efficientnet_lite1"})
     with pytest.raises(TemplateError, match="built with weights"):
-        HETMM.load(store, "part", **{"backbone.weights": "random"})
+        load_detector(store, "part", **{"backbone.weights": "random"})
     # The same network with other weights (one tensor changed) is refused too.
     state = reference_state("efficientnet_lite0")
     state["_conv_stem.weight"] = state["_conv_stem.weight"] * 1.01
     other = tmp_path / "lite0_other.pth"
     torch.save(state, other)
     with pytest.raises(TemplateError, match="built with weights"):
-        HETMM.load(store, "part", **{"backbone.weights": str(other)})
+        load_detector(store, "part", **{"backbone.weights": str(other)})
     with pytest.raises(StoreError, match="built with weights"):
         store.get("part", weights_id="random:seed=0")
 
@@ -289,7 +290,7 @@ def test_stored_products_keep_their_backbone_when_the_default_changes(stored_def
     det.fit(good_images(4))
     det.save(old, "legacy")
     assert json.loads(json.dumps(old.manifest("legacy", 1)["config"]))["backbone"]["name"] == "resnet18"
-    loaded = HETMM.load(old, "legacy")
+    loaded = load_detector(old, "legacy")
     assert loaded.config.backbone.name == "resnet18" and loaded.backbone.weights_id == "random:seed=0"
     assert list(loaded.templates.bank) == ["layer1", "layer2", "layer3"]
 

@@ -30,6 +30,7 @@ from hetmm_ray.core.scoring import gaussian_kernel, image_scores
 from hetmm_ray.core.templates import TemplateSet
 from hetmm_ray.data.decode import images_to_tensor, resize_rgb, resize_to_geometry
 from hetmm_ray.detector import HETMM
+from hetmm_ray.detectors import load_detector
 from hetmm_ray.store import open_store
 
 SIZE = 64
@@ -277,7 +278,7 @@ def test_out_of_fold_scores_use_the_same_boxes_as_predict(wide_detector, wide_im
 def test_geometry_travels_with_the_product_and_old_products_keep_squash(wide_detector, wide_images, tmp_path):
     store = open_store(str(tmp_path / "store"))
     wide_detector.save(store, "weld")
-    again = HETMM.load(store, "weld")
+    again = load_detector(store, "weld")
     assert again.config.backbone.geometry == "letterbox"
     assert again.templates.meta["image_boxes"] == wide_detector.templates.meta["image_boxes"]
     assert np.array_equal(again.predict(wide_images[6:]).scores, wide_detector.predict(wide_images[6:]).scores)

@@ -13,6 +13,7 @@ from helpers import png
 from hetmm_ray.cli import main
 from hetmm_ray.data.synthetic import SyntheticProduct
 from hetmm_ray.detector import HETMM
+from hetmm_ray.detectors import load_detector
 from hetmm_ray.serve.recent import RecentPredictions, image_media_type
 from hetmm_ray.store import StoreError, open_store
 from hetmm_ray.store.labels import LabelSet
@@ -109,9 +110,9 @@ def test_cli_calibrate_val_store_uses_the_labelled_set(tmp_path, capsys) -> None
     argv = ["calibrate", "--product", "gear", "--store", uri, "--val-store", "--objective", "recall"]
     assert main([*argv, "--max-false-alarm-rate", "0.34"]) == 0
     assert "on 3 good + 3 defective images" in capsys.readouterr().out
-    scores = HETMM.load(open_store(uri), "gear", 1).predict(val).scores.tolist()
+    scores = load_detector(open_store(uri), "gear", 1).predict(val).scores.tolist()
     want = choose_threshold(scores, truth, objective="recall", max_false_alarm_rate=0.34)["threshold"]
-    assert HETMM.load(open_store(uri), "gear", 2).threshold == pytest.approx(want, rel=1e-6)
+    assert load_detector(open_store(uri), "gear", 2).threshold == pytest.approx(want, rel=1e-6)
     # neither or both sources: one line, exit 2
     assert main(["calibrate", "--product", "gear", "--store", uri]) == 2
     err = capsys.readouterr().err.strip().splitlines()
