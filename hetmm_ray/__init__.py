@@ -12,7 +12,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 __version__ = "0.1.0"
 
-__all__ = ["HETMM", "DetectorConfig", "__version__"]
+__all__ = ["HETMM", "Detector", "DetectorConfig", "__version__", "load_detector", "new_detector"]
 
 
 def __getattr__(name: str):  # lazy: `import hetmm_ray` stays cheap (no torch import)
@@ -20,6 +20,14 @@ def __getattr__(name: str):  # lazy: `import hetmm_ray` stays cheap (no torch im
         from .detector import HETMM
 
         return HETMM
+    if name in ("load_detector", "new_detector"):
+        from . import detectors
+
+        return getattr(detectors, name)
+    if name == "Detector":
+        from .interface import Detector
+
+        return Detector
     if name == "DetectorConfig":
         from .config import DetectorConfig
 

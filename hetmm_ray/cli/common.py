@@ -236,8 +236,9 @@ def _write_json(path: str, value: Any) -> None:
 def _candidate(args: argparse.Namespace, config: Any) -> bool:
     """Whether this command publishes a candidate (issue 23): ``--candidate`` / ``--live`` if given,
     else the product's ``publish`` setting, else ``live`` (the default of ``hetmm`` on one machine)."""
-    chosen = getattr(args, "publish", None) or config.publish or "live"
-    return chosen == "candidate"
+    from ..config import publishes_candidate
+
+    return publishes_candidate(getattr(args, "publish", None), config.publish)
 
 
 def _publish(args: argparse.Namespace, store: Any, ts: Any, *, expect_head: int | None = None) -> int:

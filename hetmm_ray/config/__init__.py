@@ -44,6 +44,7 @@ from .product import (
     ScoringConfig,
     TemplateConfig,
     ThresholdConfig,
+    publishes_candidate,
 )
 from .replica import ReplicaSettings
 from .run_time import BACKBONE_RUNTIMES, MODEL_CACHE_ENV, PTS_CHUNK_PIXELS, TASK_CPUS, model_cache_dir
@@ -93,6 +94,7 @@ __all__ = [
     "PACKAGED_WEIGHTS",
     "PTS_CHUNK_PIXELS",
     "PUBLISH_MODES",
+    "publishes_candidate",
     "RUN_TIME_SETTINGS",
     "SERVE_BY_VALUE_MAX_BYTES",
     "SERVE_ENVIRONMENT",

@@ -346,3 +346,14 @@ PUBLISH_MODES = ("live", "candidate")
 within the store-poll bound); ``candidate`` stores, verifies and calibrates it beside HEAD until
 ``promote`` (store/versioned.py). A product's ``publish`` setting (``DetectorConfig.publish``; None =
 the surface's default: ``live`` for ``hetmm`` on one machine, ``ServiceConfig.publish`` for the service)."""
+
+
+def publishes_candidate(requested: str | None, product: str | None, default: str = "live") -> bool:
+    """Whether a new version is published as a candidate: the request's mode (a CLI flag, ``?publish=``),
+    else the product's ``publish`` setting, else the surface's ``default`` (``live`` for ``hetmm`` on one
+    machine, ``ServiceConfig.publish`` for the service). The one resolution of every path that
+    publishes (CLI, registry jobs, HTTP); ConfigError for a mode that is not one of PUBLISH_MODES."""
+    mode = requested or product or default
+    if mode not in PUBLISH_MODES:
+        raise ConfigError(f"publish: choose one of {', '.join(PUBLISH_MODES)}, got {mode!r}")
+    return mode == "candidate"

@@ -56,7 +56,7 @@ import numpy as np
 import ray
 import torch
 
-from ..config import PUBLISH_MODES, TASK_CPUS, ConfigError, DetectorConfig, ServiceConfig
+from ..config import TASK_CPUS, DetectorConfig, ServiceConfig, publishes_candidate
 from ..core.templates import TemplateSet
 from ..records import ProductDescription, ProductSnapshot, UnreadableProduct
 from ..steps import FitSteps
@@ -292,17 +292,13 @@ class ProductRegistry:
 
     async def set_publish(self, mode: str) -> None:
         """How jobs publish a product whose own ``publish`` is unset (ServiceConfig.publish)."""
-        if mode not in PUBLISH_MODES:
-            raise ConfigError(f"publish: choose one of {', '.join(PUBLISH_MODES)}, got {mode!r}")
+        publishes_candidate(mode, None)  # ConfigError for anything but a mode
         self.publish_default = mode
 
     def _candidate(self, publish: str | None, config: DetectorConfig) -> bool:
         """Whether a job publishes a candidate: the request's ``publish``, else the product's, else
         the service's (issue 23)."""
-        mode = publish or config.publish or self.publish_default
-        if mode not in PUBLISH_MODES:
-            raise ConfigError(f"publish: choose one of {', '.join(PUBLISH_MODES)}, got {mode!r}")
-        return mode == "candidate"
+        return publishes_candidate(publish, config.publish, self.publish_default)
 
     async def sync_heads(self) -> None:
         """Make what is served here follow each held product's HEAD in the store (store_watch.py);

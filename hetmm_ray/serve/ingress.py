@@ -36,7 +36,14 @@ from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from ..config import PUBLISH_MODES, SERVE_BY_VALUE_MAX_BYTES, DetectorConfig, ServiceConfig, merge_product_config
+from ..config import (
+    SERVE_BY_VALUE_MAX_BYTES,
+    ConfigError,
+    DetectorConfig,
+    ServiceConfig,
+    merge_product_config,
+    publishes_candidate,
+)
 from ..core.calibration import check_rate
 from ..data.decode import decode_image
 from ..data.region_file import region_from_json
@@ -98,8 +105,11 @@ def job_answer(record: dict[str, Any]) -> JSONResponse:
 def _publish_mode(publish: str | None) -> str | None:
     """A request's ``?publish=`` (issue 23): ``live``, ``candidate`` or absent (the product's setting,
     else the service's); anything else is a 400."""
-    if publish is not None and publish not in PUBLISH_MODES:
-        raise Refused(400, "bad_request", f"publish: choose one of {', '.join(PUBLISH_MODES)}, got {publish!r}")
+    if publish is not None:
+        try:
+            publishes_candidate(publish, None)  # the one check of a mode (config.publishes_candidate)
+        except ConfigError as exc:
+            raise Refused(400, "bad_request", str(exc)) from None
     return publish
 
 
