@@ -21,9 +21,13 @@ its steps placed here: PTS as pixel-chunk tasks, a hot update's selection on the
 template shards, ``sheets: auto`` and the out-of-fold calibration each in a task on a full CPU
 (reporting its progress to the job).
 
+Three modules: this one (the actor: hosts, shards, publishing, following the store, candidates),
+``registry_jobs.py`` (the admin routes' job starters, mixed into the actor) and
+``registry_tasks.py`` (the jobs' long work as tasks, over one detector).
+
 A tiled product (``geometry.tiles``, hetmm_ray/tiled.py) has one shard per (tile position,
 layer), named by its bank key ``tile<p>/<layer>``; its create, hot update, region and labelled
-calibration jobs run the in-process :class:`~hetmm_ray.tiled.TiledHETMM` in a task each and
+calibration jobs run one in-process detector (``detectors.load_detector``) in a task each and
 publish like any other version (the shards reload from the store; after a hot update they append
 the new frames' rows in place and take the task's selection instead, :meth:`ProductRegistry._adopted_in_place`);
 the far rule at a new rate is refused (409).
@@ -48,7 +52,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -56,15 +59,13 @@ import numpy as np
 import ray
 import torch
 
-from ..config import TASK_CPUS, DetectorConfig, ServiceConfig, publishes_candidate
+from ..config import DetectorConfig, ServiceConfig, publishes_candidate
 from ..core.templates import TemplateSet
 from ..records import ProductDescription, ProductSnapshot, UnreadableProduct
-from ..steps import FitSteps
 from ..store import ProductNotFound, StoreConflict, StoreError, VersionRecord, check_product_name, open_store
 from .hosts import HostPool
 from .jobs import JobBoard, JobProgress
-from .pts_fanout import pts_indices_ray
-from .runtime import use_assigned_cpus
+from .registry_jobs import JobStarters, region_preview
 from .shard import ShardPlacement
 from .steps import JobReport, service_steps
 from .store_watch import follow_store
@@ -77,50 +78,6 @@ __all__ = ["REGISTRY_NAME", "ProductRegistry", "get_registry", "region_preview",
 logger = logging.getLogger(__name__)
 
 REGISTRY_NAME = "hetmm-registry"
-COMPARE_MAX_MAPS = 50  # flips whose two heat-maps a compare job's record carries (the rest: scores only)
-COMPARE_MAP_SIZE = 512  # a tiled product's compare heat-maps: long side at most (a frame's map is large)
-
-
-@ray.remote(num_cpus=TASK_CPUS)
-def _labelled_calibration(
-    store_uri: str, product: str, version: int, images: list[bytes], labels: list[int], objective: str, cap: float
-) -> tuple[TemplateSet, dict[str, Any]]:
-    """Score labelled images with ``version`` and choose its validation threshold (hetmm_ray.validation;
-    a tiled product at the frame level, its frames at their own resolution)."""
-    from ..data.decode import decode_image
-    from ..detectors import load_detector
-    from ..validation import calibrate_with_labels
-
-    use_assigned_cpus()
-    det = load_detector(open_store(store_uri), product, version)
-    decoded = [decode_image(data) for data in images]
-    return calibrate_with_labels(det, decoded, labels, objective=objective, max_false_alarm_rate=cap)
-
-
-@ray.remote(num_cpus=TASK_CPUS)
-def _compare_task(
-    store_uri: str,
-    product: str,
-    candidate: int,
-    base: int | None,
-    images: list[tuple[str, bytes]],
-    labels: list[int] | None,
-    max_maps: int,
-) -> dict[str, Any]:
-    """``compare.compare_versions`` of ``candidate`` against ``base`` (None = HEAD) on encoded images,
-    as JSON (flips' heat-maps as PNG data URLs, the first ``max_maps`` flips only; each side's map at
-    most ``COMPARE_MAP_SIZE`` pixels long for a tiled product)."""
-    from ..compare import as_json, compare_versions
-    from ..data.decode import decode_image
-
-    use_assigned_cpus()
-    decoded = [(name, decode_image(data, source=name)) for name, data in images]
-    result = compare_versions(
-        open_store(store_uri), product, candidate, decoded, labels, base=base, map_size=COMPARE_MAP_SIZE
-    )
-    for flip in result["flips"][max_maps:]:
-        flip.pop("heatmaps", None)
-    return as_json(result)
 
 
 def _weights_identity(config: Any) -> str:
@@ -153,81 +110,8 @@ def _numpy(t: torch.Tensor) -> np.ndarray:
     return (t.float() if t.dtype == torch.bfloat16 else t).numpy()
 
 
-def _whole_frames(config: DetectorConfig) -> bool:
-    """Whether a product's create, hot update and region jobs run as one detector in a task (the
-    ``*_in_task`` functions), not on the sharded path. The one kind check of this module: a tiled
-    product's tiles are cut from whole frames in one process, while a frame on one canvas is
-    extracted as image-batch tasks across the cluster and grows its layer shards in place (its
-    features never need the whole frame together)."""
-    return config.geometry.tiled
-
-
-def _fanned_out_pts() -> FitSteps:
-    """A tiled job's steps: each position's PTS as pixel-chunk tasks of a full CPU each."""
-    return FitSteps(pts=partial(pts_indices_ray, num_cpus=TASK_CPUS))
-
-
-@ray.remote(num_cpus=TASK_CPUS)
-def _fit_in_task(config: dict[str, Any], images: list[bytes], registry: Any, job_id: str | None) -> TemplateSet:
-    """A product fit as one detector (``detectors.new_detector``) in one task on a full CPU: every
-    frame decoded, its canvases (a tiled product's tiles of several frames together) through the
-    backbone, each position's selection with PTS fanned out as pixel-chunk tasks. Before the long
-    work it reports the layout, the sheets per position and the estimated ms per frame to the job."""
-    from ..data.decode import decode_image
-    from ..detectors import new_detector
-
-    use_assigned_cpus()
-    cfg = DetectorConfig.from_dict(config)
-    frames = [decode_image(data) for data in images]
-    det = new_detector(cfg, frames, steps=_fanned_out_pts())
-    report = None if job_id is None else JobReport(registry, job_id)
-    if report is not None:
-        det.report_to(report)
-        layout = det.layout(max(f.shape[0] for f in frames), max(f.shape[1] for f in frames))
-        sheets = cfg.templates.sheets_of(len(frames))
-        ms = det.estimate_ms_per_frame(frames[0], len(frames))
-        facts = {
-            "tiles": [layout.rows, layout.cols],
-            "tile_px": [layout.tile_height, layout.tile_width],
-            "sheets": sheets,
-            "estimated_ms_per_frame": round(ms, 1),
-        }
-        ray.get(registry.job_note.remote(job_id, facts))
-        report.stage(
-            f"fit {layout.rows} x {layout.cols} tiles ({layout.tile_height} x {layout.tile_width} px), "
-            f"{sheets} sheets{layout.per_tile}, about {ms:.0f} ms per frame",
-            len(frames),
-        )
-    det.fit(frames)
-    return det.template_set()
-
-
-@ray.remote(num_cpus=TASK_CPUS)
-def _update_in_task(store_uri: str, product: str, version: int, images: list[bytes]) -> tuple[TemplateSet | None, int]:
-    """``Detector.update`` of ``product`` at ``version`` with encoded good frames, in a task (PTS fanned
-    out): the new template set (None when every frame was already held) and how many frames it added."""
-    from ..data.decode import decode_image
-    from ..detectors import load_detector
-
-    use_assigned_cpus()
-    det = load_detector(open_store(store_uri), product, version, steps=_fanned_out_pts())
-    det.update([decode_image(data) for data in images])
-    added = len(images) - det.skipped_duplicates
-    return (det.template_set() if added else None), added
-
-
-@ray.remote(num_cpus=TASK_CPUS)
-def _with_region_in_task(store_uri: str, product: str, version: int, region: dict[str, Any] | None) -> TemplateSet:
-    """``product`` at ``version`` under another region (``Detector.with_region``: the templates kept,
-    every position recalibrated under its part), in a task; unsaved."""
-    from ..detectors import load_detector
-
-    use_assigned_cpus()
-    return load_detector(open_store(store_uri), product, version).with_region(region).template_set()
-
-
 @ray.remote
-class ProductRegistry:
+class ProductRegistry(JobStarters):
     def __init__(self, store_uri: str, placement: dict[str, Any] | None = None) -> None:
         self.store_uri = store_uri
         self.store = open_store(store_uri)
@@ -606,34 +490,6 @@ class ProductRegistry:
             await self._publish(product, version, calibrated)
         return version
 
-    async def _update_via_task(
-        self, product: str, images: list[bytes], progress: JobProgress, candidate: bool = False
-    ) -> int:
-        """Hot update as one detector in a task: ``Detector.update`` on the head
-        (:func:`_update_in_task`: every position grown, re-selected and recalibrated), published with
-        ``expect_head``; its (tile, layer) shards grow in place (:meth:`_adopted_in_place`), or load
-        the new head from the store (a candidate: the shards keep the head). Frames already held
-        are skipped (``skipped_duplicates``); with nothing new the head stays. A failure publishes nothing."""
-        async with self._lock(product):
-            head = await asyncio.to_thread(self.store.head, product)
-            progress.stage("tile features, select and calibrate", len(images))
-            progress.note(candidate=candidate)
-            ts, added = await _update_in_task.remote(self.store_uri, product, head, images)
-            progress.note(skipped_duplicates=len(images) - added, added_images=added)
-            if ts is None:
-                if product not in self.shards or self.versions.get(product) != head:
-                    await self._load_shards(product)
-                return head
-            progress.stage("publish")
-            version = await asyncio.to_thread(
-                partial(self.store.put, candidate=candidate), product, ts, expect_head=head
-            )
-            if candidate:
-                await self._publish_candidate(product, version)
-            elif not await self._adopted_in_place(product, head, version, ts):
-                await self._load_shards(product)
-        return version
-
     async def _adopted_in_place(self, product: str, head: int, version: int, ts: TemplateSet) -> bool:
         """A tiled hot update's shards grown in place, as an untiled update's append: each (tile, layer)
         shard still holding ``head`` appends the new frames' rows of ``ts`` and takes its position's
@@ -705,32 +561,6 @@ class ProductRegistry:
                 self._hosts.drop_candidate(product, version)
         return version
 
-    async def start_compare(
-        self,
-        product: str,
-        version: int,
-        images: list[tuple[str, bytes]],
-        labels: list[int] | None = None,
-        base: int | None = None,
-    ) -> dict[str, Any]:
-        """Score ``images`` with ``base`` (None = HEAD) and ``version`` side by side (compare.py), as a
-        job (kind ``compare``) in a task; its record gets ``compare`` (flips, score shift, false-alarm
-        rates, labelled recall) and its ``version`` is the candidate's. Nothing is published.
-        ProductNotFound before any work for an unknown product or version."""
-        await asyncio.to_thread(self.store.record, product, version)
-        if base is not None:
-            await asyncio.to_thread(self.store.record, product, base)
-
-        async def work(progress: JobProgress) -> int:
-            progress.stage("score with both versions", len(images))
-            result = await _compare_task.remote(
-                self.store_uri, product, version, base, images, labels, COMPARE_MAX_MAPS
-            )
-            progress.note(compare=result)
-            return version
-
-        return self.jobs.start("compare", product, work, done="compared")
-
     async def delete(self, product: str) -> None:
         """Remove a product from the store (every version) and stop serving it here."""
         check_product_name(product)
@@ -765,247 +595,9 @@ class ProductRegistry:
                 pass
         return await self.head(product)
 
-    # --- jobs (the HTTP service's admin routes) -------------------------------------------
-    async def _extract(
-        self,
-        config: DetectorConfig,
-        images: list[bytes],
-        progress: JobProgress,
-        *,
-        estimate: bool = False,
-        canvas_digests: list[str] | None = None,
-    ) -> Any:
-        """Features of ``images`` as tasks; ``estimate``: the first task also measures the estimated ms
-        per frame at the sheets the fit will keep (at most), noted in the job's record with them;
-        ``canvas_digests``: filled with the images' canvas digests (``extract_features_ray``)."""
-        from .extract import extract_features_ray
-
-        progress.stage("features", len(images))
-        sheets = config.templates.sheets_of(len(images))
-
-        def note(ms: float) -> None:
-            progress.note(sheets=sheets, estimated_ms_per_frame=round(ms, 1))
-
-        return await asyncio.to_thread(
-            partial(
-                extract_features_ray,
-                num_cpus=TASK_CPUS,
-                progress=progress,
-                estimate_sheets=sheets if estimate else None,
-                on_estimate=note if estimate else None,
-                canvas_digests=canvas_digests,
-            ),
-            config,
-            images,
-        )
-
-    async def start_create(self, product: str, config: dict[str, Any], images: list[bytes]) -> dict[str, Any]:
-        """Create ``product`` from encoded good images, as a job; returns the job record."""
-        check_product_name(product)
-        cfg = DetectorConfig.from_dict(config)
-        if product in await asyncio.to_thread(self.store.products):
-            raise StoreConflict(f"product {product!r} already exists; add images with .../normals")
-        from ..tiled import resolve_tiles
-
-        cfg = await asyncio.to_thread(resolve_tiles, cfg, images)  # tiles: auto -> a grid (1 x 1: untiled)
-        if _whole_frames(cfg):
-            return self.jobs.start("create", product, partial(self._create_in_task, product, cfg, images))
-
-        async def work(progress: JobProgress) -> int:
-            features, digests = await self._extract(cfg, images, progress, estimate=True)  # the cost, as tiled
-            return await self.create(product, cfg.to_dict(), features, digests, progress)
-
-        return self.jobs.start("create", product, work)
-
-    async def _create_in_task(
-        self, product: str, cfg: DetectorConfig, images: list[bytes], progress: JobProgress
-    ) -> int:
-        """A product fit as one detector in a task (:func:`_fit_in_task`), published as v1; its shards
-        are its bank's objects ((tile position, layer) for a tiled one), placed over the template hosts."""
-        progress.stage("tile features and fit", len(images))
-        me = ray.get_runtime_context().current_actor
-        ts = await _fit_in_task.remote(cfg.to_dict(), images, me, progress.job_id)
-        async with self._lock(product):
-            progress.stage("publish")
-            version = await asyncio.to_thread(self.store.put, product, ts, expect_head=0)
-            await self._load_shards(product)
-        return version
-
-    async def start_normals(self, product: str, images: list[bytes], publish: str | None = None) -> dict[str, Any]:
-        """Hot-update ``product`` with encoded good images, as a job; returns the job record.
-        ``publish``: ``live`` / ``candidate`` for this job (None: the product's, else the service's)."""
-        version = await self.head(product)  # ProductNotFound before any work starts
-        cfg = (await asyncio.to_thread(self.store.record, product, version)).config
-        candidate = self._candidate(publish, cfg)
-        if _whole_frames(cfg):
-            return self.jobs.start(
-                "normals", product, partial(self._update_via_task, product, images, candidate=candidate)
-            )
-
-        async def work(progress: JobProgress) -> int:
-            canvas: list[str] = []  # a bank stored by an older hetmm fit holds these (data.decode.canvas_digest)
-            features, digests = await self._extract(cfg, images, progress, canvas_digests=canvas)
-            progress.stage("select and publish")
-            progress.note(candidate=candidate)
-            return await self.update(product, features, digests, progress, candidate=candidate, aliases=canvas)
-
-        return self.jobs.start("normals", product, work)
-
-    async def start_calibrate(
-        self,
-        product: str,
-        images: list[bytes],
-        labels: list[int],
-        objective: str,
-        max_false_alarm_rate: float,
-        publish: str | None = None,
-    ) -> dict[str, Any]:
-        """Labelled validation of ``product``'s head (``hetmm calibrate``), as a job: scores the
-        images, stores the chosen threshold as a new version and publishes it (or stores a candidate)."""
-        version = await self.head(product)  # ProductNotFound before any work starts
-        candidate = self._candidate(publish, (await asyncio.to_thread(self.store.record, product, version)).config)
-
-        async def work(progress: JobProgress) -> int:
-            progress.stage("score labelled images", len(images))
-            ts, _record = await _labelled_calibration.remote(
-                self.store_uri, product, version, images, labels, objective, max_false_alarm_rate
-            )
-            progress.stage("publish")
-            progress.note(candidate=candidate)
-            async with self._lock(product):
-                new = await asyncio.to_thread(
-                    partial(self.store.put, candidate=candidate), product, ts, expect_head=version
-                )
-                if candidate:
-                    await self._publish_candidate(product, new)
-                else:
-                    await self._load_shards(product)
-            return new
-
-        return self.jobs.start("calibrate", product, work)
-
-    async def _region_base(self, product: str, region: dict[str, Any] | None) -> tuple[int, DetectorConfig]:
-        """The head version a region job starts from and its settings; ConfigError before any work
-        for a region that counts no map pixel, and for a product on the ``validation`` rule (its
-        labelled threshold was chosen under the old region)."""
-        from ..core.region import check_region_change
-        from ..detectors import check_region
-
-        version = await self.head(product)  # ProductNotFound before any work starts
-        cfg = (await asyncio.to_thread(self.store.record, product, version)).config
-        check_region_change(cfg)
-        check_region(replace(cfg, region=region))  # on the canvas's map, or on every tile's
-        return version, cfg
-
-    async def _under_region(
-        self, product: str, version: int, region: dict[str, Any] | None, progress: JobProgress
-    ) -> tuple[TemplateSet, TemplateSet]:
-        """``version``'s template set, and the same set under ``region`` recalibrated (its out-of-fold
-        scores count the region's pixels only): the one computation of a region job and its preview."""
-        base = await asyncio.to_thread(self.store.get, product, version)
-        if _whole_frames(base.config):  # every position recalibrated under its part (Detector.with_region)
-            return base, await _with_region_in_task.remote(self.store_uri, product, version, region)
-        ts = replace(base, config=replace(base.config, region=region))
-        return base, await asyncio.to_thread(self._pipeline(ts.config, progress).calibrated, ts)
-
-    async def start_region(
-        self, product: str, region: dict[str, Any] | None, publish: str | None = None
-    ) -> dict[str, Any]:
-        """Give ``product`` another inspection region (``hetmm region``), as a job (kind ``region``):
-        the head's bank and templates under the new region, recalibrated (its out-of-fold scores
-        count the region's pixels only), stored as a new version and published. Refused before
-        any work (ConfigError) for a region that counts no map pixel, and for a product on the
-        ``validation`` rule (its labelled threshold was chosen under the old region)."""
-        version, cfg = await self._region_base(product, region)
-        candidate = self._candidate(publish, cfg)
-
-        async def work(progress: JobProgress) -> int:
-            progress.stage("calibrate under the region")
-            progress.note(candidate=candidate)
-            async with self._lock(product):
-                _, calibrated = await self._under_region(product, version, region, progress)
-                progress.stage("publish")
-                new = await asyncio.to_thread(
-                    partial(self.store.put, candidate=candidate), product, calibrated, expect_head=version
-                )
-                if candidate:
-                    await self._publish_candidate(product, new)
-                else:
-                    await self._load_shards(product)
-            return new
-
-        return self.jobs.start("region", product, work)
-
-    async def start_region_preview(self, product: str, region: dict[str, Any] | None) -> dict[str, Any]:
-        """What :meth:`start_region` would publish, computed and published nowhere: a job (kind
-        ``region_preview``) whose record gets ``preview`` (:func:`region_preview`: the head's
-        threshold, estimated false-alarm rate and out-of-fold score quantiles beside those under
-        ``region``); its ``version`` is the head it previewed, unchanged. The same refusals."""
-        version, _ = await self._region_base(product, region)
-
-        async def work(progress: JobProgress) -> int:
-            progress.stage("calibrate under the region")
-            base, proposed = await self._under_region(product, version, region, progress)
-            progress.note(preview=region_preview(version, base, proposed))
-            return version
-
-        return self.jobs.start("region_preview", product, work, done="previewed")
-
-    async def start_far_rule(self, product: str, false_alarm_rate: float, publish: str | None = None) -> dict[str, Any]:
-        """Set ``product``'s threshold rule to ``far`` at ``false_alarm_rate`` as a new version (a job,
-        kind ``calibrate``): the same bank, templates and out-of-fold scores, only the stored
-        ``threshold`` settings change (``VersionedStore.republish``), then published to the replicas.
-        A tiled product keeps its stored tile scales: the rate moves its frame threshold only, on the
-        frame calibration (hetmm_ray/tiled.py, "One verdict per frame")."""
-        version = await self.head(product)  # ProductNotFound before any work starts
-        rec = await asyncio.to_thread(self.store.record, product, version)
-        config = rec.under_far_rule(false_alarm_rate)  # TemplateError, ConfigError before any work
-        candidate = self._candidate(publish, rec.config)
-
-        async def work(progress: JobProgress) -> int:
-            progress.stage("publish")
-            progress.note(candidate=candidate)
-            async with self._lock(product):
-                new = await asyncio.to_thread(
-                    partial(self.store.republish, candidate=candidate), product, config=config, expect_head=version
-                )
-                if candidate:
-                    await self._publish_candidate(product, new)
-                else:
-                    await self._load_shards(product)
-            return new
-
-        return self.jobs.start("calibrate", product, work)
-
     async def job(self, job_id: str, wait: float = 0.0) -> dict[str, Any] | None:
         """A job's record; ``wait`` seconds to let it finish first."""
         return await self.jobs.wait(job_id, wait) if wait > 0 else self.jobs.get(job_id)
-
-
-def _side(ts: TemplateSet) -> dict[str, Any]:
-    """One side of a region preview: the region, the threshold in force under the stored rule, its
-    estimated false-alarm rate, and the out-of-fold scores with their min / median / p90 / max
-    (``numpy.quantile``, linear interpolation)."""
-    from ..core.scoring import operating_point
-
-    cal = ts.calibration
-    op = operating_point(cal, ts.config)
-    scores = [] if cal is None else [float(x) for x in cal.scores]
-    q = np.quantile(np.asarray(scores, dtype=np.float64), [0.0, 0.5, 0.9, 1.0]).tolist() if scores else [None] * 4
-    return {
-        "region": ts.config.region,
-        "threshold": None if op is None else op.threshold,
-        "threshold_rule": None if op is None else op.rule,
-        "estimated_false_alarm_rate": None if op is None else op.false_alarm_rate,
-        "oof_scores": scores,
-        "quantiles": dict(zip(("min", "median", "p90", "max"), q, strict=True)),
-    }
-
-
-def region_preview(version: int, current: TemplateSet, proposed: TemplateSet) -> dict[str, Any]:
-    """A region preview's answer: ``version`` (the head previewed), ``current`` and ``proposed``
-    (:func:`_side` of the head as stored, and of it under the proposed region, recalibrated)."""
-    return {"version": int(version), "current": _side(current), "proposed": _side(proposed)}
 
 
 def registry_name(store_uri: str) -> str:

@@ -26,7 +26,6 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
@@ -45,20 +44,18 @@ from ..config import (
     publishes_candidate,
 )
 from ..core.calibration import check_rate
-from ..data.decode import decode_image
 from ..data.region_file import region_from_json
-from ..data.sources import read_image_source
 from ..detectors import check_region
 from ..distributed.registry import get_registry
 from ..errors import Refused, describe
 from ..pipeline import keep_memory_mapped
 from ..store import StoreError, check_product_name, open_store
-from ..store.labels import STORED_LABELS
 from . import bodies
 from .canvas import CanvasCache, decode_to_canvas
 from .grpc.standin import InspectionStandIn
+from .image_sets import ImageSet, ImageSets
 from .metrics import CONTENT_TYPE_LATEST, ServiceMetrics
-from .security import CrossOriginGuard, JSONResponse, parse_json_object, refuse_open_bind, resolve_source
+from .security import CrossOriginGuard, JSONResponse, parse_json_object, refuse_open_bind
 from .ui import Console
 from .warm_set import WarmSet, product_of
 
@@ -143,18 +140,6 @@ async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResp
 @app.exception_handler(Exception)
 async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
     return _error(classify(exc))
-
-
-def _labelled_folder(source: str) -> list[tuple[str, bytes, int]]:
-    """A server-side labelled folder (see data/labelled.py) as (name, bytes, label)."""
-    from ..data.labelled import labelled_images
-    from ..data.mvtec import DatasetError
-
-    try:
-        found = labelled_images(source)
-    except DatasetError as exc:
-        raise Refused(400, "bad_source", str(exc)) from None
-    return [(str(p), p.read_bytes(), label) for p, label in found]
 
 
 def timed(route: str) -> Callable[[Callable[..., Awaitable[Response]]], Callable[..., Awaitable[Response]]]:
@@ -260,6 +245,7 @@ class Ingress(InspectionStandIn):  # gRPC calls that reach it are refused clearl
             detector_by_reference=self.detector_by_reference,
             metrics=self.metrics,  # the drift alarms' gauges (serve/inspections.py)
         )
+        self.image_sets = ImageSets(self.service, self.console)  # every route's image set (serve/image_sets.py)
 
     # --- plumbing -------------------------------------------------------------------------------
     async def _timed(self, request: Request, route: str, handler: Callable[[], Awaitable[Response]]) -> Response:
@@ -344,10 +330,6 @@ class Ingress(InspectionStandIn):  # gRPC calls that reach it are refused clearl
         # Cached no longer than the registry's store poll: a product deleted elsewhere 404s soon.
         self._known[product] = time.monotonic() + self.service.store_poll_s
 
-    @staticmethod
-    async def _decode(uploads: list[tuple[str, bytes]]) -> list[np.ndarray]:
-        return await asyncio.to_thread(lambda: [decode_image(data, source=name) for name, data in uploads])
-
     async def _json(self, request: Request) -> dict[str, Any]:
         return await bodies.json_object(request, limit=self.limit, timeout=self.service.body_timeout_s)
 
@@ -428,15 +410,13 @@ class Ingress(InspectionStandIn):  # gRPC calls that reach it are refused clearl
                 await self._json(request),
                 refusal="JSON body: give 'source' (folder or s3:// prefix) and optional 'config'",
             )
-            uri, confine_to = resolve_source(body.source, self.service.source_roots)
-            uploads = await asyncio.to_thread(
-                read_image_source, uri, max_images=self.service.max_images_per_job, confine_to=confine_to
-            )
+            images = await self.image_sets.from_body(product, source=body.source)
             config_data = body.config or {}
             region = body.region
             tiles = None if body.tiles is None else _tiles_field(body.tiles)
         else:
             uploads, fields = await self._uploads(request, max_images=self.service.max_images_per_job)
+            images = ImageSet(uploads)
             config_data = parse_json_object(fields.get("config", "{}"), what="the 'config' field")
             region = parse_json_object(fields["region"], what="the 'region' field") if "region" in fields else None
             tiles = _tiles_field(fields["tiles"]) if "tiles" in fields else None
@@ -449,10 +429,8 @@ class Ingress(InspectionStandIn):  # gRPC calls that reach it are refused clearl
             config_data = {**config_data, "region": region}
         config = merge_product_config(self.service.product_defaults, config_data)  # over the service's defaults
         _check_region(config)  # a bad region is a 400 now, not a failed job later
-        await self._decode(uploads)  # every bad image is a 400 now, not a failed job later
-        if len(uploads) < 2:
-            raise Refused(400, "too_few_images", "a product needs at least 2 good images")
-        record = await self.registry.start_create.remote(product, config, [d for _, d in uploads])
+        await self.image_sets.checked(images, minimum=2, too_few="a product needs at least 2 good images")
+        record = await self.registry.start_create.remote(product, config, images.data)
         return await self._job_response(record, wait)
 
     @app.put("/v1/products/{product}/region")
@@ -493,8 +471,8 @@ class Ingress(InspectionStandIn):  # gRPC calls that reach it are refused clearl
         publish = _publish_mode(publish)
         await self._require_product(product)
         uploads, _ = await self._uploads(request, max_images=self.service.max_images_per_job)
-        await self._decode(uploads)
-        record = await self.registry.start_normals.remote(product, [d for _, d in uploads], publish)
+        images = await self.image_sets.checked(ImageSet(uploads), too_few="no images to add")
+        record = await self.registry.start_normals.remote(product, images.data, publish)
         return await self._job_response(record, wait)
 
     @app.post("/v1/products/{product}/calibrate")
@@ -518,21 +496,11 @@ class Ingress(InspectionStandIn):  # gRPC calls that reach it are refused clearl
                 spec,
                 refusal="JSON body: give 'source' (a labelled folder) and optional 'objective', 'max_false_alarm_rate'",
             )
-            if body.source == STORED_LABELS:  # the console's labelled set (store/labels.py)
-                labelled = await self.console.labelled(product)
-            else:
-                labelled = await asyncio.to_thread(_labelled_folder, str(body.source))
-            if len(labelled) > self.service.max_images_per_job:
-                raise Refused(
-                    413,
-                    "too_many_images",
-                    f"{len(labelled)} images; the limit is {self.service.max_images_per_job}",
-                )
-            uploads = [(name, data) for name, data, _ in labelled]
-            labels = [label for _, _, label in labelled]
+            images = await self.image_sets.from_body(product, source=body.source, labelled=True)
             fields = {"objective": body.objective, "max_false_alarm_rate": body.max_false_alarm_rate}
         else:
             uploads, labels, fields = await self._labelled_uploads(request)
+            images = ImageSet(uploads, labels)
         objective = fields.get("objective", "f1")
         if objective not in ("f1", "recall"):
             raise Refused(400, "bad_request", f"objective: choose f1 or recall, got {objective!r}")
@@ -541,11 +509,9 @@ class Ingress(InspectionStandIn):  # gRPC calls that reach it are refused clearl
             check_rate(cap)
         except (TypeError, ValueError) as exc:
             raise Refused(400, "bad_request", f"max_false_alarm_rate: {exc}") from None
-        if not 0 < sum(labels) < len(labels):
-            raise Refused(400, "bad_request", "labelled validation needs good and defective images")
-        await self._decode(uploads)
+        await self.image_sets.checked(images, good_and_defective=True)
         record = await self.registry.start_calibrate.remote(
-            product, [d for _, d in uploads], labels, objective, cap, publish
+            product, images.data, images.labels, objective, cap, publish
         )
         return await self._job_response(record, wait)
 
@@ -627,7 +593,6 @@ class Ingress(InspectionStandIn):  # gRPC calls that reach it are refused clearl
         prefix, a labelled folder, or ``store:labels``, the console's labelled set)."""
         self._admin(request)
         await self._require_product(product)
-        labels: list[int] | None = None
         base = None
         if bodies.content_type(request) == "application/json":
             body = bodies.typed(
@@ -636,47 +601,15 @@ class Ingress(InspectionStandIn):  # gRPC calls that reach it are refused clearl
                 refusal="JSON body: give 'source' (folder, s3:// prefix or store:labels), optional 'labelled', 'base'",
             )
             base = body.base
-            labelled = None
-            if body.since is not None or body.until is not None:  # the product's inspection record
-                uploads, labels = await self._record_set(product, body)
-            elif body.source == STORED_LABELS:  # the console's labelled set (store/labels.py)
-                labelled = await self.console.labelled(product)
-            elif body.labelled:
-                uri, _ = resolve_source(body.source, self.service.source_roots)
-                labelled = await asyncio.to_thread(_labelled_folder, uri)
-            else:
-                uri, confine_to = resolve_source(body.source, self.service.source_roots)
-                uploads = await asyncio.to_thread(
-                    read_image_source, uri, max_images=self.service.max_images_per_job, confine_to=confine_to
-                )
-            if labelled is not None:
-                uploads = [(name, data) for name, data, _ in labelled]
-                labels = [label for _, _, label in labelled]
+            images = await self.image_sets.from_body(
+                product, source=body.source, labelled=body.labelled, since=body.since, until=body.until
+            )
         else:
             uploads, _ = await self._uploads(request, max_images=self.service.max_images_per_job)
-        if len(uploads) > self.service.max_images_per_job:
-            limit = self.service.max_images_per_job
-            raise Refused(413, "too_many_images", f"{len(uploads)} images; the limit is {limit}")
-        if not uploads:
-            raise Refused(400, "bad_request", "no images to compare on")
-        await self._decode(uploads)  # every bad image is a 400 now, not a failed job later
-        record = await self.registry.start_compare.remote(product, version, uploads, labels, base)
+            images = ImageSet(uploads)
+        await self.image_sets.checked(images, too_few="no images to compare on")
+        record = await self.registry.start_compare.remote(product, version, images.uploads, images.labels, base)
         return await self._job_response(record, wait)
-
-    async def _record_set(
-        self, product: str, body: bodies.CompareBody
-    ) -> tuple[list[tuple[str, bytes]], list[int] | None]:
-        """A compare's set from the inspection record over ``[since, until)`` (compare.record_images:
-        labels when every image is labelled)."""
-        from ..compare import parse_time, record_images
-
-        if body.source is not None:
-            raise Refused(400, "bad_request", "give 'source' or 'since'/'until', not both")
-        try:
-            since, until = parse_time(body.since), parse_time(body.until)
-        except ValueError as exc:
-            raise Refused(400, "bad_request", f"since/until: {exc}") from None
-        return await asyncio.to_thread(record_images, self.console.store, product, since, until)
 
     @app.get("/v1/jobs/{job_id}")
     @timed("job")

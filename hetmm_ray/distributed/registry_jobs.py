@@ -1,0 +1,337 @@
+"""The registry's job starters (``distributed/registry.py``): what the HTTP service's admin routes
+start, each checked before any work (ProductNotFound, ConfigError, StoreConflict) and then run as a
+job (``jobs.JobBoard``: a record with its stage, counts and notes) whose long work runs in tasks
+(``registry_tasks.py``) and whose result the registry publishes (live, or as a candidate).
+
+:class:`JobStarters` is a part of :class:`~hetmm_ray.distributed.registry.ProductRegistry` (the
+actor class inherits it): it uses the actor's store, locks, shards and publishing, and adds no
+state of its own. :func:`region_preview` is plain data (a region preview's answer).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+from functools import partial
+from typing import Any
+
+import numpy as np
+import ray
+
+from ..config import TASK_CPUS, DetectorConfig
+from ..core.templates import TemplateSet
+from ..store import StoreConflict, check_product_name
+from .jobs import JobProgress
+from .registry_tasks import (
+    compare_task,
+    fit_in_task,
+    labelled_calibration,
+    update_in_task,
+    whole_frames,
+    with_region_in_task,
+)
+
+__all__ = ["COMPARE_MAX_MAPS", "JobStarters", "region_preview"]
+
+COMPARE_MAX_MAPS = 50  # flips whose two heat-maps a compare job's record carries (the rest: scores only)
+
+
+class JobStarters:
+    """The admin routes' jobs (module docstring); mixed into the registry actor."""
+
+    store: Any
+    store_uri: str
+    jobs: Any
+    shards: dict[str, Any]
+    versions: dict[str, int]
+
+    async def _extract(
+        self,
+        config: DetectorConfig,
+        images: list[bytes],
+        progress: JobProgress,
+        *,
+        estimate: bool = False,
+        canvas_digests: list[str] | None = None,
+    ) -> Any:
+        """Features of ``images`` as tasks; ``estimate``: the first task also measures the estimated ms
+        per frame at the sheets the fit will keep (at most), noted in the job's record with them;
+        ``canvas_digests``: filled with the images' canvas digests (``extract_features_ray``)."""
+        from .extract import extract_features_ray
+
+        progress.stage("features", len(images))
+        sheets = config.templates.sheets_of(len(images))
+
+        def note(ms: float) -> None:
+            progress.note(sheets=sheets, estimated_ms_per_frame=round(ms, 1))
+
+        return await asyncio.to_thread(
+            partial(
+                extract_features_ray,
+                num_cpus=TASK_CPUS,
+                progress=progress,
+                estimate_sheets=sheets if estimate else None,
+                on_estimate=note if estimate else None,
+                canvas_digests=canvas_digests,
+            ),
+            config,
+            images,
+        )
+
+    async def start_create(self, product: str, config: dict[str, Any], images: list[bytes]) -> dict[str, Any]:
+        """Create ``product`` from encoded good images, as a job; returns the job record."""
+        check_product_name(product)
+        cfg = DetectorConfig.from_dict(config)
+        if product in await asyncio.to_thread(self.store.products):
+            raise StoreConflict(f"product {product!r} already exists; add images with .../normals")
+        from ..tiled import resolve_tiles
+
+        cfg = await asyncio.to_thread(resolve_tiles, cfg, images)  # tiles: auto -> a grid (1 x 1: untiled)
+        if whole_frames(cfg):
+            return self.jobs.start("create", product, partial(self._create_in_task, product, cfg, images))
+
+        async def work(progress: JobProgress) -> int:
+            features, digests = await self._extract(cfg, images, progress, estimate=True)  # the cost, as tiled
+            return await self.create(product, cfg.to_dict(), features, digests, progress)
+
+        return self.jobs.start("create", product, work)
+
+    async def _create_in_task(
+        self, product: str, cfg: DetectorConfig, images: list[bytes], progress: JobProgress
+    ) -> int:
+        """A product fit as one detector in a task (:func:`~.registry_tasks.fit_in_task`), published as v1; its shards
+        are its bank's objects ((tile position, layer) for a tiled one), placed over the template hosts."""
+        progress.stage("tile features and fit", len(images))
+        me = ray.get_runtime_context().current_actor
+        ts = await fit_in_task.remote(cfg.to_dict(), images, me, progress.job_id)
+        async with self._lock(product):
+            progress.stage("publish")
+            version = await asyncio.to_thread(self.store.put, product, ts, expect_head=0)
+            await self._load_shards(product)
+        return version
+
+    async def start_normals(self, product: str, images: list[bytes], publish: str | None = None) -> dict[str, Any]:
+        """Hot-update ``product`` with encoded good images, as a job; returns the job record.
+        ``publish``: ``live`` / ``candidate`` for this job (None: the product's, else the service's)."""
+        version = await self.head(product)  # ProductNotFound before any work starts
+        cfg = (await asyncio.to_thread(self.store.record, product, version)).config
+        candidate = self._candidate(publish, cfg)
+        if whole_frames(cfg):
+            return self.jobs.start(
+                "normals", product, partial(self._update_via_task, product, images, candidate=candidate)
+            )
+
+        async def work(progress: JobProgress) -> int:
+            canvas: list[str] = []  # a bank stored by an older hetmm fit holds these (data.decode.canvas_digest)
+            features, digests = await self._extract(cfg, images, progress, canvas_digests=canvas)
+            progress.stage("select and publish")
+            progress.note(candidate=candidate)
+            return await self.update(product, features, digests, progress, candidate=candidate, aliases=canvas)
+
+        return self.jobs.start("normals", product, work)
+
+    async def start_calibrate(
+        self,
+        product: str,
+        images: list[bytes],
+        labels: list[int],
+        objective: str,
+        max_false_alarm_rate: float,
+        publish: str | None = None,
+    ) -> dict[str, Any]:
+        """Labelled validation of ``product``'s head (``hetmm calibrate``), as a job: scores the
+        images, stores the chosen threshold as a new version and publishes it (or stores a candidate)."""
+        version = await self.head(product)  # ProductNotFound before any work starts
+        candidate = self._candidate(publish, (await asyncio.to_thread(self.store.record, product, version)).config)
+
+        async def work(progress: JobProgress) -> int:
+            progress.stage("score labelled images", len(images))
+            ts, _record = await labelled_calibration.remote(
+                self.store_uri, product, version, images, labels, objective, max_false_alarm_rate
+            )
+            progress.stage("publish")
+            progress.note(candidate=candidate)
+            async with self._lock(product):
+                new = await asyncio.to_thread(
+                    partial(self.store.put, candidate=candidate), product, ts, expect_head=version
+                )
+                if candidate:
+                    await self._publish_candidate(product, new)
+                else:
+                    await self._load_shards(product)
+            return new
+
+        return self.jobs.start("calibrate", product, work)
+
+    async def _region_base(self, product: str, region: dict[str, Any] | None) -> tuple[int, DetectorConfig]:
+        """The head version a region job starts from and its settings; ConfigError before any work
+        for a region that counts no map pixel, and for a product on the ``validation`` rule (its
+        labelled threshold was chosen under the old region)."""
+        from ..core.region import check_region_change
+        from ..detectors import check_region
+
+        version = await self.head(product)  # ProductNotFound before any work starts
+        cfg = (await asyncio.to_thread(self.store.record, product, version)).config
+        check_region_change(cfg)
+        check_region(replace(cfg, region=region))  # on the canvas's map, or on every tile's
+        return version, cfg
+
+    async def _under_region(
+        self, product: str, version: int, region: dict[str, Any] | None, progress: JobProgress
+    ) -> tuple[TemplateSet, TemplateSet]:
+        """``version``'s template set, and the same set under ``region`` recalibrated (its out-of-fold
+        scores count the region's pixels only): the one computation of a region job and its preview."""
+        base = await asyncio.to_thread(self.store.get, product, version)
+        if whole_frames(base.config):  # every position recalibrated under its part (Detector.with_region)
+            return base, await with_region_in_task.remote(self.store_uri, product, version, region)
+        ts = replace(base, config=replace(base.config, region=region))
+        return base, await asyncio.to_thread(self._pipeline(ts.config, progress).calibrated, ts)
+
+    async def start_region(
+        self, product: str, region: dict[str, Any] | None, publish: str | None = None
+    ) -> dict[str, Any]:
+        """Give ``product`` another inspection region (``hetmm region``), as a job (kind ``region``):
+        the head's bank and templates under the new region, recalibrated (its out-of-fold scores
+        count the region's pixels only), stored as a new version and published. Refused before
+        any work (ConfigError) for a region that counts no map pixel, and for a product on the
+        ``validation`` rule (its labelled threshold was chosen under the old region)."""
+        version, cfg = await self._region_base(product, region)
+        candidate = self._candidate(publish, cfg)
+
+        async def work(progress: JobProgress) -> int:
+            progress.stage("calibrate under the region")
+            progress.note(candidate=candidate)
+            async with self._lock(product):
+                _, calibrated = await self._under_region(product, version, region, progress)
+                progress.stage("publish")
+                new = await asyncio.to_thread(
+                    partial(self.store.put, candidate=candidate), product, calibrated, expect_head=version
+                )
+                if candidate:
+                    await self._publish_candidate(product, new)
+                else:
+                    await self._load_shards(product)
+            return new
+
+        return self.jobs.start("region", product, work)
+
+    async def start_region_preview(self, product: str, region: dict[str, Any] | None) -> dict[str, Any]:
+        """What :meth:`start_region` would publish, computed and published nowhere: a job (kind
+        ``region_preview``) whose record gets ``preview`` (:func:`region_preview`: the head's
+        threshold, estimated false-alarm rate and out-of-fold score quantiles beside those under
+        ``region``); its ``version`` is the head it previewed, unchanged. The same refusals."""
+        version, _ = await self._region_base(product, region)
+
+        async def work(progress: JobProgress) -> int:
+            progress.stage("calibrate under the region")
+            base, proposed = await self._under_region(product, version, region, progress)
+            progress.note(preview=region_preview(version, base, proposed))
+            return version
+
+        return self.jobs.start("region_preview", product, work, done="previewed")
+
+    async def start_far_rule(self, product: str, false_alarm_rate: float, publish: str | None = None) -> dict[str, Any]:
+        """Set ``product``'s threshold rule to ``far`` at ``false_alarm_rate`` as a new version (a job,
+        kind ``calibrate``): the same bank, templates and out-of-fold scores, only the stored
+        ``threshold`` settings change (``VersionedStore.republish``), then published to the replicas.
+        A tiled product keeps its stored tile scales: the rate moves its frame threshold only, on the
+        frame calibration (hetmm_ray/tiled.py, "One verdict per frame")."""
+        version = await self.head(product)  # ProductNotFound before any work starts
+        rec = await asyncio.to_thread(self.store.record, product, version)
+        config = rec.under_far_rule(false_alarm_rate)  # TemplateError, ConfigError before any work
+        candidate = self._candidate(publish, rec.config)
+
+        async def work(progress: JobProgress) -> int:
+            progress.stage("publish")
+            progress.note(candidate=candidate)
+            async with self._lock(product):
+                new = await asyncio.to_thread(
+                    partial(self.store.republish, candidate=candidate), product, config=config, expect_head=version
+                )
+                if candidate:
+                    await self._publish_candidate(product, new)
+                else:
+                    await self._load_shards(product)
+            return new
+
+        return self.jobs.start("calibrate", product, work)
+
+    async def start_compare(
+        self,
+        product: str,
+        version: int,
+        images: list[tuple[str, bytes]],
+        labels: list[int] | None = None,
+        base: int | None = None,
+    ) -> dict[str, Any]:
+        """Score ``images`` with ``base`` (None = HEAD) and ``version`` side by side (compare.py), as a
+        job (kind ``compare``) in a task; its record gets ``compare`` (flips, score shift, false-alarm
+        rates, labelled recall) and its ``version`` is the candidate's. Nothing is published.
+        ProductNotFound before any work for an unknown product or version."""
+        await asyncio.to_thread(self.store.record, product, version)
+        if base is not None:
+            await asyncio.to_thread(self.store.record, product, base)
+
+        async def work(progress: JobProgress) -> int:
+            progress.stage("score with both versions", len(images))
+            result = await compare_task.remote(
+                self.store_uri, product, version, base, images, labels, COMPARE_MAX_MAPS
+            )
+            progress.note(compare=result)
+            return version
+
+        return self.jobs.start("compare", product, work, done="compared")
+
+    async def _update_via_task(
+        self, product: str, images: list[bytes], progress: JobProgress, candidate: bool = False
+    ) -> int:
+        """Hot update as one detector in a task: ``Detector.update`` on the head
+        (:func:`~.registry_tasks.update_in_task`: every position grown, re-selected and recalibrated), published with
+        ``expect_head``; its (tile, layer) shards grow in place (:meth:`_adopted_in_place`), or load
+        the new head from the store (a candidate: the shards keep the head). Frames already held
+        are skipped (``skipped_duplicates``); with nothing new the head stays. A failure publishes nothing."""
+        async with self._lock(product):
+            head = await asyncio.to_thread(self.store.head, product)
+            progress.stage("tile features, select and calibrate", len(images))
+            progress.note(candidate=candidate)
+            ts, added = await update_in_task.remote(self.store_uri, product, head, images)
+            progress.note(skipped_duplicates=len(images) - added, added_images=added)
+            if ts is None:
+                if product not in self.shards or self.versions.get(product) != head:
+                    await self._load_shards(product)
+                return head
+            progress.stage("publish")
+            version = await asyncio.to_thread(
+                partial(self.store.put, candidate=candidate), product, ts, expect_head=head
+            )
+            if candidate:
+                await self._publish_candidate(product, version)
+            elif not await self._adopted_in_place(product, head, version, ts):
+                await self._load_shards(product)
+        return version
+
+
+def _side(ts: TemplateSet) -> dict[str, Any]:
+    """One side of a region preview: the region, the threshold in force under the stored rule, its
+    estimated false-alarm rate, and the out-of-fold scores with their min / median / p90 / max
+    (``numpy.quantile``, linear interpolation)."""
+    from ..core.scoring import operating_point
+
+    cal = ts.calibration
+    op = operating_point(cal, ts.config)
+    scores = [] if cal is None else [float(x) for x in cal.scores]
+    q = np.quantile(np.asarray(scores, dtype=np.float64), [0.0, 0.5, 0.9, 1.0]).tolist() if scores else [None] * 4
+    return {
+        "region": ts.config.region,
+        "threshold": None if op is None else op.threshold,
+        "threshold_rule": None if op is None else op.rule,
+        "estimated_false_alarm_rate": None if op is None else op.false_alarm_rate,
+        "oof_scores": scores,
+        "quantiles": dict(zip(("min", "median", "p90", "max"), q, strict=True)),
+    }
+
+
+def region_preview(version: int, current: TemplateSet, proposed: TemplateSet) -> dict[str, Any]:
+    """A region preview's answer: ``version`` (the head previewed), ``current`` and ``proposed``
+    (:func:`_side` of the head as stored, and of it under the proposed region, recalibrated)."""
+    return {"version": int(version), "current": _side(current), "proposed": _side(proposed)}
