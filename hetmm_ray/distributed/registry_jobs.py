@@ -152,16 +152,20 @@ class JobStarters:
             progress.stage("publish")
             progress.note(candidate=candidate)
             async with self._lock(product):
-                new = await asyncio.to_thread(
-                    partial(self.store.put, candidate=candidate), product, ts, expect_head=version
-                )
-                if candidate:
-                    await self._publish_candidate(product, new)
-                else:
-                    await self._load_shards(product)
-            return new
+                return await self._stored(product, partial(self.store.put, product, ts), version, candidate)
 
         return self.jobs.start("calibrate", product, work)
+
+    async def _stored(self, product: str, write: Any, head: int, candidate: bool) -> int:
+        """The one publish of a job's new version (held under the product's lock): ``write(expect_head=,
+        candidate=)`` stores it (StoreConflict if another writer moved the head), then a candidate is
+        loaded beside HEAD on the template hosts, or the shards load the new HEAD and replicas get it."""
+        new = int(await asyncio.to_thread(write, expect_head=head, candidate=candidate))
+        if candidate:
+            await self._publish_candidate(product, new)
+        else:
+            await self._load_shards(product)
+        return new
 
     async def _region_base(self, product: str, region: dict[str, Any] | None) -> tuple[int, DetectorConfig]:
         """The head version a region job starts from and its settings; ConfigError before any work
@@ -204,14 +208,7 @@ class JobStarters:
             async with self._lock(product):
                 _, calibrated = await self._under_region(product, version, region, progress)
                 progress.stage("publish")
-                new = await asyncio.to_thread(
-                    partial(self.store.put, candidate=candidate), product, calibrated, expect_head=version
-                )
-                if candidate:
-                    await self._publish_candidate(product, new)
-                else:
-                    await self._load_shards(product)
-            return new
+                return await self._stored(product, partial(self.store.put, product, calibrated), version, candidate)
 
         return self.jobs.start("region", product, work)
 
@@ -245,14 +242,8 @@ class JobStarters:
             progress.stage("publish")
             progress.note(candidate=candidate)
             async with self._lock(product):
-                new = await asyncio.to_thread(
-                    partial(self.store.republish, candidate=candidate), product, config=config, expect_head=version
-                )
-                if candidate:
-                    await self._publish_candidate(product, new)
-                else:
-                    await self._load_shards(product)
-            return new
+                write = partial(self.store.republish, product, config=config)
+                return await self._stored(product, write, version, candidate)
 
         return self.jobs.start("calibrate", product, work)
 
