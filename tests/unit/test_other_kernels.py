@@ -18,6 +18,7 @@ from helpers import REPO
 PLAIN_KERNELS = {"ATEN_CPU_CAPABILITY": "default", "ONEDNN_MAX_CPU_ISA": "SSE41", "MKL_ENABLE_INSTRUCTIONS": "SSE4_2"}
 STORED_PRODUCT_TESTS = [
     "tests/unit/test_pre22_store.py",
+    "tests/unit/test_pre38_store.py",
     "tests/unit/test_tile_whole_view.py::test_a_tiled_product_stored_before_the_whole_view_scores_as_it_did",
 ]
 
