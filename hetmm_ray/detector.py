@@ -40,21 +40,32 @@ class HETMM(Detector):
 
     ``fit`` extracts the good images' features into the bank and calibrates the
     verdict threshold; ``predict`` scores new images; ``update`` adds good
-    images without refitting the rest (hot update). ``save``/``load`` go
-    through a template store.
+    images without refitting the rest (hot update). ``save`` publishes to a
+    template store; ``detectors.load_detector`` loads any stored product.
     """
 
     def __init__(
-        self, config: DetectorConfig | None = None, *, progress: bool = False, steps: FitSteps | None = None
+        self,
+        config: DetectorConfig | None = None,
+        *,
+        progress: bool = False,
+        steps: FitSteps | None = None,
+        tiles: int = 1,
+        scored: int | None = None,
     ) -> None:
         """``steps``: where fit/update/compress extract features and run PTS (``hetmm_ray/steps.py``);
-        default in this process, ``hetmm_ray.distributed.steps.ray_steps()`` on a Ray cluster."""
+        default in this process, ``hetmm_ray.distributed.steps.ray_steps()`` on a Ray cluster.
+        ``tiles`` / ``scored``: when this detector is one tile position of a tiled product
+        (``tiled.py``), the positions per frame and how many of them are scored (None: all), so that
+        ``sheets: auto``'s time budget is judged per frame with all its tiles."""
         self.scorer = Scorer(config, progress=progress)
         self.progress = progress
         self.skipped_duplicates = 0  # images the last update() skipped: already in the bank
         if self.scorer.device.type == "cpu":
             keep_memory_mapped(self.config.malloc_keep_mib)
-        self.pipeline = FitPipeline(self.scorer, steps=steps, progress=progress)  # extract -> select -> calibrate
+        self.pipeline = FitPipeline(  # extract -> select -> calibrate
+            self.scorer, steps=steps, progress=progress, tiles=tiles, scored=scored
+        )
 
     # --- the scorer's state ----------------------------------------------------------
     @property

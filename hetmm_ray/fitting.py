@@ -73,6 +73,7 @@ class FitPipeline:
         progress: bool = False,
         report: Report | None = None,
         tiles: int = 1,
+        scored: int | None = None,
     ) -> None:
         self.scorer = scorer
         self.steps = steps or FitSteps()
@@ -81,7 +82,7 @@ class FitPipeline:
         # Tiles per frame of the product this pipeline fits one position of (tiled.py), and how many
         # of them are scored (None: all): the sheets-auto time budget is per frame with all its tiles.
         self.tiles = tiles
-        self.scored: int | None = None
+        self.scored = scored
         # One frame's canvases as predict gets them (its tiles, or the image): what the time budget's
         # backbone term is measured on. fit / update take their first image; tiled.py sets its
         # frame's tiles; None: blank canvases of the backbone's size (blank_frame_crops).

@@ -225,10 +225,12 @@ class TiledHETMM(Detector):
         if self.whole_view:
             parts.append(self._whole_part(tile_config))
         self.live = [part.counts for part in parts]  # False: the region counts none of its pixels
-        self.dets = [HETMM(replace(tile_config, region=part.region), progress=progress, steps=steps) for part in parts]
-        for det in self.dets:  # sheets: auto's time budget is per frame with all its tiles (_measure_cost)
-            det.pipeline.tiles = self.n_positions
-            det.pipeline.scored = sum(self.live)
+        # sheets: auto's time budget is per frame with all its tiles (_measure_cost)
+        per_frame = {"tiles": self.n_positions, "scored": sum(self.live)}
+        self.dets = [
+            HETMM(replace(tile_config, region=part.region), progress=progress, steps=steps, **per_frame)
+            for part in parts
+        ]
         if backbone is not None:  # an already-built one (replicas: one per backbone, not per product)
             self.dets[0].scorer.backbone = backbone
         self._share_backbone()
