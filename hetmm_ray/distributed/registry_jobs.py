@@ -265,9 +265,7 @@ class JobStarters:
 
         async def work(progress: JobProgress) -> int:
             progress.stage("score with both versions", len(images))
-            result = await compare_task.remote(
-                self.store_uri, product, version, base, images, labels, COMPARE_MAX_MAPS
-            )
+            result = await compare_task.remote(self.store_uri, product, version, base, images, labels, COMPARE_MAX_MAPS)
             progress.note(compare=result)
             return version
 

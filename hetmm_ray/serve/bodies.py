@@ -17,6 +17,8 @@ Exact semantics:
   read them. Not as FastAPI body parameters: FastAPI would read the body unbounded (no 413 before
   reading, no 408), accept ``NaN`` and any depth, and two routes take JSON or multipart.
   A body that does not fit its model is a 400 ``bad_request`` with the route's one line.
+- The admin routes' fields: :func:`publish_mode` (``?publish=``), :func:`check_region_field` (a
+  region that counts no map pixel is a 400 before any job) and :func:`tiles_field` (a create's grid).
 
 Every refusal is an :class:`~hetmm_ray.errors.Refused` (status, code, one line).
 """
@@ -24,6 +26,7 @@ Every refusal is an :class:`~hetmm_ray.errors.Refused` (status, code, one line).
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt, ValidationError, model_validator
@@ -31,7 +34,8 @@ from starlette.datastructures import FormData
 from starlette.formparsers import MultiPartParser
 from starlette.requests import Request
 
-from ..config import MAX_IMAGE_BYTES
+from ..config import MAX_IMAGE_BYTES, ConfigError, DetectorConfig, publishes_candidate
+from ..data.region_file import region_from_json
 from ..errors import Refused, one_line
 from .security import parse_json_object
 
@@ -43,11 +47,14 @@ __all__ = [
     "PromoteBody",
     "RollbackBody",
     "SourceBody",
+    "check_region_field",
     "content_type",
     "json_object",
     "labelled_uploads",
     "parse_form",
+    "publish_mode",
     "read_body",
+    "tiles_field",
     "typed",
     "uploads",
 ]
@@ -251,3 +258,48 @@ def typed(model: type[Body], spec: dict[str, Any], *, refusal: str) -> Body:
         return model.model_validate(spec)
     except ValidationError:
         raise Refused(400, "bad_request", refusal) from None
+
+
+# --- fields of the admin routes -------------------------------------------------------------------
+def publish_mode(publish: str | None) -> str | None:
+    """A request's ``?publish=`` (issue 23): ``live``, ``candidate`` or absent (the product's setting,
+    else the service's); anything else is a 400."""
+    if publish is not None:
+        try:
+            publishes_candidate(publish, None)  # the one check of a mode (config.publishes_candidate)
+        except ConfigError as exc:
+            raise Refused(400, "bad_request", str(exc)) from None
+    return publish
+
+
+def check_region_field(config: dict[str, Any]) -> None:
+    """ConfigError (400) for a region that counts no pixel, at the reference size or on the map (a
+    tiled product's: on one tile's map at least; ``detectors.check_region``)."""
+    from ..detectors import check_region  # the backbone's modules, only when a region is given
+
+    region = config.get("region")
+    if region is not None:
+        region_from_json(region)
+        check_region(DetectorConfig.from_dict(config))
+
+
+def tiles_field(given: Any) -> dict[str, Any]:
+    """A create request's ``tiles``: ``auto``, ``RxC`` (``2x2``) or ``[rows, cols]`` (JSON text in a
+    form field, a list in a JSON body), as ``geometry`` settings (checked with the product's configuration)."""
+    if isinstance(given, list):
+        return {"tiles": given}
+    if not isinstance(given, str):
+        raise Refused(400, "bad_request", f"'tiles': give auto, RxC (2x2) or [rows, cols], not {type(given).__name__}")
+    value = given.strip()
+    if value == "auto":
+        return {"tiles": "auto"}
+    rows, sep, cols = value.lower().partition("x")
+    if sep and rows.strip().isdigit() and cols.strip().isdigit():
+        return {"tiles": [int(rows), int(cols)]}
+    try:
+        grid = json.loads(value)
+    except ValueError:
+        grid = None
+    if not isinstance(grid, list):
+        raise Refused(400, "bad_request", f"the 'tiles' field: auto, RxC (2x2) or [rows, cols], not {value[:40]!r}")
+    return {"tiles": grid}  # its values are checked with the product's configuration

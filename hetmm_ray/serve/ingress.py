@@ -17,9 +17,7 @@ a failed job's included (:func:`job_answer`).
 # No `from __future__ import annotations`: FastAPI must see real types on the routes
 # that Serve re-wraps, or it takes `request: Request` for a query parameter.
 import asyncio
-import functools
 import hmac
-import json
 import logging
 import os
 import time
@@ -27,30 +25,23 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from ray import serve
-from ray.exceptions import RayActorError, TaskCancelledError
-from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
-from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.requests import ClientDisconnect
+from ray.exceptions import RayActorError
 
 from ..config import (
     SERVE_BY_VALUE_MAX_BYTES,
-    ConfigError,
-    DetectorConfig,
     ServiceConfig,
     merge_product_config,
-    publishes_candidate,
 )
 from ..core.calibration import check_rate
 from ..data.region_file import region_from_json
-from ..detectors import check_region
 from ..distributed.registry import get_registry
-from ..errors import Refused, describe
+from ..errors import Refused
 from ..pipeline import keep_memory_mapped
 from ..store import StoreError, check_product_name, open_store
 from . import bodies
+from .answers import answer_errors, classify, error_response, job_answer, timed
 from .canvas import CanvasCache, decode_to_canvas
 from .grpc.standin import InspectionStandIn
 from .image_sets import ImageSet, ImageSets
@@ -59,55 +50,9 @@ from .security import CrossOriginGuard, JSONResponse, parse_json_object, refuse_
 from .ui import Console
 from .warm_set import WarmSet, product_of
 
-__all__ = ["Ingress", "app", "classify", "job_answer", "timed"]
+__all__ = ["Ingress", "app"]
 
 logger = logging.getLogger("ray.serve")
-
-
-def classify(exc: BaseException) -> Refused:
-    """The HTTP answer to ``exc``: project errors (refusals included) through the one table
-    (``errors.describe``), transport errors (a client gone, no replica) here, anything else a
-    logged 500."""
-    # The client went away mid-request: starlette says ClientDisconnect; Serve's proxy cancels the
-    # replica's pull of the body (TaskCancelledError). Its doing, not a server error: 499, no log.
-    if isinstance(exc, ClientDisconnect | TaskCancelledError):
-        return Refused(499, "client_closed_request", "the client closed the connection before the body was sent")
-    if isinstance(exc, RayActorError | BackPressureError | DeploymentUnavailableError):
-        return Refused(503, "unavailable", f"no replica could take the request now ({type(exc).__name__}); retry")
-    known = describe(exc)  # Ray re-raises a remote error as a subclass of its cause: describe reads the cause
-    if known is not None:
-        return Refused(*known)
-    cause = getattr(exc, "cause", None) or exc
-    return Refused(500, "internal", f"internal error ({type(cause).__name__}); see the server log")
-
-
-def _error(err: Refused) -> JSONResponse:
-    return JSONResponse({"error": {"code": err.code, "message": err.message}}, status_code=err.status)
-
-
-def job_answer(record: dict[str, Any]) -> JSONResponse:
-    """The answer to an admin request that waited for its job (``?wait=true``): 202 while it runs,
-    200 once it succeeded, and for a failed job the status and code of its error in the one table
-    (``errors.describe``, recorded by the job board) with the job beside the error."""
-    if record["state"] == "running":
-        return JSONResponse({"job": record}, status_code=202)
-    if record["state"] == "failed":
-        err = record.get("error") or {}
-        status, code = int(err.get("status", 500)), str(err.get("code", "internal"))
-        body = {"error": {"code": code, "message": err.get("message", "")}, "job": record}
-        return JSONResponse(body, status_code=status)
-    return JSONResponse({"job": record}, status_code=200)
-
-
-def _publish_mode(publish: str | None) -> str | None:
-    """A request's ``?publish=`` (issue 23): ``live``, ``candidate`` or absent (the product's setting,
-    else the service's); anything else is a 400."""
-    if publish is not None:
-        try:
-            publishes_candidate(publish, None)  # the one check of a mode (config.publishes_candidate)
-        except ConfigError as exc:
-            raise Refused(400, "bad_request", str(exc)) from None
-    return publish
 
 
 def _serving_origins() -> tuple[str, ...]:
@@ -119,77 +64,10 @@ app = FastAPI(title="hetmm-ray", summary="Training-free visual anomaly detection
 app.add_middleware(CrossOriginGuard, allowed=_serving_origins)
 
 
-@app.exception_handler(Refused)
-async def _refused(_: Request, exc: Refused) -> JSONResponse:
-    return _error(exc)
-
-
-@app.exception_handler(StarletteHTTPException)
-async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-    return _error(Refused(exc.status_code, code, str(exc.detail)))
-
-
-@app.exception_handler(RequestValidationError)
-async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
-    first = exc.errors()[0] if exc.errors() else {}
-    where = ".".join(str(p) for p in first.get("loc", ()))
-    return _error(Refused(400, "bad_request", f"{where}: {first.get('msg', 'invalid request')}"))
-
-
-@app.exception_handler(Exception)
-async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
-    return _error(classify(exc))
-
-
-def timed(route: str) -> Callable[[Callable[..., Awaitable[Response]]], Callable[..., Awaitable[Response]]]:
-    """A route's timing, metrics and error mapping, in one place: the decorated method runs under
-    :meth:`Ingress._timed` (any exception becomes its JSON error, every answer is counted under
-    ``route``). Goes below ``@app.get`` / ``@app.post``; the method takes ``request``.
-    ``functools.wraps`` keeps the name and signature Serve and FastAPI read the route from."""
-
-    def decorate(method: Callable[..., Awaitable[Response]]) -> Callable[..., Awaitable[Response]]:
-        @functools.wraps(method)
-        async def endpoint(self: Any, *args: Any, **kwargs: Any) -> Response:
-            return await self._timed(kwargs["request"], route, functools.partial(method, self, *args, **kwargs))
-
-        return endpoint
-
-    return decorate
-
-
-def _check_region(config: dict[str, Any]) -> None:
-    """ConfigError (400) for a region that counts no pixel, at the reference size or on the map (a
-    tiled product's: on one tile's map at least; ``detectors.check_region``)."""
-    region = config.get("region")
-    if region is not None:
-        region_from_json(region)
-        check_region(DetectorConfig.from_dict(config))
+answer_errors(app)  # every error as the JSON error shape (serve/answers.py)
 
 
 MAP_SIZE_MAX = 8192  # ?map_size: a heat-map's long side at most (never enlarged, serve/replica.py)
-
-
-def _tiles_field(given: Any) -> dict[str, Any]:
-    """A create request's ``tiles``: ``auto``, ``RxC`` (``2x2``) or ``[rows, cols]`` (JSON text in a
-    form field, a list in a JSON body), as ``geometry`` settings (checked with the product's configuration)."""
-    if isinstance(given, list):
-        return {"tiles": given}
-    if not isinstance(given, str):
-        raise Refused(400, "bad_request", f"'tiles': give auto, RxC (2x2) or [rows, cols], not {type(given).__name__}")
-    value = given.strip()
-    if value == "auto":
-        return {"tiles": "auto"}
-    rows, sep, cols = value.lower().partition("x")
-    if sep and rows.strip().isdigit() and cols.strip().isdigit():
-        return {"tiles": [int(rows), int(cols)]}
-    try:
-        grid = json.loads(value)
-    except ValueError:
-        grid = None
-    if not isinstance(grid, list):
-        raise Refused(400, "bad_request", f"the 'tiles' field: auto, RxC (2x2) or [rows, cols], not {value[:40]!r}")
-    return {"tiles": grid}  # its values are checked with the product's configuration
 
 
 # Serve captures this module's globals when the class below is decorated: every helper
@@ -256,7 +134,7 @@ class Ingress(InspectionStandIn):  # gRPC calls that reach it are refused clearl
             err = classify(exc)
             if err.status >= 500 and err.status != 499:
                 logger.error("%s %s failed", request.method, request.url.path, exc_info=exc)
-            response = _error(err)
+            response = error_response(err)
         self.metrics.observe_request(route, response.status_code, time.perf_counter() - start)
         return response
 
@@ -413,13 +291,13 @@ class Ingress(InspectionStandIn):  # gRPC calls that reach it are refused clearl
             images = await self.image_sets.from_body(product, source=body.source)
             config_data = body.config or {}
             region = body.region
-            tiles = None if body.tiles is None else _tiles_field(body.tiles)
+            tiles = None if body.tiles is None else bodies.tiles_field(body.tiles)
         else:
             uploads, fields = await self._uploads(request, max_images=self.service.max_images_per_job)
             images = ImageSet(uploads)
             config_data = parse_json_object(fields.get("config", "{}"), what="the 'config' field")
             region = parse_json_object(fields["region"], what="the 'region' field") if "region" in fields else None
-            tiles = _tiles_field(fields["tiles"]) if "tiles" in fields else None
+            tiles = bodies.tiles_field(fields["tiles"]) if "tiles" in fields else None
         if not isinstance(config_data, dict):
             raise Refused(400, "bad_config", "'config' must be a JSON object")
         if tiles is not None:  # the tile grid (issue 22): a field of its own, or config's "geometry"
@@ -428,7 +306,7 @@ class Ingress(InspectionStandIn):  # gRPC calls that reach it are refused clearl
         if region is not None:  # the inspection region: a field of its own, or config's "region"
             config_data = {**config_data, "region": region}
         config = merge_product_config(self.service.product_defaults, config_data)  # over the service's defaults
-        _check_region(config)  # a bad region is a 400 now, not a failed job later
+        bodies.check_region_field(config)  # a bad region is a 400 now, not a failed job later
         await self.image_sets.checked(images, minimum=2, too_few="a product needs at least 2 good images")
         record = await self.registry.start_create.remote(product, config, images.data)
         return await self._job_response(record, wait)
@@ -440,7 +318,7 @@ class Ingress(InspectionStandIn):  # gRPC calls that reach it are refused clearl
         as in ``config/region.py``, or null: every pixel counts), or R itself. A job (202) that
         recalibrates the head's templates under R and publishes a new version (``?publish=``)."""
         self._admin(request)
-        publish = _publish_mode(publish)
+        publish = bodies.publish_mode(publish)
         region = await self._region_body(product, request)
         record = await self.registry.start_region.remote(product, region, publish)
         return await self._job_response(record, wait)
@@ -468,7 +346,7 @@ class Ingress(InspectionStandIn):  # gRPC calls that reach it are refused clearl
     @timed("normals")
     async def normals(self, product: str, request: Request, wait: bool = False, publish: str | None = None) -> Response:
         self._admin(request)
-        publish = _publish_mode(publish)
+        publish = bodies.publish_mode(publish)
         await self._require_product(product)
         uploads, _ = await self._uploads(request, max_images=self.service.max_images_per_job)
         images = await self.image_sets.checked(ImageSet(uploads), too_few="no images to add")
@@ -484,7 +362,7 @@ class Ingress(InspectionStandIn):  # gRPC calls that reach it are refused clearl
         and ``defective`` (text fields ``objective`` f1|recall, ``max_false_alarm_rate``), or JSON
         ``{"source": server-side folder, "objective", "max_false_alarm_rate"}``. A job (202)."""
         self._admin(request)
-        publish = _publish_mode(publish)
+        publish = bodies.publish_mode(publish)
         await self._require_product(product)
         if bodies.content_type(request) == "application/json":
             spec = await self._json(request)

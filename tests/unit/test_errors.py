@@ -80,7 +80,8 @@ def test_cli_prints_one_line_and_exits_2(
 
 @pytest.mark.parametrize("cls", CLASSES, ids=lambda c: c.__name__)
 def test_http_answers_the_tables_status_with_the_json_shape(cls: type[HetmmError]) -> None:
-    from hetmm_ray.serve.ingress import _error, classify
+    from hetmm_ray.serve.answers import classify
+    from hetmm_ray.serve.answers import error_response as _error
 
     message = "image 3: the thing went wrong"
     response = _error(classify(_instance(cls, message)))
@@ -94,7 +95,7 @@ def test_a_ray_task_error_is_answered_as_its_cause() -> None:
     from ray.exceptions import RayTaskError
 
     from hetmm_ray.core.backbone import WeightsError
-    from hetmm_ray.serve.ingress import classify
+    from hetmm_ray.serve.answers import classify
 
     try:
         raise WeightsError("weights file /w.pth not found")
@@ -108,7 +109,7 @@ def test_a_ray_task_error_is_answered_as_its_cause() -> None:
 
 
 def test_other_exceptions_stay_internal() -> None:
-    from hetmm_ray.serve.ingress import classify
+    from hetmm_ray.serve.answers import classify
 
     err = classify(ZeroDivisionError("x"))
     assert (err.status, err.code) == (500, "internal")
@@ -121,7 +122,7 @@ def test_a_failed_job_is_answered_through_the_table() -> None:
     import asyncio
 
     from hetmm_ray.distributed.jobs import JobBoard
-    from hetmm_ray.serve.ingress import job_answer
+    from hetmm_ray.serve.answers import job_answer
     from hetmm_ray.store import StoreConflict, StoreUnavailable
 
     async def failed(exc: BaseException) -> dict:

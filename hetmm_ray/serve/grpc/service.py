@@ -59,8 +59,8 @@ from ray import serve
 from ...config import HTTP_APP_NAME, ServiceConfig
 from ...errors import Refused
 from ...store import StoreError, check_product_name
+from ..answers import classify
 from ..canvas import decode_to_canvas
-from ..ingress import classify
 from ..replica import Detector, ScoreRequest
 from ..security import JSONResponse, refuse_open_bind
 from ..warm_set import product_of
