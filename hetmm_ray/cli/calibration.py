@@ -13,11 +13,9 @@ from .common import (
     _add_publish_flags,
     _add_store_flags,
     _announce_candidate,
-    _candidate,
     _describe_operating_point,
     _describe_region,
     _open,
-    _publish,
 )
 
 
@@ -56,65 +54,63 @@ def add_calibrate(sub: Subcommands) -> None:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
+    from .. import operations
     from ..data.decode import decode_image
     from ..data.labelled import labelled_images
-    from ..validation import calibrate_with_labels
 
     store = _open(args)
     head = store.head(args.product)
     version = head if args.version is None else args.version
     if sum((args.val is not None, bool(args.val_store), args.far is not None)) != 1:
         raise CLIError("give one of --val DIR, --val-store or --far RATE")
+    mode = getattr(args, "publish", None)
     if args.far is not None:
-        return _calibrate_far(args, store, head, version)
-    from ..detectors import load_detector
-
-    det = load_detector(store, args.product, version, progress=True)
+        if version != head:
+            raise CLIError(f"--far sets the rule of the head, v{head}: drop --version {version}")
+        # TemplateError without out-of-fold scores, ConfigError out of range; a tiled product keeps its
+        # tile scales: its frame threshold moves, its scores stay (hetmm_ray/tiled.py)
+        out = operations.set_far_rule(store, args.product, args.far, mode=mode)
+        if out.candidate:
+            _announce_candidate(args, store, out.version)
+        print(
+            f"product {args.product}: version {out.version} (from v{head}) threshold "
+            f"{_describe_operating_point(out.operating_point)}"
+        )
+        return 0
     if args.val_store:  # the labels taught in the console (store/labels.py), beside the product's versions
         from ..store.labels import LabelSet
 
         stored = LabelSet(store.backend).labelled(args.product)
         labelled = [(name, label) for name, _, label in stored]
-        images = [decode_image(data, source=name) for name, data, _ in stored]
+        images: list[Any] = [decode_image(data, source=name) for name, data, _ in stored]
     else:
         labelled = labelled_images(args.val)
         images = [p for p, _ in labelled]  # the files: the detector decodes and resizes (or cuts) them
     try:
-        ts, record = calibrate_with_labels(
-            det,
+        out = operations.calibrate_labelled(
+            store,
+            args.product,
             images,
             [v for _, v in labelled],
+            version,
             objective=args.objective,
             max_false_alarm_rate=args.max_false_alarm_rate,
+            mode=mode,
+            progress=True,
         )
     except ValueError as exc:
         raise CLIError(str(exc)) from None
-    new = _publish(args, store, ts, expect_head=head)
+    if out.candidate:
+        _announce_candidate(args, store, out.version)
+    record = out.record
+    assert record is not None
     print(
-        f"product {args.product}: version {new} (from v{version}) threshold {record['threshold']:.4f} "
+        f"product {args.product}: version {out.version} (from v{version}) threshold {record['threshold']:.4f} "
         f"for {record['objective']} on {record['good']} good + {record['defective']} defective images: "
         f"recall {100 * record['recall']:.1f}%, false alarms {100 * record['false_alarm_rate']:.1f}%, "
         f"F1 {100 * record['f1']:.1f}; estimated false alarms on good parts "
         f"{100 * record['estimated_false_alarm_rate']:.2f}% (out-of-fold)"
     )
-    return 0
-
-
-def _calibrate_far(args: argparse.Namespace, store: Any, head: int, version: int) -> int:
-    """``hetmm calibrate --far RATE``: the far rule at ``RATE`` as a new version of the head's templates
-    and out-of-fold scores, nothing recomputed (``VersionedStore.republish``, as the service's
-    ``POST .../calibrate {"rule": "far"}``). A tiled product keeps its tile scales: its frame threshold
-    moves, its scores stay (hetmm_ray/tiled.py)."""
-    if version != head:
-        raise CLIError(f"--far sets the rule of the head, v{head}: drop --version {version}")
-    rec = store.record(args.product, head)
-    config = rec.under_far_rule(args.far)  # TemplateError without out-of-fold scores, ConfigError out of range
-    candidate = _candidate(args, rec.config)
-    new = int(store.republish(args.product, config=config, expect_head=head, candidate=candidate))
-    if candidate:
-        _announce_candidate(args, store, new)
-    op = store.record(args.product, new).operating_point()
-    print(f"product {args.product}: version {new} (from v{head}) threshold {_describe_operating_point(op)}")
     return 0
 
 
@@ -142,23 +138,18 @@ def cmd_region(args: argparse.Namespace) -> int:
     threshold follows it. A product on the ``validation`` rule is refused: its labelled
     threshold was chosen under the old region (run ``hetmm calibrate`` again afterwards).
     """
-    from ..core.region import check_region_change
+    from .. import operations
     from ..data.region_file import read_region
-    from ..detectors import check_region, load_detector
 
     region = read_region(args.region)  # a bad file fails before any loading
     store = _open(args)
-    head = store.head(args.product)
-    version = head if args.version is None else args.version
-    config = store.record(args.product, version).config
-    check_region_change(config)  # before any loading: the validation rule's refusal
-    check_region(config.replace(region=region))
-    det = load_detector(store, args.product, version, progress=True)
-    before = det.operating_point()
-    new_det = det.with_region(region)
-    new = _publish(args, store, new_det.template_set(), expect_head=head)
+    out = operations.set_region(
+        store, args.product, region, args.version, mode=getattr(args, "publish", None), progress=True
+    )
+    if out.candidate:
+        _announce_candidate(args, store, out.version)
     print(
-        f"product {args.product}: version {new} (from v{version}) region {_describe_region(region)}; threshold "
-        f"{_describe_operating_point(before)} -> {_describe_operating_point(new_det.operating_point())}"
+        f"product {args.product}: version {out.version} (from v{out.base}) region {_describe_region(region)}; "
+        f"threshold {_describe_operating_point(out.before)} -> {_describe_operating_point(out.operating_point)}"
     )
     return 0

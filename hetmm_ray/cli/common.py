@@ -233,24 +233,6 @@ def _write_json(path: str, value: Any) -> None:
 
 
 # --- publishing a version (issue 23: live or a candidate) --------------------------------------
-def _candidate(args: argparse.Namespace, config: Any) -> bool:
-    """Whether this command publishes a candidate (issue 23): ``--candidate`` / ``--live`` if given,
-    else the product's ``publish`` setting, else ``live`` (the default of ``hetmm`` on one machine)."""
-    from ..config import publishes_candidate
-
-    return publishes_candidate(getattr(args, "publish", None), config.publish)
-
-
-def _publish(args: argparse.Namespace, store: Any, ts: Any, *, expect_head: int | None = None) -> int:
-    """Store ``ts`` as the product's next version: HEAD (``live``) or a candidate beside it
-    (:func:`_candidate`); a candidate is announced on stderr with how to compare and promote it."""
-    if not _candidate(args, ts.config):
-        return int(store.put(args.product, ts, expect_head=expect_head))
-    version = int(store.put(args.product, ts, expect_head=expect_head, candidate=True))
-    _announce_candidate(args, store, version)
-    return version
-
-
 def _announce_candidate(args: argparse.Namespace, store: Any, version: int) -> None:
     """On stderr: ``version`` is a candidate, and how to compare and promote it."""
     head = store.head(args.product)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from typing import Any
 
 from ..config import TEMPLATE_KINDS
@@ -18,13 +17,12 @@ from .common import (
     _add_config_flags,
     _add_publish_flags,
     _add_store_flags,
-    _candidate,
+    _announce_candidate,
     _config_from,
     _describe_operating_point,
     _describe_region,
     _image_paths,
     _open,
-    _publish,
     _sheets,
     _template_kind,
 )
@@ -42,30 +40,34 @@ def add_fit(sub: Subcommands) -> None:
 
 
 def cmd_fit(args: argparse.Namespace) -> int:
-    from ..detectors import new_detector
+    from .. import operations
     from ..tiled import frame_shape
 
     config = _config_from(args)
     paths = [p for p, _ in _image_paths(args.images)]
     if len(paths) < 2:
         raise CLIError(f"fit needs at least 2 good images, got {len(paths)}")
-    # --address: PTS as Ray tasks ("auto" tiles resolved from the frames' headers)
-    det = new_detector(config, paths, progress=True, steps=_steps(args))
-    layout = det.layout(*frame_shape(paths[0]))
-    sheets = _sheets_text(det.config.templates, len(paths)).replace(" (", f"{layout.per_tile} (", 1)
-    ms = det.estimate_ms_per_frame(paths[0], len(paths))
-    print(
-        f"{layout.describe(det.config.backbone.image_size)}, sheets {sheets}, estimated {ms:.0f} ms per frame",
-        flush=True,
-    )
+    layout = None
+
+    def announce(det: Any) -> None:  # the cost line, before the long work
+        nonlocal layout
+        layout = det.layout(*frame_shape(paths[0]))
+        sheets = _sheets_text(det.config.templates, len(paths)).replace(" (", f"{layout.per_tile} (", 1)
+        ms = det.estimate_ms_per_frame(paths[0], len(paths))
+        print(
+            f"{layout.describe(det.config.backbone.image_size)}, sheets {sheets}, estimated {ms:.0f} ms per frame",
+            flush=True,
+        )
+
     # The files themselves, not canvases resized here: the detector decodes them a batch at a time,
-    # and an image's digest is its decoded frame's, as on every other path (issue 38).
-    det.fit(paths)
-    version = det.save(_open(args), args.product)
+    # and an image's digest is its decoded frame's, as on every other path (issue 38). --address:
+    # PTS as Ray tasks; "auto" tiles resolved from the frames' headers.
+    out = operations.fit(_open(args), args.product, config, paths, on_start=announce, progress=True, steps=_steps(args))
+    assert layout is not None and out.detector is not None
     print(
-        f"product {args.product}: version {version} from {len(paths)} good images "
-        f"({det.backbone.weights_id}); {layout.fitted_note()}threshold "
-        f"{_describe_operating_point(det.operating_point())}; store {args.store}"
+        f"product {args.product}: version {out.version} from {len(paths)} good images "
+        f"({out.detector.backbone.weights_id}); {layout.fitted_note()}threshold "
+        f"{_describe_operating_point(out.operating_point)}; store {args.store}"
     )
     if config.region is not None:
         print(f"region {_describe_region(config.region)}{layout.region_note()}")
@@ -92,25 +94,26 @@ def add_update(sub: Subcommands) -> None:
 
 
 def cmd_update(args: argparse.Namespace) -> int:
-    from ..detectors import load_detector
+    from .. import operations
 
     store = _open(args)
-    head = store.head(args.product)
-    det = load_detector(store, args.product, head, progress=True, steps=_steps(args))
     paths = [p for p, _ in _image_paths(args.images)]
-    det.update(paths)  # frames' digests, as every path stores (issue 38)
-    if det.skipped_duplicates:
-        print(f"hetmm: skipped: {det.skipped_duplicates} image(s) already in v{head} (same content)", file=sys.stderr)
-    if det.skipped_duplicates == len(paths):
-        print(f"product {args.product}: no new images; head stays v{head}")
+    mode = getattr(args, "publish", None)
+    # expect_head inside: a concurrent update in between makes this one fail cleanly instead of losing images
+    out = operations.update(store, args.product, paths, mode=mode, progress=True, steps=_steps(args))
+    det = out.detector
+    assert det is not None
+    if out.skipped:
+        print(f"hetmm: skipped: {out.skipped} image(s) already in v{out.base} (same content)", file=sys.stderr)
+    if not out.changed:
+        print(f"product {args.product}: no new images; head stays v{out.base}")
         return 0
-    # expect_head: a concurrent update in between makes this one fail cleanly instead of losing images.
-    version = _publish(args, store, det.template_set(), expect_head=head)
+    if out.candidate:
+        _announce_candidate(args, store, out.version)
     tiles = f"; {det.n_tiles} tiles" if det.n_tiles > 1 else ""
     print(
-        f"product {args.product}: version {version} (from v{head}) with "
-        f"{len(paths) - det.skipped_duplicates} more good images, "
-        f"{det.n_images} in all{tiles}; threshold {_describe_operating_point(det.operating_point())}"
+        f"product {args.product}: version {out.version} (from v{out.base}) with {out.added} more good images, "
+        f"{det.n_images} in all{tiles}; threshold {_describe_operating_point(out.operating_point)}"
     )
     return 0
 
@@ -136,16 +139,26 @@ def add_compress(sub: Subcommands) -> None:
 
 
 def cmd_compress(args: argparse.Namespace) -> int:
-    from ..detectors import load_detector
+    from .. import operations
 
     store = _open(args)
     overrides = {k: v for k, v in (("device", args.device),) if v}
-    det = load_detector(store, args.product, args.version, progress=True, steps=_steps(args), **overrides)
-    start = time.perf_counter()
-    det.compress(_template_kind(args.templates), args.sheets, seed=args.seed)
-    seconds = time.perf_counter() - start
-    candidate = _candidate(args, det.config)
-    version = _publish(args, store, det.template_set()) if candidate else det.save(store, args.product)
+    out = operations.compress(
+        store,
+        args.product,
+        args.version,
+        kind=_template_kind(args.templates),
+        sheets=args.sheets,
+        seed=args.seed,
+        mode=getattr(args, "publish", None),
+        progress=True,
+        steps=_steps(args),
+        **overrides,
+    )
+    det = out.detector
+    assert det is not None
+    if out.candidate:
+        _announce_candidate(args, store, out.version)
     sets = det.selections()
     for p, ts in enumerate(sets):
         auto = ts.meta.get("sheets_auto")  # present only when this selection measured its K
@@ -157,8 +170,8 @@ def cmd_compress(args: argparse.Namespace) -> int:
     held = str(counts[0]) if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
     per_tile = f" per tile ({det.n_tiles} tiles)" if det.n_tiles > 1 else ""
     print(
-        f"product {args.product}: version {version} = {det.config.templates.kind} with {held} sheets{per_tile} "
-        f"of {det.n_images} images ({seconds:.1f}s); threshold {_describe_operating_point(det.operating_point())}"
+        f"product {args.product}: version {out.version} = {det.config.templates.kind} with {held} sheets{per_tile} "
+        f"of {det.n_images} images ({out.seconds:.1f}s); threshold {_describe_operating_point(out.operating_point)}"
     )
     return 0
 
