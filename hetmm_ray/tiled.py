@@ -1,5 +1,8 @@
 """Tiled detector: a frame cut into a fixed grid of tiles, each tile position a product of its own.
 
+One concept in one module (over 600 lines on purpose): the tiled implementation of
+``interface.Detector`` with the semantics below, its storage and its serving copy.
+
 Exact semantics (``geometry.tiles`` = ``[rows, cols]`` other than ``[1, 1]``; ``core/tiles.py`` for
 the grid):
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import ray
+import torch
 
 from ..config import TASK_CPUS, DetectorConfig
 from ..core.templates import TemplateSet
@@ -34,6 +35,11 @@ from .registry_tasks import (
 __all__ = ["COMPARE_MAX_MAPS", "JobStarters", "region_preview"]
 
 COMPARE_MAX_MAPS = 50  # flips whose two heat-maps a compare job's record carries (the rest: scores only)
+
+
+def _numpy(t: torch.Tensor) -> np.ndarray:
+    """A tensor for a shard call: bfloat16 (numpy has none) widened to float32, exact."""
+    return (t.float() if t.dtype == torch.bfloat16 else t).numpy()
 
 
 class JobStarters:
@@ -270,6 +276,32 @@ class JobStarters:
             return version
 
         return self.jobs.start("compare", product, work, done="compared")
+
+    async def _adopted_in_place(self, product: str, head: int, version: int, ts: TemplateSet) -> bool:
+        """A tiled hot update's shards grown in place, as an untiled update's append: each (tile, layer)
+        shard still holding ``head`` appends the new frames' rows of ``ts`` and takes its position's
+        new selection (``LayerShard.adopt``), then ``version`` is published from them. False when the
+        shards do not hold ``head`` (the caller loads the store's head); a failure part way loads it
+        too (``version`` is already the store's head)."""
+        shards = self.shards.get(product)
+        if shards is None or self.versions.get(product) != head or set(shards) != set(ts.bank):
+            return False
+        try:
+            held = dict(zip(ts.bank, await asyncio.gather(*(shards[k].info.remote() for k in ts.bank)), strict=True))
+            if any(info["version"] != head or not 0 < info["images"] < ts.bank[k].shape[0] for k, info in held.items()):
+                return False  # nothing changed yet
+            calls = []
+            for key, bank in ts.bank.items():
+                selection = [None if part is None else _numpy(part[key]) for part in (ts.indices, ts.centres)]
+                calls.append(shards[key].adopt.remote(_numpy(bank[held[key]["images"] :]), *selection))
+            rows = await asyncio.gather(*calls)
+            if any(int(r) != ts.bank[k].shape[0] for k, r in zip(ts.bank, rows, strict=True)):
+                raise RuntimeError(f"{product}: a shard's rows do not match v{version} after the update")
+            await asyncio.gather(*(s.mark_published.remote(version) for s in shards.values()))
+            await self._publish(product, version, ts)
+        except (ray.exceptions.RayError, RuntimeError, ValueError):  # e.g. a host lost under the update
+            await self._load_shards(product)  # the store's head (this version): the truth
+        return True
 
     async def _update_via_task(
         self, product: str, images: list[bytes], progress: JobProgress, candidate: bool = False
