@@ -20,13 +20,16 @@ from tqdm.auto import tqdm
 
 from .config import DetectorConfig
 from .core.calibration import best_f1_cut, labelled_cuts, recall_cut
-from .core.metrics import image_auroc, pixel_auroc, pro_score
+from .core.metrics import image_auroc
+from .core.pixel_metrics import PixelMetrics
 from .data.decode import decode_image, resize_to_geometry
 from .data.mvtec import MVTecCategory, Sample
 from .detectors import new_detector
 from .interface import Detector
 
 __all__ = ["EvaluationResult", "evaluate", "load_images"]
+
+STREAM_FRAMES = 32  # test frames per predict call in evaluate: its memory is this many frames' maps
 
 
 def load_images(
@@ -172,24 +175,34 @@ def evaluate(
     config = det.config
     fit_s = time.perf_counter() - t0
 
-    t0 = time.perf_counter()
-    pred = det.predict([s.path for s in samples])
-    elapsed = time.perf_counter() - t0
-
-    # Masks at each map's shape (the image's own aspect for letterbox), resized like the image.
+    # Streamed (issue 40): frames scored STREAM_FRAMES at a time (a multiple of what predict batches,
+    # so every score is the one a single call gives), each map reduced into the pixel metrics as it
+    # comes (core/pixel_metrics.py: exact while small, binned with a stated bound beyond); nothing
+    # holds all frames or all maps. Masks at each map's shape, resized like the image.
     labels = np.array([s.label for s in samples])
+    pixels = PixelMetrics() if category.has_pixel_masks else None
+    chunk = det.frames_per_pass * max(1, STREAM_FRAMES // det.frames_per_pass)
+    scores: list[float] = []
+    flagged: list[bool] = []
+    elapsed = 0.0
+    for i in range(0, len(samples), chunk):
+        part = samples[i : i + chunk]
+        t0 = time.perf_counter()
+        pred = det.predict([s.path for s in part])
+        elapsed += time.perf_counter() - t0
+        scores.extend(pred.scores.tolist())
+        flagged.extend(bool(v) for v in pred.is_anomaly)
+        if pixels is not None:
+            regions = pred.regions if pred.regions is not None else [None] * len(part)
+            for s, m, r in zip(part, pred.maps, regions, strict=True):
+                pixels.add(m, category.load_mask(s, m.shape), r)  # a region: only its pixels count
     pixel_auroc_pct = pro_pct = None
-    if category.has_pixel_masks:
-        masks = [category.load_mask(s, m.shape) for s, m in zip(samples, pred.maps, strict=True)]
-        if isinstance(pred.maps, np.ndarray):
-            masks = np.stack(masks)
-        # an inspection region: only its pixels count (Prediction.regions, the maps' shapes)
-        valid = pred.regions
-        pixel_auroc_pct = 100 * pixel_auroc(pred.maps, masks, valid)
-        pro_pct = 100 * pro_score(pred.maps, masks, valid=valid)
-    verdict = pred.is_anomaly
+    if pixels is not None:
+        pixel_auroc_pct = 100 * pixels.pixel_auroc()
+        pro_pct = 100 * pixels.pro()
+    verdict = np.array(flagged, dtype=bool)
     op = pred.operating_point
-    cuts = labelled_cuts(pred.scores.tolist(), labels.tolist())
+    cuts = labelled_cuts(scores, labels.tolist())
     good_n = max(int((labels == 0).sum()), 1)
     bad_n = max(int((labels == 1).sum()), 1)
     cal, sheets = det.calibration, det.sheets
@@ -203,7 +216,7 @@ def evaluate(
         sheets=sheets,
         n_train=len(train),
         n_test=len(samples),
-        image_auroc=100 * image_auroc(pred.scores, labels),
+        image_auroc=100 * image_auroc(np.asarray(scores, dtype=np.float32), labels),
         pixel_auroc=pixel_auroc_pct,
         pro=pro_pct,
         images_per_s=len(samples) / elapsed,
@@ -224,8 +237,8 @@ def evaluate(
         threshold_warning=None if op is None else op.warning(),
         score_summary={
             "out-of-fold train": score_summary(cal.scores if cal else []),
-            "test good": score_summary(pred.scores[labels == 0]),
-            "test defective": score_summary(pred.scores[labels == 1]),
+            "test good": score_summary(np.asarray(scores, dtype=np.float32)[labels == 0]),
+            "test defective": score_summary(np.asarray(scores, dtype=np.float32)[labels == 1]),
         },
         **tiled,  # type: ignore[arg-type]
     )

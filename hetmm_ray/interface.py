@@ -181,6 +181,12 @@ class Detector(ABC):
         """``image`` as :meth:`predict`'s maps are drawn over it."""
 
     @property
+    def frames_per_pass(self) -> int:
+        """Frames ``predict`` takes through the backbone together: a caller that streams frames in
+        chunks of a multiple of it scores exactly as one call on all of them would."""
+        return max(1, self.config.batch_size // self.n_tiles)
+
+    @property
     def grid(self) -> tuple[int, int]:
         """Rows and columns of tiles per frame ((1, 1): the frame on one canvas)."""
         return (1, 1)

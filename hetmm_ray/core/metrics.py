@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 from scipy import ndimage
 
-__all__ = ["image_auroc", "pixel_auroc", "pro_score", "region_labels", "roc_auc"]
+__all__ = ["image_auroc", "pixel_auroc", "pro_area", "pro_score", "region_labels", "roc_auc"]
 
 # 8-connectivity, as used by the official MVTec AD evaluation code.
 _STRUCTURE_8 = np.ones((3, 3), dtype=bool)
@@ -193,7 +193,13 @@ def pro_score(maps: Any, masks: Any, fpr_limit: float = 0.3, valid: Any = None) 
     fpr = np.concatenate(([0.0], fpr[last_of_run]))
     pro = np.concatenate(([0.0], pro[last_of_run]))
 
-    # fpr is non-decreasing; keep the points with fpr <= limit and close the curve at exactly the limit.
+    return pro_area(fpr, pro, fpr_limit)
+
+
+def pro_area(fpr: np.ndarray, pro: np.ndarray, fpr_limit: float) -> float:
+    """The normalised area under a PRO curve given as points (``fpr`` non-decreasing, from 0): the
+    points with ``fpr <= fpr_limit``, closed at exactly the limit by linear interpolation, integrated
+    with the trapezoid rule and divided by ``fpr_limit`` (clipped to [0, 1])."""
     k = int(np.searchsorted(fpr, fpr_limit, side="right"))
     x = fpr[:k]
     y = pro[:k]

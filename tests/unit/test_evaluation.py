@@ -81,3 +81,37 @@ def test_sample_order_and_masks_are_unchanged_for_a_masked_set(tmp_path: Path):
         mask = MVTecCategory(data).load_mask(s, SIZE)
         assert mask.shape == (SIZE, SIZE) and (mask.any() if s.label else not mask.any())
     assert np.all([s.path.is_file() for s in samples])
+
+
+@pytest.mark.parametrize("tiles", [None, "[2,2]"], ids=["one canvas", "tiled"])
+def test_streamed_evaluation_equals_one_pass_over_all_frames(tmp_path: Path, monkeypatch, tiles):
+    """Issue 40: ``evaluate`` scores the test frames a chunk at a time and reduces each map as it comes;
+    every figure (timings aside) is the one a single pass over all frames holding every map gives,
+    computed here the slow obvious way from one ``predict`` of all test frames."""
+    from hetmm_ray import evaluation
+    from hetmm_ray.core.metrics import pixel_auroc, pro_score
+    from hetmm_ray.detectors import new_detector
+
+    data = write_mvtec_layout(tmp_path / "set", n_train=6, n_test_good=4, n_test_per_defect=3, size=64)
+    flags = [*FLAGS, "--set", "batch_size=2", *(["--set", f"geometry.tiles={tiles}"] if tiles else [])]
+    monkeypatch.setattr(evaluation, "STREAM_FRAMES", 3)  # 3 -> 2 frames per chunk: several chunks
+    out = tmp_path / "streamed.json"
+    assert main(["evaluate", "--data", str(data), "--json", str(out), *flags]) == 0
+    streamed = json.loads(out.read_text())
+
+    from hetmm_ray.cli import build_parser
+    from hetmm_ray.cli.common import _config_from
+
+    config = _config_from(build_parser().parse_args(["evaluate", "--data", str(data), *flags]))
+    category = MVTecCategory(data)
+    samples = category.measurable_samples()
+    det = new_detector(config, category.train_paths())
+    det.fit(category.train_paths())
+    pred = det.predict([s.path for s in samples])  # every frame at once, every map held
+    masks = [category.load_mask(s, m.shape) for s, m in zip(samples, pred.maps, strict=True)]
+    labels = np.array([s.label for s in samples])
+    assert streamed["pixel_auroc"] == 100 * pixel_auroc(list(pred.maps), masks)
+    assert streamed["pro"] == 100 * pro_score(list(pred.maps), masks)
+    assert streamed["threshold"] == pred.threshold
+    assert streamed["true_positives"] == int((pred.is_anomaly & (labels == 1)).sum())
+    assert streamed["score_summary"]["test good"]["max"] == float(pred.scores[labels == 0].max())
