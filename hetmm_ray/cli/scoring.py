@@ -26,6 +26,8 @@ from .common import (
 )
 from .service import _predict_grpc
 
+PREDICT_FRAMES = 32  # frames decoded, scored and written at a time by hetmm predict (its memory)
+
 
 # --- predict ---------------------------------------------------------------------------
 def add_predict(sub: Subcommands) -> None:
@@ -89,51 +91,69 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
     overrides = {k: v for k, v in (("device", args.device), ("dtype", args.dtype)) if v}
     det = load_detector(_open(args), args.product, args.version, progress=True, **overrides)
-    good: list[tuple[Path, Path, Any]] = []
-    failed = 0
-    for path, name in _image_paths(args.images):
-        try:
-            good.append((path, name, decode_image(path)))
-        except ImageError as exc:
-            print(f"hetmm: skipped: {exc}", file=sys.stderr)
-            failed += 1
-    if not good:
-        raise CLIError("no readable images to score")
     if args.sigmas is not None and args.false_alarm_rate is not None:
         raise CLIError("give --sigmas or --false-alarm-rate, not both")
     try:
         op = det.operating_point(sigmas=args.sigmas, false_alarm_rate=args.false_alarm_rate)
     except ValueError as exc:
         raise CLIError(str(exc)) from None
-    pred = det.predict(
-        [det.input_view(img) for _, _, img in good],
-        sigmas=args.sigmas,
-        false_alarm_rate=args.false_alarm_rate,
-    )
     rule = {} if op is None else {k: v for k, v in op.to_json().items() if k != "threshold"}
     out = Path(args.out) if args.out else None
-    records = []
-    for i, (path, name, image) in enumerate(good):
-        rec = {
-            "image": str(path),
-            "score": round(float(pred.scores[i]), 6),
-            "threshold": round(pred.threshold, 6),
-            "is_anomaly": bool(pred.is_anomaly[i]),
-            **rule,  # threshold_rule, rule_target, estimated_false_alarm_rate
-            "version": pred.version,
-        }
-        if out is not None:
-            target = out / name.parent / f"{name.name}_heatmap.png"
-            vmin, vmax = heatmap_range(pred.maps[i], pred.threshold)
-            region = None if pred.regions is None else pred.regions[i]  # outside: greyed
-            overlay = heatmap_overlay(image, pred.maps[i], vmin=vmin, vmax=vmax, region=region)
-            rec["heatmap"] = str(save_png(overlay, target))
-        records.append(rec)
-        flag = "ANOMALY" if rec["is_anomaly"] else "ok"
-        print(f"{rec['score']:.4f}  {flag:<7}  {path}")
-    print(f"{len(good)} images, {len(good) / pred.seconds:.2f} images/s, product {args.product} v{pred.version}")
+    records: list[dict[str, Any]] = []
+    failed = scored = 0
+    seconds = 0.0
+    version = None
+    # Streamed (issue 40): PREDICT_FRAMES readable frames decoded, scored and written at a time (a
+    # multiple of what predict batches: the scores one call on all of them gives); no list of frames
+    # or maps is held.
+    chunk = det.frames_per_pass * max(1, PREDICT_FRAMES // det.frames_per_pass)
+
+    def score(good: list[tuple[Path, Path, Any]]) -> None:
+        nonlocal seconds, scored, version
+        pred = det.predict(
+            [det.input_view(img) for _, _, img in good],
+            sigmas=args.sigmas,
+            false_alarm_rate=args.false_alarm_rate,
+        )
+        seconds += pred.seconds
+        scored += len(good)
+        version = pred.version
+        for i, (path, name, image) in enumerate(good):
+            rec = {
+                "image": str(path),
+                "score": round(float(pred.scores[i]), 6),
+                "threshold": round(pred.threshold, 6),
+                "is_anomaly": bool(pred.is_anomaly[i]),
+                **rule,  # threshold_rule, rule_target, estimated_false_alarm_rate
+                "version": pred.version,
+            }
+            if out is not None:
+                target = out / name.parent / f"{name.name}_heatmap.png"
+                vmin, vmax = heatmap_range(pred.maps[i], pred.threshold)
+                region = None if pred.regions is None else pred.regions[i]  # outside: greyed
+                overlay = heatmap_overlay(image, pred.maps[i], vmin=vmin, vmax=vmax, region=region)
+                rec["heatmap"] = str(save_png(overlay, target))
+            records.append(rec)
+            flag = "ANOMALY" if rec["is_anomaly"] else "ok"
+            print(f"{rec['score']:.4f}  {flag:<7}  {path}")
+
+    pending: list[tuple[Path, Path, Any]] = []  # decoded frames, scored a full chunk at a time
+    for path, name in _image_paths(args.images):
+        try:
+            pending.append((path, name, decode_image(path)))
+        except ImageError as exc:
+            print(f"hetmm: skipped: {exc}", file=sys.stderr)
+            failed += 1
+        if len(pending) == chunk:
+            score(pending)
+            pending = []
+    if pending:
+        score(pending)
+    if not scored:
+        raise CLIError("no readable images to score")
+    print(f"{scored} images, {scored / seconds:.2f} images/s, product {args.product} v{version}")
     if det.n_tiles > 1:
-        print(f"{det.grid[0]} x {det.grid[1]} tiles per frame, {len(good) * det.n_tiles / pred.seconds:.2f} tiles/s")
+        print(f"{det.grid[0]} x {det.grid[1]} tiles per frame, {scored * det.n_tiles / seconds:.2f} tiles/s")
     print(f"threshold {_describe_operating_point(op)}")
     if args.json:
         _write_json(args.json, records)
