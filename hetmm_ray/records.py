@@ -118,11 +118,14 @@ class JobRecord(TypedDict, total=False):
     skipped_duplicates: int  # normals: images already in the bank
     preview: dict[str, Any]  # region_preview: current vs proposed (distributed/registry.py region_preview)
     # create of a tiled product, before the long work: its grid, tile size, sheets per position and the
-    # estimated milliseconds per frame with all its tiles (TiledHETMM.estimate_ms_per_frame); an untiled
+    # estimated milliseconds per frame with all its tiles (Detector.estimate_ms_per_frame); an untiled
     # product's create: sheets and estimated_ms_per_frame (frame_cost.estimate_ms_per_frame, measured in
     # the first feature-extraction task with its backbone), when that task's batch is back
     tiles: list[int]
     tile_px: list[int]
+    # create with geometry.tiles "auto": the grid it chose and why (tiled.auto_tiles: from
+    # geometry.min_defect_px and the backbone's finest tap, or the scale rule)
+    tiles_auto: dict[str, Any]
     sheets: int
     estimated_ms_per_frame: float
     # issue 23: whether the job stores its version as a candidate (normals, calibrate, region), and a

@@ -110,20 +110,21 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from .config import ConfigError, DetectorConfig, GeometryConfig, check_number, stored_config
+from .config.product import TILE_GRID_MAX, tap_stride
 from .core.calibration import TailModel
 from .core.device import TORCH_DTYPES, image_digest
 from .core.geometry import Box
 from .core.region import TilePart, check_visible, map_mask, raster, tile_regions
 from .core.scoring import Calibration, OperatingPoint, calibration_json, content_maps, image_scores, operating_point
 from .core.templates import TemplateError, TemplateSet, unseen_positions
-from .core.tiles import Tile, cut, grid_of, stitch, tile_grid
+from .core.tiles import AUTO_MAX_SCALE, Tile, cut, defect_grid, grid_of, stitch, tile_grid
 from .detector import HETMM
 from .frame_cost import FrameCost
 from .interface import Detector, Layout
 from .scorer import ImageInput, Prediction, as_rgb
 from .steps import FitSteps
 
-__all__ = ["TiledHETMM", "TiledPrediction", "frame_shape", "region_parts", "resolve_tiles"]
+__all__ = ["TiledHETMM", "TiledPrediction", "auto_tiles", "frame_shape", "region_parts", "resolve_tiles"]
 
 
 def frame_shape(x: ImageInput) -> tuple[int, int]:
@@ -143,10 +144,29 @@ def resolve_tiles(config: DetectorConfig, frames: Sequence[ImageInput]) -> Detec
     g = config.geometry
     if g.tiles != "auto":
         return config
+    rows, cols, _ = auto_tiles(config, frames)
+    return replace(config, geometry=replace(g, tiles=(rows, cols)))
+
+
+def auto_tiles(config: DetectorConfig, frames: Sequence[ImageInput]) -> tuple[int, int, str]:
+    """The grid ``tiles: auto`` picks for ``frames`` and why, in one line: from ``geometry.min_defect_px``
+    and the backbone's finest tap when it is set (``core.tiles.defect_grid``), else at most
+    ``AUTO_MAX_SCALE`` frame px per canvas px (``core.tiles.auto_grid``)."""
+    g, bb = config.geometry, config.backbone
     shapes = [frame_shape(x) for x in frames]
     h, w = max(s[0] for s in shapes), max(s[1] for s in shapes)
-    rows, cols = grid_of("auto", h, w, config.backbone.image_size, g.tile_overlap)
-    return replace(config, geometry=replace(g, tiles=(rows, cols)))
+    if g.min_defect_px is None:
+        rows, cols = grid_of("auto", h, w, bb.image_size, g.tile_overlap)
+        return rows, cols, f"at most {AUTO_MAX_SCALE:g} frame px per canvas px (no geometry.min_defect_px)"
+    stride = min(tap_stride(bb.name, tap) for tap in bb.taps)
+    chosen = defect_grid(h, w, bb.image_size, g.tile_overlap, min_defect_px=g.min_defect_px, stride=stride)
+    if max(chosen.rows, chosen.cols) > TILE_GRID_MAX:
+        raise ConfigError(
+            f"geometry.min_defect_px: a {g.min_defect_px}-px defect in a {w} x {h} frame needs {chosen.rows} x "
+            f"{chosen.cols} tiles; a grid has at most {TILE_GRID_MAX} per axis (a larger canvas, backbone.image_size, "
+            "needs fewer)"
+        )
+    return chosen.rows, chosen.cols, chosen.why
 
 
 @dataclass(frozen=True)

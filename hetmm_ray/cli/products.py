@@ -41,13 +41,17 @@ def add_fit(sub: Subcommands) -> None:
 
 def cmd_fit(args: argparse.Namespace) -> int:
     from .. import operations
-    from ..tiled import frame_shape
+    from ..tiled import auto_tiles, frame_shape
 
     config = _config_from(args)
     paths = [p for p, _ in _image_paths(args.images)]
     if len(paths) < 2:
         raise CLIError(f"fit needs at least 2 good images, got {len(paths)}")
     layout = None
+
+    if config.geometry.tiles == "auto":  # what auto chose and why, before the long work
+        rows, cols, why = auto_tiles(config, paths)
+        print(f"tiles auto: {rows} x {cols}, {why}", flush=True)
 
     def announce(det: Any) -> None:  # the cost line, before the long work
         nonlocal layout

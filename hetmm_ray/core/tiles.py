@@ -51,11 +51,13 @@ from torch import Tensor
 
 __all__ = [
     "AUTO_MAX_SCALE",
+    "DefectGrid",
     "Tile",
     "auto_grid",
     "axis_tiles",
     "check_overlap",
     "cut",
+    "defect_grid",
     "grid_of",
     "stitch",
     "tile_grid",
@@ -170,6 +172,42 @@ def auto_grid(
 
     check_overlap(overlap)
     return count(height), count(width)
+
+
+class DefectGrid(NamedTuple):
+    """The grid :func:`defect_grid` chose, and why in one line."""
+
+    rows: int
+    cols: int
+    why: str
+    too_small: bool
+
+
+def defect_grid(height: int, width: int, canvas: int, overlap: float, *, min_defect_px: int, stride: int) -> DefectGrid:
+    """``tiles: auto`` from the smallest defect to find (``geometry.min_defect_px``, frame pixels).
+
+    A tile at ``f`` frame pixels per canvas pixel shows a ``d``-px defect as ``d / (f * stride)``
+    cells of the backbone's finest tap (``stride`` canvas pixels per cell). The rule keeps it at
+    least one cell: ``f <= d / stride``, and takes the fewest tiles that do (:func:`auto_grid` at
+    ``max_scale = d / stride``). Tiles are never upsampled for it (``f >= 1``: no pixel the camera did
+    not see is added): where ``d < stride`` even the frame's own scale leaves the defect under one
+    cell, the grid is the frame's own scale and ``too_small`` says so (a finer tap, a larger defect
+    or a closer camera is needed). A frame that needs more than ``max_grid`` tiles per axis is refused."""
+    wanted = min_defect_px / stride
+    scale = max(1.0, wanted)
+    rows, cols = auto_grid(height, width, canvas, overlap, max_scale=scale)
+    cells = min_defect_px / (scale * stride)
+    if wanted < 1.0:
+        why = (
+            f"a {min_defect_px}-px defect is {cells:.2f} of a {stride}-px feature cell even at the frame's own "
+            f"scale: too small for any grid (no tile is upsampled); tiles at 1 frame px per canvas px"
+        )
+    else:
+        why = (
+            f"a {min_defect_px}-px defect spans at least one {stride}-px feature cell at up to {scale:.2f} frame px "
+            f"per canvas px: the fewest tiles that keep it there"
+        )
+    return DefectGrid(rows, cols, why, wanted < 1.0)
 
 
 def grid_of(tiles: Any, height: int, width: int, canvas: int, overlap: float) -> tuple[int, int]:

@@ -90,23 +90,29 @@ class JobStarters:
         cfg = DetectorConfig.from_dict(config)
         if product in await asyncio.to_thread(self.store.products):
             raise StoreConflict(f"product {product!r} already exists; add images with .../normals")
-        from ..tiled import resolve_tiles
+        from ..tiled import auto_tiles, resolve_tiles
 
+        auto = None
+        if cfg.geometry.tiles == "auto":  # the grid and why (min_defect_px or the scale rule), for the job's record
+            auto = await asyncio.to_thread(auto_tiles, cfg, images)
         cfg = await asyncio.to_thread(resolve_tiles, cfg, images)  # tiles: auto -> a grid (1 x 1: untiled)
+        note = {} if auto is None else {"tiles_auto": {"tiles": [auto[0], auto[1]], "why": auto[2]}}
         if whole_frames(cfg):
-            return self.jobs.start("create", product, partial(self._create_in_task, product, cfg, images))
+            return self.jobs.start("create", product, partial(self._create_in_task, product, cfg, images, note))
 
         async def work(progress: JobProgress) -> int:
+            progress.note(**note)
             features, digests = await self._extract(cfg, images, progress, estimate=True)  # the cost, as tiled
             return await self.create(product, cfg.to_dict(), features, digests, progress)
 
         return self.jobs.start("create", product, work)
 
     async def _create_in_task(
-        self, product: str, cfg: DetectorConfig, images: list[bytes], progress: JobProgress
+        self, product: str, cfg: DetectorConfig, images: list[bytes], note: dict[str, Any], progress: JobProgress
     ) -> int:
         """A product fit as one detector in a task (:func:`~.registry_tasks.fit_in_task`), published as v1; its shards
         are its bank's objects ((tile position, layer) for a tiled one), placed over the template hosts."""
+        progress.note(**note)
         progress.stage("tile features and fit", len(images))
         me = ray.get_runtime_context().current_actor
         ts = await fit_in_task.remote(cfg.to_dict(), images, me, progress.job_id)

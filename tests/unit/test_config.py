@@ -517,7 +517,16 @@ def test_geometry_defaults_and_values() -> None:
     c = DetectorConfig().replace(**{"geometry.tiles": [2, 3], "geometry.tile_overlap": 0.25})
     assert c.geometry.tiles == (2, 3) and c.geometry.tiled and c.geometry.tile_overlap == 0.25
     assert DetectorConfig().replace(**{"geometry.tiles": "auto"}).geometry.tiles == "auto"
-    assert c.to_dict()["geometry"] == {"tiles": [2, 3], "tile_overlap": 0.25, "tile_whole_view": True}
+    assert c.to_dict()["geometry"] == {
+        "tiles": [2, 3],
+        "tile_overlap": 0.25,
+        "tile_whole_view": True,
+        "min_defect_px": None,
+    }
+    # stored as products were before min_defect_px existed while it is unset (issue 40)
+    assert c.stored_dict()["geometry"] == {"tiles": [2, 3], "tile_overlap": 0.25, "tile_whole_view": True}
+    d = c.replace(**{"geometry.min_defect_px": 4})
+    assert d.stored_dict()["geometry"]["min_defect_px"] == 4 and stored_config(d.stored_dict()) == d.product_only()
 
 
 @pytest.mark.parametrize(
