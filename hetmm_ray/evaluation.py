@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from .config import DetectorConfig
+from .config import STREAM_FRAMES, DetectorConfig
 from .core.calibration import best_f1_cut, labelled_cuts, recall_cut
 from .core.metrics import image_auroc
 from .core.pixel_metrics import PixelMetrics
@@ -28,8 +28,6 @@ from .detectors import new_detector
 from .interface import Detector
 
 __all__ = ["EvaluationResult", "evaluate", "load_images"]
-
-STREAM_FRAMES = 32  # test frames per predict call in evaluate: its memory is this many frames' maps
 
 
 def load_images(

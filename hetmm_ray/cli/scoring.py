@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..config import DTYPES, GRPC_CLIENT_WAIT_S, check_number
+from ..config import DTYPES, GRPC_CLIENT_WAIT_S, STREAM_FRAMES, check_number
 from ..config.archive import ACTOR_CPUS, ACTOR_THREADS, BLOCK_IMAGES, SCORE_BATCH
 from .common import (
     CLIError,
@@ -25,8 +25,6 @@ from .common import (
     _write_json,
 )
 from .service import _predict_grpc
-
-PREDICT_FRAMES = 32  # frames decoded, scored and written at a time by hetmm predict (its memory)
 
 
 # --- predict ---------------------------------------------------------------------------
@@ -103,10 +101,10 @@ def cmd_predict(args: argparse.Namespace) -> int:
     failed = scored = 0
     seconds = 0.0
     version = None
-    # Streamed (issue 40): PREDICT_FRAMES readable frames decoded, scored and written at a time (a
+    # Streamed (issue 40): STREAM_FRAMES readable frames decoded, scored and written at a time (a
     # multiple of what predict batches: the scores one call on all of them gives); no list of frames
     # or maps is held.
-    chunk = det.frames_per_pass * max(1, PREDICT_FRAMES // det.frames_per_pass)
+    chunk = det.frames_per_pass * max(1, STREAM_FRAMES // det.frames_per_pass)
 
     def score(good: list[tuple[Path, Path, Any]]) -> None:
         nonlocal seconds, scored, version

@@ -47,7 +47,7 @@ from .product import (
     publishes_candidate,
 )
 from .replica import ReplicaSettings
-from .run_time import BACKBONE_RUNTIMES, MODEL_CACHE_ENV, PTS_CHUNK_PIXELS, TASK_CPUS, model_cache_dir
+from .run_time import BACKBONE_RUNTIMES, MODEL_CACHE_ENV, PTS_CHUNK_PIXELS, STREAM_FRAMES, TASK_CPUS, model_cache_dir
 from .service import (
     DEFAULT_GRPC_PORT,
     DEFAULT_STORE,
@@ -93,6 +93,7 @@ __all__ = [
     "NUMERIC_RANGES",
     "PACKAGED_WEIGHTS",
     "PTS_CHUNK_PIXELS",
+    "STREAM_FRAMES",
     "PUBLISH_MODES",
     "publishes_candidate",
     "RUN_TIME_SETTINGS",

@@ -17,12 +17,18 @@ __all__ = [
     "BACKBONE_RUNTIMES",
     "MODEL_CACHE_ENV",
     "PTS_CHUNK_PIXELS",
+    "STREAM_FRAMES",
     "TASK_CPUS",
     "is_device",
     "model_cache_dir",
 ]
 
 BACKBONE_RUNTIMES = ("auto", "torch", "openvino")  # see DetectorConfig.backbone_runtime
+
+STREAM_FRAMES = 8
+"""Frames ``hetmm predict`` and ``evaluate`` decode, score and reduce at a time (rounded to a multiple of
+what predict batches, ``Detector.frames_per_pass``): their memory holds this many frames and maps, not
+the whole set (issue 40; the memory model is in the README, "Memory")."""
 
 
 def is_device(value: Any) -> bool:

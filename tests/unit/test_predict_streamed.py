@@ -36,7 +36,7 @@ def test_predict_in_chunks_writes_what_one_chunk_writes(tmp_path: Path, monkeypa
     (folder / "2b.png").write_bytes(b"not a png")  # skipped, the rest scored
     results = {}
     for frames in (2, 1000):
-        monkeypatch.setattr(scoring, "PREDICT_FRAMES", frames)
+        monkeypatch.setattr(scoring, "STREAM_FRAMES", frames)
         out = tmp_path / f"out{frames}"
         args = ["predict", str(folder), "--product", "p", "--store", str(tmp_path / "store"), "--out", str(out)]
         code = main([*args, "--json", str(out / "r.json")])
