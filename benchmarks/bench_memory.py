@@ -1,0 +1,108 @@
+"""Peak memory of ``hetmm evaluate`` and ``hetmm predict`` against the number of test frames (issue 40).
+
+Writes synthetic line frames (``hetmm_ray/data/surface.py``, ``--size`` px square) in the MVTec layout
+with ``--train`` good training frames and, per entry of ``--tests``, that many test frames (half good,
+half defective, with masks), then runs, in a fresh process each, under ``/usr/bin/time -f %M``:
+
+- ``hetmm evaluate --data LAYOUT --set geometry.tiles=auto`` (frames at their own resolution, maps
+  stitched at the frame's: what a line measures);
+- ``hetmm predict`` of the layout's test frames against a product fitted once (``hetmm fit``), heat-maps
+  written to a temporary folder.
+
+Each row: the tree whose ``hetmm`` ran (``--tree``, repeatable: compare code versions on the same
+frames; default this checkout), the command, the test frames, and the peak RSS (median of ``--runs``).
+Memory must not grow with the number of frames: the last column is each row's peak over the same
+command's smallest set. The default backbone (efficientnet_lite0, packaged weights), ALL templates.
+
+    python benchmarks/bench_memory.py                                  # 1024 px, 16 and 48 test frames
+    python benchmarks/bench_memory.py --tree /path/to/old/checkout --tree .   # before / after
+    python benchmarks/bench_memory.py --size 2048 --tests 16,64 --runs 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import table
+
+from hetmm_ray.data.surface import write_surface_layout
+
+HERE = Path(__file__).resolve().parents[1]
+
+
+def peak_rss_mb(argv: list[str], cwd: Path) -> float:
+    """Peak RSS of one run of ``argv`` (MB, ``/usr/bin/time -f %M``); the run must succeed."""
+    done = subprocess.run(["/usr/bin/time", "-f", "%M", *argv], cwd=cwd, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(argv)} failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    return int(done.stderr.strip().splitlines()[-1]) / 1024
+
+
+def layouts(root: Path, size: int, n_train: int, tests: list[int]) -> dict[int, Path]:
+    out = {}
+    for n in tests:
+        good, per_defect = n // 2, max(1, (n - n // 2) // 2)  # two defect kinds
+        out[n] = write_surface_layout(
+            root / f"test{n}", height=size, width=size, n_train=n_train, n_test_good=good,
+            n_test_per_defect=per_defect,
+        )  # fmt: skip
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--size", type=int, default=1024, help="frame side, px (default 1024)")
+    ap.add_argument("--train", type=int, default=12, help="good training frames (default 12)")
+    ap.add_argument("--tests", default="16,48", help="test frame counts, comma-separated (default 16,48)")
+    ap.add_argument("--runs", type=int, default=1, help="runs per row; the median is reported (default 1)")
+    ap.add_argument("--tree", action="append", type=Path, help="a checkout whose .venv/bin/hetmm runs (repeatable)")
+    ap.add_argument("--json", type=Path, help="write the rows here too")
+    args = ap.parse_args()
+    tests = sorted(int(t) for t in args.tests.split(","))
+    trees = [t.resolve() for t in (args.tree or [HERE])]
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="bench-memory-") as tmp:
+        root = Path(tmp)
+        sets = layouts(root, args.size, args.train, tests)
+        for tree in trees:
+            hetmm = str(tree / ".venv" / "bin" / "hetmm")
+            store = root / f"store-{len(rows)}"
+            fit = [hetmm, "fit", str(sets[tests[0]] / "train" / "good"), "--product", "p", "--store", str(store)]
+            subprocess.run([*fit, "--set", "geometry.tiles=auto"], cwd=tree, check=True, capture_output=True)
+            for command in ("evaluate", "predict"):
+                base = None
+                for n in tests:
+                    if command == "evaluate":
+                        argv = [hetmm, "evaluate", "--data", str(sets[n]), "--set", "geometry.tiles=auto"]
+                    else:
+                        heat = root / "heat"
+                        shutil.rmtree(heat, ignore_errors=True)
+                        argv = [hetmm, "predict", str(sets[n] / "test"), "--product", "p", "--store", str(store)]
+                        argv += ["--out", str(heat)]
+                    peak = statistics.median(peak_rss_mb(argv, tree) for _ in range(args.runs))
+                    base = base or peak
+                    rows.append(
+                        {"tree": str(tree), "command": command, "test_frames": n, "peak_rss_mb": round(peak),
+                         "vs_smallest": round(peak / base, 2)}
+                    )  # fmt: skip
+                    print(json.dumps(rows[-1]), flush=True)
+    print(
+        table(
+            ["tree", "command", "test frames", "peak RSS MB", "vs smallest"],
+            [[r["tree"], r["command"], r["test_frames"], r["peak_rss_mb"], r["vs_smallest"]] for r in rows],
+        )
+    )
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
