@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
+from .config import STREAM_FRAMES
 from .core.calibration import OBJECTIVES, best_f1_cut, check_rate, labelled_cuts, recall_cut
 from .core.scoring import Calibration
 from .core.templates import TemplateSet
@@ -68,7 +69,10 @@ def calibrate_with_labels(
         raise ValueError("the product has no out-of-fold calibration to keep; refit it first")
     if len(images) != len(labels):
         raise ValueError("give one label per image")
-    scores = detector.predict(images).scores.tolist()
+    # a chunk of frames at a time (a multiple of what predict batches: the scores of one call), so
+    # only scores accumulate, never every frame's map (issue 40)
+    chunk = detector.frames_per_pass * max(1, STREAM_FRAMES // detector.frames_per_pass)
+    scores = [float(s) for i in range(0, len(images), chunk) for s in detector.predict(images[i : i + chunk]).scores]
     record = choose_threshold(scores, labels, objective=objective, max_false_alarm_rate=max_false_alarm_rate)
     config = detector.config.replace(**{"threshold.rule": "validation"})
     calibration = Calibration(ts.calibration.scores, validation=record)
