@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 from scipy import ndimage
 
-__all__ = ["image_auroc", "pixel_auroc", "pro_area", "pro_score", "region_labels", "roc_auc"]
+__all__ = ["image_auroc", "pixel_auroc", "pro_area", "pro_curve", "pro_score", "region_labels", "roc_auc"]
 
 # 8-connectivity, as used by the official MVTec AD evaluation code.
 _STRUCTURE_8 = np.ones((3, 3), dtype=bool)
@@ -182,7 +182,14 @@ def pro_score(maps: Any, masks: Any, fpr_limit: float = 0.3, valid: Any = None) 
     inv[1:] = 1.0 / (sizes[1:] * n_regions)
     weights = inv[ids]
 
-    scores = m.ravel()
+    return pro_area(*pro_curve(m.ravel(), background, weights), fpr_limit)
+
+
+def pro_curve(scores: np.ndarray, background: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The PRO curve's points from the top score down, from (0, 0): per distinct score, the share of
+    ``background`` pixels at or above it and the sum of ``weights`` (each defect pixel's
+    ``1 / (region size * regions)``) at or above it."""
+    n_background = int(np.count_nonzero(background))
     # Stability is irrelevant because tie runs are collapsed below; the default sort is much faster.
     order = np.argsort(scores)[::-1]
     sorted_scores = scores[order]
@@ -190,10 +197,7 @@ def pro_score(maps: Any, masks: Any, fpr_limit: float = 0.3, valid: Any = None) 
     pro = np.cumsum(weights[order])
     # Pixels with equal scores cross every threshold together, so only the end of each tie run is a curve point.
     last_of_run = np.flatnonzero(np.append(sorted_scores[1:] != sorted_scores[:-1], True))
-    fpr = np.concatenate(([0.0], fpr[last_of_run]))
-    pro = np.concatenate(([0.0], pro[last_of_run]))
-
-    return pro_area(fpr, pro, fpr_limit)
+    return np.concatenate(([0.0], fpr[last_of_run])), np.concatenate(([0.0], pro[last_of_run]))
 
 
 def pro_area(fpr: np.ndarray, pro: np.ndarray, fpr_limit: float) -> float:

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from .metrics import pro_area, region_labels, roc_auc
+from .metrics import pro_area, pro_curve, region_labels, roc_auc
 
 __all__ = ["PixelMetrics"]
 
@@ -151,16 +151,8 @@ class PixelMetrics:
             scores = np.concatenate(self._scores)
             background = ~np.concatenate(self._labels)
             weights = np.concatenate(self._weights) / self._regions
-            n_background = int(np.count_nonzero(background))
-            self._check(1, n_background)
-            order = np.argsort(scores)[::-1]
-            sorted_scores = scores[order]
-            fpr = np.cumsum(background[order], dtype=np.float64) / n_background
-            pro = np.cumsum(weights[order])
-            last_of_run = np.flatnonzero(np.append(sorted_scores[1:] != sorted_scores[:-1], True))
-            fpr = np.concatenate(([0.0], fpr[last_of_run]))
-            pro = np.concatenate(([0.0], pro[last_of_run]))
-            return pro_area(fpr, pro, self.fpr_limit)
+            self._check(1, int(np.count_nonzero(background)))
+            return pro_area(*pro_curve(scores, background, weights), self.fpr_limit)
         neg, wsum, pos = self._neg, self._wsum, self._pos
         assert neg is not None and wsum is not None and pos is not None
         n_background = int(neg.sum())
