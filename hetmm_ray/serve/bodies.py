@@ -18,7 +18,8 @@ Exact semantics:
   reading, no 408), accept ``NaN`` and any depth, and two routes take JSON or multipart.
   A body that does not fit its model is a 400 ``bad_request`` with the route's one line.
 - The admin routes' fields: :func:`publish_mode` (``?publish=``), :func:`check_region_field` (a
-  region that counts no map pixel is a 400 before any job) and :func:`tiles_field` (a create's grid).
+  region that counts no map pixel is a 400 before any job), :func:`tiles_field` (a create's grid) and
+  :func:`geometry_fields` (the grid and the smallest defect, ``min_defect_px``).
 
 Every refusal is an :class:`~hetmm_ray.errors.Refused` (status, code, one line).
 """
@@ -49,6 +50,7 @@ __all__ = [
     "SourceBody",
     "check_region_field",
     "content_type",
+    "geometry_fields",
     "json_object",
     "labelled_uploads",
     "parse_form",
@@ -167,13 +169,15 @@ class SourceBody(BaseModel):
     """``POST /v1/products/{p}`` as JSON: a server-side ``source`` (checked by
     ``security.resolve_source``), an optional ``config`` object and an optional inspection
     ``region`` (``config/region.py``; both checked by the route), and optional ``tiles`` (the tile
-    grid: ``[rows, cols]``, ``"RxC"`` or ``"auto"``, as the form's field)."""
+    grid: ``[rows, cols]``, ``"RxC"`` or ``"auto"``, as the form's field) and ``min_defect_px`` (the
+    smallest defect to find, frame pixels: :func:`geometry_fields`)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     source: Any
     config: Any = None
     region: Any = None
     tiles: Any = None
+    min_defect_px: Any = None
 
 
 class LabelledSourceBody(BaseModel):
@@ -303,3 +307,18 @@ def tiles_field(given: Any) -> dict[str, Any]:
     if not isinstance(grid, list):
         raise Refused(400, "bad_request", f"the 'tiles' field: auto, RxC (2x2) or [rows, cols], not {value[:40]!r}")
     return {"tiles": grid}  # its values are checked with the product's configuration
+
+
+def geometry_fields(tiles: Any, min_defect_px: Any) -> dict[str, Any]:
+    """A create request's ``tiles`` (:func:`tiles_field`) and ``min_defect_px`` (frame pixels: an int, or
+    its text in a form field) as ``geometry`` settings; ``min_defect_px`` without ``tiles`` means
+    ``tiles: auto`` (the grid is picked from it). Values are checked with the product's configuration."""
+    out = {} if tiles is None else tiles_field(tiles)
+    if min_defect_px is not None:
+        if isinstance(min_defect_px, str):
+            text = min_defect_px.strip()
+            if not text.isdigit():
+                raise Refused(400, "bad_request", f"'min_defect_px': give frame pixels (an integer), not {text[:40]!r}")
+            min_defect_px = int(text)
+        out = {"tiles": "auto", **out, "min_defect_px": min_defect_px}
+    return out

@@ -291,16 +291,16 @@ class Ingress(InspectionStandIn):  # gRPC calls that reach it are refused clearl
             images = await self.image_sets.from_body(product, source=body.source)
             config_data = body.config or {}
             region = body.region
-            tiles = None if body.tiles is None else bodies.tiles_field(body.tiles)
+            tiles = bodies.geometry_fields(body.tiles, body.min_defect_px)
         else:
             uploads, fields = await self._uploads(request, max_images=self.service.max_images_per_job)
             images = ImageSet(uploads)
             config_data = parse_json_object(fields.get("config", "{}"), what="the 'config' field")
             region = parse_json_object(fields["region"], what="the 'region' field") if "region" in fields else None
-            tiles = bodies.tiles_field(fields["tiles"]) if "tiles" in fields else None
+            tiles = bodies.geometry_fields(fields.get("tiles"), fields.get("min_defect_px"))
         if not isinstance(config_data, dict):
             raise Refused(400, "bad_config", "'config' must be a JSON object")
-        if tiles is not None:  # the tile grid (issue 22): a field of its own, or config's "geometry"
+        if tiles:  # the tile grid (issue 22) and the smallest defect (issue 40): fields, or config's "geometry"
             geometry = config_data.get("geometry")
             config_data = {**config_data, "geometry": {**(geometry if isinstance(geometry, dict) else {}), **tiles}}
         if region is not None:  # the inspection region: a field of its own, or config's "region"
