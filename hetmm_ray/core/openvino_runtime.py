@@ -27,12 +27,22 @@ Infer requests are not thread-safe, so each thread gets its own (held in a modul
 thread-local storage: see ``_requests``).
 
 At exit: every compiled model and infer request is released by an ``atexit`` hook, after the
-inferences in flight have finished (bounded by ``EXIT_WAIT_S``), and any inference asked for later
-(a daemon thread still scoring) is refused with an error. Why: otherwise the process's C++ static
-destructors tear OpenVINO's executor threads down while another thread still infers, and the
-process ends with "terminate called without an active exception" (SIGABRT) or a segfault instead
-of its exit status (reproduced: a daemon thread inferring at exit aborted 3 runs of 3, and none
-of 8 with the hook; issue 41).
+inferences in flight have finished and every other thread that has inferred and is still alive
+has come back for another inference and been *parked* there (blocked for good on a lock), both
+bounded by ``EXIT_WAIT_S``. An inference asked for later by the main thread (another exit hook) is
+refused with an error. Why, two causes of the same abort:
+
+- the process's C++ static destructors tear OpenVINO's executor threads down while another
+  thread still infers, and the process ends with "terminate called without an active exception"
+  (SIGABRT) or a segfault (reproduced: a daemon thread inferring at exit aborted 3 runs of 3);
+- a daemon thread still running torch code once the interpreter finalizes: CPython 3.11 ends a
+  thread that asks for the GIL then with ``pthread_exit``, whose forced unwind through a C++
+  ``noexcept`` frame calls ``std::terminate`` (gdb, 2 exits of 16 under load with the first fix
+  alone: ``take_gil`` -> ``PyThread_exit_thread`` inside torch's ``THPVariable_clear``, a result
+  tensor freed between two calls). A thread parked on a lock holds no C++ frame and never asks
+  for the GIL again, so finalization cannot end it that way. The thread pools of this package are
+  not daemons (``concurrent.futures`` joins them before exit hooks run); the park is for a
+  caller's own daemon threads (issue 41).
 """
 
 from __future__ import annotations
@@ -43,6 +53,7 @@ import hashlib
 import os
 import sys
 import threading
+import time
 import warnings
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
@@ -116,17 +127,28 @@ EXIT_WAIT_S = 10.0  # how long the exit hook waits for inferences in flight
 _in_flight = 0  # inferences running now (under _idle)
 _idle = threading.Condition()
 _released = False  # set at exit: no more inferences
+_users: set[int] = set()  # idents of the threads that have inferred (under _idle)
+_parked: set[int] = set()  # idents of the threads parked at exit (under _idle)
+_FOREIGN_THREAD: Any = getattr(threading, "_DummyThread", ())  # a thread Python did not start
 
 
 class _Inference:
-    """Counts an inference in flight, refused once the process is exiting (see the module's docstring)."""
+    """Counts an inference in flight; once the process is exiting, refuses the main thread's and
+    parks any other thread's (see the module's docstring)."""
 
     def __enter__(self) -> None:
         global _in_flight
+        ident = threading.get_ident()
         with _idle:
-            if _released:
+            if not _released:
+                _in_flight += 1
+                _users.add(ident)
+                return
+            if threading.current_thread() is threading.main_thread():
                 raise RuntimeError("OpenVINO backbone: the process is exiting, its compiled models are released")
-            _in_flight += 1
+            _parked.add(ident)
+            _idle.notify_all()
+        threading.Event().wait()  # never set: this thread stays here until the process has ended
 
     def __exit__(self, *exc: object) -> None:
         global _in_flight
@@ -140,9 +162,18 @@ def release_compiled_models(wait_s: float = EXIT_WAIT_S) -> None:
     """Refuse new inferences, wait (bounded) for those in flight, and release every compiled model
     and infer request of this process while the interpreter and OpenVINO are whole."""
     global _released
+    deadline = time.monotonic() + wait_s
+
+    def others_parked() -> bool:  # every other live Python thread that has inferred waits in the park
+        # Threads started outside Python (a Ray worker's task threads) show as dummies that never
+        # end: they cannot be waited for, so only the threads Python started count.
+        alive = {t.ident for t in threading.enumerate() if not isinstance(t, _FOREIGN_THREAD)}
+        return (_users & (alive - {threading.get_ident()})) <= _parked
+
     with _idle:
         _released = True
         _idle.wait_for(lambda: _in_flight == 0, timeout=wait_s)
+        _idle.wait_for(others_parked, timeout=max(0.0, deadline - time.monotonic()))
     with _requests_lock:
         _requests.clear()
     with _compiled_lock:

@@ -262,3 +262,30 @@ def test_inference_is_refused_once_the_models_are_released(model_cache: Path, mo
     assert not ovr._compiled and not ovr._requests
     with pytest.raises(RuntimeError, match="the process is exiting"):
         fast(x)
+
+
+def test_another_thread_asking_to_infer_at_exit_is_parked_not_ended(model_cache: Path, monkeypatch) -> None:
+    """The exit hook returns only once a thread still inferring has come back and been parked: a
+    thread that ran on into torch code while the interpreter finalizes is ended by CPython inside a
+    C++ frame (std::terminate, issue 41); one blocked on a lock is not."""
+    import threading
+
+    fast, _ = _pair("resnet18")
+    x = torch.rand(1, 3, 32, 32)
+    fast(x)
+    for name, value in (("_released", False), ("_users", set()), ("_parked", set())):
+        monkeypatch.setattr(ovr, name, value)  # restored after the test: this process goes on inferring
+    looping = threading.Event()
+
+    def scoring() -> None:
+        while True:
+            fast(x)
+            looping.set()
+
+    thread = threading.Thread(target=scoring, daemon=True)  # stays parked for the rest of the process
+    thread.start()
+    assert looping.wait(120)
+    ovr.release_compiled_models(wait_s=120.0)
+    assert thread.ident in ovr._parked
+    assert thread.is_alive()  # parked: not ended by an error, and never inferring again
+    assert not ovr._compiled and not ovr._requests
