@@ -13,6 +13,7 @@ is built beside its handler, in its group's module:
 - ``candidates.py``: promote, discard, compare (issue 23)
 - ``store_admin.py``: versions, delete, rollback, repair, migrate
 - ``service.py``: serve, and the gRPC client of ``predict --grpc``
+- ``station.py``: station check (issue 39)
 - ``demo.py``: demo
 - ``common.py``: what several commands share (flags, configuration, images, store, publishing)
 """
@@ -27,7 +28,7 @@ from collections.abc import Callable
 
 from .. import __version__
 from ..errors import describe
-from . import calibration, candidates, demo, products, scoring, service, store_admin
+from . import calibration, candidates, demo, products, scoring, service, station, store_admin
 from .common import Subcommands
 
 __all__ = ["main"]
@@ -52,6 +53,7 @@ COMMANDS: tuple[Callable[[Subcommands], None], ...] = (
     store_admin.add_repair,
     store_admin.add_migrate,
     service.add_serve,
+    station.add_station,
     demo.add_demo,
 )
 

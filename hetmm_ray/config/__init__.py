@@ -15,6 +15,7 @@ validator (:mod:`._constraints`). Settings live by who owns them:
   model cache, Ray tasks' CPU share and PTS chunk);
 - :mod:`.service`: the HTTP service's settings (:class:`ServiceConfig`, ``deploy.yaml`` args);
 - :mod:`.replica`: the detector replicas' live settings (:class:`ReplicaSettings`, ``user_config``);
+- :mod:`.station`: a line file's stations (sources, sinks, service, queue; ``hetmm station check``);
 - :mod:`.limits`: input limits checked before any pixel is decoded, and image file suffixes;
 - :mod:`.numeric`: :data:`NUMERIC_RANGES`, every numeric setting's range by its dotted name,
   derived from the fields, and :func:`check_number` for values that arrive outside a config

@@ -1,0 +1,227 @@
+"""A line's stations (issue 39): the settings of ``line.yaml``, the file ``hetmm station check`` reads.
+
+Exact semantics:
+
+- A line file is a YAML mapping: ``line`` (a name), ``service`` (where its stations score, the
+  default for each of them) and ``stations`` (a non-empty list). Every mapping refuses unknown
+  keys with the closest known name; every value is checked by the constraint declared beside it.
+- ``service``: exactly one of ``grpc`` (``host:port``), ``http`` (an ``http://`` or ``https://``
+  URL) or ``in_process`` (a store URI or folder: one PC, no cluster), and ``timeout_ms``.
+- A station: ``name`` (1-64 letters, digits, ``_`` or ``-``; unique in the file), ``product``
+  (a product name) and an optional pinned ``version``; an optional ``service`` of its own; a
+  ``source``; ``part_id`` (where a part's identity comes from: ``trigger``, ``file_name`` or
+  ``counter``; null picks the source's own: a folder's file name, a camera's counter, an MQTT
+  trigger's message); ``deadline_ms`` (a verdict later than this is published as ``timeout``);
+  a ``queue`` (the bounded on-disk queue of parts waiting for the service); and one or more
+  ``sinks``.
+- Sources and sinks are mappings with a ``kind``; each kind has its own settings (the classes
+  below, :data:`SOURCE_KINDS` and :data:`SINK_KINDS`).
+- Folder paths are checked for existence by ``station.check`` (the file's own problems are all
+  found here, without touching the machine).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from ._constraints import Check, ConfigError, OneOf, Range, Settings, setting
+
+__all__ = [
+    "AFTER_READ",
+    "PART_IDS",
+    "PIXEL_FORMATS",
+    "SINK_KINDS",
+    "SOURCE_KINDS",
+    "AravisSource",
+    "FolderSource",
+    "LogSink",
+    "MqttSink",
+    "MqttSource",
+    "OpcUaSink",
+    "STATION_SECTIONS",
+    "QueueSettings",
+    "ServiceTarget",
+    "StationHead",
+    "WebhookSink",
+]
+
+_STATION_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
+_HOST_PORT = re.compile(r"[A-Za-z0-9_.-]+:\d{1,5}|\[[0-9A-Fa-f:]+\]:\d{1,5}")
+_MQTT_TOPIC = re.compile(r"[^#+\x00]+")  # a topic to publish on: no wildcards, no NUL
+
+PART_IDS = ("trigger", "file_name", "counter")
+AFTER_READ = ("keep", "move", "delete")  # what a folder source does with a file it has read
+# Aravis pixel formats a camera frame is converted from (Bayer: demosaiced to RGB).
+PIXEL_FORMATS = ("Mono8", "Mono16", "RGB8", "BayerRG8", "BayerGR8", "BayerGB8", "BayerBG8")
+TRIGGERS = ("software", "hardware")
+MQTT_PAYLOADS = ("none", "path", "image")  # what a trigger message carries besides the part id
+LOG_FORMATS = ("csv", "parquet")
+
+
+def _port(value: Any) -> bool:
+    return (
+        isinstance(value, str)
+        and _HOST_PORT.fullmatch(value) is not None
+        and 1 <= int(value.rsplit(":", 1)[1]) <= 65535
+    )
+
+
+def _url(value: Any) -> bool:
+    return isinstance(value, str) and re.fullmatch(r"https?://[^\s/]+(/\S*)?", value) is not None
+
+
+def _text(value: Any) -> bool:
+    return isinstance(value, str) and value.strip() != ""
+
+
+def _subscription(value: Any) -> bool:  # a topic filter to subscribe to: wildcards allowed
+    return isinstance(value, str) and value != "" and "\x00" not in value
+
+
+def _topic(value: Any) -> bool:
+    return isinstance(value, str) and _MQTT_TOPIC.fullmatch(value) is not None
+
+
+def _opc_endpoint(value: Any) -> bool:
+    return isinstance(value, str) and value.startswith("opc.tcp://") and _port(value[10:].split("/", 1)[0])
+
+
+def _station_name(value: Any) -> bool:
+    return isinstance(value, str) and _STATION_NAME.fullmatch(value) is not None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServiceTarget(Settings):
+    """Where a station scores: exactly one of ``grpc``, ``http`` or ``in_process``."""
+
+    grpc: str | None = setting(None, Check(_port, "must be host:port"))
+    http: str | None = setting(None, Check(_url, "must be an http:// or https:// URL"))
+    in_process: str | None = setting(None, Check(_text, "must name a store (a folder or s3:// URI)"))
+    # How long one scoring call may take before the part is queued and retried (not the deadline).
+    timeout_ms: int = setting(5000, Range(1, 600_000, int))
+
+    def _check(self) -> None:
+        given = [k for k in ("grpc", "http", "in_process") if getattr(self, k) is not None]
+        if len(given) != 1:
+            got = ", ".join(given) if given else "none"
+            raise ConfigError(f"give exactly one of grpc, http or in_process (got {got})")
+
+
+@dataclass(frozen=True, kw_only=True)
+class FolderSource(Settings):
+    """New files in a folder: a file counts once its size has stayed the same for ``settle_ms``
+    (a file still being written is not read); ``after`` says what then happens to it."""
+
+    kind: str = setting("folder", OneOf(("folder",), "source kind"))
+    path: str = setting("", Check(_text, "must name a folder"))
+    patterns: tuple[str, ...] = setting(("*.png", "*.jpg", "*.jpeg", "*.bmp", "*.tif", "*.tiff"), many=True)
+    settle_ms: int = setting(500, Range(0, 600_000, int))
+    after: str = setting("keep", OneOf(AFTER_READ, "after-read action"))
+    move_to: str | None = setting(None, Check(_text, "must name a folder"))
+
+    def _check(self) -> None:
+        if (self.after == "move") != (self.move_to is not None):
+            raise ConfigError("move_to: needed exactly when after is 'move'")
+        if not self.patterns or not all(_text(p) for p in self.patterns):
+            raise ConfigError(
+                f"source.patterns: must be a non-empty list of file patterns, got {list(self.patterns)!r}"
+            )
+
+
+@dataclass(frozen=True, kw_only=True)
+class AravisSource(Settings):
+    """A GigE Vision / USB3 Vision camera through Aravis (``camera``: its Aravis id; null: the first)."""
+
+    kind: str = setting("aravis", OneOf(("aravis",), "source kind"))
+    camera: str | None = setting(None, Check(_text, "must be an Aravis camera id"))
+    trigger: str = setting("software", OneOf(TRIGGERS, "trigger"))
+    pixel_format: str = setting("Mono8", OneOf(PIXEL_FORMATS, "pixel format"))
+    exposure_us: float | None = setting(None, Range(1, 10_000_000))
+    # With a software trigger: frames per second the station triggers at (null: as fast as scored).
+    rate_hz: float | None = setting(None, Range(0.001, 10_000))
+
+
+@dataclass(frozen=True, kw_only=True)
+class MqttSource(Settings):
+    """A trigger message on ``topic`` names the part and may carry the image or a path to it."""
+
+    kind: str = setting("mqtt", OneOf(("mqtt",), "source kind"))
+    broker: str = setting("127.0.0.1:1883", Check(_port, "must be host:port"))
+    topic: str = setting("", Check(_subscription, "must be a topic"))
+    payload: str = setting("path", OneOf(MQTT_PAYLOADS, "payload"))
+
+
+@dataclass(frozen=True, kw_only=True)
+class MqttSink(Settings):
+    """Results published to ``topic`` (QoS 1, a persistent session); the station's state retained
+    on ``<topic>/state``."""
+
+    kind: str = setting("mqtt", OneOf(("mqtt",), "sink kind"))
+    broker: str = setting("127.0.0.1:1883", Check(_port, "must be host:port"))
+    topic: str = setting("", Check(_topic, "must be a topic without wildcards"))
+    qos: int = setting(1, Range(0, 2, int))
+    client_id: str | None = setting(None, Check(_text, "must be a client id"))
+
+
+@dataclass(frozen=True, kw_only=True)
+class OpcUaSink(Settings):
+    """The station's last part, verdict, score, counter and state in an OPC UA server's address
+    space (one server per ``endpoint``, shared by the stations that name it)."""
+
+    kind: str = setting("opcua", OneOf(("opcua",), "sink kind"))
+    endpoint: str = setting("opc.tcp://127.0.0.1:4840", Check(_opc_endpoint, "must be opc.tcp://host:port[/path]"))
+    namespace: str = setting("urn:hetmm-ray:station", Check(_text, "must be a namespace URI"))
+
+
+@dataclass(frozen=True, kw_only=True)
+class WebhookSink(Settings):
+    """Each result POSTed as JSON to ``url``, retried with exponential backoff."""
+
+    kind: str = setting("webhook", OneOf(("webhook",), "sink kind"))
+    url: str = setting("", Check(_url, "must be an http:// or https:// URL"))
+    retries: int = setting(5, Range(0, 100, int))
+    backoff_ms: int = setting(500, Range(1, 600_000, int))
+
+
+@dataclass(frozen=True, kw_only=True)
+class LogSink(Settings):
+    """Each result appended to a local CSV or Parquet log (``format`` from the suffix when null)."""
+
+    kind: str = setting("log", OneOf(("log",), "sink kind"))
+    path: str = setting("", Check(_text, "must name a file"))
+    format: str | None = setting(None, OneOf(LOG_FORMATS, "log format"))
+
+    def _check(self) -> None:
+        if self.format is None and not self.path.lower().endswith((".csv", ".parquet")):
+            raise ConfigError(f"path: end it in .csv or .parquet, or give format, got {self.path!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class QueueSettings(Settings):
+    """The bounded on-disk queue of parts waiting for the service; full: new parts are refused
+    loudly (never dropped silently)."""
+
+    path: str | None = setting(None, Check(_text, "must name a folder"))  # null: beside the line file
+    max_parts: int = setting(10_000, Range(1, 10_000_000, int))
+
+
+SOURCE_KINDS: dict[str, type[Settings]] = {"folder": FolderSource, "aravis": AravisSource, "mqtt": MqttSource}
+SINK_KINDS: dict[str, type[Settings]] = {"mqtt": MqttSink, "opcua": OpcUaSink, "webhook": WebhookSink, "log": LogSink}
+
+
+@dataclass(frozen=True, kw_only=True)
+class StationHead(Settings):
+    """A station's own settings besides its sections (``source``, ``sinks``, ``service``,
+    ``queue``), which ``hetmm_ray.station.check`` builds one by one so that each one's problem
+    is reported."""
+
+    name: str = setting("", Check(_station_name, "must be 1-64 letters, digits, '_' or '-'"))
+    product: str = setting("", Check(_text, "must name a product"))
+    version: int | None = setting(None, Range(1, 1_000_000_000, int))
+    part_id: str | None = setting(None, OneOf(PART_IDS, "part id source"))
+    deadline_ms: int = setting(1000, Range(1, 3_600_000, int))
+
+
+STATION_SECTIONS = ("source", "sinks", "service", "queue")
