@@ -1,0 +1,348 @@
+"""Running a station: frames from its source, scored on its service, results to its sinks.
+
+Exact semantics (this part of issue 39: the folder source, the in-process and HTTP services and the
+log sink; the other kinds of ``config.station`` are refused by :func:`build_station` with a line
+saying they are not built yet):
+
+- **Folder source** (:class:`FolderFrames`): a file whose name matches one of ``patterns`` and
+  whose size and modification time have not changed for ``settle_ms`` is complete (a file still
+  being written is not read). With ``after: keep`` only files that appear after the station
+  started are new (a restart does not score a folder's history again); with ``move`` or
+  ``delete`` every file there is new, since a file left there was not handled. Complete files
+  are taken in name order. After its result is published a file is kept, moved to ``move_to``
+  (an existing name there gets a numbered suffix, nothing is overwritten) or deleted.
+- **Part identity**: the file's name without its suffix (``file_name``, the folder's default) or
+  a counter from 1 (``counter``).
+- **Deadline**: a part whose verdict has not come ``deadline_ms`` after its frame was taken is
+  published with verdict ``timeout`` at that moment; its real result follows when it comes, with
+  ``late`` true. A frame the service could not score is published with verdict ``error`` and the
+  reason.
+- **Result** (:class:`PartResult`, also the sinks' JSON and log columns): station, part id,
+  verdict (``anomaly``, ``good``, ``timeout`` or ``error``), score, threshold, product, version,
+  latency ms (frame taken to verdict), the frame's reference (its path), late, error.
+- **In-process service**: the product's detector loaded from the store (the pinned version, or
+  HEAD, looked up again before every part so a hot update or a promote is seen by the next part
+  without a restart; a new version is loaded once). **HTTP service**: ``POST
+  /v1/products/{product}/predict`` with the file's bytes; it scores the product's HEAD, so a
+  pinned version is refused there.
+"""
+
+from __future__ import annotations
+
+import csv
+import fnmatch
+import itertools
+import threading
+import time
+from collections import Counter, deque
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from ..config import ConfigError
+from ..config.station import FolderSource, LogSink, ServiceTarget
+from .check import Station
+
+__all__ = [
+    "FolderFrames",
+    "HttpService",
+    "InProcessService",
+    "LogWriter",
+    "PartResult",
+    "Scored",
+    "StationRunner",
+    "build_station",
+]
+
+POLL_S = 0.05  # how often a folder is listed
+RECENT_RESULTS = 1000  # results a runner keeps in memory (the sinks have them all)
+
+
+@dataclass(frozen=True)
+class Scored:
+    """What a service answered for one frame."""
+
+    score: float
+    threshold: float
+    is_anomaly: bool
+    version: int | None
+
+
+@dataclass(frozen=True)
+class PartResult:
+    station: str
+    part_id: str
+    verdict: str  # anomaly | good | timeout | error
+    score: float | None
+    threshold: float | None
+    product: str
+    version: int | None
+    latency_ms: float
+    frame: str
+    late: bool = False
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+FIELDS = tuple(PartResult.__dataclass_fields__)
+
+
+class Service(Protocol):
+    def score(self, frame: bytes) -> Scored: ...
+
+
+class Sink(Protocol):
+    def publish(self, result: PartResult) -> None: ...
+
+    def close(self) -> None: ...
+
+
+# --- source ------------------------------------------------------------------------------
+class FolderFrames:
+    """New, complete files of a folder (see the module docstring)."""
+
+    def __init__(self, cfg: FolderSource, base: Path, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.cfg = cfg
+        self.folder = base / cfg.path
+        self.move_to = None if cfg.move_to is None else base / cfg.move_to
+        self.clock = clock
+        self._pending: dict[Path, tuple[tuple[int, int], float]] = {}  # path -> (size, mtime_ns), since
+        self._seen: set[Path] = set(self._listing()) if cfg.after == "keep" else set()
+
+    def _listing(self) -> list[Path]:
+        return sorted(
+            p
+            for p in self.folder.iterdir()
+            if p.is_file() and any(fnmatch.fnmatch(p.name, pat) for pat in self.cfg.patterns)
+        )
+
+    def poll(self) -> list[Path]:
+        """The files that became complete since the last call, in name order."""
+        now = self.clock()
+        ready = []
+        for path in self._listing():
+            if path in self._seen:
+                continue
+            try:
+                st = path.stat()
+            except FileNotFoundError:
+                continue
+            mark = (st.st_size, st.st_mtime_ns)
+            last = self._pending.get(path)
+            if last is None or last[0] != mark:
+                self._pending[path] = (mark, now)
+                if self.cfg.settle_ms > 0:
+                    continue
+            elif 1000 * (now - last[1]) < self.cfg.settle_ms:
+                continue
+            ready.append(path)
+        for path in ready:
+            self._pending.pop(path, None)
+            self._seen.add(path)
+        return ready
+
+    def done(self, path: Path) -> None:
+        """What ``after`` says, once the file's result is out."""
+        if self.cfg.after == "delete":
+            path.unlink(missing_ok=True)
+        elif self.cfg.after == "move" and self.move_to is not None:
+            target = self.move_to / path.name
+            for n in itertools.count(1):
+                if not target.exists():
+                    break
+                target = self.move_to / f"{path.stem}.{n}{path.suffix}"
+            path.replace(target)
+        if self.cfg.after != "keep":
+            self._seen.discard(path)
+
+
+# --- services ----------------------------------------------------------------------------
+class InProcessService:
+    """The product's detector in this process (see the module docstring)."""
+
+    def __init__(self, store_uri: str, product: str, version: int | None) -> None:
+        from ..store import open_store
+
+        self.store = open_store(store_uri)
+        self.product = product
+        self.pinned = version
+        self._loaded: tuple[int, Any] | None = None
+        self._lock = threading.Lock()
+
+    def _detector(self) -> Any:
+        from ..detectors import load_detector
+
+        version = self.pinned if self.pinned is not None else self.store.head(self.product)
+        if self._loaded is None or self._loaded[0] != version:
+            self._loaded = (version, load_detector(self.store, self.product, version, progress=False))
+        return self._loaded[1]
+
+    def score(self, frame: bytes) -> Scored:
+        with self._lock:  # one part at a time per station: parts are scored in order
+            detector = self._detector()
+            p = detector.predict([frame])
+        return Scored(float(p.scores[0]), float(p.threshold), bool(p.is_anomaly[0]), p.version)
+
+
+class HttpService:
+    """``POST /v1/products/{product}/predict`` on the service at ``url``."""
+
+    def __init__(self, url: str, product: str, timeout_s: float) -> None:
+        import httpx
+
+        self.product = product
+        self.client = httpx.Client(base_url=url.rstrip("/"), timeout=timeout_s)
+
+    def score(self, frame: bytes) -> Scored:
+        r = self.client.post(
+            f"/v1/products/{self.product}/predict",
+            content=frame,
+            headers={"content-type": "application/octet-stream"},
+        )
+        if r.status_code != 200:
+            raise RuntimeError(f"HTTP {r.status_code}: {r.text[:200]}")
+        body = r.json()
+        return Scored(float(body["score"]), float(body["threshold"]), bool(body["is_anomaly"]), body.get("version"))
+
+
+# --- sinks -------------------------------------------------------------------------------
+class LogWriter:
+    """Results appended to a CSV file, one row each, written through at once (a header when new)."""
+
+    def __init__(self, cfg: LogSink, base: Path) -> None:
+        fmt = cfg.format or Path(cfg.path).suffix.lower().lstrip(".")
+        if fmt != "csv":
+            raise ConfigError(f"sink log: {fmt} logs are not built yet (issue 39); use a .csv path")
+        self.path = base / cfg.path
+        new = not self.path.exists() or self.path.stat().st_size == 0
+        self._file = self.path.open("a", newline="")
+        self._csv = csv.DictWriter(self._file, fieldnames=FIELDS)
+        if new:
+            self._csv.writeheader()
+            self._file.flush()
+        self._lock = threading.Lock()
+
+    def publish(self, result: PartResult) -> None:
+        with self._lock:
+            self._csv.writerow(result.to_dict())
+            self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+# --- the station -------------------------------------------------------------------------
+def _service(target: ServiceTarget, station: Station, base: Path) -> Service:
+    if target.in_process is not None:
+        uri = target.in_process if "://" in target.in_process else str(base / target.in_process)
+        return InProcessService(uri, station.head.product, station.head.version)
+    if target.http is not None:
+        if station.head.version is not None:
+            raise ConfigError(
+                f"station {station.head.name!r}: the HTTP service scores the product's live version; "
+                "a pinned version needs service in_process"
+            )
+        return HttpService(target.http, station.head.product, target.timeout_ms / 1000)
+    name = station.head.name
+    raise ConfigError(f"station {name!r}: service grpc is not built yet (issue 39); use http or in_process")
+
+
+def build_station(station: Station, base: Path) -> StationRunner:
+    """A runner for ``station`` (a checked line file's, ``base`` its folder); kinds not built yet
+    are refused here, before anything starts."""
+    if not isinstance(station.source, FolderSource):
+        raise ConfigError(f"station {station.head.name!r}: source {station.source.kind} is not built yet (issue 39)")
+    for sink in station.sinks:
+        if not isinstance(sink, LogSink):
+            raise ConfigError(f"station {station.head.name!r}: sink {sink.kind} is not built yet (issue 39)")
+    sinks: list[Sink] = [LogWriter(sink, base) for sink in station.sinks]
+    return StationRunner(station, FolderFrames(station.source, base), _service(station.service, station, base), sinks)
+
+
+class StationRunner:
+    """One station's loop: :meth:`step` takes every complete new frame once; :meth:`run` steps
+    until ``stop`` is set."""
+
+    def __init__(self, station: Station, source: FolderFrames, service: Service, sinks: list[Sink]) -> None:
+        self.station = station
+        self.source = source
+        self.service = service
+        self.sinks = sinks
+        self._counter = itertools.count(1)
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"station-{station.head.name}")
+        # The newest results (bounded: memory does not grow with the parts) and a count per verdict.
+        self.recent: deque[PartResult] = deque(maxlen=RECENT_RESULTS)
+        self.counts: Counter[str] = Counter()
+        self.on_result: Callable[[PartResult], None] | None = None  # e.g. the CLI's printing
+
+    def _part_id(self, path: Path) -> str:
+        if (self.station.head.part_id or "file_name") == "counter":
+            return str(next(self._counter))
+        return path.stem
+
+    def _publish(self, result: PartResult) -> None:
+        self.recent.append(result)
+        self.counts[result.verdict] += 1
+        if self.on_result is not None:
+            self.on_result(result)
+        for sink in self.sinks:
+            sink.publish(result)
+
+    def _result(self, part: str, path: Path, taken: float, outcome: Future[Scored], *, late: bool) -> PartResult:
+        head = self.station.head
+        base = {"station": head.name, "part_id": part, "product": head.product, "frame": str(path), "late": late}
+        try:
+            s = outcome.result()
+        except Exception as exc:  # noqa: BLE001 - the part is published with the reason, the station goes on
+            latency = round(1000 * (time.monotonic() - taken), 3)
+            return PartResult(
+                **base, verdict="error", score=None, threshold=None, version=None, latency_ms=latency, error=str(exc)
+            )
+        latency = round(1000 * (time.monotonic() - taken), 3)  # frame taken to verdict
+        verdict = "anomaly" if s.is_anomaly else "good"
+        return PartResult(
+            **base, verdict=verdict, score=s.score, threshold=s.threshold, version=s.version, latency_ms=latency
+        )
+
+    def _one(self, path: Path) -> None:
+        head = self.station.head
+        taken = time.monotonic()
+        part = self._part_id(path)
+        frame = path.read_bytes()
+        outcome = self._pool.submit(self.service.score, frame)
+        late = False
+        try:
+            outcome.result(timeout=head.deadline_ms / 1000)
+        except FutureTimeout:
+            late = True
+            latency = round(1000 * (time.monotonic() - taken), 3)
+            self._publish(PartResult(head.name, part, "timeout", None, None, head.product, None, latency, str(path)))
+        except Exception:  # noqa: BLE001 - published as an error by _result
+            pass
+        self._publish(self._result(part, path, taken, outcome, late=late))
+        self.source.done(path)
+
+    def step(self) -> int:
+        """Score every frame that became complete; returns how many."""
+        ready = self.source.poll()
+        for path in ready:
+            self._one(path)
+        return len(ready)
+
+    def run(self, stop: threading.Event) -> None:
+        try:
+            while not stop.is_set():
+                if not self.step():
+                    stop.wait(POLL_S)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+        for sink in self.sinks:
+            sink.close()

@@ -1,0 +1,209 @@
+"""A station in one process (issue 39, its first part): a watched folder, the product scored in process,
+results to a CSV log; complete files only, the deadline, a hot update seen by the next part."""
+
+from __future__ import annotations
+
+import csv
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import yaml
+from helpers import png
+
+from hetmm_ray import operations
+from hetmm_ray.config import ConfigError, DetectorConfig
+from hetmm_ray.config.station import FolderSource
+from hetmm_ray.data.synthetic import SyntheticProduct
+from hetmm_ray.detectors import load_detector
+from hetmm_ray.station import load_line
+from hetmm_ray.station.runner import FolderFrames, InProcessService, Scored, build_station
+from hetmm_ray.store import open_store
+
+CONFIG = {
+    "backbone": {"name": "resnet18", "weights": "random", "image_size": 32, "layers": ["layer2", "layer3"]},
+    "scoring": {"forward_windows": [3, 3], "backward_windows": [3, 3], "alphas": [0.5, 0.5], "layer_weights": [1, 1]},
+    "threshold": {"folds": 2},
+    "device": "cpu",
+}
+
+
+@pytest.fixture(scope="module")
+def part() -> SyntheticProduct:
+    return SyntheticProduct(seed=3, size=64)
+
+
+def line_file(tmp_path: Path, **station: object) -> Path:
+    (tmp_path / "in").mkdir(exist_ok=True)
+    (tmp_path / "done").mkdir(exist_ok=True)
+    data = {
+        "service": {"in_process": "store"},
+        "stations": [
+            {
+                "name": "s1",
+                "product": "p",
+                "source": {"kind": "folder", "path": "in", "after": "move", "move_to": "done", "settle_ms": 0},
+                "sinks": [{"kind": "log", "path": "s1.csv"}],
+                **station,
+            }
+        ],
+    }
+    path = tmp_path / "line.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def fit(tmp_path: Path, part: SyntheticProduct) -> Any:
+    store = open_store(tmp_path / "store")
+    operations.fit(store, "p", DetectorConfig.from_dict(CONFIG), [part.good(i) for i in range(4)])
+    return store
+
+
+def wait_for(runner, n: int, bound_s: float = 120) -> None:
+    end = time.monotonic() + bound_s
+    while sum(runner.counts.values()) < n:
+        runner.step()
+        assert time.monotonic() < end, f"{sum(runner.counts.values())} of {n} results in {bound_s} s"
+        time.sleep(0.02)
+
+
+def rows(path: Path) -> list[dict]:
+    with path.open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_a_folder_station_scores_each_new_file_once_as_the_detector_does(tmp_path: Path, part) -> None:
+    store = fit(tmp_path, part)
+    line = load_line(line_file(tmp_path))
+    runner = build_station(line.stations[0], tmp_path)
+    frames = [part.good(10), part.defective(11, "scratch")[0], part.good(12)]
+    for i, frame in enumerate(frames):
+        (tmp_path / "in" / f"part-{i}.png").write_bytes(png(frame))
+    wait_for(runner, 3)
+    logged = rows(tmp_path / "s1.csv")
+    assert [r["part_id"] for r in logged] == ["part-0", "part-1", "part-2"]  # name order, once each
+    detector = load_detector(store, "p")
+    expected = [detector.predict([png(f)]) for f in frames]  # one frame per call, as the station scores
+    for r, p in zip(logged, expected, strict=True):
+        score, flagged = float(p.scores[0]), bool(p.is_anomaly[0])
+        # The same process and batch size: equal but for the CSV's float text (a batch of three
+        # would differ by ~1e-6: the backbone's kernels depend on the batch).
+        assert float(r["score"]) == pytest.approx(score, rel=1e-9)
+        assert r["verdict"] == ("anomaly" if flagged else "good") and r["version"] == "1" and r["late"] == "False"
+    assert sorted(p.name for p in (tmp_path / "done").iterdir()) == ["part-0.png", "part-1.png", "part-2.png"]
+    assert not list((tmp_path / "in").iterdir())
+
+    # A hot update: the next part is scored on the new version, with no restart.
+    operations.update(store, "p", [part.good(i) for i in range(4, 7)])
+    (tmp_path / "in" / "part-0.png").write_bytes(png(frames[0]))  # the same name again: moved aside, not lost
+    wait_for(runner, 4)
+    assert rows(tmp_path / "s1.csv")[-1]["version"] == "2"
+    assert sorted(p.name for p in (tmp_path / "done").iterdir()) == [
+        "part-0.1.png",
+        "part-0.png",
+        "part-1.png",
+        "part-2.png",
+    ]
+    runner.close()
+
+
+def test_a_file_still_being_written_is_not_read(tmp_path: Path) -> None:
+    (tmp_path / "in").mkdir()
+    now = [0.0]
+    frames = FolderFrames(FolderSource(path="in", settle_ms=500), tmp_path, clock=lambda: now[0])
+    (tmp_path / "in" / "old.png").write_bytes(b"x")
+    frames = FolderFrames(
+        FolderSource(path="in", settle_ms=500), tmp_path, clock=lambda: now[0]
+    )  # keep: old is history
+    path = tmp_path / "in" / "a.png"
+    path.write_bytes(b"half")
+    assert frames.poll() == []  # first seen
+    now[0] = 0.4
+    assert frames.poll() == []  # not settled yet
+    with path.open("ab") as f:  # still being written
+        f.write(b" more")
+    os.utime(path, ns=(time.time_ns(), time.time_ns() + 10**9))
+    now[0] = 0.8
+    assert frames.poll() == []  # changed: its clock starts again
+    now[0] = 1.4
+    assert frames.poll() == [path]
+    now[0] = 5.0
+    assert frames.poll() == []  # once only
+    frames.done(path)
+    assert path.exists()  # after: keep
+
+
+class SlowService:
+    """The in-process service with a delay before each part (a service that answers after the deadline)."""
+
+    def __init__(self, inner: InProcessService, delay_s: float) -> None:
+        self.inner, self.delay_s = inner, delay_s
+
+    def score(self, frame: bytes) -> Scored:
+        time.sleep(self.delay_s)
+        return self.inner.score(frame)
+
+
+def test_a_part_past_its_deadline_is_published_as_timeout_then_its_result_follows(tmp_path: Path, part) -> None:
+    fit(tmp_path, part)
+    line = load_line(line_file(tmp_path, deadline_ms=50))
+    runner = build_station(line.stations[0], tmp_path)
+    runner.service = SlowService(runner.service, delay_s=0.5)
+    (tmp_path / "in" / "late.png").write_bytes(png(part.good(20)))
+    wait_for(runner, 2)
+    first, second = rows(tmp_path / "s1.csv")
+    assert (first["part_id"], first["verdict"], first["score"]) == ("late", "timeout", "")
+    assert 50 <= float(first["latency_ms"]) < float(second["latency_ms"])
+    assert second["verdict"] in ("good", "anomaly") and second["late"] == "True" and float(second["latency_ms"]) >= 500
+    runner.close()
+
+
+def test_a_frame_the_service_cannot_score_is_an_error_result_and_the_station_goes_on(tmp_path: Path, part) -> None:
+    fit(tmp_path, part)
+    runner = build_station(load_line(line_file(tmp_path)).stations[0], tmp_path)
+    (tmp_path / "in" / "a-broken.png").write_bytes(b"not an image")
+    (tmp_path / "in" / "b-good.png").write_bytes(png(part.good(21)))
+    wait_for(runner, 2)
+    broken, good = rows(tmp_path / "s1.csv")
+    assert broken["verdict"] == "error" and broken["error"] and good["verdict"] in ("good", "anomaly")
+    runner.close()
+
+
+@pytest.mark.parametrize(
+    ("station", "message"),
+    [
+        ({"source": {"kind": "aravis"}}, "source aravis is not built yet"),
+        ({"sinks": [{"kind": "mqtt", "topic": "a"}]}, "sink mqtt is not built yet"),
+    ],
+)
+def test_kinds_not_built_yet_are_refused_before_anything_starts(tmp_path: Path, station: dict, message: str) -> None:
+    line = load_line(line_file(tmp_path, **station))
+    with pytest.raises(ConfigError, match=message):
+        build_station(line.stations[0], tmp_path)
+
+
+def test_station_run_stops_on_sigterm_and_counts_its_parts(tmp_path: Path, part) -> None:
+    """``hetmm station run`` as a line PC runs it: its own process, stopped by SIGTERM."""
+    import signal
+    import subprocess
+    import sys
+
+    fit(tmp_path, part)
+    path = line_file(tmp_path, deadline_ms=600_000)  # a first part in a new process loads its model
+    (tmp_path / "in" / "one.png").write_bytes(png(part.good(30)))
+    log = tmp_path / "s1.csv"
+    repo = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(repo)}
+    cmd = [sys.executable, "-m", "hetmm_ray.cli", "station", "run", str(path)]
+    with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+        end = time.monotonic() + 300
+        while time.monotonic() < end and proc.poll() is None and not (log.exists() and rows(log)):
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-2000:]
+    assert "s1 one: " in out and ("s1: 1 good" in out or "s1: 1 anomaly" in out), out
+    assert np.isfinite(float(rows(log)[0]["score"]))
