@@ -1,8 +1,8 @@
 """Running a station: frames from its source, scored on its service, results to its sinks.
 
-Exact semantics (this part of issue 39: the folder source, the in-process and HTTP services and the
-log sink; the other kinds of ``config.station`` are refused by :func:`build_station` with a line
-saying they are not built yet):
+Exact semantics (this part of issue 39: the folder source, the in-process and HTTP services, the
+log sink and the MQTT sink, ``mqtt_sink.py``; the other kinds of ``config.station`` are refused by
+:func:`build_station` with a line saying they are not built yet):
 
 - **Folder source** (:class:`FolderFrames`): a file whose name matches one of ``patterns`` and
   whose size and modification time have not changed for ``settle_ms`` is complete (a file still
@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ..config import ConfigError
-from ..config.station import FolderSource, LogSink, ServiceTarget
+from ..config.station import FolderSource, LogSink, MqttSink, ServiceTarget
 from .check import Station
 
 __all__ = [
@@ -252,16 +252,28 @@ def _service(target: ServiceTarget, station: Station, base: Path) -> Service:
     raise ConfigError(f"station {name!r}: service grpc is not built yet (issue 39); use http or in_process")
 
 
-def build_station(station: Station, base: Path) -> StationRunner:
-    """A runner for ``station`` (a checked line file's, ``base`` its folder); kinds not built yet
-    are refused here, before anything starts."""
+def _sink(sink: Any, station: Station, base: Path, line: str) -> Sink:
+    if isinstance(sink, LogSink):
+        return LogWriter(sink, base)
+    if isinstance(sink, MqttSink):
+        from .mqtt_sink import MqttPublisher
+
+        return MqttPublisher(sink, station=station.head.name, line=line)
+    raise ConfigError(f"station {station.head.name!r}: sink {sink.kind} is not built yet (issue 39)")
+
+
+def build_station(station: Station, base: Path, *, line: str = "line") -> StationRunner:
+    """A runner for ``station`` (a checked line file's, ``base`` its folder, ``line`` its name);
+    kinds not built yet are refused here, before anything starts."""
+    name = station.head.name
     if not isinstance(station.source, FolderSource):
-        raise ConfigError(f"station {station.head.name!r}: source {station.source.kind} is not built yet (issue 39)")
+        raise ConfigError(f"station {name!r}: source {station.source.kind} is not built yet (issue 39)")
     for sink in station.sinks:
-        if not isinstance(sink, LogSink):
-            raise ConfigError(f"station {station.head.name!r}: sink {sink.kind} is not built yet (issue 39)")
-    sinks: list[Sink] = [LogWriter(sink, base) for sink in station.sinks]
-    return StationRunner(station, FolderFrames(station.source, base), _service(station.service, station, base), sinks)
+        if not isinstance(sink, LogSink | MqttSink):
+            raise ConfigError(f"station {name!r}: sink {sink.kind} is not built yet (issue 39)")
+    service = _service(station.service, station, base)
+    sinks = [_sink(sink, station, base, line) for sink in station.sinks]
+    return StationRunner(station, FolderFrames(station.source, base), service, sinks)
 
 
 class StationRunner:
