@@ -1,8 +1,9 @@
 """Running a station: frames from its source, scored on its service, results to its sinks.
 
 Exact semantics (this part of issue 39: the folder source, the in-process and HTTP services, the
-log sink and the MQTT sink, ``mqtt_sink.py``; the other kinds of ``config.station`` are refused by
-:func:`build_station` with a line saying they are not built yet):
+log sink, the MQTT sink (``mqtt_sink.py``) and the webhook sink (``webhook_sink.py``); the other
+kinds of ``config.station`` are refused by :func:`build_station` with a line saying they are not
+built yet):
 
 - **Folder source** (:class:`FolderFrames`): a file whose name matches one of ``patterns`` and
   whose size and modification time have not changed for ``settle_ms`` is complete (a file still
@@ -43,7 +44,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ..config import ConfigError
-from ..config.station import FolderSource, LogSink, MqttSink, ServiceTarget
+from ..config.station import FolderSource, LogSink, MqttSink, ServiceTarget, WebhookSink
 from .check import Station
 
 __all__ = [
@@ -259,6 +260,10 @@ def _sink(sink: Any, station: Station, base: Path, line: str) -> Sink:
         from .mqtt_sink import MqttPublisher
 
         return MqttPublisher(sink, station=station.head.name, line=line)
+    if isinstance(sink, WebhookSink):
+        from .webhook_sink import WebhookPoster
+
+        return WebhookPoster(sink)
     raise ConfigError(f"station {station.head.name!r}: sink {sink.kind} is not built yet (issue 39)")
 
 
@@ -269,7 +274,7 @@ def build_station(station: Station, base: Path, *, line: str = "line") -> Statio
     if not isinstance(station.source, FolderSource):
         raise ConfigError(f"station {name!r}: source {station.source.kind} is not built yet (issue 39)")
     for sink in station.sinks:
-        if not isinstance(sink, LogSink | MqttSink):
+        if not isinstance(sink, LogSink | MqttSink | WebhookSink):
             raise ConfigError(f"station {name!r}: sink {sink.kind} is not built yet (issue 39)")
     service = _service(station.service, station, base)
     sinks = [_sink(sink, station, base, line) for sink in station.sinks]
