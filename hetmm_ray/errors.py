@@ -48,6 +48,9 @@ ERRORS: dict[str, tuple[int, str]] = {
     "StoreCorrupt": (502, "store_error"),
     "StoreUnavailable": (503, "store_unavailable"),
     "ClusterUnavailable": (503, "cluster_unavailable"),
+    # A station's service away (the part waits in its queue), and its queue full (the part is refused).
+    "ServiceUnavailable": (503, "service_unavailable"),
+    "QueueFull": (503, "queue_full"),
 }
 
 

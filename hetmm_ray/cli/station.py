@@ -59,7 +59,7 @@ def cmd_station_run(args: argparse.Namespace) -> int:
     if unknown:
         raise ConfigError(f"--station {', '.join(unknown)}: not in {args.line}")
     base = Path(args.line).resolve().parent
-    runners = [build_station(st, base) for st in chosen]  # every kind checked before any starts
+    runners = [build_station(st, base, line=line.name) for st in chosen]  # every kind checked before any starts
     stop = threading.Event()
     previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
     threads = [threading.Thread(target=r.run, args=(stop,), name=f"station-{r.station.head.name}") for r in runners]

@@ -18,6 +18,14 @@ built yet):
   published with verdict ``timeout`` at that moment; its real result follows when it comes, with
   ``late`` true. A frame the service could not score is published with verdict ``error`` and the
   reason.
+- **Queue**: when the service is away (:class:`ServiceUnavailable`: for HTTP a connection error,
+  a timeout or a 429, 502, 503 or 504), the part is published as ``timeout`` at once (it cannot
+  make its deadline) and waits in the station's on-disk queue (``part_queue.py``: order kept,
+  whole parts across a SIGKILL, at most ``queue.max_parts``); every new part goes behind the
+  waiting ones. Queued parts are scored oldest first as soon as the service answers again (asked
+  every ``RETRY_S``), their results ``late``. A full queue refuses the new part loudly (an
+  ``error`` result naming the bound, a line on stderr) and leaves its file where it is. A
+  frame's file is moved or deleted only once its result is out or it is in the queue.
 - **Result** (:class:`PartResult`, also the sinks' JSON and log columns): station, part id,
   verdict (``anomaly``, ``good``, ``timeout`` or ``error``), score, threshold, product, version,
   latency ms (frame taken to verdict), the frame's reference (its path), late, error.
@@ -33,19 +41,22 @@ from __future__ import annotations
 import csv
 import fnmatch
 import itertools
+import sys
 import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
 from ..config import ConfigError
 from ..config.station import FolderSource, LogSink, MqttSink, ServiceTarget, WebhookSink
+from ..errors import HetmmError
 from .check import Station
+from .part_queue import PartQueue, QueueFull
 
 __all__ = [
     "FolderFrames",
@@ -54,12 +65,20 @@ __all__ = [
     "LogWriter",
     "PartResult",
     "Scored",
+    "ServiceUnavailable",
     "StationRunner",
     "build_station",
 ]
 
 POLL_S = 0.05  # how often a folder is listed
+RETRY_S = 1.0  # how often a station with parts queued asks an absent service again
+RETRY_STATUS = frozenset({429, 502, 503, 504})  # answers that mean "later", not "never"
 RECENT_RESULTS = 1000  # results a runner keeps in memory (the sinks have them all)
+
+
+class ServiceUnavailable(HetmmError):
+    """The service could not be reached, or refused with a status worth retrying: the part waits
+    in the station's queue."""
 
 
 @dataclass(frozen=True)
@@ -200,11 +219,18 @@ class HttpService:
         self.client = httpx.Client(base_url=url.rstrip("/"), timeout=timeout_s)
 
     def score(self, frame: bytes) -> Scored:
-        r = self.client.post(
-            f"/v1/products/{self.product}/predict",
-            content=frame,
-            headers={"content-type": "application/octet-stream"},
-        )
+        import httpx
+
+        try:
+            r = self.client.post(
+                f"/v1/products/{self.product}/predict",
+                content=frame,
+                headers={"content-type": "application/octet-stream"},
+            )
+        except httpx.TransportError as exc:  # refused, reset, timed out: the service is away
+            raise ServiceUnavailable(f"{type(exc).__name__}: {exc}") from exc
+        if r.status_code in RETRY_STATUS:
+            raise ServiceUnavailable(f"HTTP {r.status_code}")
         if r.status_code != 200:
             raise RuntimeError(f"HTTP {r.status_code}: {r.text[:200]}")
         body = r.json()
@@ -278,15 +304,29 @@ def build_station(station: Station, base: Path, *, line: str = "line") -> Statio
             raise ConfigError(f"station {name!r}: sink {sink.kind} is not built yet (issue 39)")
     service = _service(station.service, station, base)
     sinks = [_sink(sink, station, base, line) for sink in station.sinks]
-    return StationRunner(station, FolderFrames(station.source, base), service, sinks)
+    queue = PartQueue(base / (station.queue.path or f".hetmm-queue/{name}"), station.queue.max_parts)
+    return StationRunner(station, FolderFrames(station.source, base), service, sinks, queue)
+
+
+def _error(outcome: Future[Scored]) -> BaseException | None:
+    """The scoring's exception once it has finished (None: it scored)."""
+    try:
+        outcome.result()
+    except Exception as exc:  # noqa: BLE001 - the caller decides what each error means
+        return exc
+    return None
 
 
 class StationRunner:
     """One station's loop: :meth:`step` takes every complete new frame once; :meth:`run` steps
     until ``stop`` is set."""
 
-    def __init__(self, station: Station, source: FolderFrames, service: Service, sinks: list[Sink]) -> None:
+    def __init__(
+        self, station: Station, source: FolderFrames, service: Service, sinks: list[Sink], queue: PartQueue
+    ) -> None:
         self.station = station
+        self.queue = queue
+        self._retry_at = 0.0  # monotonic time of the next try of an absent service
         self.source = source
         self.service = service
         self.sinks = sinks
@@ -310,9 +350,9 @@ class StationRunner:
         for sink in self.sinks:
             sink.publish(result)
 
-    def _result(self, part: str, path: Path, taken: float, outcome: Future[Scored], *, late: bool) -> PartResult:
+    def _result(self, part: str, frame: str, taken: float, outcome: Future[Scored], *, late: bool) -> PartResult:
         head = self.station.head
-        base = {"station": head.name, "part_id": part, "product": head.product, "frame": str(path), "late": late}
+        base = {"station": head.name, "part_id": part, "product": head.product, "frame": frame, "late": late}
         try:
             s = outcome.result()
         except Exception as exc:  # noqa: BLE001 - the part is published with the reason, the station goes on
@@ -328,28 +368,76 @@ class StationRunner:
 
     def _one(self, path: Path) -> None:
         head = self.station.head
-        taken = time.monotonic()
+        taken, taken_unix = time.monotonic(), time.time()
         part = self._part_id(path)
         frame = path.read_bytes()
+        if len(self.queue):  # parts are waiting: this one goes behind them (order kept)
+            self._wait_in_queue(part, frame, path, taken, taken_unix, announced=False)
+            return
         outcome = self._pool.submit(self.service.score, frame)
         late = False
         try:
             outcome.result(timeout=head.deadline_ms / 1000)
         except FutureTimeout:
             late = True
-            latency = round(1000 * (time.monotonic() - taken), 3)
-            self._publish(PartResult(head.name, part, "timeout", None, None, head.product, None, latency, str(path)))
-        except Exception:  # noqa: BLE001 - published as an error by _result
+            self._publish(self._timeout(part, str(path), taken))
+        except Exception:  # noqa: BLE001 - ServiceUnavailable below, anything else an error result
             pass
-        self._publish(self._result(part, path, taken, outcome, late=late))
+        if isinstance(_error(outcome), ServiceUnavailable):
+            self._retry_at = time.monotonic() + RETRY_S
+            self._wait_in_queue(part, frame, path, taken, taken_unix, announced=late)
+            return
+        self._publish(self._result(part, str(path), taken, outcome, late=late))
         self.source.done(path)
 
+    def _timeout(self, part: str, frame: str, taken: float) -> PartResult:
+        head = self.station.head
+        latency = round(1000 * (time.monotonic() - taken), 3)
+        return PartResult(head.name, part, "timeout", None, None, head.product, None, latency, frame)
+
+    def _wait_in_queue(
+        self, part: str, frame: bytes, path: Path, taken: float, taken_unix: float, *, announced: bool
+    ) -> None:
+        """Into the on-disk queue (then ``timeout`` is published, unless it was already, and the
+        source may let the file go); a full queue refuses the part loudly instead (an error
+        result, a line on stderr) and leaves its file where it is."""
+        head = self.station.head
+        try:
+            self.queue.put(part, frame, str(path), taken_unix)
+        except QueueFull as exc:
+            print(f"hetmm station {head.name}: part {part!r} refused: {exc}", file=sys.stderr, flush=True)
+            latency = round(1000 * (time.monotonic() - taken), 3)
+            refused = PartResult(head.name, part, "error", None, None, head.product, None, latency, str(path))
+            self._publish(replace(refused, error=str(exc)))
+            return
+        if not announced:
+            self._publish(self._timeout(part, str(path), taken))
+        self.source.done(path)
+
+    def drain(self) -> int:
+        """Score queued parts, oldest first, while the service answers; returns how many left."""
+        done = 0
+        while len(self.queue) and time.monotonic() >= self._retry_at:
+            item = self.queue.head()
+            assert item is not None
+            taken = time.monotonic() - max(0.0, time.time() - item.taken_unix)
+            outcome = self._pool.submit(self.service.score, item.frame)
+            if isinstance(_error(outcome), ServiceUnavailable):
+                self._retry_at = time.monotonic() + RETRY_S
+                break
+            self._publish(self._result(item.part_id, item.frame_ref, taken, outcome, late=True))
+            self.queue.pop()
+            done += 1
+        return done
+
     def step(self) -> int:
-        """Score every frame that became complete; returns how many."""
+        """Score queued parts the service can take now, then every frame that became complete;
+        returns how many parts were handled."""
+        done = self.drain()
         ready = self.source.poll()
         for path in ready:
             self._one(path)
-        return len(ready)
+        return done + len(ready)
 
     def run(self, stop: threading.Event) -> None:
         try:

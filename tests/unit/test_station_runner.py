@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from hetmm_ray.config.station import FolderSource
 from hetmm_ray.data.synthetic import SyntheticProduct
 from hetmm_ray.detectors import load_detector
 from hetmm_ray.station import load_line
-from hetmm_ray.station.runner import FolderFrames, InProcessService, Scored, build_station
+from hetmm_ray.station.runner import FolderFrames, InProcessService, Scored, ServiceUnavailable, build_station
 from hetmm_ray.store import open_store
 
 CONFIG = {
@@ -47,6 +48,7 @@ def line_file(tmp_path: Path, **station: object) -> Path:
                 "product": "p",
                 "source": {"kind": "folder", "path": "in", "after": "move", "move_to": "done", "settle_ms": 0},
                 "sinks": [{"kind": "log", "path": "s1.csv"}],
+                "deadline_ms": 600_000,  # a loaded machine's first part loads its model: no timeout row
                 **station,
             }
         ],
@@ -192,7 +194,7 @@ def test_station_run_stops_on_sigterm_and_counts_its_parts(tmp_path: Path, part)
     import sys
 
     fit(tmp_path, part)
-    path = line_file(tmp_path, deadline_ms=600_000)  # a first part in a new process loads its model
+    path = line_file(tmp_path)
     (tmp_path / "in" / "one.png").write_bytes(png(part.good(30)))
     log = tmp_path / "s1.csv"
     repo = Path(__file__).resolve().parents[2]
@@ -207,3 +209,70 @@ def test_station_run_stops_on_sigterm_and_counts_its_parts(tmp_path: Path, part)
     assert proc.returncode == 0, err[-2000:]
     assert "s1 one: " in out and ("s1: 1 good" in out or "s1: 1 anomaly" in out), out
     assert np.isfinite(float(rows(log)[0]["score"]))
+
+
+class OutageService:
+    """The in-process service behind a switch: while ``down`` is set it is away (a stopped service)."""
+
+    def __init__(self, inner: InProcessService) -> None:
+        self.inner, self.down = inner, threading.Event()
+
+    def score(self, frame: bytes) -> Scored:
+        if self.down.is_set():
+            raise ServiceUnavailable("connection refused")
+        return self.inner.score(frame)
+
+
+def test_parts_wait_on_disk_while_the_service_is_away_and_are_scored_late_in_order(tmp_path: Path, part) -> None:
+    fit(tmp_path, part)
+    line = load_line(line_file(tmp_path, queue={"max_parts": 3}))
+    runner = build_station(line.stations[0], tmp_path)
+    runner.service = service = OutageService(runner.service)
+    service.down.set()
+    for name in ("q1", "q2", "q3", "q4"):
+        (tmp_path / "in" / f"{name}.png").write_bytes(png(part.good(50 + int(name[1]))))
+    wait_for(runner, 4)
+    logged = rows(tmp_path / "s1.csv")
+    assert [(r["part_id"], r["verdict"]) for r in logged[:3]] == [
+        ("q1", "timeout"),
+        ("q2", "timeout"),
+        ("q3", "timeout"),
+    ]
+    assert logged[3]["part_id"] == "q4" and logged[3]["verdict"] == "error" and "queue.max_parts" in logged[3]["error"]
+    assert len(runner.queue) == 3 and len(list(runner.queue.folder.glob("*.json"))) == 3
+    assert (tmp_path / "in" / "q4.png").exists()  # refused: its file stays
+    assert sorted(p.name for p in (tmp_path / "done").iterdir()) == ["q1.png", "q2.png", "q3.png"]  # safe on disk
+
+    # A restart (a new runner on the same folder and queue: what a killed station finds), then the service is back.
+    runner.close()
+    again = build_station(load_line(tmp_path / "line.yaml").stations[0], tmp_path)
+    assert len(again.queue) == 3
+    end = time.monotonic() + 120
+    while len(again.queue) or sum(again.counts.values()) < 4:
+        again.step()
+        assert time.monotonic() < end, "the queue did not drain"
+        time.sleep(0.02)
+    late = rows(tmp_path / "s1.csv")[4:]
+    assert [(r["part_id"], r["verdict"] in ("good", "anomaly"), r["late"]) for r in late] == [
+        ("q1", True, "True"),
+        ("q2", True, "True"),
+        ("q3", True, "True"),
+        ("q4", True, "False"),  # the refused part's file stayed: the new start scores it, on time
+    ]
+    assert not list(again.queue.folder.iterdir())
+    again.close()
+
+
+def test_a_part_cut_off_mid_write_is_not_in_the_queue(tmp_path: Path) -> None:
+    from hetmm_ray.station.part_queue import PartQueue
+
+    q = PartQueue(tmp_path / "q", max_parts=10)
+    q.put("a", b"frame-a", "/in/a.png", 1.0)
+    (tmp_path / "q" / "000000000002.frame").write_bytes(b"half")  # killed before its .json
+    (tmp_path / "q" / "000000000003.json.tmp").write_bytes(b"{")
+    again = PartQueue(tmp_path / "q", max_parts=10)
+    assert len(again) == 1 and again.head().frame == b"frame-a" and again.head().part_id == "a"
+    assert sorted(p.name for p in (tmp_path / "q").iterdir()) == ["000000000001.frame", "000000000001.json"]
+    assert again.put("b", b"frame-b", "/in/b.png", 2.0) == 2  # after the last whole part
+    again.pop()
+    assert again.head().part_id == "b"
