@@ -1,9 +1,9 @@
 """Running a station: frames from its source, scored on its service, results to its sinks.
 
 Exact semantics (this part of issue 39: the folder source, the in-process and HTTP services, the
-log sink, the MQTT sink (``mqtt_sink.py``) and the webhook sink (``webhook_sink.py``); the other
-kinds of ``config.station`` are refused by :func:`build_station` with a line saying they are not
-built yet):
+log sink, the MQTT, webhook and OPC UA sinks (``mqtt_sink.py``, ``webhook_sink.py``,
+``opcua_sink.py``); the other kinds of ``config.station`` are refused by :func:`build_station`
+with a line saying they are not built yet):
 
 - **Folder source** (:class:`FolderFrames`): a file whose name matches one of ``patterns`` and
   whose size and modification time have not changed for ``settle_ms`` is complete (a file still
@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ..config import ConfigError
-from ..config.station import FolderSource, LogSink, MqttSink, ServiceTarget, WebhookSink
+from ..config.station import FolderSource, LogSink, MqttSink, OpcUaSink, ServiceTarget, WebhookSink
 from ..errors import HetmmError
 from .check import Station
 from .part_queue import PartQueue, QueueFull
@@ -290,6 +290,10 @@ def _sink(sink: Any, station: Station, base: Path, line: str) -> Sink:
         from .webhook_sink import WebhookPoster
 
         return WebhookPoster(sink)
+    if isinstance(sink, OpcUaSink):
+        from .opcua_sink import OpcUaStation
+
+        return OpcUaStation(sink, station=station.head.name)
     raise ConfigError(f"station {station.head.name!r}: sink {sink.kind} is not built yet (issue 39)")
 
 
@@ -300,10 +304,17 @@ def build_station(station: Station, base: Path, *, line: str = "line") -> Statio
     if not isinstance(station.source, FolderSource):
         raise ConfigError(f"station {name!r}: source {station.source.kind} is not built yet (issue 39)")
     for sink in station.sinks:
-        if not isinstance(sink, LogSink | MqttSink | WebhookSink):
+        if not isinstance(sink, LogSink | MqttSink | OpcUaSink | WebhookSink):
             raise ConfigError(f"station {name!r}: sink {sink.kind} is not built yet (issue 39)")
     service = _service(station.service, station, base)
-    sinks = [_sink(sink, station, base, line) for sink in station.sinks]
+    sinks: list[Sink] = []
+    try:
+        for sink in station.sinks:
+            sinks.append(_sink(sink, station, base, line))
+    except BaseException:
+        for made in sinks:  # an MQTT client or an OPC UA server already started
+            made.close()
+        raise
     queue = PartQueue(base / (station.queue.path or f".hetmm-queue/{name}"), station.queue.max_parts)
     return StationRunner(station, FolderFrames(station.source, base), service, sinks, queue)
 

@@ -178,7 +178,7 @@ def test_a_frame_the_service_cannot_score_is_an_error_result_and_the_station_goe
     ("station", "message"),
     [
         ({"source": {"kind": "aravis"}}, "source aravis is not built yet"),
-        ({"sinks": [{"kind": "opcua"}]}, "sink opcua is not built yet"),
+        ({"sinks": [{"kind": "log", "path": "x.parquet"}]}, "parquet logs are not built yet"),
     ],
 )
 def test_kinds_not_built_yet_are_refused_before_anything_starts(tmp_path: Path, station: dict, message: str) -> None:
