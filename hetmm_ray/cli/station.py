@@ -26,6 +26,11 @@ def add_station(sub: Subcommands) -> None:
     run = actions.add_parser("run", help="run a line file's stations in this process until Ctrl-C")
     run.add_argument("line", help="the line file (YAML)")
     run.add_argument("--station", action="append", help="run only this station (repeatable; default: all)")
+    run.add_argument(
+        "--metrics-port",
+        type=int,
+        help="serve the stations' Prometheus metrics on 127.0.0.1:PORT/metrics (default: not served)",
+    )
     run.set_defaults(func=cmd_station_run)
 
 
@@ -63,8 +68,17 @@ def cmd_station_run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
     threads = [threading.Thread(target=r.run, args=(stop,), name=f"station-{r.station.head.name}") for r in runners]
+    metrics = None
+    if args.metrics_port is not None:
+        from ..station.metrics import StationMetrics
+
+        metrics = StationMetrics()
+        metrics.serve(args.metrics_port)
+        print(f"metrics on http://127.0.0.1:{args.metrics_port}/metrics", flush=True)
     for r in runners:
         r.on_result = _print_result
+        r.metrics = metrics
+        r.report()
     for t in threads:
         t.start()
     print(f"{args.line}: {len(runners)} station(s) running; Ctrl-C stops", flush=True)

@@ -56,6 +56,7 @@ from ..config import ConfigError
 from ..config.station import FolderSource, LogSink, MqttSink, OpcUaSink, ServiceTarget, WebhookSink
 from ..errors import HetmmError
 from .check import Station
+from .metrics import StationMetrics
 from .part_queue import PartQueue, QueueFull
 
 __all__ = [
@@ -347,6 +348,7 @@ class StationRunner:
         self.recent: deque[PartResult] = deque(maxlen=RECENT_RESULTS)
         self.counts: Counter[str] = Counter()
         self.on_result: Callable[[PartResult], None] | None = None  # e.g. the CLI's printing
+        self.metrics: StationMetrics | None = None  # /metrics (station.metrics), when served
 
     def _part_id(self, path: Path) -> str:
         if (self.station.head.part_id or "file_name") == "counter":
@@ -360,6 +362,19 @@ class StationRunner:
             self.on_result(result)
         for sink in self.sinks:
             sink.publish(result)
+        if self.metrics is not None:
+            self.metrics.result(result)
+            self.report()
+
+    @property
+    def state(self) -> str:
+        """``ok`` (nothing waiting) or ``degraded`` (parts waiting for an absent service)."""
+        return "degraded" if len(self.queue) else "ok"
+
+    def report(self, state: str | None = None) -> None:
+        """The station's state and queue depth into its metrics (when served)."""
+        if self.metrics is not None:
+            self.metrics.station(self.station.head.name, state=state or self.state, queued=len(self.queue))
 
     def _result(self, part: str, frame: str, taken: float, outcome: Future[Scored], *, late: bool) -> PartResult:
         head = self.station.head
@@ -438,6 +453,7 @@ class StationRunner:
                 break
             self._publish(self._result(item.part_id, item.frame_ref, taken, outcome, late=True))
             self.queue.pop()
+            self.report()
             done += 1
         return done
 
@@ -459,6 +475,7 @@ class StationRunner:
             self.close()
 
     def close(self) -> None:
+        self.report("offline")
         self._pool.shutdown(wait=True)
         for sink in self.sinks:
             sink.close()

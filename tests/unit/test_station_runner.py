@@ -276,3 +276,51 @@ def test_a_part_cut_off_mid_write_is_not_in_the_queue(tmp_path: Path) -> None:
     assert again.put("b", b"frame-b", "/in/b.png", 2.0) == 2  # after the last whole part
     again.pop()
     assert again.head().part_id == "b"
+
+
+def test_metrics_say_parts_queue_latency_and_state_over_http(tmp_path: Path, part) -> None:
+    import httpx
+    from helpers import free_port
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from hetmm_ray.station.metrics import StationMetrics
+
+    fit(tmp_path, part)
+    runner = build_station(load_line(line_file(tmp_path)).stations[0], tmp_path)
+    runner.service = service = OutageService(runner.service)
+    metrics = StationMetrics()
+    port = free_port()
+    server = metrics.serve(port)
+    runner.metrics = metrics
+
+    def scrape() -> dict[tuple[str, tuple], float]:
+        text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30).text
+        return {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+        }
+
+    try:
+        service.down.set()
+        (tmp_path / "in" / "m1.png").write_bytes(png(part.good(70)))
+        wait_for(runner, 1)
+        seen = scrape()
+        assert seen[("hetmm_station_parts_total", (("station", "s1"), ("verdict", "timeout")))] == 1
+        assert seen[("hetmm_station_queue_depth", (("station", "s1"),))] == 1
+        assert seen[("hetmm_station_state", (("state", "degraded"), ("station", "s1")))] == 1
+        assert seen[("hetmm_station_state", (("state", "ok"), ("station", "s1")))] == 0
+        service.down.clear()
+        runner._retry_at = 0.0  # the service is back: ask now, not after RETRY_S
+        wait_for(runner, 2)
+        seen = scrape()
+        scored = sum(
+            seen.get(("hetmm_station_parts_total", (("station", "s1"), ("verdict", v))), 0) for v in ("good", "anomaly")
+        )
+        assert scored == 1 and seen[("hetmm_station_queue_depth", (("station", "s1"),))] == 0
+        assert seen[("hetmm_station_state", (("state", "ok"), ("station", "s1")))] == 1
+        assert seen[("hetmm_station_latency_seconds_count", (("station", "s1"),))] == 1
+        runner.close()
+        assert scrape()[("hetmm_station_state", (("state", "offline"), ("station", "s1")))] == 1
+    finally:
+        server.shutdown()
