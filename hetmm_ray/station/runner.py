@@ -1,19 +1,18 @@
 """Running a station: frames from its source, scored on its service, results to its sinks.
 
-Exact semantics (this part of issue 39: the folder source, the in-process and HTTP services, the
-log sink, the MQTT, webhook and OPC UA sinks (``mqtt_sink.py``, ``webhook_sink.py``,
+Exact semantics (this part of issue 39: the folder and MQTT trigger sources, the in-process and
+HTTP services, the log sink, the MQTT, webhook and OPC UA sinks (``mqtt_sink.py``, ``webhook_sink.py``,
 ``opcua_sink.py``); the other kinds of ``config.station`` are refused by :func:`build_station`
 with a line saying they are not built yet):
 
-- **Folder source** (:class:`FolderFrames`): a file whose name matches one of ``patterns`` and
-  whose size and modification time have not changed for ``settle_ms`` is complete (a file still
-  being written is not read). With ``after: keep`` only files that appear after the station
-  started are new (a restart does not score a folder's history again); with ``move`` or
-  ``delete`` every file there is new, since a file left there was not handled. Complete files
-  are taken in name order. After its result is published a file is kept, moved to ``move_to``
-  (an existing name there gets a numbered suffix, nothing is overwritten) or deleted.
-- **Part identity**: the file's name without its suffix (``file_name``, the folder's default) or
-  a counter from 1 (``counter``).
+- **Sources** (``sources.py``): the :class:`~.sources.Source` interface a line's own source
+  implements, the watched folder (:class:`~.sources.FolderFrames`: complete files only, in name
+  order; keep, move or delete once done) and the MQTT trigger (:class:`~.sources.MqttTriggers`).
+  A frame is let go by its source (moved, deleted, acknowledged) only once its result is out or
+  it waits in the on-disk queue.
+- **Part identity**: the file's name without its suffix (``file_name``, the folder's default), the
+  trigger's own (``trigger``, the default of a source whose frames carry one) or a counter from 1
+  (``counter``). A frame that cannot be read is an ``error`` result.
 - **Deadline**: a part whose verdict has not come ``deadline_ms`` after its frame was taken is
   published with verdict ``timeout`` at that moment; its real result follows when it comes, with
   ``late`` true. A frame the service could not score is published with verdict ``error`` and the
@@ -39,7 +38,6 @@ with a line saying they are not built yet):
 from __future__ import annotations
 
 import csv
-import fnmatch
 import itertools
 import sys
 import threading
@@ -53,11 +51,12 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ..config import ConfigError
-from ..config.station import FolderSource, LogSink, MqttSink, OpcUaSink, ServiceTarget, WebhookSink
+from ..config.station import FolderSource, LogSink, MqttSink, MqttSource, OpcUaSink, ServiceTarget, WebhookSink
 from ..errors import HetmmError
 from .check import Station
 from .metrics import StationMetrics
 from .part_queue import PartQueue, QueueFull
+from .sources import FolderFrames, Frame, MqttTriggers, Source
 
 __all__ = [
     "FolderFrames",
@@ -121,65 +120,6 @@ class Sink(Protocol):
     def publish(self, result: PartResult) -> None: ...
 
     def close(self) -> None: ...
-
-
-# --- source ------------------------------------------------------------------------------
-class FolderFrames:
-    """New, complete files of a folder (see the module docstring)."""
-
-    def __init__(self, cfg: FolderSource, base: Path, *, clock: Callable[[], float] = time.monotonic) -> None:
-        self.cfg = cfg
-        self.folder = base / cfg.path
-        self.move_to = None if cfg.move_to is None else base / cfg.move_to
-        self.clock = clock
-        self._pending: dict[Path, tuple[tuple[int, int], float]] = {}  # path -> (size, mtime_ns), since
-        self._seen: set[Path] = set(self._listing()) if cfg.after == "keep" else set()
-
-    def _listing(self) -> list[Path]:
-        return sorted(
-            p
-            for p in self.folder.iterdir()
-            if p.is_file() and any(fnmatch.fnmatch(p.name, pat) for pat in self.cfg.patterns)
-        )
-
-    def poll(self) -> list[Path]:
-        """The files that became complete since the last call, in name order."""
-        now = self.clock()
-        ready = []
-        for path in self._listing():
-            if path in self._seen:
-                continue
-            try:
-                st = path.stat()
-            except FileNotFoundError:
-                continue
-            mark = (st.st_size, st.st_mtime_ns)
-            last = self._pending.get(path)
-            if last is None or last[0] != mark:
-                self._pending[path] = (mark, now)
-                if self.cfg.settle_ms > 0:
-                    continue
-            elif 1000 * (now - last[1]) < self.cfg.settle_ms:
-                continue
-            ready.append(path)
-        for path in ready:
-            self._pending.pop(path, None)
-            self._seen.add(path)
-        return ready
-
-    def done(self, path: Path) -> None:
-        """What ``after`` says, once the file's result is out."""
-        if self.cfg.after == "delete":
-            path.unlink(missing_ok=True)
-        elif self.cfg.after == "move" and self.move_to is not None:
-            target = self.move_to / path.name
-            for n in itertools.count(1):
-                if not target.exists():
-                    break
-                target = self.move_to / f"{path.stem}.{n}{path.suffix}"
-            path.replace(target)
-        if self.cfg.after != "keep":
-            self._seen.discard(path)
 
 
 # --- services ----------------------------------------------------------------------------
@@ -302,7 +242,7 @@ def build_station(station: Station, base: Path, *, line: str = "line") -> Statio
     """A runner for ``station`` (a checked line file's, ``base`` its folder, ``line`` its name);
     kinds not built yet are refused here, before anything starts."""
     name = station.head.name
-    if not isinstance(station.source, FolderSource):
+    if not isinstance(station.source, FolderSource | MqttSource):
         raise ConfigError(f"station {name!r}: source {station.source.kind} is not built yet (issue 39)")
     for sink in station.sinks:
         if not isinstance(sink, LogSink | MqttSink | OpcUaSink | WebhookSink):
@@ -317,7 +257,12 @@ def build_station(station: Station, base: Path, *, line: str = "line") -> Statio
             made.close()
         raise
     queue = PartQueue(base / (station.queue.path or f".hetmm-queue/{name}"), station.queue.max_parts)
-    return StationRunner(station, FolderFrames(station.source, base), service, sinks, queue)
+    source: Source
+    if isinstance(station.source, FolderSource):
+        source = FolderFrames(station.source, base)
+    else:
+        source = MqttTriggers(station.source, base, client_id=f"hetmm-{line}-{name}-trigger")
+    return StationRunner(station, source, service, sinks, queue)
 
 
 def _error(outcome: Future[Scored]) -> BaseException | None:
@@ -333,9 +278,7 @@ class StationRunner:
     """One station's loop: :meth:`step` takes every complete new frame once; :meth:`run` steps
     until ``stop`` is set."""
 
-    def __init__(
-        self, station: Station, source: FolderFrames, service: Service, sinks: list[Sink], queue: PartQueue
-    ) -> None:
+    def __init__(self, station: Station, source: Source, service: Service, sinks: list[Sink], queue: PartQueue) -> None:
         self.station = station
         self.queue = queue
         self._retry_at = 0.0  # monotonic time of the next try of an absent service
@@ -350,10 +293,13 @@ class StationRunner:
         self.on_result: Callable[[PartResult], None] | None = None  # e.g. the CLI's printing
         self.metrics: StationMetrics | None = None  # /metrics (station.metrics), when served
 
-    def _part_id(self, path: Path) -> str:
-        if (self.station.head.part_id or "file_name") == "counter":
+    def _part_id(self, frame: Frame) -> str:
+        rule = self.station.head.part_id or ("trigger" if frame.part_id is not None else "file_name")
+        if rule == "counter":
             return str(next(self._counter))
-        return path.stem
+        if rule == "trigger" and frame.part_id is not None:
+            return frame.part_id
+        return frame.name
 
     def _publish(self, result: PartResult) -> None:
         self.recent.append(result)
@@ -392,13 +338,17 @@ class StationRunner:
             **base, verdict=verdict, score=s.score, threshold=s.threshold, version=s.version, latency_ms=latency
         )
 
-    def _one(self, path: Path) -> None:
+    def _one(self, item: Frame) -> None:
         head = self.station.head
         taken, taken_unix = time.monotonic(), time.time()
-        part = self._part_id(path)
-        frame = path.read_bytes()
+        part = self._part_id(item)
+        try:
+            frame = self.source.read(item)
+        except OSError as exc:  # gone or unreadable: said, never skipped silently
+            self._publish(self._failed(part, item.ref, taken, f"{type(exc).__name__}: {exc}"))
+            return
         if len(self.queue):  # parts are waiting: this one goes behind them (order kept)
-            self._wait_in_queue(part, frame, path, taken, taken_unix, announced=False)
+            self._wait_in_queue(part, frame, item, taken, taken_unix, announced=False)
             return
         outcome = self._pool.submit(self.service.score, frame)
         late = False
@@ -406,15 +356,21 @@ class StationRunner:
             outcome.result(timeout=head.deadline_ms / 1000)
         except FutureTimeout:
             late = True
-            self._publish(self._timeout(part, str(path), taken))
+            self._publish(self._timeout(part, item.ref, taken))
         except Exception:  # noqa: BLE001 - ServiceUnavailable below, anything else an error result
             pass
         if isinstance(_error(outcome), ServiceUnavailable):
             self._retry_at = time.monotonic() + RETRY_S
-            self._wait_in_queue(part, frame, path, taken, taken_unix, announced=late)
+            self._wait_in_queue(part, frame, item, taken, taken_unix, announced=late)
             return
-        self._publish(self._result(part, str(path), taken, outcome, late=late))
-        self.source.done(path)
+        self._publish(self._result(part, item.ref, taken, outcome, late=late))
+        self.source.done(item)
+
+    def _failed(self, part: str, ref: str, taken: float, why: str) -> PartResult:
+        head = self.station.head
+        latency = round(1000 * (time.monotonic() - taken), 3)
+        failed = PartResult(head.name, part, "error", None, None, head.product, None, latency, ref)
+        return replace(failed, error=why)
 
     def _timeout(self, part: str, frame: str, taken: float) -> PartResult:
         head = self.station.head
@@ -422,23 +378,22 @@ class StationRunner:
         return PartResult(head.name, part, "timeout", None, None, head.product, None, latency, frame)
 
     def _wait_in_queue(
-        self, part: str, frame: bytes, path: Path, taken: float, taken_unix: float, *, announced: bool
+        self, part: str, frame: bytes, item: Frame, taken: float, taken_unix: float, *, announced: bool
     ) -> None:
         """Into the on-disk queue (then ``timeout`` is published, unless it was already, and the
-        source may let the file go); a full queue refuses the part loudly instead (an error
-        result, a line on stderr) and leaves its file where it is."""
+        source may let the frame go); a full queue refuses the part loudly instead (an error
+        result, a line on stderr) and the source keeps the frame (``Source.refused``)."""
         head = self.station.head
         try:
-            self.queue.put(part, frame, str(path), taken_unix)
+            self.queue.put(part, frame, item.ref, taken_unix)
         except QueueFull as exc:
             print(f"hetmm station {head.name}: part {part!r} refused: {exc}", file=sys.stderr, flush=True)
-            latency = round(1000 * (time.monotonic() - taken), 3)
-            refused = PartResult(head.name, part, "error", None, None, head.product, None, latency, str(path))
-            self._publish(replace(refused, error=str(exc)))
+            self._publish(self._failed(part, item.ref, taken, str(exc)))
+            self.source.refused(item)
             return
         if not announced:
-            self._publish(self._timeout(part, str(path), taken))
-        self.source.done(path)
+            self._publish(self._timeout(part, item.ref, taken))
+        self.source.done(item)
 
     def drain(self) -> int:
         """Score queued parts, oldest first, while the service answers; returns how many left."""
@@ -462,8 +417,8 @@ class StationRunner:
         returns how many parts were handled."""
         done = self.drain()
         ready = self.source.poll()
-        for path in ready:
-            self._one(path)
+        for item in ready:
+            self._one(item)
         return done + len(ready)
 
     def run(self, stop: threading.Event) -> None:
@@ -476,6 +431,7 @@ class StationRunner:
 
     def close(self) -> None:
         self.report("offline")
+        self.source.close()
         self._pool.shutdown(wait=True)
         for sink in self.sinks:
             sink.close()

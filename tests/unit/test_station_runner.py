@@ -21,7 +21,8 @@ from hetmm_ray.config.station import FolderSource
 from hetmm_ray.data.synthetic import SyntheticProduct
 from hetmm_ray.detectors import load_detector
 from hetmm_ray.station import load_line
-from hetmm_ray.station.runner import FolderFrames, InProcessService, Scored, ServiceUnavailable, build_station
+from hetmm_ray.station.runner import InProcessService, Scored, ServiceUnavailable, build_station
+from hetmm_ray.station.sources import FolderFrames
 from hetmm_ray.store import open_store
 
 CONFIG = {
@@ -131,10 +132,11 @@ def test_a_file_still_being_written_is_not_read(tmp_path: Path) -> None:
     now[0] = 0.8
     assert frames.poll() == []  # changed: its clock starts again
     now[0] = 1.4
-    assert frames.poll() == [path]
+    (ready,) = frames.poll()
+    assert ready.token == path and ready.name == "a" and frames.read(ready) == b"half more"
     now[0] = 5.0
     assert frames.poll() == []  # once only
-    frames.done(path)
+    frames.done(ready)
     assert path.exists()  # after: keep
 
 
@@ -178,6 +180,7 @@ def test_a_frame_the_service_cannot_score_is_an_error_result_and_the_station_goe
     ("station", "message"),
     [
         ({"source": {"kind": "aravis"}}, "source aravis is not built yet"),
+        ({"source": {"kind": "mqtt", "topic": "t", "payload": "none"}}, "payload none needs a camera source"),
         ({"sinks": [{"kind": "log", "path": "x.parquet"}]}, "parquet logs are not built yet"),
     ],
 )

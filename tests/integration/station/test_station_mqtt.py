@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import pwd
 import shutil
 import socket
 import subprocess
@@ -51,9 +52,12 @@ class Broker:
         self.port = free_port()
         self.conf = folder / "mosquitto.conf"
         (folder / "data").mkdir()
+        # user: started as root, mosquitto drops to the "mosquitto" user unless told otherwise, and
+        # could then not save its persistence file (the sessions) in this test's folder.
+        user = pwd.getpwuid(os.getuid()).pw_name
         self.conf.write_text(
             f"listener {self.port} 127.0.0.1\nallow_anonymous true\npersistence true\n"
-            f"persistence_location {folder / 'data'}/\nlog_dest stderr\n"
+            f"persistence_location {folder / 'data'}/\nlog_dest stderr\nuser {user}\n"
         )
         self.log = (folder / "mosquitto.log").open("ab")
         self.proc: subprocess.Popen | None = None
@@ -74,6 +78,7 @@ class Broker:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()  # SIGTERM: it saves its persistence file
             self.proc.wait(timeout=60)
+            assert (self.conf.parent / "data" / "mosquitto.db").is_file(), "mosquitto saved no sessions"
 
 
 @pytest.fixture
@@ -182,3 +187,55 @@ def test_results_reach_a_subscriber_at_qos1_and_survive_a_broker_restart(tmp_pat
     last.wait(lambda: last.messages, "the retained state after close")
     assert json.loads(last.messages[0][1]) == {"station": "s1", "state": "offline"}
     last.close()
+
+
+@pytest.mark.parametrize("payload", ["path", "image"])
+def test_an_mqtt_trigger_names_the_part_and_brings_its_frame(tmp_path: Path, broker: Broker, payload: str) -> None:
+    import paho.mqtt.client as mqtt
+
+    part = SyntheticProduct(seed=3, size=64)
+    store = open_store(tmp_path / "store")
+    operations.fit(store, "p", DetectorConfig.from_dict(CONFIG), [part.good(i) for i in range(4)])
+    (tmp_path / "frames").mkdir()
+    topic = "line/press-3/s1/parts" + ("/+" if payload == "image" else "")
+    line = {
+        "service": {"in_process": "store"},
+        "stations": [
+            {
+                "name": "s1",
+                "product": "p",
+                "source": {"kind": "mqtt", "broker": f"127.0.0.1:{broker.port}", "topic": topic, "payload": payload},
+                "deadline_ms": 600_000,
+                "sinks": [{"kind": "log", "path": "s1.csv"}],
+            }
+        ],
+    }
+    (tmp_path / "line.yaml").write_text(yaml.safe_dump(line))
+    runner = build_station(load_line(tmp_path / "line.yaml").stations[0], tmp_path, line="press-3")
+    source = runner.source
+    end = time.monotonic() + WAIT_S
+    assert source.subscribed.wait(WAIT_S), "the trigger source did not subscribe"
+    sender = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="plc")
+    sender.connect("127.0.0.1", broker.port)
+    sender.loop_start()
+    frames = {"P-100": png(part.good(80)), "P-101": png(part.good(81))}
+    for part_id, data in frames.items():
+        if payload == "path":
+            (tmp_path / "frames" / f"{part_id}.png").write_bytes(data)
+            body = json.dumps({"part_id": part_id, "path": f"frames/{part_id}.png"})
+            sender.publish("line/press-3/s1/parts", body, qos=1).wait_for_publish(30)
+        else:
+            sender.publish(f"line/press-3/s1/parts/{part_id}", data, qos=1).wait_for_publish(30)
+    sender.disconnect()
+    sender.loop_stop()
+    try:
+        while sum(runner.counts.values()) < 2:
+            runner.step()
+            assert time.monotonic() < end, f"the station scored {sum(runner.counts.values())} of 2 triggered parts"
+            time.sleep(0.02)
+        with (tmp_path / "s1.csv").open(newline="") as f:
+            logged = list(csv.DictReader(f))
+        assert [r["part_id"] for r in logged] == ["P-100", "P-101"]  # the trigger's part ids, in order
+        assert all(r["verdict"] in ("good", "anomaly") for r in logged)
+    finally:
+        runner.close()
