@@ -84,3 +84,12 @@ def tiled_served(ts: Any, backbone: Any, version: int, config: Any = None) -> An
         version=version,
         backbone=backbone,
     )
+
+
+# A tiny product for tests of what surrounds scoring (stations): fits and scores in seconds on a CPU.
+TINY_CONFIG = {
+    "backbone": {"name": "resnet18", "weights": "random", "image_size": 32, "layers": ["layer2", "layer3"]},
+    "scoring": {"forward_windows": [3, 3], "backward_windows": [3, 3], "alphas": [0.5, 0.5], "layer_weights": [1, 1]},
+    "threshold": {"folds": 2},
+    "device": "cpu",
+}

@@ -31,6 +31,18 @@ from ..config.station import OpcUaSink
 
 __all__ = ["OpcUaStation"]
 
+# Each station's variables: initial value and OPC UA type (the name of a ua.VariantType).
+VARIABLES: dict[str, tuple[object, str]] = {
+    "PartId": ("", "String"),
+    "Verdict": ("", "String"),
+    "Score": (math.nan, "Double"),
+    "Threshold": (math.nan, "Double"),
+    "Version": (-1, "Int64"),
+    "Late": (False, "Boolean"),
+    "LastResult": ("", "String"),
+    "State": ("ok", "String"),
+    "Counter": (0, "Int64"),
+}
 CALL_S = 60.0  # how long the station waits for the server's thread to take a call
 
 _servers: dict[str, _Server] = {}
@@ -98,19 +110,8 @@ class OpcUaStation:
 
         idx = self._server.index
         node = await self._server.server.nodes.objects.add_object(idx, self.station)
-        initial = {
-            "PartId": ("", ua.VariantType.String),
-            "Verdict": ("", ua.VariantType.String),
-            "Score": (math.nan, ua.VariantType.Double),
-            "Threshold": (math.nan, ua.VariantType.Double),
-            "Version": (-1, ua.VariantType.Int64),
-            "Late": (False, ua.VariantType.Boolean),
-            "LastResult": ("", ua.VariantType.String),
-            "State": ("ok", ua.VariantType.String),
-            "Counter": (0, ua.VariantType.Int64),
-        }
-        for name, (value, kind) in initial.items():
-            self._vars[name] = await node.add_variable(idx, name, ua.Variant(value, kind))
+        for name, (value, kind) in VARIABLES.items():
+            self._vars[name] = await node.add_variable(idx, name, ua.Variant(value, getattr(ua.VariantType, kind)))
 
         @uamethod
         def trigger(_parent: Any) -> Any:
@@ -122,19 +123,8 @@ class OpcUaStation:
     async def _write(self, values: dict[str, Any]) -> None:
         from asyncua import ua
 
-        kinds = {
-            "PartId": ua.VariantType.String,
-            "Verdict": ua.VariantType.String,
-            "Score": ua.VariantType.Double,
-            "Threshold": ua.VariantType.Double,
-            "Version": ua.VariantType.Int64,
-            "Late": ua.VariantType.Boolean,
-            "LastResult": ua.VariantType.String,
-            "State": ua.VariantType.String,
-            "Counter": ua.VariantType.Int64,
-        }
         for name, value in values.items():  # in order: Counter last
-            await self._vars[name].write_value(ua.Variant(value, kinds[name]))
+            await self._vars[name].write_value(ua.Variant(value, getattr(ua.VariantType, VARIABLES[name][1])))
 
     def publish(self, result: Any) -> None:
         r = result.to_dict()

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 import yaml
-from helpers import png
+from helpers import TINY_CONFIG, png
 
 from hetmm_ray import operations
 from hetmm_ray.config import ConfigError, DetectorConfig
@@ -24,13 +24,6 @@ from hetmm_ray.station import load_line
 from hetmm_ray.station.runner import InProcessService, Scored, ServiceUnavailable, build_station
 from hetmm_ray.station.sources import FolderFrames
 from hetmm_ray.store import open_store
-
-CONFIG = {
-    "backbone": {"name": "resnet18", "weights": "random", "image_size": 32, "layers": ["layer2", "layer3"]},
-    "scoring": {"forward_windows": [3, 3], "backward_windows": [3, 3], "alphas": [0.5, 0.5], "layer_weights": [1, 1]},
-    "threshold": {"folds": 2},
-    "device": "cpu",
-}
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +54,7 @@ def line_file(tmp_path: Path, **station: object) -> Path:
 
 def fit(tmp_path: Path, part: SyntheticProduct) -> Any:
     store = open_store(tmp_path / "store")
-    operations.fit(store, "p", DetectorConfig.from_dict(CONFIG), [part.good(i) for i in range(4)])
+    operations.fit(store, "p", DetectorConfig.from_dict(TINY_CONFIG), [part.good(i) for i in range(4)])
     return store
 
 

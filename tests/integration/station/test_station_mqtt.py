@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 import yaml
-from helpers import free_port, png
+from helpers import TINY_CONFIG, free_port, png
 
 from hetmm_ray import operations
 from hetmm_ray.config import DetectorConfig
@@ -35,12 +35,6 @@ if MOSQUITTO is None and os.environ.get("CI") != "true":
     pytest.skip("needs Debian's mosquitto (apt-get install mosquitto; .ci/run installs it)", allow_module_level=True)
 
 WAIT_S = 90.0  # a condition on a loaded 2-core machine
-CONFIG = {
-    "backbone": {"name": "resnet18", "weights": "random", "image_size": 32, "layers": ["layer2", "layer3"]},
-    "scoring": {"forward_windows": [3, 3], "backward_windows": [3, 3], "alphas": [0.5, 0.5], "layer_weights": [1, 1]},
-    "threshold": {"folds": 2},
-    "device": "cpu",
-}
 TOPIC = "line/press-3/s1"
 
 
@@ -127,7 +121,7 @@ class Subscriber:
 def test_results_reach_a_subscriber_at_qos1_and_survive_a_broker_restart(tmp_path: Path, broker: Broker) -> None:
     part = SyntheticProduct(seed=3, size=64)
     store = open_store(tmp_path / "store")
-    operations.fit(store, "p", DetectorConfig.from_dict(CONFIG), [part.good(i) for i in range(4)])
+    operations.fit(store, "p", DetectorConfig.from_dict(TINY_CONFIG), [part.good(i) for i in range(4)])
     (tmp_path / "in").mkdir()
     line = {
         "line": "press-3",
@@ -195,7 +189,7 @@ def test_an_mqtt_trigger_names_the_part_and_brings_its_frame(tmp_path: Path, bro
 
     part = SyntheticProduct(seed=3, size=64)
     store = open_store(tmp_path / "store")
-    operations.fit(store, "p", DetectorConfig.from_dict(CONFIG), [part.good(i) for i in range(4)])
+    operations.fit(store, "p", DetectorConfig.from_dict(TINY_CONFIG), [part.good(i) for i in range(4)])
     (tmp_path / "frames").mkdir()
     topic = "line/press-3/s1/parts" + ("/+" if payload == "image" else "")
     line = {

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from helpers import free_port, png
+from helpers import TINY_CONFIG, free_port, png
 
 from hetmm_ray import operations
 from hetmm_ray.config import DetectorConfig
@@ -20,12 +20,6 @@ from hetmm_ray.station import load_line
 from hetmm_ray.station.runner import build_station
 from hetmm_ray.store import open_store
 
-CONFIG = {
-    "backbone": {"name": "resnet18", "weights": "random", "image_size": 32, "layers": ["layer2", "layer3"]},
-    "scoring": {"forward_windows": [3, 3], "backward_windows": [3, 3], "alphas": [0.5, 0.5], "layer_weights": [1, 1]},
-    "threshold": {"folds": 2},
-    "device": "cpu",
-}
 NAMESPACE = "urn:hetmm-ray:test-line"
 
 
@@ -45,7 +39,7 @@ async def read_station(url: str, station: str, *, trigger: bool = False) -> dict
 def test_a_plc_reads_each_stations_last_result_and_calls_trigger(tmp_path: Path) -> None:
     part = SyntheticProduct(seed=3, size=64)
     operations.fit(
-        open_store(tmp_path / "store"), "p", DetectorConfig.from_dict(CONFIG), [part.good(i) for i in range(4)]
+        open_store(tmp_path / "store"), "p", DetectorConfig.from_dict(TINY_CONFIG), [part.good(i) for i in range(4)]
     )
     port = free_port()
     url = f"opc.tcp://127.0.0.1:{port}/hetmm"
