@@ -25,10 +25,29 @@ from typing import Any
 
 from ..config.station import MqttSink
 
-__all__ = ["MqttPublisher", "state_topic"]
+__all__ = ["MqttPublisher", "connect", "mqtt_client", "state_topic"]
 
 RECONNECT_S = (1, 2)  # paho's reconnect delay, first and longest (s)
 KEEPALIVE_S = 15
+
+
+def mqtt_client(client_id: str, **options: Any) -> Any:
+    """A paho client as every station client is made: MQTT 3.1.1, a persistent session, a
+    reconnect every ``RECONNECT_S``; ``options`` go to ``paho.mqtt.client.Client``."""
+    import paho.mqtt.client as mqtt
+
+    client = mqtt.Client(
+        mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, clean_session=False, protocol=mqtt.MQTTv311, **options
+    )
+    client.reconnect_delay_set(*RECONNECT_S)
+    return client
+
+
+def connect(client: Any, broker: str) -> None:
+    """Connect in the background to ``host:port`` and start the client's network thread."""
+    host, port = broker.rsplit(":", 1)
+    client.connect_async(host.strip("[]"), int(port), keepalive=KEEPALIVE_S)
+    client.loop_start()
 
 
 def state_topic(topic: str) -> str:
@@ -39,25 +58,17 @@ class MqttPublisher:
     """The sink of one station (see the module docstring)."""
 
     def __init__(self, cfg: MqttSink, *, station: str, line: str) -> None:
-        import paho.mqtt.client as mqtt
-
         self.cfg = cfg
         self.station = station
         self.connected = threading.Event()
-        host, port = cfg.broker.rsplit(":", 1)
-        client_id = cfg.client_id or f"hetmm-{line}-{station}"
-        self.client = mqtt.Client(
-            mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, clean_session=False, protocol=mqtt.MQTTv311
-        )
+        self.client = mqtt_client(cfg.client_id or f"hetmm-{line}-{station}")
         self.client.max_queued_messages_set(0)  # 0: no limit; nothing is dropped while the broker is away
         self.client.max_inflight_messages_set(100)
-        self.client.reconnect_delay_set(*RECONNECT_S)
         self.state = state_topic(cfg.topic)
         self.client.will_set(self.state, self._state("offline"), qos=1, retain=True)
         self.client.on_connect = self._on_connect
         self.client.on_disconnect = lambda *_: self.connected.clear()
-        self.client.connect_async(host.strip("[]"), int(port), keepalive=KEEPALIVE_S)
-        self.client.loop_start()
+        connect(self.client, cfg.broker)
 
     def _state(self, state: str) -> str:
         return json.dumps({"station": self.station, "state": state})

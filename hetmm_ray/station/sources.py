@@ -151,9 +151,8 @@ class MqttTriggers:
     """
 
     def __init__(self, cfg: MqttSource, base: Path, *, client_id: str) -> None:
-        import paho.mqtt.client as mqtt
-
         from ..config import ConfigError
+        from .mqtt_sink import connect, mqtt_client
 
         if cfg.payload == "none":
             raise ConfigError("source mqtt: payload none needs a camera source to take the frame (not built yet)")
@@ -161,22 +160,13 @@ class MqttTriggers:
         self.base = base
         self._messages: deque[Any] = deque()
         self._lock = threading.Lock()
-        host, port = cfg.broker.rsplit(":", 1)
-        self.client = mqtt.Client(
-            mqtt.CallbackAPIVersion.VERSION2,
-            client_id=client_id,
-            clean_session=False,
-            protocol=mqtt.MQTTv311,
-            manual_ack=True,
-        )
-        self.client.reconnect_delay_set(1, 2)
+        self.client = mqtt_client(client_id, manual_ack=True)
         self.subscribed = threading.Event()  # the broker has acknowledged the subscription
         self.client.on_connect = lambda c, *_: c.subscribe(cfg.topic, qos=1)
         self.client.on_subscribe = lambda *_: self.subscribed.set()
         self.client.on_disconnect = lambda *_: self.subscribed.clear()
         self.client.on_message = self._on_message
-        self.client.connect_async(host.strip("[]"), int(port), keepalive=15)
-        self.client.loop_start()
+        connect(self.client, cfg.broker)
 
     def _on_message(self, _client: Any, _userdata: Any, msg: Any) -> None:
         with self._lock:
