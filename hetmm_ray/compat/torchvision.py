@@ -8,11 +8,24 @@ when the extension is missing we declare those two operator schemas first.
 No torchvision image op (``torchvision.io``, nms kernels) is usable then.
 Every process (Ray workers and replicas included) must import torchvision
 through this module.
+
+Import cost: ``torchvision.ops.roi_align`` imports ``torch._dynamo.utils`` at
+import time for one function (``is_compile_supported``) that it calls only when
+``roi_align`` runs. Importing dynamo costs ~2.5 s of CPU (sympy, fx symbolic
+shapes), in every process that imports torchvision: each Serve replica, Ray
+worker and CLI run, before it can answer. While torchvision imports, and only
+if dynamo is not imported yet, that one name is served by a stand-in that
+imports the real function on first call; the stand-in is then removed from
+``sys.modules``, so any later ``import torch._dynamo`` (``torch.compile``,
+``roi_align``) imports the real package.
 """
 
 from __future__ import annotations
 
 import importlib
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from types import ModuleType
 from typing import Any
 
@@ -45,19 +58,44 @@ def _op_exists(name: str) -> bool:
     return True
 
 
-def _import() -> ModuleType:
-    try:
-        return importlib.import_module("torchvision")
-    except RuntimeError as exc:
-        if "torchvision::" not in str(exc):
-            raise
-    # Partially imported modules would keep the failed state: drop them and retry.
-    import sys
+def _is_compile_supported(device_type: Any) -> Any:
+    """``torch._dynamo.utils.is_compile_supported``, imported when first called (module doc)."""
+    from torch._dynamo.utils import is_compile_supported
 
-    for name in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
-        del sys.modules[name]
-    _declare_missing_ops()
-    return importlib.import_module("torchvision")
+    return is_compile_supported(device_type)
+
+
+@contextmanager
+def _dynamo_deferred() -> Iterator[None]:
+    """While torchvision imports, ``torch._dynamo.utils`` is a stand-in with the one name it takes
+    (module doc); a dynamo imported already is left as it is."""
+    if "torch._dynamo" in sys.modules:
+        yield
+        return
+    package, utils = ModuleType("torch._dynamo"), ModuleType("torch._dynamo.utils")
+    utils.is_compile_supported = _is_compile_supported  # type: ignore[attr-defined]
+    package.utils = utils  # type: ignore[attr-defined]
+    sys.modules["torch._dynamo"], sys.modules["torch._dynamo.utils"] = package, utils
+    try:
+        yield
+    finally:
+        for name, stand_in in (("torch._dynamo", package), ("torch._dynamo.utils", utils)):
+            if sys.modules.get(name) is stand_in:
+                del sys.modules[name]
+
+
+def _import() -> ModuleType:
+    with _dynamo_deferred():
+        try:
+            return importlib.import_module("torchvision")
+        except RuntimeError as exc:
+            if "torchvision::" not in str(exc):
+                raise
+        # Partially imported modules would keep the failed state: drop them and retry.
+        for name in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
+            del sys.modules[name]
+        _declare_missing_ops()
+        return importlib.import_module("torchvision")
 
 
 torchvision = _import()
