@@ -80,7 +80,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -88,6 +88,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (
     BOTTLE,
+    BSD,
     CLIENT,
     GROUPS,
     SHEETS,
@@ -99,6 +100,7 @@ from common import (
     free_port,
     grpc_images,
     idle_cpu,
+    png_bytes,
     post_images,
     post_multipart,
     process_cpu,
@@ -659,8 +661,108 @@ def idle(args: argparse.Namespace) -> None:
     )
 
 
+# --- raw: a camera's frame as pixels vs as PNG (issue 39, item 5) -----------------------------------
+def _raw_inputs() -> dict[str, Any]:
+    """Frames of a line's cameras from real pixels: bsd_pitting's 1130x460 RGB frame as it is, and
+    scaled to 5 MP (2448x2048) as RGB8 and Mono8 (its green plane); the synthetic gear without
+    ../shared."""
+    import numpy as np
+    from PIL import Image
+
+    from hetmm_ray.data.decode import decode_image
+
+    files = sorted((BSD / "test" / "good").glob("*")) if BSD.exists() else []
+    if files:
+        base, source = decode_image(files[0]), f"bsd_pitting {files[0].name}"
+    else:
+        from hetmm_ray.data.synthetic import SyntheticProduct
+
+        base, source = SyntheticProduct(seed=39, size=460).good(0), "synthetic gear (no ../shared)"
+    big = np.asarray(Image.fromarray(base).resize((2448, 2048), Image.BILINEAR))
+    print(f"frames from {source}")
+    return {
+        f"{base.shape[1]}x{base.shape[0]} RGB8": base,
+        "2448x2048 RGB8": big,
+        "2448x2048 Mono8": np.ascontiguousarray(big[..., 1]),
+    }
+
+
+def _cpu_ms(fn: Callable[[], object], runs: int, reps: int) -> float:
+    """Median over ``runs`` of this process's CPU ms per call of ``fn`` (``reps`` calls a run)."""
+    fn()
+    per_call = []
+    for _ in range(runs):
+        c0 = time.process_time()
+        for _ in range(reps):
+            fn()
+        per_call.append(1000 * (time.process_time() - c0) / reps)
+    return statistics.median(per_call)
+
+
+def raw(args: argparse.Namespace) -> None:
+    """Bytes on the wire and CPU per frame on both sides, PNG against raw pixels.
+
+    Station: the frame to a serialized ``PredictRequest`` (PNG: Pillow's encoder at its default
+    level, what ``png_bytes`` and most stations use; raw: ``raw_frame_of``, no encoding). Replica:
+    the serialized request parsed and the frame made the canvas the product scores
+    (``decode_to_canvas`` with one thread, as under load; 256 px squash, the default product's).
+    Each side is the code the service and the station run, in this one process, one thread."""
+    import torch
+
+    from hetmm_ray.data.raw_frame import raw_frame_of
+    from hetmm_ray.serve.canvas import decode_to_canvas
+    from hetmm_ray.serve.grpc import inspection_pb2 as pb
+    from hetmm_ray.serve.grpc.messages import image_message, upload_of
+
+    torch.set_num_threads(1)
+    canvas = (256, "squash")
+    rows = []
+    for name, array in _raw_inputs().items():
+        encodings = {
+            "PNG": lambda a=array: image_message("f", png_bytes(a)),
+            "raw": lambda a=array: image_message("f", raw_frame_of(a)),
+        }
+        for path, encode in encodings.items():
+
+            def station(encode: Callable[[], Any] = encode) -> bytes:
+                return pb.PredictRequest(product="p", images=[encode()]).SerializeToString()
+
+            wire = station()
+
+            def replica(wire: bytes = wire) -> Any:
+                request = pb.PredictRequest.FromString(wire)
+                return decode_to_canvas([("f", upload_of(request.images[0]))], canvas, busy=True)
+
+            rows.append(
+                [
+                    name,
+                    path,
+                    len(wire) / 2**20,
+                    _cpu_ms(station, args.runs, args.reps),
+                    _cpu_ms(replica, args.runs, args.reps),
+                ]
+            )
+    base = {r[0]: r for r in rows if r[1] == "PNG"}
+    out = [[*r, r[3] / base[r[0]][3], r[4] / base[r[0]][4]] for r in rows]
+    print(
+        table(
+            [
+                "frame",
+                "sent as",
+                "MiB on the wire",
+                "station CPU ms",
+                "replica CPU ms",
+                "station / PNG",
+                "replica / PNG",
+            ],
+            out,
+        )
+    )
+
+
 COMMANDS = {
     "paths": paths,
+    "raw": raw,
     "floor": floor,
     "interleaved": interleaved,
     "threads": threads,
@@ -709,6 +811,9 @@ def main() -> None:
     p.add_argument("--images", default=str(BOTTLE / "test" / "*" / "*.png"), help="a glob of images")
     p.add_argument("--limit", type=int, default=64, help="at most this many of them")
     p.add_argument("--runs", type=int, default=3)
+    p = sub.add_parser("raw", help="a camera frame as raw pixels vs as PNG: bytes and CPU on both sides")
+    p.add_argument("--runs", type=int, default=5)
+    p.add_argument("--reps", type=int, default=3, help="calls per run")
     p = sub.add_parser("idle", help="what an idle Ray worker process costs")
     p.add_argument("--actors", type=int, default=4)
     p.add_argument("--seconds", type=float, default=20.0)

@@ -26,6 +26,7 @@ import numpy as np
 
 from ..core.device import usable_cores
 from ..data.decode import decode_image, resize_to_geometry
+from ..data.raw_frame import RawFrame
 from ..pipeline import load_batch
 from ..records import ProductSnapshot
 
@@ -78,10 +79,11 @@ def decode_threads(busy: bool) -> int:
 
 
 def decode_to_canvas(
-    uploads: list[tuple[str, bytes]], canvas: tuple[int, str] | None, busy: bool = False
+    uploads: list[tuple[str, bytes | RawFrame]], canvas: tuple[int, str] | None, busy: bool = False
 ) -> list[np.ndarray]:
-    """Decode every upload (``ImageError`` names the first bad one, in upload order) and resize it to
-    ``canvas``; several uploads in :func:`decode_threads` threads (``busy``: the service is at work).
+    """Decode every upload (encoded bytes, or a camera's :class:`RawFrame` read as it is; ``ImageError``
+    names the first bad one, in upload order) and resize it to ``canvas``; several uploads in
+    :func:`decode_threads` threads (``busy``: the service is at work).
 
     Why threads (issue 25): Pillow's decode and resize release the GIL, and an 8-image request decoded
     one image after another held one core for ~120 ms while the other could idle once the replica had
@@ -89,7 +91,7 @@ def decode_to_canvas(
 
     def one(upload: tuple[str, bytes]) -> np.ndarray:
         name, data = upload
-        image = decode_image(data, source=name)
+        image = data.to_rgb(name) if isinstance(data, RawFrame) else decode_image(data, source=name)
         return image if canvas is None else resize_to_geometry(image, canvas[0], canvas[1])
 
     return load_batch(uploads, one, decode_threads(busy))  # type: ignore[return-value]

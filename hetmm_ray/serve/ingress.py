@@ -35,6 +35,7 @@ from ..config import (
     merge_product_config,
 )
 from ..core.calibration import check_rate
+from ..data.raw_frame import RawFrame
 from ..data.region_file import region_from_json
 from ..distributed.registry import get_registry
 from ..errors import Refused
@@ -43,6 +44,7 @@ from ..store import StoreError, check_product_name, open_store
 from . import bodies
 from .answers import answer_errors, classify, error_response, job_answer, timed
 from .canvas import CanvasCache, decode_to_canvas
+from .grpc.messages import Observed
 from .grpc.standin import InspectionStandIn
 from .image_sets import ImageSet, ImageSets
 from .metrics import CONTENT_TYPE_LATEST, ServiceMetrics
@@ -65,6 +67,14 @@ app.add_middleware(CrossOriginGuard, allowed=_serving_origins)
 
 
 answer_errors(app)  # every error as the JSON error shape (serve/answers.py)
+
+
+def _raw_frames_as_png(predictions: list[Observed]) -> list[Observed]:
+    """``predictions`` with every raw frame as the lossless PNG the console and the record keep."""
+    return [
+        (product, [(name, d.to_png(name) if isinstance(d, RawFrame) else d) for name, d in uploads], results)
+        for product, uploads, results in predictions
+    ]
 
 
 MAP_SIZE_MAX = 8192  # ?map_size: a heat-map's long side at most (never enlarged, serve/replica.py)
@@ -180,13 +190,16 @@ class Ingress(InspectionStandIn):  # gRPC calls that reach it are refused clearl
 
     async def observe_predictions(
         self,
-        predictions: list[tuple[str, list[tuple[str, bytes]], list[dict]]],
+        predictions: list[Observed],
         calls: Sequence[tuple[str, int, float]] = (),
     ) -> int:
         """gRPC predictions, forwarded by the gRPC replicas in batches (serve/grpc/service.py), each
         ``(product, uploads, results)`` fed as an HTTP one is (:meth:`observe`), and the gRPC calls,
         answered or refused, counted as ``(route, status, seconds)`` in the request metrics. Returns
-        how many predictions."""
+        how many predictions. A raw frame is kept as a lossless PNG (``RawFrame.to_png``), encoded
+        here in a worker thread: off the replicas, which only decode it, and off the request's path."""
+        if any(isinstance(data, RawFrame) for _, uploads, _ in predictions for _, data in uploads):
+            predictions = await asyncio.to_thread(_raw_frames_as_png, predictions)
         for product, uploads, results in predictions:
             self.observe(product, uploads, results)
         for route, status, seconds in calls:

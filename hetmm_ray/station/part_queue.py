@@ -3,7 +3,9 @@
 Exact semantics:
 
 - A queue is a folder. A part is two files named by its sequence number: ``<seq>.frame`` (the
-  frame's bytes) and ``<seq>.json`` (part id, the frame's reference, the wall time it was taken).
+  frame's bytes: the encoded file, or a camera's raw pixels) and ``<seq>.json`` (part id, the
+  frame's reference, the wall time it was taken and, for a raw frame, its width, height and pixel
+  format: ``data/raw_frame.py``).
   Each is written to a temporary name, flushed to disk and renamed, the frame first: a part is in
   the queue exactly when its ``.json`` exists, so a station killed at any moment (SIGKILL, power)
   leaves whole parts or none; a frame without its ``.json`` is removed at the next start.
@@ -19,6 +21,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..data.raw_frame import RawFrame
 from ..errors import HetmmError
 
 __all__ = ["PartQueue", "QueueFull", "QueuedPart"]
@@ -34,7 +37,7 @@ class QueuedPart:
     part_id: str
     frame_ref: str
     taken_unix: float  # when the frame was taken (time.time())
-    frame: bytes
+    frame: bytes | RawFrame
 
 
 def _write(path: Path, data: bytes) -> None:
@@ -65,13 +68,15 @@ class PartQueue:
     def __len__(self) -> int:
         return len(self._seqs)
 
-    def put(self, part_id: str, frame: bytes, frame_ref: str, taken_unix: float) -> int:
+    def put(self, part_id: str, frame: bytes | RawFrame, frame_ref: str, taken_unix: float) -> int:
         if len(self._seqs) >= self.max_parts:
             raise QueueFull(f"the station's queue holds {self.max_parts} parts (queue.max_parts)")
         seq = self._next
         self._next += 1
-        _write(self.folder / f"{seq:012d}.frame", frame)
-        meta = {"part_id": part_id, "frame_ref": frame_ref, "taken_unix": taken_unix}
+        meta: dict = {"part_id": part_id, "frame_ref": frame_ref, "taken_unix": taken_unix}
+        if isinstance(frame, RawFrame):
+            meta["raw"] = {"width": frame.width, "height": frame.height, "pixel_format": frame.pixel_format}
+        _write(self.folder / f"{seq:012d}.frame", frame.pixels if isinstance(frame, RawFrame) else frame)
         _write(self.folder / f"{seq:012d}.json", json.dumps(meta).encode())
         self._seqs.append(seq)
         return seq
@@ -81,7 +86,9 @@ class PartQueue:
             return None
         seq = self._seqs[0]
         meta = json.loads((self.folder / f"{seq:012d}.json").read_bytes())
-        frame = (self.folder / f"{seq:012d}.frame").read_bytes()
+        data = (self.folder / f"{seq:012d}.frame").read_bytes()
+        raw = meta.get("raw")
+        frame = data if raw is None else RawFrame(raw["width"], raw["height"], raw["pixel_format"], data)
         return QueuedPart(seq, meta["part_id"], meta["frame_ref"], float(meta["taken_unix"]), frame)
 
     def pop(self) -> None:

@@ -31,8 +31,12 @@ with a line saying they are not built yet):
 - **In-process service**: the product's detector loaded from the store (the pinned version, or
   HEAD, looked up again before every part so a hot update or a promote is seen by the next part
   without a restart; a new version is loaded once). **HTTP service**: ``POST
-  /v1/products/{product}/predict`` with the file's bytes; it scores the product's HEAD, so a
-  pinned version is refused there.
+  /v1/products/{product}/predict`` with the file's bytes (a raw frame is encoded to PNG first:
+  HTTP takes files). **gRPC service**: ``hetmm.v1.Inspection.Predict`` with the file's bytes, or
+  a source's raw frame as pixels (never encoded on the station); the service is away when the
+  call is refused UNAVAILABLE, DEADLINE_EXCEEDED, or RESOURCE_EXHAUSTED for anything but the
+  request's own size. HTTP and gRPC score the product's HEAD, so a pinned version is refused
+  there.
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ from typing import Any, Protocol
 
 from ..config import ConfigError
 from ..config.station import FolderSource, LogSink, MqttSink, MqttSource, OpcUaSink, ServiceTarget, WebhookSink
+from ..data.raw_frame import RawFrame
 from ..errors import HetmmError
 from .check import Station
 from .metrics import StationMetrics
@@ -60,6 +65,7 @@ from .sources import FolderFrames, Frame, MqttTriggers, Source
 
 __all__ = [
     "FolderFrames",
+    "GrpcService",
     "HttpService",
     "InProcessService",
     "LogWriter",
@@ -113,7 +119,7 @@ FIELDS = tuple(PartResult.__dataclass_fields__)
 
 
 class Service(Protocol):
-    def score(self, frame: bytes) -> Scored: ...
+    def score(self, frame: bytes | RawFrame) -> Scored: ...
 
 
 class Sink(Protocol):
@@ -143,10 +149,11 @@ class InProcessService:
             self._loaded = (version, load_detector(self.store, self.product, version, progress=False))
         return self._loaded[1]
 
-    def score(self, frame: bytes) -> Scored:
+    def score(self, frame: bytes | RawFrame) -> Scored:
+        image = frame.to_rgb() if isinstance(frame, RawFrame) else frame
         with self._lock:  # one part at a time per station: parts are scored in order
             detector = self._detector()
-            p = detector.predict([frame])
+            p = detector.predict([image])
         return Scored(float(p.scores[0]), float(p.threshold), bool(p.is_anomaly[0]), p.version)
 
 
@@ -159,13 +166,13 @@ class HttpService:
         self.product = product
         self.client = httpx.Client(base_url=url.rstrip("/"), timeout=timeout_s)
 
-    def score(self, frame: bytes) -> Scored:
+    def score(self, frame: bytes | RawFrame) -> Scored:
         import httpx
 
         try:
             r = self.client.post(
                 f"/v1/products/{self.product}/predict",
-                content=frame,
+                content=frame.to_png() if isinstance(frame, RawFrame) else frame,
                 headers={"content-type": "application/octet-stream"},
             )
         except httpx.TransportError as exc:  # refused, reset, timed out: the service is away
@@ -176,6 +183,36 @@ class HttpService:
             raise RuntimeError(f"HTTP {r.status_code}: {r.text[:200]}")
         body = r.json()
         return Scored(float(body["score"]), float(body["threshold"]), bool(body["is_anomaly"]), body.get("version"))
+
+
+class GrpcService:
+    """``hetmm.v1.Inspection.Predict`` on the service at ``target`` (see the module docstring)."""
+
+    SIZE_CODES = frozenset({"too_large", "too_many_images"})  # RESOURCE_EXHAUSTED that waiting never cures
+
+    def __init__(self, target: str, product: str, timeout_s: float) -> None:
+        from ..serve.grpc.client import InspectionClient
+
+        self.product = product
+        self.client = InspectionClient(target, timeout=timeout_s, wait_s=0)  # the station's queue waits
+
+    def score(self, frame: bytes | RawFrame) -> Scored:
+        import grpc
+
+        from ..serve.grpc.client import error_code
+
+        try:
+            reply = self.client.predict(self.product, [("frame", frame)])
+        except grpc.RpcError as exc:
+            code = exc.code()  # type: ignore[attr-defined]
+            away = code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED) or (
+                code == grpc.StatusCode.RESOURCE_EXHAUSTED and error_code(exc) not in self.SIZE_CODES
+            )
+            if away:
+                raise ServiceUnavailable(f"gRPC {code.name}: {exc.details()}") from exc  # type: ignore[attr-defined]
+            raise RuntimeError(f"gRPC {code.name}: {exc.details()}") from None  # type: ignore[attr-defined]
+        r = reply.results[0]
+        return Scored(float(r.score), float(r.threshold), bool(r.is_anomaly), int(r.version))
 
 
 # --- sinks -------------------------------------------------------------------------------
@@ -209,15 +246,16 @@ def _service(target: ServiceTarget, station: Station, base: Path) -> Service:
     if target.in_process is not None:
         uri = target.in_process if "://" in target.in_process else str(base / target.in_process)
         return InProcessService(uri, station.head.product, station.head.version)
+    kind = "HTTP" if target.http is not None else "gRPC"
+    if station.head.version is not None:
+        raise ConfigError(
+            f"station {station.head.name!r}: the {kind} service scores the product's live version; "
+            "a pinned version needs service in_process"
+        )
     if target.http is not None:
-        if station.head.version is not None:
-            raise ConfigError(
-                f"station {station.head.name!r}: the HTTP service scores the product's live version; "
-                "a pinned version needs service in_process"
-            )
         return HttpService(target.http, station.head.product, target.timeout_ms / 1000)
-    name = station.head.name
-    raise ConfigError(f"station {name!r}: service grpc is not built yet (issue 39); use http or in_process")
+    assert target.grpc is not None  # ServiceTarget: exactly one of the three
+    return GrpcService(target.grpc, station.head.product, target.timeout_ms / 1000)
 
 
 def _sink(sink: Any, station: Station, base: Path, line: str) -> Sink:
@@ -378,7 +416,7 @@ class StationRunner:
         return PartResult(head.name, part, "timeout", None, None, head.product, None, latency, frame)
 
     def _wait_in_queue(
-        self, part: str, frame: bytes, item: Frame, taken: float, taken_unix: float, *, announced: bool
+        self, part: str, frame: bytes | RawFrame, item: Frame, taken: float, taken_unix: float, *, announced: bool
     ) -> None:
         """Into the on-disk queue (then ``timeout`` is published, unless it was already, and the
         source may let the frame go); a full queue refuses the part loudly instead (an error

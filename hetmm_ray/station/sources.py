@@ -6,7 +6,8 @@ calls them from one thread):
 - :meth:`Source.poll` returns the frames that are ready now (possibly none), oldest first, each
   once, without blocking for long (the runner polls every ``runner.POLL_S``).
 - :meth:`Source.read` returns a frame's encoded bytes (a source may hold them, or read them from
-  where the frame's ``ref`` says).
+  where the frame's ``ref`` says), or a camera's pixels as a ``data.raw_frame.RawFrame``: those go
+  to a gRPC service as they are, never encoded on the station (issue 39, item 5).
 - :meth:`Source.done` is called once the frame is safe: its result is out, or it waits in the
   station's on-disk queue. Only then may the source let it go (move or delete a file,
   acknowledge a message).
@@ -32,6 +33,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ..config.station import FolderSource, MqttSource
+from ..data.raw_frame import RawFrame
 
 __all__ = ["FolderFrames", "Frame", "MqttTriggers", "Source"]
 
@@ -40,19 +42,20 @@ __all__ = ["FolderFrames", "Frame", "MqttTriggers", "Source"]
 class Frame:
     """One frame a source offers: ``ref`` says where it came from (a path; ``mqtt:<topic>``),
     ``name`` is its part id under the ``file_name`` rule, ``part_id`` the trigger's own (None: it
-    has none), ``data`` its bytes when the source holds them, ``token`` the source's own handle."""
+    has none), ``data`` its bytes (or raw pixels) when the source holds them, ``token`` the
+    source's own handle."""
 
     ref: str
     name: str
     part_id: str | None = None
-    data: bytes | None = None
+    data: bytes | RawFrame | None = None
     token: Any = None
 
 
 class Source(Protocol):
     def poll(self) -> list[Frame]: ...
 
-    def read(self, frame: Frame) -> bytes: ...
+    def read(self, frame: Frame) -> bytes | RawFrame: ...
 
     def done(self, frame: Frame) -> None: ...
 
@@ -195,7 +198,7 @@ class MqttTriggers:
         path = Path(text) if Path(text).is_absolute() else self.base / text
         return Frame(ref=str(path), name=path.stem, part_id=part_id, token=msg)
 
-    def read(self, frame: Frame) -> bytes:
+    def read(self, frame: Frame) -> bytes | RawFrame:
         if frame.data is not None:
             return frame.data
         return Path(frame.ref).read_bytes()

@@ -320,3 +320,33 @@ def test_metrics_say_parts_queue_latency_and_state_over_http(tmp_path: Path, par
         assert scrape()[("hetmm_station_state", (("state", "offline"), ("station", "s1")))] == 1
     finally:
         server.shutdown()
+
+
+def test_a_raw_frame_waits_in_the_queue_as_pixels_and_comes_back_the_same(tmp_path: Path) -> None:
+    from hetmm_ray.data.raw_frame import raw_frame_of
+    from hetmm_ray.station.part_queue import PartQueue
+
+    frame = raw_frame_of(np.arange(16 * 24, dtype=np.uint16).reshape(16, 24) * 97)
+    q = PartQueue(tmp_path / "q", max_parts=10)
+    q.put("cam-1", frame, "camera:cam0#17", 5.0)
+    q.put("file-2", b"\x89PNG...", "/in/2.png", 6.0)
+    again = PartQueue(tmp_path / "q", max_parts=10)  # as a restarted station finds it
+    assert again.head().frame == frame and again.head().frame_ref == "camera:cam0#17"
+    assert (tmp_path / "q" / "000000000001.frame").read_bytes() == frame.pixels  # pixels, not encoded
+    again.pop()
+    assert again.head().frame == b"\x89PNG..."
+
+
+def test_a_grpc_service_that_is_not_there_is_away_so_the_part_waits(tmp_path: Path, part) -> None:
+    from helpers import free_port
+
+    from hetmm_ray.data.raw_frame import raw_frame_of
+    from hetmm_ray.station.runner import GrpcService
+
+    service = GrpcService(f"127.0.0.1:{free_port()}", "p", timeout_s=30)
+    for frame in (png(part.good(1)), raw_frame_of(part.good(1))):
+        with pytest.raises(ServiceUnavailable, match="gRPC UNAVAILABLE"):
+            service.score(frame)
+    line = load_line(line_file(tmp_path, service={"grpc": "127.0.0.1:1"}, version=1))
+    with pytest.raises(ConfigError, match="the gRPC service scores the product's live version"):
+        build_station(line.stations[0], tmp_path)

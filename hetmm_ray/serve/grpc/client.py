@@ -46,12 +46,14 @@ from ...config import (
     GRPC_CLIENT_WAIT_S,
     MAX_IMAGE_BYTES,
 )
+from ...data.raw_frame import RawFrame
 from . import inspection_pb2 as pb
 from .inspection_pb2_grpc import InspectionStub
+from .messages import image_message
 
 __all__ = ["ImageRefused", "InspectionClient", "error_code", "request_chunks"]
 
-Upload = tuple[str, bytes]  # (name, encoded image)
+Upload = tuple[str, bytes | RawFrame]  # (name, encoded image or a camera's raw frame, sent as it is)
 Reply = TypeVar("Reply")
 
 
@@ -123,16 +125,14 @@ class InspectionClient:
     def predict(
         self,
         product: str,
-        images: Sequence[tuple[str, bytes]],
+        images: Sequence[Upload],
         *,
         heatmap: bool = False,
         version: int | None = None,
         threshold: float | None = None,
     ) -> pb.PredictReply:
-        """Score ``images`` ((name, encoded bytes) pairs) of ``product``."""
-        request = pb.PredictRequest(
-            product=product, images=[pb.Image(name=n, data=d) for n, d in images], heatmap=heatmap
-        )
+        """Score ``images`` ((name, encoded bytes or :class:`RawFrame`) pairs) of ``product``."""
+        request = pb.PredictRequest(product=product, images=[image_message(n, d) for n, d in images], heatmap=heatmap)
         if version is not None:
             request.version = version
         if threshold is not None:

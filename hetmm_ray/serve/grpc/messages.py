@@ -8,7 +8,10 @@ Exact semantics: :func:`result_message` turns one image's result as the HTTP ans
 :func:`refuse` sets a call's status from a refusal: the gRPC code of its HTTP status (``errors.GRPC_CODES``)
 and details ``"<code>: <message>"``; :data:`METRIC_ROUTES` names each Inspection method's route in the
 ingress's request metrics (``hetmm_requests_total``), for the replicas and the stand-in alike;
-:data:`RULE_FIELDS` are a ``Result``'s optional rule fields (set only when the rule has them).
+:data:`RULE_FIELDS` are a ``Result``'s optional rule fields (set only when the rule has them);
+:func:`upload_of` reads an ``Image`` as what the replica decodes (its encoded ``data``, or its ``raw``
+frame as a ``RawFrame``: one of the two, or 400 ``bad_image``) and :func:`image_message` is the
+client's way back.
 """
 
 from __future__ import annotations
@@ -20,20 +23,26 @@ from urllib.parse import unquote
 
 import grpc
 
+from ...data.raw_frame import RawFrame
 from ...errors import Refused, grpc_code
 from . import inspection_pb2 as pb
 
 __all__ = [
     "METRIC_ROUTES",
     "RULE_FIELDS",
+    "Observed",
     "host_is_loopback",
+    "image_message",
     "metadata_value",
     "peer_is_loopback",
     "refuse",
     "result_message",
+    "upload_of",
 ]
 
 METRIC_ROUTES = {"Predict": "grpc_predict", "ListProducts": "grpc_list_products", "Health": "grpc_health"}
+Observed = tuple[str, list[tuple[str, bytes | RawFrame]], list[dict[str, Any]]]
+"""A gRPC prediction as a replica forwards it to the ingress: (product, uploads, results)."""
 RULE_FIELDS = ("threshold_rule", "rule_target", "estimated_false_alarm_rate")  # a Result's optional rule fields
 
 
@@ -89,3 +98,22 @@ def result_message(result: dict[str, Any]) -> pb.Result:
         msg.heatmap_png = base64.b64decode(result["heatmap_png"])
         msg.heatmap_scale.CopyFrom(pb.HeatmapScale(**result["heatmap_scale"]))
     return msg
+
+
+def upload_of(image: pb.Image) -> bytes | RawFrame:
+    """What the replica decodes of ``image``: its ``raw`` frame, or else its encoded ``data``."""
+    if not image.HasField("raw"):
+        return image.data
+    if image.data:
+        name = image.name or "<image>"
+        raise Refused(400, "bad_image", f"{name}: give the image as data or as raw, not both")
+    raw = image.raw
+    return RawFrame(width=raw.width, height=raw.height, pixel_format=raw.pixel_format, pixels=raw.pixels)
+
+
+def image_message(name: str, data: bytes | RawFrame) -> pb.Image:
+    """An ``Image`` of encoded bytes or of a :class:`RawFrame` (sent as it is, never encoded)."""
+    if isinstance(data, RawFrame):
+        raw = pb.RawFrame(width=data.width, height=data.height, pixel_format=data.pixel_format, pixels=data.pixels)
+        return pb.Image(name=name, raw=raw)
+    return pb.Image(name=name, data=data)

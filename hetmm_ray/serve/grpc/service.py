@@ -13,7 +13,9 @@ Exact semantics:
 - ``Predict`` applies HTTP's checks in HTTP's order: the product name (400), the count of images
   (none: 400 ``empty_body``; over ``max_images_per_request``: 413 ``too_many_images``), their bytes
   in all over ``max_body_mib`` (413 ``too_large``) before any is decoded, the product's existence
-  (404), then each image's own checks while decoding (``data/decode.py``: 400 ``bad_image``; decoded
+  (404), then each image's own checks while decoding (``data/decode.py``, and for a raw frame
+  ``data/raw_frame.py``: 400 ``bad_image``; an image with both ``data`` and ``raw``, or neither,
+  is 400 ``bad_image`` too; decoded
   in a worker thread on arrival, so decoding queued requests overlaps scoring, and announced to the
   batcher: ``GreedyBatcher.arriving``). A
   ``threshold`` override needs the admin token when one is configured (``authorization: Bearer
@@ -57,6 +59,7 @@ from typing import Any
 from ray import serve
 
 from ...config import HTTP_APP_NAME, ServiceConfig
+from ...data.raw_frame import RawFrame
 from ...errors import Refused
 from ...store import StoreError, check_product_name
 from ..answers import classify
@@ -65,7 +68,16 @@ from ..replica import Detector, ScoreRequest
 from ..security import JSONResponse, refuse_open_bind
 from ..warm_set import product_of
 from . import inspection_pb2 as pb
-from .messages import METRIC_ROUTES, host_is_loopback, metadata_value, peer_is_loopback, refuse, result_message
+from .messages import (
+    METRIC_ROUTES,
+    Observed,
+    host_is_loopback,
+    metadata_value,
+    peer_is_loopback,
+    refuse,
+    result_message,
+    upload_of,
+)
 
 __all__ = ["InspectionDetector"]
 
@@ -76,7 +88,6 @@ OBSERVE_MAX_HELD = 10_000  # requests held while the ingress cannot be reached; 
 OBSERVE_TIMEOUT_S = 60.0
 OBSERVE_RETRY_S = 10.0  # after a failed forward, held entries are dropped for this long
 
-Observed = tuple[str, list[tuple[str, bytes]], list[dict[str, Any]]]  # (product, uploads, results)
 Call = tuple[str, int, float]  # (route, HTTP status, seconds): one gRPC call for the request metrics
 
 
@@ -99,7 +110,9 @@ class InspectionDetector(Detector.func_or_class):  # type: ignore[name-defined,m
         self._retry_at = 0.0  # after a failure, entries are dropped until then
 
     # --- metrics, record and drift: fed through the HTTP application's ingress --------------------
-    def _observe(self, product: str, uploads: list[tuple[str, bytes]], results: list[dict[str, Any]]) -> None:
+    def _observe(
+        self, product: str, uploads: list[tuple[str, bytes | RawFrame]], results: list[dict[str, Any]]
+    ) -> None:
         """Hold one answered request for the ingress (module doc); the results are copied as they are now."""
         if len(self._observed) >= OBSERVE_MAX_HELD:
             return  # the ingress is unreachable: counted by its absence (logged by _forward)
@@ -216,7 +229,8 @@ class InspectionDetector(Detector.func_or_class):  # type: ignore[name-defined,m
             raise Refused(400, "empty_body", "the request holds no images")
         if count > most:
             raise Refused(413, "too_many_images", f"{count} images in one request; the limit is {most}")
-        size = sum(len(im.data) for im in request.images)
+        uploads = [(im.name or f"<image {i}>", upload_of(im)) for i, im in enumerate(request.images)]
+        size = sum(len(data) for _, data in uploads)
         if size > self.limit:
             raise Refused(413, "too_large", f"images of {size} bytes in all exceed {self.limit} bytes")
         override = request.threshold if request.HasField("threshold") else None
@@ -228,7 +242,6 @@ class InspectionDetector(Detector.func_or_class):  # type: ignore[name-defined,m
         detector = model.detector
         assert detector is not None
         canvas = detector.config.decode_canvas  # None: a tiled product's frames travel whole (it cuts them)
-        uploads = [(im.name or f"<image {i}>", im.data) for i, im in enumerate(request.images)]
         decode_start = time.perf_counter()
         # decoded in a thread as it arrives, announced to the batcher meanwhile (serve/greedy.py: a free
         # batcher waits for the requests this replica is decoding rather than score a lone one)

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 from helpers import free_port, png, until
 
@@ -131,3 +132,117 @@ def test_grpc_calls_are_counted_by_route_and_status(service: Any) -> None:
     for route, status in set(calls):
         assert count(text, route, status) == count(before, route, status) + calls.count((route, status))
     assert _counter(text, 'hetmm_request_seconds_count{route="grpc_predict"}') >= 3
+
+
+def test_raw_frames_score_as_their_png_and_are_kept_as_png(service: Any) -> None:
+    """Issue 39, item 5: a camera's frame sent as pixels (Mono8, Mono16, RGB8) scores exactly as the
+    same pixels sent as a lossless PNG; what the service keeps of it (recent ring, record) is a PNG of
+    those pixels; a frame that is not what it says is refused INVALID_ARGUMENT bad_image."""
+    import grpc
+
+    from hetmm_ray.data.decode import decode_image
+    from hetmm_ray.data.raw_frame import RawFrame, raw_frame_of
+    from hetmm_ray.serve.grpc.client import InspectionClient, error_code
+
+    rgb = GEAR.defective(7, "scratch")[0]
+    gray = rgb[..., 1].copy()
+    frames = {
+        "raw-mono8": raw_frame_of(gray),
+        "raw-mono16": raw_frame_of(gray.astype(np.uint16) * 256 + 77),  # a low byte that must not matter
+        "raw-rgb8": raw_frame_of(rgb),
+    }
+    same_pixels = {"raw-mono8": png(np.repeat(gray[..., None], 3, 2)), "raw-rgb8": png(rgb)}
+    same_pixels["raw-mono16"] = same_pixels["raw-mono8"]
+    with InspectionClient(service.grpc_target, timeout=120) as client:
+        # one image a request on both paths: a batch of another size may round the last bit otherwise
+        raw = {name: client.predict(PRODUCT, [(name, frame)]).results[0] for name, frame in frames.items()}
+        for name, data in same_pixels.items():
+            encoded = client.predict(PRODUCT, [(name, data)]).results[0]
+            assert (raw[name].score, raw[name].is_anomaly) == (encoded.score, encoded.is_anomaly), name
+        with pytest.raises(grpc.RpcError) as err:
+            client.predict(PRODUCT, [("short.raw", RawFrame(SIZE, SIZE, "Mono8", bytes(SIZE * SIZE - 1)))])
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and error_code(err.value) == "bad_image"
+        assert "short.raw: 4095 bytes of pixels" in err.value.details()
+    with httpx.Client(base_url=service.url, timeout=120) as http:
+
+        def kept() -> dict | None:
+            items = http.get(f"/v1/products/{PRODUCT}/recent").json()["items"]
+            named = {i["name"]: i for i in items if i["name"] in frames}
+            return named if len(named) == len(frames) else None
+
+        for name, item in until(kept, "the raw frames in the recent ring").items():
+            r = http.get(f"/v1/products/{PRODUCT}/recent/{item['id']}/image")
+            assert r.status_code == 200 and r.content.startswith(b"\x89PNG"), name
+            assert np.array_equal(decode_image(r.content), frames[name].to_rgb()), name
+
+
+class CameraFrames:
+    """A line's own source through the documented ``Source`` interface: frames as pixels, as a
+    camera hands them over (the station sends them so, never encoded)."""
+
+    def __init__(self, frames: list[Any]) -> None:
+        from hetmm_ray.station.sources import Frame
+
+        self.pending = [Frame(f"camera:test#{i}", f"cam-{i}", f"cam-{i}", data) for i, data in enumerate(frames)]
+        self.released: list[str] = []
+
+    def poll(self) -> list[Any]:
+        out, self.pending = self.pending, []
+        return out
+
+    def read(self, frame: Any) -> Any:
+        return frame.data
+
+    def done(self, frame: Any) -> None:
+        self.released.append(frame.ref)
+
+    def refused(self, frame: Any) -> None:
+        raise AssertionError(f"{frame.ref} refused: the queue is empty")
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_station_scores_raw_camera_frames_over_grpc(service: Any, tmp_path: Any) -> None:
+    """Issue 39, items 1 and 5: a station whose service is gRPC sends its source's raw frames as
+    pixels; each part's result is what the service answers for that frame, in order."""
+    import csv
+
+    import yaml
+
+    from hetmm_ray.data.raw_frame import raw_frame_of
+    from hetmm_ray.serve.grpc.client import InspectionClient
+    from hetmm_ray.station import load_line
+    from hetmm_ray.station.runner import build_station
+
+    line = {
+        "service": {"grpc": service.grpc_target, "timeout_ms": 120_000},
+        "stations": [
+            {
+                "name": "cam-station",
+                "product": PRODUCT,
+                "source": {"kind": "folder", "path": "unused"},  # replaced by the camera below
+                "sinks": [{"kind": "log", "path": "results.csv"}],
+                "deadline_ms": 600_000,
+            }
+        ],
+    }
+    (tmp_path / "unused").mkdir()
+    (tmp_path / "line.yaml").write_text(yaml.safe_dump(line))
+    runner = build_station(load_line(tmp_path / "line.yaml").stations[0], tmp_path)
+    runner.source.close()
+    frames = [raw_frame_of(GEAR.good(200 + i)[..., 0].copy()) for i in range(3)]
+    frames.append(raw_frame_of(GEAR.defective(9, "hole")[0]))
+    runner.source = camera = CameraFrames(frames)
+    until(lambda: (runner.step(), sum(runner.counts.values()) == len(frames))[1], "every camera part scored")
+    runner.close()
+    with (tmp_path / "results.csv").open(newline="") as f:
+        logged = list(csv.DictReader(f))
+    with InspectionClient(service.grpc_target, timeout=120) as client:
+        direct = [client.predict(PRODUCT, [(f"direct-{i}", fr)]).results[0] for i, fr in enumerate(frames)]
+    assert [r["part_id"] for r in logged] == [f"cam-{i}" for i in range(len(frames))]
+    for row, answer in zip(logged, direct, strict=True):
+        assert float(row["score"]) == pytest.approx(answer.score, rel=1e-9)
+        assert row["verdict"] == ("anomaly" if answer.is_anomaly else "good") and row["late"] == "False"
+        assert int(row["version"]) == answer.version
+    assert camera.released == [f"camera:test#{i}" for i in range(len(frames))]
