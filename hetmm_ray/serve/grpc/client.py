@@ -3,7 +3,9 @@
 Exact semantics: :class:`InspectionClient` opens one insecure channel to ``target`` (``host:port``)
 and sends every call with the metadata Serve's gRPC proxy routes by: ``application`` (the gRPC
 application, ``config.GRPC_APP_NAME``) and, for ``predict``, ``multiplexed_model_id`` (the
-product), plus ``authorization: Bearer <token>`` when a token is given. A refused call raises
+product), plus ``authorization: Bearer <token>`` when a token is given. An image is its encoded bytes
+or a camera's :class:`~hetmm_ray.data.raw_frame.RawFrame`, sent as pixels (``Image.raw``), never encoded
+here; its size against the request limits is its bytes either way. A refused call raises
 :class:`grpc.RpcError`; its ``details()`` is ``"<code>: <message>"`` (``errors.GRPC_CODES``), and
 :func:`error_code` reads the stable code back.
 
