@@ -9,7 +9,15 @@ Exact semantics:
 
 - ``pixels`` holds ``height`` rows of ``width`` pixels, top row first, packed (no row padding), in
   one of :data:`PIXEL_FORMATS` (GenICam's names): ``Mono8`` (1 byte a pixel), ``Mono16`` (2 bytes,
-  little-endian, as GigE Vision and USB3 Vision deliver them) and ``RGB8`` (3 bytes: R, G, B).
+  little-endian, as GigE Vision and USB3 Vision deliver them), ``RGB8`` (3 bytes: R, G, B) and the
+  Bayer mosaics ``BayerRG8``, ``BayerGR8``, ``BayerGB8``, ``BayerBG8`` (1 byte a pixel; the name
+  gives the colours of the top-left 2x2 cell row by row: ``BayerRG8`` is R G over G B). A mosaic
+  travels as the camera gives it (a third of RGB's bytes) and is demosaiced where it is read.
+- Demosaicing (:func:`demosaic`) is bilinear by normalised convolution: each colour's samples
+  weighted by ``[[1, 2, 1], [2, 4, 2], [1, 2, 1]]`` (red, blue) or ``[[0, 1, 0], [1, 4, 1], [0, 1,
+  0]]`` (green) around the pixel, divided by the weights of the samples present (so a border
+  pixel averages the neighbours it has), rounded half up. A pixel keeps its own sample exactly;
+  a flat colour stays that colour everywhere.
 - :meth:`RawFrame.to_rgb` checks, before anything is allocated, the format, each side (at least
   ``MIN_IMAGE_SIDE``), the pixel count (at most ``MAX_IMAGE_PIXELS``) and that the bytes are
   exactly ``width * height * bytes per pixel``; any failure is an ``ImageError`` (HTTP 400 /
@@ -34,10 +42,17 @@ from PIL import Image
 from ..config import MAX_IMAGE_PIXELS, MIN_IMAGE_SIDE
 from .decode import ImageError
 
-__all__ = ["PIXEL_FORMATS", "RawFrame", "raw_frame_of"]
+__all__ = ["BAYER_CELLS", "PIXEL_FORMATS", "RawFrame", "demosaic", "raw_frame_of"]
 
-PIXEL_FORMATS = {"Mono8": 1, "Mono16": 2, "RGB8": 3}
+BAYER_CELLS = {"BayerRG8": "RGGB", "BayerGR8": "GRBG", "BayerGB8": "GBRG", "BayerBG8": "BGGR"}
+"""Bayer pixel format -> the colours of its top-left 2x2 cell, row by row."""
+PIXEL_FORMATS = {"Mono8": 1, "Mono16": 2, "RGB8": 3} | dict.fromkeys(BAYER_CELLS, 1)
 """Pixel format name -> bytes a pixel."""
+_KERNELS = {
+    "R": np.array([[1, 2, 1], [2, 4, 2], [1, 2, 1]], np.float32),
+    "G": np.array([[0, 1, 0], [1, 4, 1], [0, 1, 0]], np.float32),
+}
+_KERNELS["B"] = _KERNELS["R"]
 
 PNG_COMPRESS_LEVEL = 1  # frames kept for looking at: fast to write, still lossless
 
@@ -86,13 +101,15 @@ class RawFrame:
         values = self._array()
         if self.pixel_format == "RGB8":
             return values.copy()  # writable and owned, as a decoded image is
+        if self.pixel_format in BAYER_CELLS:
+            return demosaic(values, BAYER_CELLS[self.pixel_format])
         gray = (values >> 8).astype(np.uint8) if self.pixel_format == "Mono16" else values
         return np.repeat(gray[:, :, None], 3, axis=2)
 
     def to_png(self, source: str = "<frame>") -> bytes:
-        """The frame as a lossless PNG (module doc)."""
+        """The frame as a lossless PNG (module doc; a mosaic as its demosaiced RGB)."""
         self.check(source)
-        values = self._array()
+        values = self.to_rgb(source) if self.pixel_format in BAYER_CELLS else self._array()
         if self.pixel_format == "Mono16":
             image = Image.frombytes("I;16", (self.width, self.height), values.astype("<u2").tobytes())
         else:
@@ -114,3 +131,32 @@ def raw_frame_of(array: np.ndarray) -> RawFrame:
         raise ValueError(f"no raw pixel format for an array of shape {array.shape} and dtype {array.dtype}")
     pixels = np.ascontiguousarray(array, dtype="<u2" if fmt == "Mono16" else np.uint8).tobytes()
     return RawFrame(width=int(array.shape[1]), height=int(array.shape[0]), pixel_format=fmt, pixels=pixels)
+
+
+def _filter3(values: np.ndarray, kernel: np.ndarray) -> np.ndarray:
+    """``values`` (H, W) correlated with a 3x3 ``kernel``, zeros outside."""
+    padded = np.pad(values, 1)
+    h, w = values.shape
+    out = np.zeros((h, w), np.float32)
+    for dy in range(3):
+        for dx in range(3):
+            if kernel[dy, dx]:
+                out += kernel[dy, dx] * padded[dy : dy + h, dx : dx + w]
+    return out
+
+
+def demosaic(mosaic: np.ndarray, cell: str) -> np.ndarray:
+    """A Bayer ``mosaic`` (H, W) ``uint8`` whose top-left 2x2 ``cell`` is e.g. ``"RGGB"`` as RGB
+    ``uint8`` (H, W, 3), bilinear by normalised convolution (module doc)."""
+    h, w = mosaic.shape
+    samples = mosaic.astype(np.float32)
+    out = np.empty((h, w, 3), np.uint8)
+    for channel, colour in enumerate("RGB"):
+        present = np.zeros((h, w), np.float32)
+        for i, at in enumerate(cell):
+            if at == colour:
+                present[i // 2 :: 2, i % 2 :: 2] = 1
+        kernel = _KERNELS[colour]
+        value = _filter3(samples * present, kernel) / _filter3(present, kernel)
+        out[..., channel] = np.floor(value + 0.5).clip(0, 255)
+    return out

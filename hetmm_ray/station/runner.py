@@ -1,9 +1,9 @@
 """Running a station: frames from its source, scored on its service, results to its sinks.
 
-Exact semantics (this part of issue 39: the folder and MQTT trigger sources, the in-process and
-HTTP services, the log sink, the MQTT, webhook and OPC UA sinks (``mqtt_sink.py``, ``webhook_sink.py``,
-``opcua_sink.py``); the other kinds of ``config.station`` are refused by :func:`build_station`
-with a line saying they are not built yet):
+Exact semantics (this part of issue 39: the folder, MQTT trigger and Aravis camera sources
+(``camera.py``), the in-process, HTTP and gRPC services, the log sink, the MQTT, webhook and OPC UA
+sinks (``mqtt_sink.py``, ``webhook_sink.py``, ``opcua_sink.py``); the other kinds of
+``config.station`` are refused by :func:`build_station` with a line saying they are not built yet):
 
 - **Sources** (``sources.py``): the :class:`~.sources.Source` interface a line's own source
   implements, the watched folder (:class:`~.sources.FolderFrames`: complete files only, in name
@@ -280,8 +280,6 @@ def build_station(station: Station, base: Path, *, line: str = "line") -> Statio
     """A runner for ``station`` (a checked line file's, ``base`` its folder, ``line`` its name);
     kinds not built yet are refused here, before anything starts."""
     name = station.head.name
-    if not isinstance(station.source, FolderSource | MqttSource):
-        raise ConfigError(f"station {name!r}: source {station.source.kind} is not built yet (issue 39)")
     for sink in station.sinks:
         if not isinstance(sink, LogSink | MqttSink | OpcUaSink | WebhookSink):
             raise ConfigError(f"station {name!r}: sink {sink.kind} is not built yet (issue 39)")
@@ -296,10 +294,19 @@ def build_station(station: Station, base: Path, *, line: str = "line") -> Statio
         raise
     queue = PartQueue(base / (station.queue.path or f".hetmm-queue/{name}"), station.queue.max_parts)
     source: Source
-    if isinstance(station.source, FolderSource):
-        source = FolderFrames(station.source, base)
-    else:
-        source = MqttTriggers(station.source, base, client_id=f"hetmm-{line}-{name}-trigger")
+    try:
+        if isinstance(station.source, FolderSource):
+            source = FolderFrames(station.source, base)
+        elif isinstance(station.source, MqttSource):
+            source = MqttTriggers(station.source, base, client_id=f"hetmm-{line}-{name}-trigger")
+        else:
+            from .camera import AravisFrames  # GObject introspection only where a camera is used
+
+            source = AravisFrames(station.source, name)
+    except BaseException:
+        for made in sinks:
+            made.close()
+        raise
     return StationRunner(station, source, service, sinks, queue)
 
 
@@ -332,7 +339,8 @@ class StationRunner:
         self.metrics: StationMetrics | None = None  # /metrics (station.metrics), when served
 
     def _part_id(self, frame: Frame) -> str:
-        rule = self.station.head.part_id or ("trigger" if frame.part_id is not None else "file_name")
+        own = getattr(self.source, "default_part_id", None)  # a camera's: a counter
+        rule = self.station.head.part_id or own or ("trigger" if frame.part_id is not None else "file_name")
         if rule == "counter":
             return str(next(self._counter))
         if rule == "trigger" and frame.part_id is not None:
@@ -352,7 +360,10 @@ class StationRunner:
 
     @property
     def state(self) -> str:
-        """``ok`` (nothing waiting) or ``degraded`` (parts waiting for an absent service)."""
+        """``offline`` (the source has a ``problem``: a camera gone), ``degraded`` (parts waiting for
+        an absent service) or ``ok``."""
+        if getattr(self.source, "problem", None):
+            return "offline"
         return "degraded" if len(self.queue) else "ok"
 
     def report(self, state: str | None = None) -> None:

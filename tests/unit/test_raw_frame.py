@@ -10,7 +10,7 @@ import pytest
 from PIL import Image
 
 from hetmm_ray.data.decode import ImageError, decode_image
-from hetmm_ray.data.raw_frame import PIXEL_FORMATS, RawFrame, raw_frame_of
+from hetmm_ray.data.raw_frame import BAYER_CELLS, PIXEL_FORMATS, RawFrame, demosaic, raw_frame_of
 from hetmm_ray.errors import Refused
 from hetmm_ray.serve.grpc import inspection_pb2 as pb
 from hetmm_ray.serve.grpc.messages import image_message, upload_of
@@ -68,7 +68,10 @@ def test_mono16_reads_as_a_16_bit_png_of_the_same_values_reads() -> None:
 @pytest.mark.parametrize(
     ("frame", "says"),
     [
-        (RawFrame(21, 13, "BayerRG8", bytes(21 * 13)), "unsupported pixel format 'BayerRG8' (accepted: Mono8"),
+        (
+            RawFrame(21, 13, "YUV422", bytes(21 * 13)),
+            "unsupported pixel format 'YUV422' (accepted: Mono8, Mono16, RGB8, BayerRG8",
+        ),
         (RawFrame(21, 13, "Mono8", bytes(21 * 13 - 1)), "272 bytes of pixels where a 21x13 Mono8 frame has 273"),
         (RawFrame(21, 13, "Mono16", bytes(21 * 13)), "where a 21x13 Mono16 frame has 546 (rows packed, 2 bytes"),
         (RawFrame(4, 13, "Mono8", bytes(4 * 13)), "frame dimensions 4x13 too small"),
@@ -100,3 +103,57 @@ def test_an_image_message_carries_either_bytes_or_a_frame() -> None:
     with pytest.raises(Refused) as err:
         upload_of(both)
     assert (err.value.status, err.value.code) == (400, "bad_image") and "not both" in str(err.value)
+
+
+def mosaic_of(rgb: np.ndarray, cell: str) -> np.ndarray:
+    """What a Bayer sensor with this 2x2 ``cell`` records of ``rgb``: one colour a pixel."""
+    h, w, _ = rgb.shape
+    out = np.zeros((h, w), np.uint8)
+    for y in range(h):
+        for x in range(w):
+            out[y, x] = rgb[y, x, "RGB".index(cell[(y % 2) * 2 + x % 2])]
+    return out
+
+
+def slow_demosaic(mosaic: np.ndarray, cell: str) -> np.ndarray:
+    """Bilinear, pixel by pixel: each colour's weighted mean over the 3x3 neighbours that have it."""
+    weights = {"R": [[1, 2, 1], [2, 4, 2], [1, 2, 1]], "G": [[0, 1, 0], [1, 4, 1], [0, 1, 0]]}
+    weights["B"] = weights["R"]
+    h, w = mosaic.shape
+    out = np.zeros((h, w, 3), np.uint8)
+    for y in range(h):
+        for x in range(w):
+            for c, colour in enumerate("RGB"):
+                total = norm = 0
+                for dy in (-1, 0, 1):
+                    for dx in (-1, 0, 1):
+                        yy, xx = y + dy, x + dx
+                        if 0 <= yy < h and 0 <= xx < w and cell[(yy % 2) * 2 + xx % 2] == colour:
+                            total += weights[colour][dy + 1][dx + 1] * int(mosaic[yy, xx])
+                            norm += weights[colour][dy + 1][dx + 1]
+                out[y, x, c] = int(total / norm + 0.5)
+    return out
+
+
+@pytest.mark.parametrize("fmt", list(BAYER_CELLS))
+def test_a_bayer_frame_is_demosaiced_as_the_slow_definition(fmt: str) -> None:
+    cell = BAYER_CELLS[fmt]
+    mosaic = RNG.integers(0, 256, (11, 14), dtype=np.uint8)
+    frame = RawFrame(14, 11, fmt, mosaic.tobytes())
+    assert np.array_equal(frame.to_rgb(), slow_demosaic(mosaic, cell))
+    assert np.array_equal(demosaic(mosaic, cell), slow_demosaic(mosaic, cell))
+    assert np.array_equal(decode_image(frame.to_png()), frame.to_rgb())  # kept as its RGB
+
+
+@pytest.mark.parametrize("fmt", list(BAYER_CELLS))
+def test_each_bayer_cell_puts_each_colour_where_it_is(fmt: str) -> None:
+    """A flat colour recorded through the format's cell comes back as that colour everywhere: a
+    cell read the wrong way round would swap red and blue, or mix green in."""
+    flat = np.empty((10, 12, 3), np.uint8)
+    flat[...] = (200, 90, 15)
+    frame = RawFrame(12, 10, fmt, mosaic_of(flat, BAYER_CELLS[fmt]).tobytes())
+    assert np.array_equal(frame.to_rgb(), flat)
+    edge = flat.copy()
+    edge[:, 6:] = (10, 240, 120)  # a vertical edge: away from it, each side keeps its colour
+    rgb = RawFrame(12, 10, fmt, mosaic_of(edge, BAYER_CELLS[fmt]).tobytes()).to_rgb()
+    assert np.array_equal(rgb[:, :4], edge[:, :4]) and np.array_equal(rgb[:, 8:], edge[:, 8:])
