@@ -10,8 +10,10 @@ Exact semantics:
   ``part_id``, ``verdict``, ``score``, ``threshold``, ``product``, ``version``, ``latency_ms``,
   ``frame``, ``late``, ``error``), UTF-8, keys in that order.
 - The station's state is retained on ``<topic>/state`` as ``{"station", "state"}``: ``ok`` once
-  connected, ``offline`` when the sink closes, and ``offline`` as the broker's last will when the
-  station's connection is lost without a goodbye (a killed process).
+  connected, then each change the station shows (``degraded`` while parts wait for an absent
+  service, ``offline`` while its camera is gone, ``ok`` again; again on a reconnect), ``offline``
+  when the sink closes, and ``offline`` as the broker's last will when the station's connection is
+  lost without a goodbye (a killed process).
 - While the broker is away, results wait in this client's queue (in memory, unbounded: the
   station's on-disk queue, a next step of issue 39, is what survives a killed station) and go
   out in order when it is back; the client reconnects every 1-2 s.
@@ -64,8 +66,9 @@ class MqttPublisher:
         self.client = mqtt_client(cfg.client_id or f"hetmm-{line}-{station}")
         self.client.max_queued_messages_set(0)  # 0: no limit; nothing is dropped while the broker is away
         self.client.max_inflight_messages_set(100)
-        self.state = state_topic(cfg.topic)
-        self.client.will_set(self.state, self._state("offline"), qos=1, retain=True)
+        self.state_topic = state_topic(cfg.topic)
+        self.shown = "ok"  # the station's state, said again on every (re)connect
+        self.client.will_set(self.state_topic, self._state("offline"), qos=1, retain=True)
         self.client.on_connect = self._on_connect
         self.client.on_disconnect = lambda *_: self.connected.clear()
         connect(self.client, cfg.broker)
@@ -75,8 +78,13 @@ class MqttPublisher:
 
     def _on_connect(self, client: Any, _userdata: Any, _flags: Any, reason: Any, _props: Any) -> None:
         if not reason.is_failure:
-            client.publish(self.state, self._state("ok"), qos=1, retain=True)
+            client.publish(self.state_topic, self._state(self.shown), qos=1, retain=True)
             self.connected.set()
+
+    def show_state(self, state: str) -> None:
+        """The station's state, retained on its state topic."""
+        self.shown = state
+        self.client.publish(self.state_topic, self._state(state), qos=1, retain=True)
 
     def publish(self, result: Any) -> None:
         self.client.publish(self.cfg.topic, json.dumps(result.to_dict()), qos=self.cfg.qos)
@@ -84,7 +92,7 @@ class MqttPublisher:
     def close(self, timeout_s: float = 10.0) -> None:
         """Say ``offline`` (retained), deliver what is queued (bounded by ``timeout_s`` when the
         broker is reachable) and disconnect."""
-        info = self.client.publish(self.state, self._state("offline"), qos=1, retain=True)
+        info = self.client.publish(self.state_topic, self._state("offline"), qos=1, retain=True)
         if self.connected.is_set():
             try:
                 info.wait_for_publish(timeout_s)

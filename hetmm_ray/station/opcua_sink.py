@@ -10,11 +10,11 @@ Exact semantics:
   ``PartId`` (String), ``Verdict`` (String: ``anomaly``, ``good``, ``timeout`` or ``error``),
   ``Score`` (Double; NaN when there is none), ``Threshold`` (Double), ``Version`` (Int64, -1 when
   none), ``Late`` (Boolean), ``Counter`` (Int64: results published since the station started,
-  the change a PLC polls for), ``State`` (String: ``ok`` while it runs, ``offline`` once it
-  stops) and ``LastResult`` (String: the result's JSON, as the MQTT sink sends it); and a method
-  ``Trigger()`` that counts the triggers asked for and returns that count (Int64). A source that
-  takes triggers (a camera's software trigger, a next step of issue 39) reads them from
-  :attr:`OpcUaStation.triggers`.
+  the change a PLC polls for), ``State`` (String: ``ok``, ``degraded`` while parts wait for an
+  absent service, ``offline`` while its camera is gone and once it stops) and ``LastResult``
+  (String: the result's JSON, as the MQTT sink sends it); and a method ``Trigger()`` that counts
+  the triggers asked for and returns that count (Int64). A source that takes triggers (a camera's
+  software trigger, a next step of issue 39) reads them from :attr:`OpcUaStation.triggers`.
 - A result's variables are written together, ``Counter`` last, so a client that sees the counter
   change reads that result's values.
 """
@@ -140,6 +140,9 @@ class OpcUaStation:
             "Counter": self.counter,
         }
         self._server.call(self._write(values))
+
+    def show_state(self, state: str) -> None:
+        self._server.call(self._write({"State": state}))
 
     def close(self) -> None:
         """``State`` ``offline``; the server stops with the last station of its endpoint."""

@@ -123,6 +123,9 @@ class Service(Protocol):
 
 
 class Sink(Protocol):
+    """Where results go; a sink that shows the station's state also has ``show_state(state)``,
+    called when it changes (``ok``, ``degraded``, ``offline``)."""
+
     def publish(self, result: PartResult) -> None: ...
 
     def close(self) -> None: ...
@@ -337,6 +340,7 @@ class StationRunner:
         self.counts: Counter[str] = Counter()
         self.on_result: Callable[[PartResult], None] | None = None  # e.g. the CLI's printing
         self.metrics: StationMetrics | None = None  # /metrics (station.metrics), when served
+        self._shown_state = "ok"  # what the sinks show (each starts at ok)
 
     def _part_id(self, frame: Frame) -> str:
         own = getattr(self.source, "default_part_id", None)  # a camera's: a counter
@@ -367,9 +371,18 @@ class StationRunner:
         return "degraded" if len(self.queue) else "ok"
 
     def report(self, state: str | None = None) -> None:
-        """The station's state and queue depth into its metrics (when served)."""
+        """The station's state and queue depth into its metrics (when served), and the state, when it
+        changed, to every sink that shows one (``show_state``: the MQTT sink's retained state topic,
+        the OPC UA sink's ``State``)."""
+        now = state or self.state
         if self.metrics is not None:
-            self.metrics.station(self.station.head.name, state=state or self.state, queued=len(self.queue))
+            self.metrics.station(self.station.head.name, state=now, queued=len(self.queue))
+        if now != self._shown_state:
+            self._shown_state = now
+            for sink in self.sinks:
+                show = getattr(sink, "show_state", None)
+                if show is not None:
+                    show(now)
 
     def _result(self, part: str, frame: str, taken: float, outcome: Future[Scored], *, late: bool) -> PartResult:
         head = self.station.head
@@ -468,6 +481,7 @@ class StationRunner:
         ready = self.source.poll()
         for item in ready:
             self._one(item)
+        self.report()
         return done + len(ready)
 
     def run(self, stop: threading.Event) -> None:

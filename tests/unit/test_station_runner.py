@@ -172,7 +172,6 @@ def test_a_frame_the_service_cannot_score_is_an_error_result_and_the_station_goe
 @pytest.mark.parametrize(
     ("station", "message"),
     [
-        ({"source": {"kind": "aravis"}}, "source aravis is not built yet"),
         ({"source": {"kind": "mqtt", "topic": "t", "payload": "none"}}, "payload none needs a camera source"),
         ({"sinks": [{"kind": "log", "path": "x.parquet"}]}, "parquet logs are not built yet"),
     ],
@@ -350,3 +349,39 @@ def test_a_grpc_service_that_is_not_there_is_away_so_the_part_waits(tmp_path: Pa
     line = load_line(line_file(tmp_path, service={"grpc": "127.0.0.1:1"}, version=1))
     with pytest.raises(ConfigError, match="the gRPC service scores the product's live version"):
         build_station(line.stations[0], tmp_path)
+
+
+class StateSink:
+    """A sink that shows the station's state (as the MQTT and OPC UA sinks do), recording each."""
+
+    def __init__(self) -> None:
+        self.states: list[str] = []
+
+    def publish(self, result: Any) -> None:
+        pass
+
+    def show_state(self, state: str) -> None:
+        self.states.append(state)
+
+    def close(self) -> None:
+        pass
+
+
+def test_the_sinks_show_degraded_while_parts_wait_then_ok_then_offline(tmp_path: Path, part) -> None:
+    fit(tmp_path, part)
+    runner = build_station(load_line(line_file(tmp_path)).stations[0], tmp_path)
+    runner.service = service = OutageService(runner.service)
+    runner.sinks.append(sink := StateSink())
+    service.down.set()
+    (tmp_path / "in" / "w1.png").write_bytes(png(part.good(61)))
+    wait_for(runner, 1)  # its timeout is out, the part waits on disk
+    assert len(runner.queue) == 1 and sink.states == ["degraded"]
+    service.down.clear()
+    end = time.monotonic() + 120
+    while len(runner.queue):
+        runner.step()
+        assert time.monotonic() < end, "the queue did not drain"
+        time.sleep(0.02)
+    assert sink.states == ["degraded", "ok"]  # said once each, when it changed
+    runner.close()
+    assert sink.states == ["degraded", "ok", "offline"]
