@@ -24,6 +24,9 @@ Exact semantics:
   gRPC INVALID_ARGUMENT ``bad_image``) naming the frame. Mono is repeated on three channels;
   ``Mono16`` keeps its high byte (``value >> 8``), as ``decode.py`` reads a 16-bit grayscale
   PNG, so a frame gives the same RGB pixels, and so the same score, raw or as a lossless PNG.
+- :meth:`RawFrame.to_canvas` is ``decode.resize_to_geometry(frame.to_rgb())``, the same pixels,
+  computed cheaper for a Mono frame: its one plane is resized (Pillow's bilinear filter treats each
+  band alike) and only then repeated on three channels (a 5 MP Mono8 frame: half the work).
 - :meth:`RawFrame.to_png` is the frame as a lossless PNG (8-bit gray, 16-bit gray or RGB), for
   what keeps frames rather than scoring them (the console's recent predictions, the inspection
   record); decoding it with ``decode.decode_image`` gives exactly :meth:`to_rgb`.
@@ -40,7 +43,8 @@ import numpy as np
 from PIL import Image
 
 from ..config import MAX_IMAGE_PIXELS, MIN_IMAGE_SIDE
-from .decode import ImageError
+from ..core.geometry import resized_shape
+from .decode import ImageError, resize_to_geometry
 
 __all__ = ["BAYER_CELLS", "PIXEL_FORMATS", "RawFrame", "demosaic", "raw_frame_of"]
 
@@ -104,6 +108,18 @@ class RawFrame:
         if self.pixel_format in BAYER_CELLS:
             return demosaic(values, BAYER_CELLS[self.pixel_format])
         gray = (values >> 8).astype(np.uint8) if self.pixel_format == "Mono16" else values
+        return np.repeat(gray[:, :, None], 3, axis=2)
+
+    def to_canvas(self, size: int, geometry: str, source: str = "<frame>") -> np.ndarray:
+        """The frame on the backbone's canvas (module doc): ``resize_to_geometry(self.to_rgb())``."""
+        if self.pixel_format not in ("Mono8", "Mono16"):
+            return resize_to_geometry(self.to_rgb(source), size, geometry)
+        self.check(source)
+        values = self._array()
+        gray = (values >> 8).astype(np.uint8) if self.pixel_format == "Mono16" else values
+        h, w = resized_shape(self.height, self.width, size, geometry)
+        if (h, w) != gray.shape:
+            gray = np.asarray(Image.fromarray(np.ascontiguousarray(gray)).resize((w, h), Image.Resampling.BILINEAR))
         return np.repeat(gray[:, :, None], 3, axis=2)
 
     def to_png(self, source: str = "<frame>") -> bytes:

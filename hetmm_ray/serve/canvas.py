@@ -91,7 +91,9 @@ def decode_to_canvas(
 
     def one(upload: tuple[str, bytes]) -> np.ndarray:
         name, data = upload
-        image = data.to_rgb(name) if isinstance(data, RawFrame) else decode_image(data, source=name)
+        if isinstance(data, RawFrame):
+            return data.to_rgb(name) if canvas is None else data.to_canvas(canvas[0], canvas[1], name)
+        image = decode_image(data, source=name)
         return image if canvas is None else resize_to_geometry(image, canvas[0], canvas[1])
 
     return load_batch(uploads, one, decode_threads(busy))  # type: ignore[return-value]

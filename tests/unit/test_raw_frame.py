@@ -157,3 +157,17 @@ def test_each_bayer_cell_puts_each_colour_where_it_is(fmt: str) -> None:
     edge[:, 6:] = (10, 240, 120)  # a vertical edge: away from it, each side keeps its colour
     rgb = RawFrame(12, 10, fmt, mosaic_of(edge, BAYER_CELLS[fmt]).tobytes()).to_rgb()
     assert np.array_equal(rgb[:, :4], edge[:, :4]) and np.array_equal(rgb[:, 8:], edge[:, 8:])
+
+
+@pytest.mark.parametrize("fmt", list(PIXEL_FORMATS))
+@pytest.mark.parametrize(("size", "geometry"), [(64, "squash"), (64, "letterbox"), (21, "squash"), (224, "squash")])
+def test_to_canvas_is_the_rgb_frame_resized(fmt: str, size: int, geometry: str) -> None:
+    """The cheaper path for Mono (its one plane resized, then repeated) gives exactly the pixels of
+    the obvious one: the whole RGB frame resized by ``resize_to_geometry``."""
+    from hetmm_ray.data.decode import resize_to_geometry
+
+    width, height = 97, 61
+    nbytes = width * height * PIXEL_FORMATS[fmt]
+    frame = RawFrame(width, height, fmt, RNG.integers(0, 256, nbytes, dtype=np.uint8).tobytes())
+    expected = resize_to_geometry(frame.to_rgb(), size, geometry)
+    assert np.array_equal(frame.to_canvas(size, geometry), expected)
