@@ -10,6 +10,7 @@ HTTP predict does (``Ingress.observe``, fed by the gRPC replicas through
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -246,3 +247,57 @@ def test_a_station_scores_raw_camera_frames_over_grpc(service: Any, tmp_path: An
         assert row["verdict"] == ("anomaly" if answer.is_anomaly else "good") and row["late"] == "False"
         assert int(row["version"]) == answer.version
     assert camera.released == [f"camera:test#{i}" for i in range(len(frames))]
+
+
+def test_a_hot_update_is_seen_by_every_stations_next_part(service: Any, tmp_path: Any) -> None:
+    """Issue 39, item 6: two stations (two lines' PCs) score on one service over gRPC; a hot update
+    published on the service is what each station's very next part is scored with, and its result
+    says so (the version), with no station restarted."""
+    import csv
+
+    import yaml
+
+    from hetmm_ray.data.raw_frame import raw_frame_of
+    from hetmm_ray.station import load_line
+    from hetmm_ray.station.runner import build_station
+
+    stations = [
+        {
+            "name": name,
+            "product": PRODUCT,
+            "source": {"kind": "folder", "path": "unused"},  # replaced by a camera below
+            "sinks": [{"kind": "log", "path": f"{name}.csv"}],
+            "deadline_ms": 600_000,
+        }
+        for name in ("line1", "line2")
+    ]
+    (tmp_path / "unused").mkdir()
+    line = {"service": {"grpc": service.grpc_target, "timeout_ms": 120_000}, "stations": stations}
+    (tmp_path / "line.yaml").write_text(yaml.safe_dump(line))
+    runners = [build_station(st, tmp_path) for st in load_line(tmp_path / "line.yaml").stations]
+
+    def one_part_each(seed: int) -> list[int]:
+        for i, runner in enumerate(runners):
+            runner.source.close()
+            runner.source = CameraFrames([raw_frame_of(GEAR.good(seed + i)[..., 1].copy())])
+            before = sum(runner.counts.values())
+            until(lambda r=runner, b=before: (r.step(), sum(r.counts.values()) > b)[1], "a part scored")
+        versions = []
+        for runner in runners:
+            with (tmp_path / f"{runner.station.head.name}.csv").open(newline="") as f:
+                versions.append(int(list(csv.DictReader(f))[-1]["version"]))
+        return versions
+
+    head = open_store(service.store).head(PRODUCT)
+    assert one_part_each(300) == [head, head]
+    files = [("images", (f"n{j}.png", png(GEAR.good(400 + j)), "image/png")) for j in range(2)]
+    with httpx.Client(base_url=service.url, timeout=300) as http:
+        r = http.post(f"/v1/products/{PRODUCT}/normals?wait=true", files=files)
+        job = r.json()["job"]
+        while job["state"] == "running":
+            time.sleep(0.3)
+            job = http.get(f"/v1/jobs/{job['id']}").json()["job"]
+    assert job["state"] == "succeeded" and job["version"] == head + 1, job
+    assert one_part_each(310) == [head + 1, head + 1]  # the very next part of each station
+    for runner in runners:
+        runner.close()
