@@ -55,7 +55,7 @@ PART_IDS = ("trigger", "file_name", "counter")
 AFTER_READ = ("keep", "move", "delete")  # what a folder source does with a file it has read
 # Aravis pixel formats a camera frame is converted from (Bayer: demosaiced to RGB).
 PIXEL_FORMATS = ("Mono8", "Mono16", "RGB8", "BayerRG8", "BayerGR8", "BayerGB8", "BayerBG8")
-TRIGGERS = ("software", "hardware")
+TRIGGERS = ("software", "hardware", "mqtt")
 MQTT_PAYLOADS = ("none", "path", "image")  # what a trigger message carries besides the part id
 LOG_FORMATS = ("csv", "parquet")
 
@@ -141,6 +141,15 @@ class AravisSource(Settings):
     exposure_us: float | None = setting(None, Range(1, 10_000_000))
     # With a software trigger: frames per second the station triggers at (null: as fast as scored).
     rate_hz: float | None = setting(None, Range(0.001, 10_000))
+    # With trigger mqtt: each message on topic names a part, and the camera takes its frame.
+    broker: str = setting("127.0.0.1:1883", Check(_port, "must be host:port"))
+    topic: str | None = setting(None, Check(_subscription, "must be a topic"))
+
+    def _check(self) -> None:
+        if (self.trigger == "mqtt") != (self.topic is not None):
+            raise ConfigError("topic: needed exactly when trigger is 'mqtt' (the messages that name the parts)")
+        if self.rate_hz is not None and self.trigger != "software":
+            raise ConfigError(f"rate_hz: only with trigger 'software', not {self.trigger!r}")
 
 
 @dataclass(frozen=True, kw_only=True)

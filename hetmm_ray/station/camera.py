@@ -13,15 +13,21 @@ Exact semantics:
 - **Trigger**: ``software``: one frame per software trigger. With ``rate_hz`` the station fires
   one that many times a second (a thread of its own, on schedule whatever the scoring does);
   without, one whenever no frame is awaited, so frames come as fast as parts are scored.
-  ``hardware``: one frame per rising edge of the camera's ``Line0``.
+  ``hardware``: one frame per rising edge of the camera's ``Line0``. ``mqtt``: a message on
+  ``topic`` (at ``broker``; QoS 1, a persistent session) names a part (``{"part_id": ...}``, the
+  bare text, or else the topic's last level) and the station fires one software trigger for it;
+  the frames come in trigger order, so each is the part of the oldest message still waiting. A
+  trigger with no frame after ``AWAIT_S`` is fired again. A message is acknowledged to the broker
+  only once its part is safe (scored or queued), so a station killed first gets it again.
 - **Frames**: a thread takes the stream's buffers. A complete buffer becomes a :class:`Frame`
   whose data is a :class:`~hetmm_ray.data.raw_frame.RawFrame` of its pixels (copied; the buffer
   goes back to the stream at once: a frame is never encoded on the station), whose ``name`` is
   the camera's frame id and whose ``ref`` is ``aravis:<device id>#<frame id>@<timestamp ns>``
-  (the camera's own id and timestamp). A part's id is a counter by default (a camera's frame id
-  restarts with the camera). An incomplete buffer (packets lost) is no part: it is counted in
-  ``frames_dropped``, as is a frame that finds ``MAX_WAITING`` frames already waiting (a camera
-  outpacing the scoring is bounded, never memory that grows); each drop is a line on stderr.
+  (the camera's own id and timestamp). A part's id is its message's with ``trigger: mqtt``, else a
+  counter by default (a camera's frame id restarts with the camera). An incomplete buffer (packets
+  lost) is no part: it is counted in ``frames_dropped``, as is a frame that finds ``MAX_WAITING``
+  frames already waiting (a camera outpacing the scoring is bounded, never memory that grows) and,
+  with ``trigger: mqtt``, a frame no message asked for; each drop is a line on stderr.
 - **Loss**: when the camera stops answering (its control lost: unplugged, powered off, the
   network gone; or a call to it fails), ``problem`` says why, :meth:`poll` returns nothing, and
   the camera is opened again every ``REOPEN_S`` until it answers (then ``problem`` is None). The
@@ -33,6 +39,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import itertools
+import json
 import sys
 import threading
 import time
@@ -105,9 +112,7 @@ def _pixel_formats(arv: Any) -> dict[int, str]:
 class AravisFrames:
     """A camera's frames as a station's :class:`~.sources.Source` (see the module docstring)."""
 
-    default_part_id = "counter"
-
-    def __init__(self, cfg: AravisSource, station: str) -> None:
+    def __init__(self, cfg: AravisSource, station: str, *, client_id: str | None = None) -> None:
         self.cfg = cfg
         self.station = station
         self.arv = aravis()
@@ -121,7 +126,13 @@ class AravisFrames:
         self._camera: Any = None
         self._stream: Any = None
         self.device_id = ""
+        self.default_part_id = "trigger" if cfg.trigger == "mqtt" else "counter"
+        self._asked: deque[Any] = deque()  # trigger messages not yet fired (trigger mqtt)
+        self._fired: deque[tuple[float, Any]] = deque()  # (when, message) fired, their frame not yet here
         self._open()  # a camera that cannot be opened at the start is refused: the line file is wrong
+        self._mqtt: Any = None
+        if cfg.trigger == "mqtt":
+            self._mqtt = self._subscribe(client_id or f"hetmm-{station}-camera-trigger")
         self._thread = threading.Thread(target=self._take_frames, name=f"camera-{station}", daemon=True)
         self._thread.start()
         self._trigger_thread: threading.Thread | None = None
@@ -148,7 +159,7 @@ class AravisFrames:
         camera.set_pixel_format_from_string(cfg.pixel_format)
         if cfg.exposure_us is not None:
             camera.set_exposure_time(cfg.exposure_us)
-        camera.set_trigger("Software" if cfg.trigger == "software" else "Line0")
+        camera.set_trigger("Line0" if cfg.trigger == "hardware" else "Software")
         camera.get_device().connect("control-lost", self._control_lost)
         stream = camera.create_stream(None, None)
         size = camera.get_payload()
@@ -183,6 +194,22 @@ class AravisFrames:
         self._awaited_since = None
         print(f"hetmm station {self.station}: camera {self.device_id!r} is back", file=sys.stderr, flush=True)
 
+    def _subscribe(self, client_id: str) -> Any:
+        from .mqtt_sink import connect, mqtt_client
+
+        client = mqtt_client(client_id, manual_ack=True)
+        self.subscribed = threading.Event()  # the broker has acknowledged the subscription
+        client.on_connect = lambda c, *_: c.subscribe(self.cfg.topic, qos=1)
+        client.on_subscribe = lambda *_: self.subscribed.set()
+        client.on_disconnect = lambda *_: self.subscribed.clear()
+        client.on_message = self._on_message
+        connect(client, self.cfg.broker)
+        return client
+
+    def _on_message(self, _client: Any, _userdata: Any, msg: Any) -> None:  # paho's network thread
+        with self._lock:
+            self._asked.append(msg)
+
     # --- the frame thread -------------------------------------------------------------------
     def _take_frames(self) -> None:
         while not self._stop.is_set():
@@ -213,11 +240,19 @@ class AravisFrames:
         ref = f"aravis:{self.device_id}#{frame_id}@{buffer.get_timestamp()}"
         with self._lock:
             self._awaited_since = None
+            message = None
+            if self._mqtt is not None:
+                if not self._fired:  # a frame no message asked for
+                    self.frames_dropped += 1
+                    print(f"hetmm station {self.station}: {ref} dropped: no trigger asked for it", file=sys.stderr)
+                    return
+                message = self._fired.popleft()[1]
             if len(self._waiting) >= MAX_WAITING:
                 self.frames_dropped += 1
                 full = True
             else:
-                self._waiting.append(Frame(ref=ref, name=str(frame_id), data=raw))
+                part = None if message is None else _part_of(message)
+                self._waiting.append(Frame(ref=ref, name=str(frame_id), part_id=part, data=raw, token=message))
                 full = False
         if full:
             print(f"hetmm station {self.station}: {ref} dropped: {MAX_WAITING} frames wait already", file=sys.stderr)
@@ -247,6 +282,8 @@ class AravisFrames:
 
     # --- the Source interface ---------------------------------------------------------------
     def poll(self) -> list[Frame]:
+        if self._mqtt is not None:
+            self._fire_asked()
         with self._lock:
             ready = list(self._waiting)
             self._waiting.clear()
@@ -260,22 +297,50 @@ class AravisFrames:
             self._trigger()
         return ready
 
+    def _fire_asked(self) -> None:
+        """One software trigger per new message, and again for one whose frame is overdue."""
+        now = time.monotonic()
+        with self._lock:
+            asked, self._asked = list(self._asked), deque()
+            overdue = bool(self._fired) and now - self._fired[0][0] > AWAIT_S
+            if overdue:  # its frame was lost: fired again, still first in line
+                self._fired[0] = (now, self._fired[0][1])
+            self._fired.extend((now, m) for m in asked)
+        for _ in range(len(asked) + overdue):
+            self._trigger()
+
     def read(self, frame: Frame) -> RawFrame:
         assert isinstance(frame.data, RawFrame)
         return frame.data
 
     def done(self, frame: Frame) -> None:
-        pass  # in memory only: nothing to let go
+        if frame.token is not None:  # its trigger message: acknowledged once the part is safe
+            self._mqtt.ack(frame.token.mid, frame.token.qos)
 
     def refused(self, frame: Frame) -> None:
         pass  # a camera cannot keep a frame: the station's error result says the part was refused
 
     def close(self) -> None:
+        if self._mqtt is not None:
+            self._mqtt.disconnect()
+            self._mqtt.loop_stop()
         self._stop.set()
         self._thread.join(timeout=5)
         if self._trigger_thread is not None:
             self._trigger_thread.join(timeout=5)
         self._close_camera()
+
+
+def _part_of(msg: Any) -> str:
+    """A trigger message's part id: ``{"part_id": ...}``, the bare text, else the topic's last level."""
+    text = bytes(msg.payload).decode("utf-8", errors="replace").strip()
+    try:
+        body = json.loads(text)
+    except ValueError:
+        body = None
+    if isinstance(body, dict) and body.get("part_id") is not None:
+        return str(body["part_id"])
+    return text if text and not isinstance(body, dict) else msg.topic.rsplit("/", 1)[-1]
 
 
 def _message(exc: BaseException) -> str:

@@ -305,7 +305,7 @@ def build_station(station: Station, base: Path, *, line: str = "line") -> Statio
         else:
             from .camera import AravisFrames  # GObject introspection only where a camera is used
 
-            source = AravisFrames(station.source, name)
+            source = AravisFrames(station.source, name, client_id=f"hetmm-{line}-{name}-camera-trigger")
     except BaseException:
         for made in sinks:
             made.close()

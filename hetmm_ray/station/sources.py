@@ -149,8 +149,8 @@ class MqttTriggers:
     the message *is* the encoded frame, and the part id is the topic's last level (publish to
     ``.../parts/<part id>``). A message is acknowledged to the broker only when the station is
     done with its frame (paho's manual acknowledgement), so a station that dies first gets it
-    again from the broker. ``payload: none`` carries no frame: it needs a camera source (a next
-    step of issue 39) and is refused here.
+    again from the broker. ``payload: none`` carries no frame: a camera takes it, so that is a
+    camera source with ``trigger: mqtt`` (``camera.py``), and refused here saying so.
     """
 
     def __init__(self, cfg: MqttSource, base: Path, *, client_id: str) -> None:
@@ -158,7 +158,10 @@ class MqttTriggers:
         from .mqtt_sink import connect, mqtt_client
 
         if cfg.payload == "none":
-            raise ConfigError("source mqtt: payload none needs a camera source to take the frame (not built yet)")
+            raise ConfigError(
+                "source mqtt: payload none needs a camera to take the frame: "
+                "use source {kind: aravis, trigger: mqtt, topic: ...}"
+            )
         self.cfg = cfg
         self.base = base
         self._messages: deque[Any] = deque()

@@ -148,3 +148,21 @@ def test_every_kind_builds_from_its_defaults_and_its_required_fields() -> None:
             assert built.kind == kind
             with pytest.raises(ConfigError, match="unknown setting"):
                 cls.from_dict({"kind": kind, **required.get(kind, {}), "colour": 1})
+
+
+@pytest.mark.parametrize(
+    ("source", "says"),
+    [
+        ({"trigger": "mqtt"}, "topic: needed exactly when trigger is 'mqtt'"),
+        ({"topic": "line/t"}, "topic: needed exactly when trigger is 'mqtt'"),
+        ({"trigger": "hardware", "rate_hz": 5}, "rate_hz: only with trigger 'software', not 'hardware'"),
+    ],
+)
+def test_a_cameras_trigger_settings_go_together(tmp_path: Path, source: dict, says: str) -> None:
+    bad = yaml.safe_load(yaml.safe_dump(GOOD))
+    bad["stations"][1]["source"] = {"kind": "aravis", **source}
+    problems = line_problems(write(tmp_path, bad))
+    assert len(problems) == 1 and problems[0].startswith("stations[1] 'station-2' source:") and says in problems[0]
+    ok = yaml.safe_load(yaml.safe_dump(GOOD))
+    ok["stations"][1]["source"] = {"kind": "aravis", "trigger": "mqtt", "topic": "line/t/#", "broker": "10.0.0.5:1883"}
+    assert line_problems(write(tmp_path, ok)) == []

@@ -10,6 +10,7 @@ GigE Vision's fixed port, so one runs at a time: every test here starts and stop
 from __future__ import annotations
 
 import csv
+import json
 import os
 import shutil
 import signal
@@ -212,3 +213,45 @@ def test_a_camera_that_goes_away_is_offline_then_taken_up_again(camera: FakeCame
     camera.start()
     run_until(lambda: runner.state == "ok" and sum(runner.counts.values()) >= before + 2, "parts again once it is back")
     runner.close()
+
+
+def test_an_mqtt_message_names_the_part_and_the_camera_takes_its_frame(camera: FakeCamera, tmp_path: Path) -> None:
+    """``trigger: mqtt`` against a real Mosquitto: each message fires the camera once, and the frame
+    that comes is that message's part (its id), in the order the messages came; each message is
+    acknowledged once its part is out."""
+    import paho.mqtt.client as mqtt
+    from test_station_mqtt import MOSQUITTO, Broker
+
+    if MOSQUITTO is None:
+        pytest.skip("needs Debian's mosquitto (apt-get install mosquitto)")
+    broker = Broker(tmp_path)
+    broker.start()
+    try:
+        fit_on_camera_frames(tmp_path)
+        topic = "line/cam1/trigger"  # the station subscribes to it and below it (a filter)
+        path = line(tmp_path, trigger="mqtt", topic=f"{topic}/#", broker=f"127.0.0.1:{broker.port}")
+        runner = build_station(load_line(path).stations[0], tmp_path)
+        assert runner.source.subscribed.wait(WAIT_S), "the trigger subscription"
+        sender = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="plc")
+        sender.connect("127.0.0.1", broker.port)
+        sender.loop_start()
+        for part in ("A-100", "A-101"):
+            sender.publish(topic, json.dumps({"part_id": part}), qos=1).wait_for_publish(WAIT_S)
+        sender.publish(f"{topic}/A-102", b"", qos=1).wait_for_publish(WAIT_S)  # the id as the topic's last level
+        end = time.monotonic() + WAIT_S
+        while sum(runner.counts.values()) < 3:
+            runner.step()
+            assert time.monotonic() < end, f"{sum(runner.counts.values())} of 3 parts"
+            time.sleep(0.02)
+        time.sleep(0.5)  # a frame no message asked for would show as a fourth part or a drop
+        runner.step()
+        sender.loop_stop()
+        runner.close()
+        with (tmp_path / "cam1.csv").open(newline="") as f:
+            rows = list(csv.DictReader(f))
+        assert [r["part_id"] for r in rows] == ["A-100", "A-101", "A-102"]
+        assert all(r["verdict"] in ("good", "anomaly") for r in rows)
+        ids = [int(r["frame"].split("#")[1].split("@")[0]) for r in rows]
+        assert ids == sorted(set(ids)) and runner.source.frames_dropped == 0
+    finally:
+        broker.stop()
