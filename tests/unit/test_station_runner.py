@@ -172,7 +172,7 @@ def test_a_frame_the_service_cannot_score_is_an_error_result_and_the_station_goe
 @pytest.mark.parametrize(
     ("station", "message"),
     [
-        ({"source": {"kind": "mqtt", "topic": "t", "payload": "none"}}, "payload none needs a camera to take the frame"),
+        ({"source": {"kind": "mqtt", "topic": "t", "payload": "none"}}, "payload none needs a camera"),
         ({"sinks": [{"kind": "log", "path": "x.parquet"}]}, "parquet logs are not built yet"),
     ],
 )
