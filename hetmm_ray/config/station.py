@@ -37,6 +37,7 @@ __all__ = [
     "AravisSource",
     "FolderSource",
     "LogSink",
+    "MqttLogin",
     "MqttSink",
     "MqttSource",
     "OpcUaSink",
@@ -130,8 +131,27 @@ class FolderSource(Settings):
             )
 
 
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
 @dataclass(frozen=True, kw_only=True)
-class AravisSource(Settings):
+class MqttLogin(Settings):
+    """A broker's login: ``username``, and the environment variable holding the password (a line
+    file names it, never holds it). Without a username the client connects anonymously."""
+
+    username: str | None = setting(None, Check(_text, "must be a user name"))
+    password_env: str | None = setting(
+        None,
+        Check(lambda v: isinstance(v, str) and bool(_ENV_NAME.fullmatch(v)), "must be an environment variable's name"),
+    )
+
+    def _check(self) -> None:
+        if self.password_env is not None and self.username is None:
+            raise ConfigError("password_env: give the username it is the password of")
+
+
+@dataclass(frozen=True, kw_only=True)
+class AravisSource(MqttLogin):
     """A GigE Vision / USB3 Vision camera through Aravis (``camera``: its Aravis id; null: the first)."""
 
     kind: str = setting("aravis", OneOf(("aravis",), "source kind"))
@@ -146,6 +166,7 @@ class AravisSource(Settings):
     topic: str | None = setting(None, Check(_subscription, "must be a topic"))
 
     def _check(self) -> None:
+        super()._check()
         if (self.trigger == "mqtt") != (self.topic is not None):
             raise ConfigError("topic: needed exactly when trigger is 'mqtt' (the messages that name the parts)")
         if self.rate_hz is not None and self.trigger != "software":
@@ -153,7 +174,7 @@ class AravisSource(Settings):
 
 
 @dataclass(frozen=True, kw_only=True)
-class MqttSource(Settings):
+class MqttSource(MqttLogin):
     """A trigger message on ``topic`` names the part and may carry the image or a path to it."""
 
     kind: str = setting("mqtt", OneOf(("mqtt",), "source kind"))
@@ -163,7 +184,7 @@ class MqttSource(Settings):
 
 
 @dataclass(frozen=True, kw_only=True)
-class MqttSink(Settings):
+class MqttSink(MqttLogin):
     """Results published to ``topic`` (QoS 1, a persistent session); the station's state retained
     on ``<topic>/state``."""
 

@@ -14,6 +14,10 @@ Exact semantics:
   service, ``offline`` while its camera is gone, ``ok`` again; again on a reconnect), ``offline``
   when the sink closes, and ``offline`` as the broker's last will when the station's connection is
   lost without a goodbye (a killed process).
+- ``username`` (and ``password_env``, the environment variable holding its password) log in; a
+  broker that refuses the connection (bad credentials, not authorised) is said once on stderr,
+  naming the broker and its reason, and the station shows ``degraded`` until it accepts (results
+  wait meanwhile, as while the broker is away).
 - While the broker is away, results wait in this client's queue (in memory, unbounded: the
   station's on-disk queue, a next step of issue 39, is what survives a killed station) and go
   out in order when it is back; the client reconnects every 1-2 s.
@@ -22,12 +26,15 @@ Exact semantics:
 from __future__ import annotations
 
 import json
+import os
+import sys
 import threading
 from typing import Any
 
-from ..config.station import MqttSink
+from ..config import ConfigError
+from ..config.station import MqttLogin, MqttSink
 
-__all__ = ["MqttPublisher", "connect", "mqtt_client", "state_topic"]
+__all__ = ["MqttPublisher", "Refusals", "connect", "mqtt_client", "state_topic"]
 
 RECONNECT_S = (1, 2)  # paho's reconnect delay, first and longest (s)
 KEEPALIVE_S = 15
@@ -45,11 +52,41 @@ def mqtt_client(client_id: str, **options: Any) -> Any:
     return client
 
 
-def connect(client: Any, broker: str) -> None:
-    """Connect in the background to ``host:port`` and start the client's network thread."""
+def connect(client: Any, broker: str, login: MqttLogin | None = None) -> None:
+    """Connect in the background to ``host:port`` (as ``login``'s user, its password read from
+    the environment variable it names) and start the client's network thread."""
+    if login is not None and login.username is not None:
+        password = None
+        if login.password_env is not None:
+            password = os.environ.get(login.password_env)
+            if password is None:
+                raise ConfigError(f"password_env: {login.password_env} is not set in the station's environment")
+        client.username_pw_set(login.username, password)
     host, port = broker.rsplit(":", 1)
     client.connect_async(host.strip("[]"), int(port), keepalive=KEEPALIVE_S)
     client.loop_start()
+
+
+class Refusals:
+    """A broker's refusals of one client's connection (bad credentials, not authorised): each new
+    one said once on stderr, and ``problem`` while it lasts."""
+
+    def __init__(self, who: str, broker: str) -> None:
+        self.who, self.broker = who, broker
+        self.problem: str | None = None
+
+    def seen(self, reason: Any) -> bool:
+        """Note a CONNACK's ``reason``; True when the connection was accepted."""
+        if not reason.is_failure:
+            if self.problem is not None:
+                print(f"hetmm station: the MQTT broker {self.broker} accepts {self.who} now", file=sys.stderr)
+            self.problem = None
+            return True
+        problem = f"the MQTT broker {self.broker} refused {self.who}: {reason}"
+        if problem != self.problem:
+            print(f"hetmm station: {problem}", file=sys.stderr, flush=True)
+        self.problem = problem
+        return False
 
 
 def state_topic(topic: str) -> str:
@@ -63,7 +100,8 @@ class MqttPublisher:
         self.cfg = cfg
         self.station = station
         self.connected = threading.Event()
-        self.client = mqtt_client(cfg.client_id or f"hetmm-{line}-{station}")
+        client_id = cfg.client_id or f"hetmm-{line}-{station}"
+        self.client = mqtt_client(client_id)
         self.client.max_queued_messages_set(0)  # 0: no limit; nothing is dropped while the broker is away
         self.client.max_inflight_messages_set(100)
         self.state_topic = state_topic(cfg.topic)
@@ -71,13 +109,19 @@ class MqttPublisher:
         self.client.will_set(self.state_topic, self._state("offline"), qos=1, retain=True)
         self.client.on_connect = self._on_connect
         self.client.on_disconnect = lambda *_: self.connected.clear()
-        connect(self.client, cfg.broker)
+        self.refusals = Refusals(f"station {station}'s results (client {client_id})", cfg.broker)
+        connect(self.client, cfg.broker, cfg)
+
+    @property
+    def problem(self) -> str | None:
+        """Why results cannot go out (the broker refuses this client), or None."""
+        return self.refusals.problem
 
     def _state(self, state: str) -> str:
         return json.dumps({"station": self.station, "state": state})
 
     def _on_connect(self, client: Any, _userdata: Any, _flags: Any, reason: Any, _props: Any) -> None:
-        if not reason.is_failure:
+        if self.refusals.seen(reason):
             client.publish(self.state_topic, self._state(self.shown), qos=1, retain=True)
             self.connected.set()
 

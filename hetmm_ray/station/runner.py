@@ -365,10 +365,12 @@ class StationRunner:
     @property
     def state(self) -> str:
         """``offline`` (the source has a ``problem``: a camera gone), ``degraded`` (parts waiting for
-        an absent service) or ``ok``."""
+        an absent service, or a sink with a ``problem``: a broker refusing its login) or ``ok``."""
         if getattr(self.source, "problem", None):
             return "offline"
-        return "degraded" if len(self.queue) else "ok"
+        if len(self.queue) or any(getattr(sink, "problem", None) for sink in self.sinks):
+            return "degraded"
+        return "ok"
 
     def report(self, state: str | None = None) -> None:
         """The station's state and queue depth into its metrics (when served), and the state, when it

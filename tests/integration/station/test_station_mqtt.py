@@ -41,7 +41,7 @@ TOPIC = "line/press-3/s1"
 class Broker:
     """A Mosquitto on 127.0.0.1 with persistence (sessions and queued messages survive a restart)."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, users: dict[str, str] | None = None) -> None:
         assert MOSQUITTO is not None, "mosquitto is not installed (CI=true: .ci/run installs it)"
         self.port = free_port()
         self.conf = folder / "mosquitto.conf"
@@ -49,8 +49,16 @@ class Broker:
         # user: started as root, mosquitto drops to the "mosquitto" user unless told otherwise, and
         # could then not save its persistence file (the sessions) in this test's folder.
         user = pwd.getpwuid(os.getuid()).pw_name
+        login = "allow_anonymous true\n"
+        if users:  # these users only, each with its password (mosquitto_passwd writes the hashes)
+            passwords = folder / "passwords"
+            for name, password in users.items():
+                create = [] if passwords.exists() else ["-c"]
+                subprocess.run(["mosquitto_passwd", *create, "-b", str(passwords), name, password], check=True)
+            passwords.chmod(0o600)
+            login = f"allow_anonymous false\npassword_file {passwords}\n"
         self.conf.write_text(
-            f"listener {self.port} 127.0.0.1\nallow_anonymous true\npersistence true\n"
+            f"listener {self.port} 127.0.0.1\n{login}persistence true\n"
             f"persistence_location {folder / 'data'}/\nlog_dest stderr\nuser {user}\n"
         )
         self.log = (folder / "mosquitto.log").open("ab")
@@ -233,3 +241,70 @@ def test_an_mqtt_trigger_names_the_part_and_brings_its_frame(tmp_path: Path, bro
         assert all(r["verdict"] in ("good", "anomaly") for r in logged)
     finally:
         runner.close()
+
+
+def test_a_broker_refusing_the_login_is_said_and_the_other_station_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 39's bad input: one station logs in with a wrong password, the other with the right
+    one. The refusal is one line on stderr naming the broker and its reason and the station shows
+    degraded (its results wait); the other station's results reach the broker."""
+    broker = Broker(tmp_path, users={"line": "right-password"})
+    broker.start()
+    monkeypatch.setenv("HETMM_TEST_MQTT_WRONG", "wrong-password")
+    monkeypatch.setenv("HETMM_TEST_MQTT_RIGHT", "right-password")
+    part = SyntheticProduct(seed=3, size=64)
+    operations.fit(
+        open_store(tmp_path / "store"), "p", DetectorConfig.from_dict(TINY_CONFIG), [part.good(i) for i in range(4)]
+    )
+    stations = []
+    for name, env in (("s1", "HETMM_TEST_MQTT_WRONG"), ("s2", "HETMM_TEST_MQTT_RIGHT")):
+        (tmp_path / name).mkdir()
+        login = {"username": "line", "password_env": env}
+        stations.append(
+            {
+                "name": name,
+                "product": "p",
+                "source": {"kind": "folder", "path": name, "after": "delete", "settle_ms": 0},
+                "deadline_ms": 600_000,
+                "sinks": [
+                    {"kind": "log", "path": f"{name}.csv"},
+                    {"kind": "mqtt", "broker": f"127.0.0.1:{broker.port}", "topic": f"line/{name}", **login},
+                ],
+            }
+        )
+    (tmp_path / "line.yaml").write_text(yaml.safe_dump({"service": {"in_process": "store"}, "stations": stations}))
+    import paho.mqtt.client as mqtt
+
+    received: list[str] = []
+    sub = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="checker")
+    sub.username_pw_set("line", "right-password")
+    sub.on_connect = lambda c, *_: c.subscribe("line/+", qos=1)
+    sub.on_message = lambda _c, _u, msg: received.append(msg.topic)
+    sub.connect("127.0.0.1", broker.port)
+    sub.loop_start()
+    runners = [build_station(st, tmp_path) for st in load_line(tmp_path / "line.yaml").stations]
+    try:
+        for runner in runners:
+            (tmp_path / runner.station.head.name / "part.png").write_bytes(png(part.good(50)))
+        end = time.monotonic() + WAIT_S
+        while not (sum(runners[0].counts.values()) and sum(runners[1].counts.values()) and "line/s2" in received):
+            for runner in runners:
+                runner.step()
+            assert time.monotonic() < end, f"both stations scoring; received {received}"
+            time.sleep(0.05)
+        while runners[0].state != "degraded":  # the refusal comes back from the broker on its own time
+            runners[0].step()
+            assert time.monotonic() < end, "station s1 shows degraded"
+            time.sleep(0.05)
+        assert runners[1].state == "ok" and "line/s1" not in received
+        refused = [line for line in capsys.readouterr().err.splitlines() if "refused" in line]
+        assert len(refused) == 1, refused  # said once, not on every reconnect
+        assert f"127.0.0.1:{broker.port} refused station s1's results" in refused[0]
+        assert "authori" in refused[0].lower() or "password" in refused[0].lower(), refused[0]
+    finally:
+        for runner in runners:
+            runner.close()
+        sub.loop_stop()
+        sub.disconnect()
+        broker.stop()
