@@ -56,7 +56,7 @@ PART_IDS = ("trigger", "file_name", "counter")
 AFTER_READ = ("keep", "move", "delete")  # what a folder source does with a file it has read
 # Aravis pixel formats a camera frame is converted from (Bayer: demosaiced to RGB).
 PIXEL_FORMATS = ("Mono8", "Mono16", "RGB8", "BayerRG8", "BayerGR8", "BayerGB8", "BayerBG8")
-TRIGGERS = ("software", "hardware", "mqtt")
+TRIGGERS = ("software", "hardware", "mqtt", "opcua")
 MQTT_PAYLOADS = ("none", "path", "image")  # what a trigger message carries besides the part id
 LOG_FORMATS = ("csv", "parquet")
 

@@ -19,6 +19,8 @@ Exact semantics:
   the frames come in trigger order, so each is the part of the oldest message still waiting. A
   trigger with no frame after ``AWAIT_S`` is fired again. A message is acknowledged to the broker
   only once its part is safe (scored or queued), so a station killed first gets it again.
+  ``opcua``: each call of the ``Trigger()`` method of the station's OPC UA object (its ``opcua``
+  sink, which it needs) fires one software trigger; the parts are counted.
 - **Frames**: a thread takes the stream's buffers. A complete buffer becomes a :class:`Frame`
   whose data is a :class:`~hetmm_ray.data.raw_frame.RawFrame` of its pixels (copied; the buffer
   goes back to the stream at once: a frame is never encoded on the station), whose ``name`` is
@@ -44,6 +46,7 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -127,6 +130,8 @@ class AravisFrames:
         self._stream: Any = None
         self.device_id = ""
         self.default_part_id = "trigger" if cfg.trigger == "mqtt" else "counter"
+        self.trigger_calls: Callable[[], int] | None = None  # trigger opcua: the calls so far (the runner's)
+        self._calls_fired = 0
         self._asked: deque[Any] = deque()  # trigger messages not yet fired (trigger mqtt)
         self._fired: deque[tuple[float, Any]] = deque()  # (when, message) fired, their frame not yet here
         self._open()  # a camera that cannot be opened at the start is refused: the line file is wrong
@@ -285,6 +290,11 @@ class AravisFrames:
     def poll(self) -> list[Frame]:
         if self._mqtt is not None:
             self._fire_asked()
+        if self.trigger_calls is not None:
+            calls = self.trigger_calls()
+            for _ in range(calls - self._calls_fired):
+                self._trigger()
+            self._calls_fired = calls
         with self._lock:
             ready = list(self._waiting)
             self._waiting.clear()

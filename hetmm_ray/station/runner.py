@@ -304,8 +304,17 @@ def build_station(station: Station, base: Path, *, line: str = "line") -> Statio
             source = MqttTriggers(station.source, base, client_id=f"hetmm-{line}-{name}-trigger")
         else:
             from .camera import AravisFrames  # GObject introspection only where a camera is used
+            from .opcua_sink import OpcUaStation
 
+            plc = [s for s in sinks if isinstance(s, OpcUaStation)]
+            if station.source.trigger == "opcua" and not plc:
+                raise ConfigError(
+                    f"station {name!r}: source aravis with trigger opcua needs an opcua sink "
+                    "(its Trigger() method fires the camera)"
+                )
             source = AravisFrames(station.source, name, client_id=f"hetmm-{line}-{name}-camera-trigger")
+            if station.source.trigger == "opcua":
+                source.trigger_calls = lambda: plc[0].triggers
     except BaseException:
         for made in sinks:
             made.close()

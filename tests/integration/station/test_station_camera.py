@@ -9,6 +9,7 @@ GigE Vision's fixed port, so one runs at a time: every test here starts and stop
 
 from __future__ import annotations
 
+import asyncio
 import csv
 import json
 import os
@@ -255,3 +256,40 @@ def test_an_mqtt_message_names_the_part_and_the_camera_takes_its_frame(camera: F
         assert ids == sorted(set(ids)) and runner.source.frames_dropped == 0
     finally:
         broker.stop()
+
+
+def test_a_plc_calling_trigger_over_opc_ua_fires_the_camera(camera: FakeCamera, tmp_path: Path) -> None:
+    """``trigger: opcua``: each call of the station's OPC UA ``Trigger()`` (an asyncua client over
+    TCP, as a PLC would) fires the camera once, and only then does a part come."""
+    from helpers import free_port
+    from test_station_opcua import NAMESPACE, read_station
+
+    fit_on_camera_frames(tmp_path)
+    url = f"opc.tcp://127.0.0.1:{free_port()}/hetmm"
+    path = line(tmp_path, trigger="opcua")
+    data = yaml.safe_load(path.read_text())
+    data["stations"][0]["sinks"].append({"kind": "opcua", "endpoint": url, "namespace": NAMESPACE})
+    path.write_text(yaml.safe_dump(data))
+    runner = build_station(load_line(path).stations[0], tmp_path)
+    try:
+        end = time.monotonic() + 1.0
+        while time.monotonic() < end:  # no call, no part
+            runner.step()
+            time.sleep(0.05)
+        assert sum(runner.counts.values()) == 0
+        for calls in (1, 2):
+            assert asyncio.run(read_station(url, "cam1", trigger=True))["trigger"] == calls
+            end = time.monotonic() + WAIT_S
+            while sum(runner.counts.values()) < calls:
+                runner.step()
+                assert time.monotonic() < end, f"part {calls} after {calls} Trigger() calls"
+                time.sleep(0.02)
+        values = asyncio.run(read_station(url, "cam1"))
+        assert values["Counter"] == 2 and values["PartId"] == "2" and values["Verdict"] in ("good", "anomaly")
+    finally:
+        runner.close()
+    broken = yaml.safe_load(path.read_text())
+    broken["stations"][0]["sinks"] = [{"kind": "log", "path": "cam1.csv"}]
+    path.write_text(yaml.safe_dump(broken))
+    with pytest.raises(ConfigError, match="trigger opcua needs an opcua sink"):
+        build_station(load_line(path).stations[0], tmp_path)
