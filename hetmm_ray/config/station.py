@@ -152,7 +152,11 @@ class MqttLogin(Settings):
 
 @dataclass(frozen=True, kw_only=True)
 class AravisSource(MqttLogin):
-    """A GigE Vision / USB3 Vision camera through Aravis (``camera``: its Aravis id; null: the first)."""
+    """A GigE Vision / USB3 Vision camera through Aravis (``camera``: its Aravis id or a GigE
+    camera's IP address; null: the first found). ``trigger``: ``software`` (at ``rate_hz``, or as
+    fast as parts are scored), ``hardware`` (the camera's Line0), ``mqtt`` (a message on ``topic``
+    at ``broker`` names each part) or ``opcua`` (each call of the station's OPC UA ``Trigger()``);
+    station/camera.py says exactly what each does."""
 
     kind: str = setting("aravis", OneOf(("aravis",), "source kind"))
     camera: str | None = setting(None, Check(_text, "must be an Aravis camera id"))
