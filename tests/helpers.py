@@ -87,6 +87,19 @@ def tiled_served(ts: Any, backbone: Any, version: int, config: Any = None) -> An
 
 
 # A tiny product for tests of what surrounds scoring (stations): fits and scores in seconds on a CPU.
+def folder_station(base: Path, name: str, *sinks: dict, product: str = "p") -> dict:
+    """A line file's station that scores the files put in ``base / name`` (made here; each deleted
+    once done) and logs them to ``<name>.csv``, with ``sinks`` besides."""
+    (base / name).mkdir()
+    return {
+        "name": name,
+        "product": product,
+        "source": {"kind": "folder", "path": name, "after": "delete", "settle_ms": 0},
+        "deadline_ms": 600_000,  # a loaded machine's first part loads its model: no timeout row
+        "sinks": [{"kind": "log", "path": f"{name}.csv"}, *sinks],
+    }
+
+
 TINY_CONFIG = {
     "backbone": {"name": "resnet18", "weights": "random", "image_size": 32, "layers": ["layer2", "layer3"]},
     "scoring": {"forward_windows": [3, 3], "backward_windows": [3, 3], "alphas": [0.5, 0.5], "layer_weights": [1, 1]},

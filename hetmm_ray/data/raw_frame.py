@@ -107,16 +107,18 @@ class RawFrame:
             return values.copy()  # writable and owned, as a decoded image is
         if self.pixel_format in BAYER_CELLS:
             return demosaic(values, BAYER_CELLS[self.pixel_format])
-        gray = (values >> 8).astype(np.uint8) if self.pixel_format == "Mono16" else values
-        return np.repeat(gray[:, :, None], 3, axis=2)
+        return np.repeat(self._gray(values)[:, :, None], 3, axis=2)
+
+    def _gray(self, values: np.ndarray) -> np.ndarray:
+        """A Mono frame's 8-bit plane: Mono16 keeps its high byte (module doc)."""
+        return (values >> 8).astype(np.uint8) if self.pixel_format == "Mono16" else values
 
     def to_canvas(self, size: int, geometry: str, source: str = "<frame>") -> np.ndarray:
         """The frame on the backbone's canvas (module doc): ``resize_to_geometry(self.to_rgb())``."""
         if self.pixel_format not in ("Mono8", "Mono16"):
             return resize_to_geometry(self.to_rgb(source), size, geometry)
         self.check(source)
-        values = self._array()
-        gray = (values >> 8).astype(np.uint8) if self.pixel_format == "Mono16" else values
+        gray = self._gray(self._array())
         h, w = resized_shape(self.height, self.width, size, geometry)
         if (h, w) != gray.shape:
             gray = np.asarray(Image.fromarray(np.ascontiguousarray(gray)).resize((w, h), Image.Resampling.BILINEAR))

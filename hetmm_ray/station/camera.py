@@ -200,16 +200,10 @@ class AravisFrames:
         print(f"hetmm station {self.station}: camera {self.device_id!r} is back", file=sys.stderr, flush=True)
 
     def _subscribe(self, client_id: str) -> Any:
-        from .mqtt_sink import Refusals, connect, mqtt_client
+        from .mqtt_sink import trigger_subscriber
 
-        client = mqtt_client(client_id, manual_ack=True)
-        self.subscribed = threading.Event()  # the broker has acknowledged the subscription
-        refusals = Refusals(f"the camera trigger's client {client_id}", self.cfg.broker)
-        client.on_connect = lambda c, _u, _f, reason, _p: refusals.seen(reason) and c.subscribe(self.cfg.topic, qos=1)
-        client.on_subscribe = lambda *_: self.subscribed.set()
-        client.on_disconnect = lambda *_: self.subscribed.clear()
-        client.on_message = self._on_message
-        connect(client, self.cfg.broker, self.cfg)
+        who = f"the camera trigger's client {client_id}"
+        client, self.subscribed, _ = trigger_subscriber(client_id, self.cfg, self._on_message, who)
         return client
 
     def _on_message(self, _client: Any, _userdata: Any, msg: Any) -> None:  # paho's network thread

@@ -34,7 +34,7 @@ from typing import Any
 from ..config import ConfigError
 from ..config.station import MqttLogin, MqttSink
 
-__all__ = ["MqttPublisher", "Refusals", "connect", "mqtt_client", "state_topic"]
+__all__ = ["MqttPublisher", "Refusals", "connect", "mqtt_client", "state_topic", "trigger_subscriber"]
 
 RECONNECT_S = (1, 2)  # paho's reconnect delay, first and longest (s)
 KEEPALIVE_S = 15
@@ -87,6 +87,21 @@ class Refusals:
             print(f"hetmm station: {problem}", file=sys.stderr, flush=True)
         self.problem = problem
         return False
+
+
+def trigger_subscriber(client_id: str, cfg: Any, on_message: Any, who: str) -> tuple[Any, threading.Event, Refusals]:
+    """A client subscribed to ``cfg.topic`` at ``cfg.broker`` (as ``cfg``'s login) with manual
+    acknowledgement, as every trigger source takes its messages: the client, an Event set while the
+    broker has acknowledged the subscription, and the broker's refusals of ``who``."""
+    client = mqtt_client(client_id, manual_ack=True)
+    subscribed = threading.Event()
+    refusals = Refusals(who, cfg.broker)
+    client.on_connect = lambda c, _u, _f, reason, _p: refusals.seen(reason) and c.subscribe(cfg.topic, qos=1)
+    client.on_subscribe = lambda *_: subscribed.set()
+    client.on_disconnect = lambda *_: subscribed.clear()
+    client.on_message = on_message
+    connect(client, cfg.broker, cfg)
+    return client, subscribed, refusals
 
 
 def state_topic(topic: str) -> str:

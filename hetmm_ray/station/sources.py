@@ -155,7 +155,7 @@ class MqttTriggers:
 
     def __init__(self, cfg: MqttSource, base: Path, *, client_id: str) -> None:
         from ..config import ConfigError
-        from .mqtt_sink import Refusals, connect, mqtt_client
+        from .mqtt_sink import trigger_subscriber
 
         if cfg.payload == "none":
             raise ConfigError(
@@ -166,16 +166,8 @@ class MqttTriggers:
         self.base = base
         self._messages: deque[Any] = deque()
         self._lock = threading.Lock()
-        self.client = mqtt_client(client_id, manual_ack=True)
-        self.subscribed = threading.Event()  # the broker has acknowledged the subscription
-        self.refusals = Refusals(f"the trigger messages' client {client_id}", cfg.broker)
-        self.client.on_connect = lambda c, _u, _f, reason, _p: (
-            self.refusals.seen(reason) and c.subscribe(cfg.topic, qos=1)
-        )
-        self.client.on_subscribe = lambda *_: self.subscribed.set()
-        self.client.on_disconnect = lambda *_: self.subscribed.clear()
-        self.client.on_message = self._on_message
-        connect(self.client, cfg.broker, cfg)
+        who = f"the trigger messages' client {client_id}"
+        self.client, self.subscribed, self.refusals = trigger_subscriber(client_id, cfg, self._on_message, who)
 
     def _on_message(self, _client: Any, _userdata: Any, msg: Any) -> None:
         with self._lock:

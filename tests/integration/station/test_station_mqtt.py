@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 import yaml
-from helpers import TINY_CONFIG, free_port, png
+from helpers import TINY_CONFIG, folder_station, free_port, png
 
 from hetmm_ray import operations
 from hetmm_ray.config import DetectorConfig
@@ -257,22 +257,11 @@ def test_a_broker_refusing_the_login_is_said_and_the_other_station_goes_on(
     operations.fit(
         open_store(tmp_path / "store"), "p", DetectorConfig.from_dict(TINY_CONFIG), [part.good(i) for i in range(4)]
     )
-    stations = []
-    for name, env in (("s1", "HETMM_TEST_MQTT_WRONG"), ("s2", "HETMM_TEST_MQTT_RIGHT")):
-        (tmp_path / name).mkdir()
-        login = {"username": "line", "password_env": env}
-        stations.append(
-            {
-                "name": name,
-                "product": "p",
-                "source": {"kind": "folder", "path": name, "after": "delete", "settle_ms": 0},
-                "deadline_ms": 600_000,
-                "sinks": [
-                    {"kind": "log", "path": f"{name}.csv"},
-                    {"kind": "mqtt", "broker": f"127.0.0.1:{broker.port}", "topic": f"line/{name}", **login},
-                ],
-            }
-        )
+    login = {"kind": "mqtt", "broker": f"127.0.0.1:{broker.port}", "username": "line"}
+    stations = [
+        folder_station(tmp_path, name, {**login, "topic": f"line/{name}", "password_env": env})
+        for name, env in (("s1", "HETMM_TEST_MQTT_WRONG"), ("s2", "HETMM_TEST_MQTT_RIGHT"))
+    ]
     (tmp_path / "line.yaml").write_text(yaml.safe_dump({"service": {"in_process": "store"}, "stations": stations}))
     import paho.mqtt.client as mqtt
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from helpers import TINY_CONFIG, free_port, png
+from helpers import TINY_CONFIG, folder_station, free_port, png
 
 from hetmm_ray import operations
 from hetmm_ray.config import DetectorConfig
@@ -43,21 +43,8 @@ def test_a_plc_reads_each_stations_last_result_and_calls_trigger(tmp_path: Path)
     )
     port = free_port()
     url = f"opc.tcp://127.0.0.1:{port}/hetmm"
-    stations = []
-    for name in ("s1", "s2"):  # two stations on one server
-        (tmp_path / name).mkdir()
-        stations.append(
-            {
-                "name": name,
-                "product": "p",
-                "source": {"kind": "folder", "path": name, "after": "delete", "settle_ms": 0},
-                "deadline_ms": 600_000,
-                "sinks": [
-                    {"kind": "log", "path": f"{name}.csv"},
-                    {"kind": "opcua", "endpoint": url, "namespace": NAMESPACE},
-                ],
-            }
-        )
+    opcua = {"kind": "opcua", "endpoint": url, "namespace": NAMESPACE}
+    stations = [folder_station(tmp_path, name, opcua) for name in ("s1", "s2")]  # two stations on one server
     (tmp_path / "line.yaml").write_text(yaml.safe_dump({"service": {"in_process": "store"}, "stations": stations}))
     line = load_line(tmp_path / "line.yaml")
     runners = [build_station(st, tmp_path) for st in line.stations]
