@@ -18,9 +18,12 @@ Exact semantics:
   broker that refuses the connection (bad credentials, not authorised) is said once on stderr,
   naming the broker and its reason, and the station shows ``degraded`` until it accepts (results
   wait meanwhile, as while the broker is away).
-- While the broker is away, results wait in this client's queue (in memory, unbounded: the
-  station's on-disk queue, a next step of issue 39, is what survives a killed station) and go
-  out in order when it is back; the client reconnects every 1-2 s.
+- While the broker is away, results wait in this client's queue and go out in order when it is
+  back; the client reconnects every 1-2 s. With an ``outbox`` (``outbox.py``; the station gives
+  every QoS 1 or 2 sink one in its queue folder), each result is on disk before it goes out and
+  until the broker acknowledges it, so a killed station sends, at its next start and before
+  anything new, what the broker had not acknowledged; :meth:`MqttPublisher.published_keys` says
+  which frames' results were out before that start.
 """
 
 from __future__ import annotations
@@ -29,10 +32,12 @@ import json
 import os
 import sys
 import threading
+from pathlib import Path
 from typing import Any
 
 from ..config import ConfigError
 from ..config.station import MqttLogin, MqttSink
+from .outbox import Outbox
 
 __all__ = ["MqttPublisher", "Refusals", "connect", "mqtt_client", "state_topic", "trigger_subscriber"]
 
@@ -111,12 +116,12 @@ def state_topic(topic: str) -> str:
 class MqttPublisher:
     """The sink of one station (see the module docstring)."""
 
-    def __init__(self, cfg: MqttSink, *, station: str, line: str) -> None:
+    def __init__(self, cfg: MqttSink, *, station: str, line: str, outbox: Path | None = None) -> None:
         self.cfg = cfg
         self.station = station
         self.connected = threading.Event()
-        client_id = cfg.client_id or f"hetmm-{line}-{station}"
-        self.client = mqtt_client(client_id)
+        self.client_id = cfg.client_id or f"hetmm-{line}-{station}"
+        self.client = mqtt_client(self.client_id)
         self.client.max_queued_messages_set(0)  # 0: no limit; nothing is dropped while the broker is away
         self.client.max_inflight_messages_set(100)
         self.state_topic = state_topic(cfg.topic)
@@ -124,8 +129,45 @@ class MqttPublisher:
         self.client.will_set(self.state_topic, self._state("offline"), qos=1, retain=True)
         self.client.on_connect = self._on_connect
         self.client.on_disconnect = lambda *_: self.connected.clear()
-        self.refusals = Refusals(f"station {station}'s results (client {client_id})", cfg.broker)
+        self.client.on_publish = self._on_publish
+        self.refusals = Refusals(f"station {station}'s results (client {self.client_id})", cfg.broker)
+        # Acknowledgements: paho calls on_publish holding its own lock, which publish() takes too, so
+        # this lock is never held across a call into paho; an acknowledgement that comes before
+        # publish() has returned its mid waits in _early.
+        self._lock = threading.Lock()
+        self._inflight: dict[int, int | None] = {}  # mid -> outbox seq (None: not kept)
+        self._early: set[int] = set()
+        self.outbox = Outbox(outbox) if outbox is not None and cfg.qos > 0 else None
+        self._before = self.outbox.keys() if self.outbox is not None else frozenset()
+        for pending in self.outbox.unsent() if self.outbox is not None else []:  # first, in order
+            self._send(pending.topic, pending.payload, cfg.qos, False, pending.seq)
         connect(self.client, cfg.broker, cfg)
+
+    def published_keys(self) -> frozenset[str]:
+        """The keys of the frames whose results this sink had taken before this start (its outbox)."""
+        return self._before
+
+    def _send(self, topic: str, payload: str | bytes, qos: int, retain: bool, seq: int | None) -> None:
+        mid = self.client.publish(topic, payload, qos=qos, retain=retain).mid
+        if qos == 0:
+            return
+        with self._lock:
+            acked = mid in self._early
+            if acked:
+                self._early.discard(mid)
+            else:
+                self._inflight[mid] = seq
+        if acked and seq is not None and self.outbox is not None:
+            self.outbox.sent(seq)
+
+    def _on_publish(self, _client: Any, _userdata: Any, mid: int, *_: Any) -> None:
+        with self._lock:
+            if mid not in self._inflight:
+                self._early.add(mid)
+                return
+            seq = self._inflight.pop(mid)
+        if seq is not None and self.outbox is not None:
+            self.outbox.sent(seq)
 
     @property
     def problem(self) -> str | None:
@@ -137,21 +179,25 @@ class MqttPublisher:
 
     def _on_connect(self, client: Any, _userdata: Any, _flags: Any, reason: Any, _props: Any) -> None:
         if self.refusals.seen(reason):
-            client.publish(self.state_topic, self._state(self.shown), qos=1, retain=True)
+            self._send(self.state_topic, self._state(self.shown), 1, True, None)
             self.connected.set()
 
     def show_state(self, state: str) -> None:
         """The station's state, retained on its state topic."""
         self.shown = state
-        self.client.publish(self.state_topic, self._state(state), qos=1, retain=True)
+        self._send(self.state_topic, self._state(state), 1, True, None)
 
     def publish(self, result: Any) -> None:
-        self.client.publish(self.cfg.topic, json.dumps(result.to_dict()), qos=self.cfg.qos)
+        payload = json.dumps(result.to_dict()).encode()
+        seq = None if self.outbox is None else self.outbox.add(self.cfg.topic, payload, result.key)
+        self._send(self.cfg.topic, payload, self.cfg.qos, False, seq)
 
     def close(self, timeout_s: float = 10.0) -> None:
         """Say ``offline`` (retained), deliver what is queued (bounded by ``timeout_s`` when the
         broker is reachable) and disconnect."""
         info = self.client.publish(self.state_topic, self._state("offline"), qos=1, retain=True)
+        with self._lock:
+            self._inflight[info.mid] = None
         if self.connected.is_set():
             try:
                 info.wait_for_publish(timeout_s)

@@ -5,7 +5,7 @@ Exact semantics:
 - A queue is a folder. A part is two files named by its sequence number: ``<seq>.frame`` (the
   frame's bytes: the encoded file, or a camera's raw pixels) and ``<seq>.json`` (part id, the
   frame's reference, the wall time it was taken and, for a raw frame, its width, height and pixel
-  format: ``data/raw_frame.py``).
+  format: ``data/raw_frame.py``; and the frame's key in its source, ``runner.PartResult.key``).
   Each is written to a temporary name, flushed to disk and renamed, the frame first: a part is in
   the queue exactly when its ``.json`` exists, so a station killed at any moment (SIGKILL, power)
   leaves whole parts or none; a frame without its ``.json`` is removed at the next start.
@@ -24,7 +24,7 @@ from pathlib import Path
 from ..data.raw_frame import RawFrame
 from ..errors import HetmmError
 
-__all__ = ["PartQueue", "QueueFull", "QueuedPart"]
+__all__ = ["PartQueue", "QueueFull", "QueuedPart", "write_whole"]
 
 
 class QueueFull(HetmmError):
@@ -38,9 +38,11 @@ class QueuedPart:
     frame_ref: str
     taken_unix: float  # when the frame was taken (time.time())
     frame: bytes | RawFrame
+    key: str = ""  # the frame's key in its source (runner.PartResult.key)
 
 
-def _write(path: Path, data: bytes) -> None:
+def write_whole(path: Path, data: bytes) -> None:
+    """``data`` at ``path`` whole or not at all: written to a temporary name, flushed to disk, renamed."""
     tmp = path.with_name(path.name + ".tmp")
     with tmp.open("wb") as f:
         f.write(data)
@@ -68,16 +70,16 @@ class PartQueue:
     def __len__(self) -> int:
         return len(self._seqs)
 
-    def put(self, part_id: str, frame: bytes | RawFrame, frame_ref: str, taken_unix: float) -> int:
+    def put(self, part_id: str, frame: bytes | RawFrame, frame_ref: str, taken_unix: float, key: str = "") -> int:
         if len(self._seqs) >= self.max_parts:
             raise QueueFull(f"the station's queue holds {self.max_parts} parts (queue.max_parts)")
         seq = self._next
         self._next += 1
-        meta: dict = {"part_id": part_id, "frame_ref": frame_ref, "taken_unix": taken_unix}
+        meta: dict = {"part_id": part_id, "frame_ref": frame_ref, "taken_unix": taken_unix, "key": key}
         if isinstance(frame, RawFrame):
             meta["raw"] = {"width": frame.width, "height": frame.height, "pixel_format": frame.pixel_format}
-        _write(self.folder / f"{seq:012d}.frame", frame.pixels if isinstance(frame, RawFrame) else frame)
-        _write(self.folder / f"{seq:012d}.json", json.dumps(meta).encode())
+        write_whole(self.folder / f"{seq:012d}.frame", frame.pixels if isinstance(frame, RawFrame) else frame)
+        write_whole(self.folder / f"{seq:012d}.json", json.dumps(meta).encode())
         self._seqs.append(seq)
         return seq
 
@@ -89,7 +91,12 @@ class PartQueue:
         data = (self.folder / f"{seq:012d}.frame").read_bytes()
         raw = meta.get("raw")
         frame = data if raw is None else RawFrame(raw["width"], raw["height"], raw["pixel_format"], data)
-        return QueuedPart(seq, meta["part_id"], meta["frame_ref"], float(meta["taken_unix"]), frame)
+        key = meta.get("key", "")
+        return QueuedPart(seq, meta["part_id"], meta["frame_ref"], float(meta["taken_unix"]), frame, key)
+
+    def keys(self) -> set[str]:
+        """The keys of the parts waiting (a restarted station does not take their frames again)."""
+        return {json.loads((self.folder / f"{seq:012d}.json").read_bytes()).get("key", "") for seq in self._seqs} - {""}
 
     def pop(self) -> None:
         """Remove the head (once its result is out): its ``.json`` first, so a crash in between

@@ -12,7 +12,17 @@ sinks (``mqtt_sink.py``, ``webhook_sink.py``, ``opcua_sink.py``); the other kind
   it waits in the on-disk queue.
 - **Part identity**: the file's name without its suffix (``file_name``, the folder's default), the
   trigger's own (``trigger``, the default of a source whose frames carry one) or a counter from 1
-  (``counter``). A frame that cannot be read is an ``error`` result.
+  (``counter``; it goes on from its last number after a restart). A frame that cannot be read is
+  an ``error`` result.
+- **A killed station** (SIGKILL, power) loses no part. A frame is let go only once its part waits
+  in the queue or its final result is out; with an MQTT sink, "out" means in the sink's on-disk
+  outbox (``outbox.py``), whose unacknowledged results go out first at the next start. The source
+  then offers again (``Frame.replayed``) only frames that were not let go; one whose final result
+  is in an outbox already, or whose part waits in the queue, is let go without being scored again
+  (said on stderr), and a queued part whose result is in an outbox leaves the queue. So on MQTT
+  every part has one final result across a kill (a second copy only when the broker received it
+  but the station died before reading the broker's acknowledgement: QoS 1). The log, webhook and
+  OPC UA sinks hold no outbox: a station without an MQTT sink scores such a frame again.
 - **Deadline**: a part whose verdict has not come ``deadline_ms`` after its frame was taken is
   published with verdict ``timeout`` at that moment; its real result follows when it comes, with
   ``late`` true. A frame the service could not score is published with verdict ``error`` and the
@@ -34,15 +44,17 @@ sinks (``mqtt_sink.py``, ``webhook_sink.py``, ``opcua_sink.py``); the other kind
   /v1/products/{product}/predict`` with the file's bytes (a raw frame is encoded to PNG first:
   HTTP takes files). **gRPC service**: ``hetmm.v1.Inspection.Predict`` with the file's bytes, or
   a source's raw frame as pixels (never encoded on the station); the service is away when the
-  call is refused UNAVAILABLE, DEADLINE_EXCEEDED, or RESOURCE_EXHAUSTED for anything but the
-  request's own size. HTTP and gRPC score the product's HEAD, so a pinned version is refused
-  there.
+  call is refused UNAVAILABLE, DEADLINE_EXCEEDED, NOT_FOUND by Serve's proxy (a restarted service
+  whose gRPC application is not deployed yet: ``serve.grpc.client.service_away``), or
+  RESOURCE_EXHAUSTED for anything but the request's own size. HTTP and gRPC score the product's
+  HEAD, so a pinned version is refused there.
 """
 
 from __future__ import annotations
 
 import csv
 import itertools
+import re
 import sys
 import threading
 import time
@@ -50,7 +62,7 @@ from collections import Counter, deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -110,12 +122,17 @@ class PartResult:
     frame: str
     late: bool = False
     error: str | None = None
+    # Not part of the payload: which frame of its source this is the result of (the frame's
+    # reference and its trigger's own part id), for the MQTT sink's outbox (``outbox.py``).
+    key: str = field(default="", repr=False, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        del out["key"]
+        return out
 
 
-FIELDS = tuple(PartResult.__dataclass_fields__)
+FIELDS = tuple(name for name in PartResult.__dataclass_fields__ if name != "key")
 
 
 class Service(Protocol):
@@ -202,15 +219,14 @@ class GrpcService:
     def score(self, frame: bytes | RawFrame) -> Scored:
         import grpc
 
-        from ..serve.grpc.client import error_code
+        from ..serve.grpc.client import error_code, service_away
 
         try:
             reply = self.client.predict(self.product, [("frame", frame)])
         except grpc.RpcError as exc:
             code = exc.code()  # type: ignore[attr-defined]
-            away = code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED) or (
-                code == grpc.StatusCode.RESOURCE_EXHAUSTED and error_code(exc) not in self.SIZE_CODES
-            )
+            away = service_away(exc) or code == grpc.StatusCode.DEADLINE_EXCEEDED
+            away = away or (code == grpc.StatusCode.RESOURCE_EXHAUSTED and error_code(exc) not in self.SIZE_CODES)
             if away:
                 raise ServiceUnavailable(f"gRPC {code.name}: {exc.details()}") from exc  # type: ignore[attr-defined]
             raise RuntimeError(f"gRPC {code.name}: {exc.details()}") from None  # type: ignore[attr-defined]
@@ -261,13 +277,15 @@ def _service(target: ServiceTarget, station: Station, base: Path) -> Service:
     return GrpcService(target.grpc, station.head.product, target.timeout_ms / 1000)
 
 
-def _sink(sink: Any, station: Station, base: Path, line: str) -> Sink:
+def _sink(sink: Any, station: Station, base: Path, line: str, queue_folder: Path) -> Sink:
     if isinstance(sink, LogSink):
         return LogWriter(sink, base)
     if isinstance(sink, MqttSink):
         from .mqtt_sink import MqttPublisher
 
-        return MqttPublisher(sink, station=station.head.name, line=line)
+        client_id = sink.client_id or f"hetmm-{line}-{station.head.name}"
+        outbox = queue_folder / ("mqtt-outbox-" + re.sub(r"[^A-Za-z0-9._-]", "_", client_id))
+        return MqttPublisher(sink, station=station.head.name, line=line, outbox=outbox)
     if isinstance(sink, WebhookSink):
         from .webhook_sink import WebhookPoster
 
@@ -287,15 +305,15 @@ def build_station(station: Station, base: Path, *, line: str = "line") -> Statio
         if not isinstance(sink, LogSink | MqttSink | OpcUaSink | WebhookSink):
             raise ConfigError(f"station {name!r}: sink {sink.kind} is not built yet (issue 39)")
     service = _service(station.service, station, base)
+    queue = PartQueue(base / (station.queue.path or f".hetmm-queue/{name}"), station.queue.max_parts)
     sinks: list[Sink] = []
     try:
         for sink in station.sinks:
-            sinks.append(_sink(sink, station, base, line))
+            sinks.append(_sink(sink, station, base, line, queue.folder))
     except BaseException:
         for made in sinks:  # an MQTT client or an OPC UA server already started
             made.close()
         raise
-    queue = PartQueue(base / (station.queue.path or f".hetmm-queue/{name}"), station.queue.max_parts)
     source: Source
     try:
         if isinstance(station.source, FolderSource):
@@ -342,7 +360,11 @@ class StationRunner:
         self.source = source
         self.service = service
         self.sinks = sinks
-        self._counter = itertools.count(1)
+        # The counter rule's last number, on disk beside the queue: a restarted station goes on
+        # counting (a PLC never sees a part id twice).
+        self._count_file = queue.folder / "counter"
+        last = self._count_file.read_text().strip() if self._count_file.exists() else ""
+        self._counter = itertools.count(int(last) + 1 if last.isdigit() else 1)
         self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"station-{station.head.name}")
         # The newest results (bounded: memory does not grow with the parts) and a count per verdict.
         self.recent: deque[PartResult] = deque(maxlen=RECENT_RESULTS)
@@ -350,15 +372,34 @@ class StationRunner:
         self.on_result: Callable[[PartResult], None] | None = None  # e.g. the CLI's printing
         self.metrics: StationMetrics | None = None  # /metrics (station.metrics), when served
         self._shown_state = "ok"  # what the sinks show (each starts at ok)
+        # Frames already handled before this start (a station killed between publishing a result, or
+        # queueing its part, and letting its frame go): their final result is out or they wait in the
+        # queue, so when their source offers them again they are let go, not scored twice.
+        self._out_before: frozenset[str] = frozenset().union(
+            *(sink.published_keys() for sink in sinks if hasattr(sink, "published_keys"))
+        )
+        self._queued_before = frozenset(queue.keys())
 
     def _part_id(self, frame: Frame) -> str:
         own = getattr(self.source, "default_part_id", None)  # a camera's: a counter
         rule = self.station.head.part_id or own or ("trigger" if frame.part_id is not None else "file_name")
         if rule == "counter":
-            return str(next(self._counter))
+            n = next(self._counter)
+            tmp = self._count_file.with_name("counter.tmp")
+            tmp.write_text(str(n))
+            tmp.replace(self._count_file)
+            return str(n)
         if rule == "trigger" and frame.part_id is not None:
             return frame.part_id
         return frame.name
+
+    def _handled(self, key: str, what: str, *, queued_too: bool) -> bool:
+        """True (said on stderr) when ``key``'s frame had its final result out before this start (or,
+        ``queued_too``, was waiting in the queue)."""
+        if key not in self._out_before and not (queued_too and key in self._queued_before):
+            return False
+        print(f"hetmm station {self.station.head.name}: {what} was handled before the restart", file=sys.stderr)
+        return True
 
     def _publish(self, result: PartResult) -> None:
         self.recent.append(result)
@@ -413,6 +454,9 @@ class StationRunner:
 
     def _one(self, item: Frame) -> None:
         head = self.station.head
+        if item.replayed and self._handled(item.key, f"frame {item.ref}", queued_too=True):
+            self.source.done(item)
+            return
         taken, taken_unix = time.monotonic(), time.time()
         part = self._part_id(item)
         try:
@@ -436,7 +480,7 @@ class StationRunner:
             self._retry_at = time.monotonic() + RETRY_S
             self._wait_in_queue(part, frame, item, taken, taken_unix, announced=late)
             return
-        self._publish(self._result(part, item.ref, taken, outcome, late=late))
+        self._publish(replace(self._result(part, item.ref, taken, outcome, late=late), key=item.key))
         self.source.done(item)
 
     def _failed(self, part: str, ref: str, taken: float, why: str) -> PartResult:
@@ -458,7 +502,7 @@ class StationRunner:
         result, a line on stderr) and the source keeps the frame (``Source.refused``)."""
         head = self.station.head
         try:
-            self.queue.put(part, frame, item.ref, taken_unix)
+            self.queue.put(part, frame, item.ref, taken_unix, item.key)
         except QueueFull as exc:
             print(f"hetmm station {head.name}: part {part!r} refused: {exc}", file=sys.stderr, flush=True)
             self._publish(self._failed(part, item.ref, taken, str(exc)))
@@ -474,12 +518,16 @@ class StationRunner:
         while len(self.queue) and time.monotonic() >= self._retry_at:
             item = self.queue.head()
             assert item is not None
+            # its result was out before a restart that came before its pop
+            if item.key and self._handled(item.key, f"queued part {item.part_id!r}", queued_too=False):
+                self.queue.pop()
+                continue
             taken = time.monotonic() - max(0.0, time.time() - item.taken_unix)
             outcome = self._pool.submit(self.service.score, item.frame)
             if isinstance(_error(outcome), ServiceUnavailable):
                 self._retry_at = time.monotonic() + RETRY_S
                 break
-            self._publish(self._result(item.part_id, item.frame_ref, taken, outcome, late=True))
+            self._publish(replace(self._result(item.part_id, item.frame_ref, taken, outcome, late=True), key=item.key))
             self.queue.pop()
             self.report()
             done += 1

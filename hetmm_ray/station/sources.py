@@ -43,13 +43,21 @@ class Frame:
     """One frame a source offers: ``ref`` says where it came from (a path; ``mqtt:<topic>``),
     ``name`` is its part id under the ``file_name`` rule, ``part_id`` the trigger's own (None: it
     has none), ``data`` its bytes (or raw pixels) when the source holds them, ``token`` the
-    source's own handle."""
+    source's own handle; ``replayed``: offered again after a restart of the station (a file that
+    was in the folder when it started, a message the broker delivers again), so it may be a frame
+    whose result was already out (the runner checks its :attr:`key`)."""
 
     ref: str
     name: str
     part_id: str | None = None
     data: bytes | RawFrame | None = None
     token: Any = None
+    replayed: bool = False
+
+    @property
+    def key(self) -> str:
+        """Which frame of its source this is: its reference and its trigger's own part id."""
+        return f"{self.ref}#{self.part_id or ''}"
 
 
 class Source(Protocol):
@@ -82,7 +90,11 @@ class FolderFrames:
         self.move_to = None if cfg.move_to is None else base / cfg.move_to
         self.clock = clock
         self._pending: dict[Path, tuple[tuple[int, int], float]] = {}  # path -> (size, mtime_ns), since
-        self._seen: set[Path] = set(self._listing()) if cfg.after == "keep" else set()
+        at_start = set(self._listing())
+        # keep: what was there is history; move or delete: what is there was not handled (or its
+        # result was out when the station was killed before moving it: offered as replayed)
+        self._seen: set[Path] = at_start if cfg.after == "keep" else set()
+        self._at_start = set() if cfg.after == "keep" else at_start
 
     def _listing(self) -> list[Path]:
         return sorted(
@@ -114,7 +126,7 @@ class FolderFrames:
         for path in ready:
             self._pending.pop(path, None)
             self._seen.add(path)
-        return [Frame(ref=str(p), name=p.stem, token=p) for p in ready]
+        return [Frame(ref=str(p), name=p.stem, token=p, replayed=p in self._at_start) for p in ready]
 
     def read(self, frame: Frame) -> bytes:
         return frame.token.read_bytes()
@@ -133,6 +145,7 @@ class FolderFrames:
             path.replace(target)
         if self.cfg.after != "keep":
             self._seen.discard(path)
+            self._at_start.discard(path)  # a new file of that name is a new part
 
     def refused(self, frame: Frame) -> None:
         """The file stays; it is not offered again until the station restarts."""
@@ -183,7 +196,7 @@ class MqttTriggers:
         ref = f"mqtt:{msg.topic}"
         if self.cfg.payload == "image":
             name = msg.topic.rsplit("/", 1)[-1]
-            return Frame(ref=ref, name=name, part_id=name, data=bytes(msg.payload), token=msg)
+            return Frame(ref=ref, name=name, part_id=name, data=bytes(msg.payload), token=msg, replayed=bool(msg.dup))
         text = bytes(msg.payload).decode("utf-8", errors="replace").strip()
         part_id = None
         try:
@@ -194,7 +207,7 @@ class MqttTriggers:
             part_id = None if body.get("part_id") is None else str(body["part_id"])
             text = str(body.get("path", ""))
         path = Path(text) if Path(text).is_absolute() else self.base / text
-        return Frame(ref=str(path), name=path.stem, part_id=part_id, token=msg)
+        return Frame(ref=str(path), name=path.stem, part_id=part_id, token=msg, replayed=bool(msg.dup))
 
     def read(self, frame: Frame) -> bytes | RawFrame:
         if frame.data is not None:

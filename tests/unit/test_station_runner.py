@@ -4,6 +4,7 @@ results to a CSV log; complete files only, the deadline, a hot update seen by th
 from __future__ import annotations
 
 import csv
+import json
 import os
 import threading
 import time
@@ -385,3 +386,107 @@ def test_the_sinks_show_degraded_while_parts_wait_then_ok_then_offline(tmp_path:
     assert sink.states == ["degraded", "ok"]  # said once each, when it changed
     runner.close()
     assert sink.states == ["degraded", "ok", "offline"]
+
+
+# --- a station killed between its steps (issue 39: nothing lost, nothing twice) ---------------------
+def mqtt_line(tmp_path: Path) -> Path:
+    """A folder station whose MQTT sink names a broker that is not there: its results wait in the
+    sink's on-disk outbox (what a killed station finds at its next start)."""
+    from helpers import free_port
+
+    return line_file(
+        tmp_path,
+        sinks=[{"kind": "log", "path": "s1.csv"}, {"kind": "mqtt", "broker": f"127.0.0.1:{free_port()}", "topic": "t"}],
+    )
+
+
+def outbox_of(runner) -> Any:
+    (mqtt,) = [s for s in runner.sinks if hasattr(s, "outbox")]
+    return mqtt.outbox
+
+
+def test_a_station_killed_after_publishing_lets_the_frame_go_at_restart_without_scoring_it_again(
+    tmp_path: Path, part, capsys
+) -> None:
+    fit(tmp_path, part)
+    runner = build_station(load_line(mqtt_line(tmp_path)).stations[0], tmp_path)
+    runner.source.done = lambda frame: None  # killed after the result went out, before the file was moved
+    for name in ("k1", "k2"):
+        (tmp_path / "in" / f"{name}.png").write_bytes(png(part.good(60 + int(name[1]))))
+    wait_for(runner, 2)
+    first = rows(tmp_path / "s1.csv")
+    assert [(r["part_id"], r["verdict"] in ("good", "anomaly")) for r in first] == [("k1", True), ("k2", True)]
+    unsent = outbox_of(runner).unsent()
+    assert [json.loads(p.payload)["part_id"] for p in unsent] == ["k1", "k2"]  # on disk until the broker has them
+    runner.close()
+
+    again = build_station(load_line(tmp_path / "line.yaml").stations[0], tmp_path)
+    assert [p.seq for p in outbox_of(again).unsent()] == [p.seq for p in unsent]  # sent first at the new start
+    (tmp_path / "in" / "k3.png").write_bytes(png(part.good(63)))
+    wait_for(again, 1)
+    end = time.monotonic() + 60
+    while (tmp_path / "in" / "k1.png").exists() or (tmp_path / "in" / "k2.png").exists():
+        again.step()
+        assert time.monotonic() < end, "the frames handled before the restart were not let go"
+        time.sleep(0.02)
+    assert [r["part_id"] for r in rows(tmp_path / "s1.csv")] == ["k1", "k2", "k3"]  # none scored twice
+    assert sorted(p.name for p in (tmp_path / "done").iterdir()) == ["k1.png", "k2.png", "k3.png"]
+    assert "handled before the restart" in capsys.readouterr().err
+    again.close()
+
+
+def test_a_station_killed_before_publishing_scores_the_frame_at_restart(tmp_path: Path, part) -> None:
+    fit(tmp_path, part)
+    runner = build_station(load_line(mqtt_line(tmp_path)).stations[0], tmp_path)
+    (tmp_path / "in" / "k1.png").write_bytes(png(part.good(61)))
+    assert runner.source.poll()  # taken, then killed before it was scored
+    runner.close()
+    again = build_station(load_line(tmp_path / "line.yaml").stations[0], tmp_path)
+    wait_for(again, 1)
+    assert [r["part_id"] for r in rows(tmp_path / "s1.csv")] == ["k1"]
+    assert [json.loads(p.payload)["part_id"] for p in outbox_of(again).unsent()] == ["k1"]
+    again.close()
+
+
+def test_a_queued_part_whose_result_was_out_before_a_kill_leaves_the_queue_unscored(tmp_path: Path, part) -> None:
+    fit(tmp_path, part)
+    runner = build_station(load_line(mqtt_line(tmp_path)).stations[0], tmp_path)
+    runner.service = service = OutageService(runner.service)
+    service.down.set()
+    (tmp_path / "in" / "q1.png").write_bytes(png(part.good(51)))
+    wait_for(runner, 1)  # its timeout: the part waits in the queue
+    assert len(runner.queue) == 1
+    service.down.clear()
+
+    class Killed(Exception):
+        pass
+
+    def killed() -> None:
+        raise Killed
+
+    runner.queue.pop = killed  # killed after its late result went out, before it left the queue
+    runner._retry_at = 0.0
+    with pytest.raises(Killed):
+        runner.drain()
+    assert [(r["part_id"], r["verdict"] in ("good", "anomaly"), r["late"]) for r in rows(tmp_path / "s1.csv")] == [
+        ("q1", False, "False"),
+        ("q1", True, "True"),
+    ]
+    runner.close()
+    again = build_station(load_line(tmp_path / "line.yaml").stations[0], tmp_path)
+    assert len(again.queue) == 1
+    again.step()
+    assert len(again.queue) == 0 and len(rows(tmp_path / "s1.csv")) == 2  # dropped, not scored again
+    again.close()
+
+
+def test_the_counter_goes_on_after_a_restart(tmp_path: Path, part) -> None:
+    fit(tmp_path, part)
+    path = line_file(tmp_path, part_id="counter")
+    for names in (("a", "b"), ("c",)):
+        runner = build_station(load_line(path).stations[0], tmp_path)
+        for name in names:
+            (tmp_path / "in" / f"{name}.png").write_bytes(png(part.good(70 + ord(name))))
+        wait_for(runner, len(names))
+        runner.close()
+    assert [r["part_id"] for r in rows(tmp_path / "s1.csv")] == ["1", "2", "3"]

@@ -20,11 +20,13 @@ request before scoring any of it) is split the same way, and the image refused a
 :class:`ImageRefused` in its place, the others scored, as ``hetmm predict`` skips unreadable files in
 process.
 
-Every call refused UNAVAILABLE (no listener yet, the gRPC application still starting, a replica
-going) is sent again after ``config.GRPC_CLIENT_RETRY_PAUSE_S`` (0.25 s, doubling to 2 s) until
+Every call refused because the service is not (yet) there (:func:`service_away`: UNAVAILABLE: no
+listener yet, the gRPC application still starting, a replica going; or NOT_FOUND from Serve's own
+proxy, not from the application: a service whose proxy is up before its gRPC application is
+deployed, as after a restart) is sent again after ``config.GRPC_CLIENT_RETRY_PAUSE_S`` (0.25 s, doubling to 2 s) until
 ``wait_s`` seconds have passed since its first try, then raises the last refusal; ``wait_s`` 0 sends
 once. The channel reconnects on the same schedule (gRPC's own backoff grows to 120 s). A ``Predict``
-is sent again only when refused UNAVAILABLE: the stand-in's and the proxy's refusals score nothing;
+is sent again only when so refused: the stand-in's and the proxy's refusals score nothing;
 a connection lost mid-call may have scored (and recorded) the images once already.
 """
 
@@ -53,7 +55,7 @@ from . import inspection_pb2 as pb
 from .inspection_pb2_grpc import InspectionStub
 from .messages import image_message
 
-__all__ = ["ImageRefused", "InspectionClient", "error_code", "request_chunks"]
+__all__ = ["ImageRefused", "InspectionClient", "error_code", "request_chunks", "service_away"]
 
 Upload = tuple[str, bytes | RawFrame]  # (name, encoded image or a camera's raw frame, sent as it is)
 Reply = TypeVar("Reply")
@@ -88,6 +90,14 @@ def error_code(error: grpc.RpcError) -> str:
     """The stable code (``too_large``, ``unknown_product``...) of a refused call's details."""
     details = error.details() or ""  # type: ignore[attr-defined]
     return details.split(":", 1)[0] if ":" in details else ""
+
+
+def service_away(error: grpc.RpcError) -> bool:
+    """A refusal that says the service is not (yet) there to score, not that the call is wrong:
+    UNAVAILABLE, or NOT_FOUND without the application's ``"<code>: "`` (Serve's proxy saying
+    ``Application 'hetmm-grpc' not found``: the application is not deployed yet)."""
+    code = error.code()  # type: ignore[attr-defined]
+    return code == grpc.StatusCode.UNAVAILABLE or (code == grpc.StatusCode.NOT_FOUND and not error_code(error))
 
 
 class InspectionClient:
@@ -190,7 +200,7 @@ class InspectionClient:
         return self._call(self.stub.Health, pb.HealthRequest(), self._metadata)
 
     def _call(self, method: Callable[..., Reply], request: Any, metadata: list[tuple[str, str]]) -> Reply:
-        """``method(request)``, sent again while refused UNAVAILABLE until ``wait_s`` has passed."""
+        """``method(request)``, sent again while the service is away until ``wait_s`` has passed."""
         deadline = time.monotonic() + self.wait_s
         pause, longest = GRPC_CLIENT_RETRY_PAUSE_S
         while True:
@@ -198,7 +208,7 @@ class InspectionClient:
                 return method(request, metadata=metadata, timeout=self.timeout)
             except grpc.RpcError as exc:
                 left = deadline - time.monotonic()
-                if exc.code() != grpc.StatusCode.UNAVAILABLE or left <= 0:  # type: ignore[attr-defined]
+                if not service_away(exc) or left <= 0:
                     raise
                 if self.on_wait is not None:
                     self.on_wait(exc)

@@ -221,7 +221,7 @@ def test_an_mqtt_message_names_the_part_and_the_camera_takes_its_frame(camera: F
     that comes is that message's part (its id), in the order the messages came; each message is
     acknowledged once its part is out."""
     import paho.mqtt.client as mqtt
-    from test_station_mqtt import MOSQUITTO, Broker
+    from mqtt_peers import MOSQUITTO, Broker
 
     if MOSQUITTO is None:
         pytest.skip("needs Debian's mosquitto (apt-get install mosquitto)")

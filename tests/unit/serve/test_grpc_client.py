@@ -29,9 +29,10 @@ from hetmm_ray.serve.grpc.inspection_pb2_grpc import InspectionServicer, add_Ins
 class Refusing(InspectionServicer):
     """Refuses the first ``refusals`` calls with ``code``, then answers; counts every call."""
 
-    def __init__(self, refusals: int, code: grpc.StatusCode = grpc.StatusCode.UNAVAILABLE) -> None:
+    def __init__(self, refusals: int, code: grpc.StatusCode = grpc.StatusCode.UNAVAILABLE, details: str = "") -> None:
         self.refusals = refusals
         self.code = code
+        self.details = details  # "": the application's own "<code>: <message>"
         self.calls = 0
         self.lock = threading.Lock()
 
@@ -41,7 +42,7 @@ class Refusing(InspectionServicer):
             refuse = self.calls <= self.refusals
         if refuse:
             context.set_code(self.code)
-            context.set_details(f"{self.code.name.lower()}: refused, call {self.calls}")
+            context.set_details(self.details or f"{self.code.name.lower()}: refused, call {self.calls}")
         return refuse
 
     def Health(self, request: pb.HealthRequest, context: grpc.ServicerContext) -> pb.HealthReply:
@@ -105,6 +106,17 @@ def test_other_refusals_are_not_sent_again(serving, code: grpc.StatusCode) -> No
     assert refused.value.code() == code
     assert error_code(refused.value) == code.name.lower()
     assert servicer.calls == 1
+
+
+def test_a_proxy_without_the_application_yet_is_waited_for(serving) -> None:
+    """Serve's gRPC proxy of a restarting service is up before the gRPC application is deployed, and
+    says NOT_FOUND in its own words (no ``<code>: ``): the service is not there yet, as UNAVAILABLE."""
+    proxy_words = "Application 'hetmm-grpc' not found. Ping /ray.serve.RayServeAPIService/ListApplications"
+    servicer = Refusing(refusals=2, code=grpc.StatusCode.NOT_FOUND, details=proxy_words)
+    port = serving(servicer)
+    with InspectionClient(f"127.0.0.1:{port}", wait_s=60) as client:
+        assert client.health().status == "ok"
+    assert servicer.calls == 3
 
 
 def test_wait_zero_sends_once(serving) -> None:
