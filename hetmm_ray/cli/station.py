@@ -1,6 +1,7 @@
 """``hetmm station``: a line's stations (hetmm_ray/station/); ``check`` reads a line file and says
 what is wrong in it, one line per problem, without starting anything; ``run`` runs its stations in
-this process (a thread each) until Ctrl-C, printing each result."""
+this process (a thread each) until Ctrl-C, printing each result, and reports them to the service's
+console when the line has one (``station/report.py``)."""
 
 from __future__ import annotations
 
@@ -79,6 +80,13 @@ def cmd_station_run(args: argparse.Namespace) -> int:
         r.on_result = _print_result
         r.metrics = metrics
         r.report()
+    reporter = None
+    if line.console is not None:
+        from ..station.report import ConsoleReporter
+
+        reporter = ConsoleReporter(line.console, line.name, runners)
+        reporter.start()
+        print(f"reporting to the console at {line.console.url} every {line.console.every_s:g} s", flush=True)
     for t in threads:
         t.start()
     print(f"{args.line}: {len(runners)} station(s) running; Ctrl-C stops", flush=True)
@@ -91,6 +99,8 @@ def cmd_station_run(args: argparse.Namespace) -> int:
         stop.set()
         for t in threads:
             t.join()
+        if reporter is not None:
+            reporter.stop()
         signal.signal(signal.SIGTERM, previous)
     for r in runners:
         counts = ", ".join(f"{n} {v}" for v, n in sorted(r.counts.items())) or "no parts"

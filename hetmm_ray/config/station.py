@@ -3,7 +3,9 @@
 Exact semantics:
 
 - A line file is a YAML mapping: ``line`` (a name), ``service`` (where its stations score, the
-  default for each of them) and ``stations`` (a non-empty list). Every mapping refuses unknown
+  default for each of them), ``console`` (where they report themselves for the service's console:
+  :class:`ConsoleTarget`; absent: the line's ``http`` service, if any) and ``stations`` (a
+  non-empty list). Every mapping refuses unknown
   keys with the closest known name; every value is checked by the constraint declared beside it.
 - ``service``: exactly one of ``grpc`` (``host:port``), ``http`` (an ``http://`` or ``https://``
   URL) or ``in_process`` (a store URI or folder: one PC, no cluster), and ``timeout_ms``.
@@ -35,6 +37,7 @@ __all__ = [
     "SINK_KINDS",
     "SOURCE_KINDS",
     "AravisSource",
+    "ConsoleTarget",
     "FolderSource",
     "LogSink",
     "MqttLogin",
@@ -108,6 +111,18 @@ class ServiceTarget(Settings):
         if len(given) != 1:
             got = ", ".join(given) if given else "none"
             raise ConfigError(f"give exactly one of grpc, http or in_process (got {got})")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ConsoleTarget(Settings):
+    """Where the stations report themselves for the service's console (``PUT /v1/stations/...``)
+    every ``every_s`` seconds; ``token_env`` names the environment variable holding the service's
+    admin token (a report is a write). Absent from a line file: the line's ``http`` service, if it
+    has one."""
+
+    url: str = setting("", Check(_url, "must be an http:// or https:// URL"))
+    every_s: float = setting(2.0, Range(0.5, 600.0))
+    token_env: str | None = setting(None, Check(_text, "must name an environment variable"))
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -49,6 +49,7 @@ from .grpc.standin import InspectionStandIn
 from .image_sets import ImageSet, ImageSets
 from .metrics import CONTENT_TYPE_LATEST, ServiceMetrics
 from .security import CrossOriginGuard, JSONResponse, parse_json_object, refuse_open_bind
+from .stations import StationBoard
 from .ui import Console
 from .warm_set import WarmSet, product_of
 
@@ -134,6 +135,7 @@ class Ingress(InspectionStandIn):  # gRPC calls that reach it are refused clearl
             metrics=self.metrics,  # the drift alarms' gauges (serve/inspections.py)
         )
         self.image_sets = ImageSets(self.service, self.console)  # every route's image set (serve/image_sets.py)
+        self.stations = StationBoard()  # what each station of the lines last reported (serve/stations.py)
 
     # --- plumbing -------------------------------------------------------------------------------
     async def _timed(self, request: Request, route: str, handler: Callable[[], Awaitable[Response]]) -> Response:
@@ -584,6 +586,18 @@ class Ingress(InspectionStandIn):  # gRPC calls that reach it are refused clearl
     async def calibration(self, product: str, request: Request, false_alarm_rate: float | None = None) -> Response:
         await self._require_product(product)
         return await self.console.calibration(product, false_alarm_rate)
+
+    @app.put("/v1/stations/{line}/{station}")
+    @timed("stations")
+    async def station_report(self, line: str, station: str, request: Request) -> Response:
+        """A station's report of itself (``station/report.py``; checked by ``serve/stations.py``)."""
+        self._admin(request)
+        return JSONResponse(self.stations.report(line, station, await self._json(request)))
+
+    @app.get("/v1/stations")
+    @timed("stations")
+    async def stations_listing(self, request: Request) -> Response:
+        return JSONResponse({"stations": self.stations.listing()})
 
     @app.get("/v1/products/{product}/drift")
     @timed("drift")

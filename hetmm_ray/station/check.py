@@ -30,6 +30,7 @@ from ..config.station import (
     SINK_KINDS,
     SOURCE_KINDS,
     STATION_SECTIONS,
+    ConsoleTarget,
     FolderSource,
     MqttSink,
     QueueSettings,
@@ -40,7 +41,7 @@ from ..store.base import StoreError, check_product_name
 
 __all__ = ["Line", "Station", "line_problems", "load_line"]
 
-LINE_KEYS = ("line", "service", "stations")
+LINE_KEYS = ("line", "service", "console", "stations")
 HEAD_KEYS = tuple(f.name for f in fields(StationHead))
 
 
@@ -59,6 +60,7 @@ class Station:
 class Line:
     name: str
     stations: tuple[Station, ...]
+    console: ConsoleTarget | None = None  # where the stations report themselves (None: nowhere)
 
 
 class _Problems:
@@ -194,6 +196,11 @@ def _line(path: str | Path) -> tuple[Line | None, list[str]]:
     line_service = None
     if data.get("service") is not None:
         line_service = problems.build("service", ServiceTarget, data["service"])
+    console = None
+    if data.get("console") is not None:
+        console = problems.build("console", ConsoleTarget, data["console"])
+    elif line_service is not None and line_service.http is not None:
+        console = ConsoleTarget(url=line_service.http)
     raw = data.get("stations")
     if not isinstance(raw, list) or not raw:
         problems.add("stations", "give a list of at least one station")
@@ -208,7 +215,7 @@ def _line(path: str | Path) -> tuple[Line | None, list[str]]:
         problems.add("line", f"must be a name, got {name!r}")
     if problems.lines:
         return None, problems.lines
-    return Line(name=name or path.stem, stations=tuple(stations)), []
+    return Line(name=name or path.stem, stations=tuple(stations), console=console), []
 
 
 def line_problems(path: str | Path) -> list[str]:

@@ -123,7 +123,7 @@ def test_a_station_without_any_service_is_named(tmp_path: Path) -> None:
     ("text", "expected"),
     [
         ("stations: [\n  {name: a\n", "line 3, column 1: not valid YAML"),
-        ("- a\n- b\n", "file: expected a mapping with line, service, stations, got list"),
+        ("- a\n- b\n", "file: expected a mapping with line, service, console, stations, got list"),
     ],
 )
 def test_a_file_that_is_not_a_line_is_one_line(tmp_path: Path, text: str, expected: str) -> None:
@@ -166,3 +166,18 @@ def test_a_cameras_trigger_settings_go_together(tmp_path: Path, source: dict, sa
     ok = yaml.safe_load(yaml.safe_dump(GOOD))
     ok["stations"][1]["source"] = {"kind": "aravis", "trigger": "mqtt", "topic": "line/t/#", "broker": "10.0.0.5:1883"}
     assert line_problems(write(tmp_path, ok)) == []
+
+
+def test_the_console_is_the_lines_http_service_unless_given(tmp_path: Path) -> None:
+    assert load_line(write(tmp_path, GOOD)).console is None  # a gRPC line reports nowhere unless told
+    http = {**GOOD, "service": {"http": "http://10.0.0.5:8000"}}
+    console = load_line(write(tmp_path, http)).console
+    assert console is not None and console.url == "http://10.0.0.5:8000" and console.every_s == 2.0
+    given = {**GOOD, "console": {"url": "http://10.0.0.5:8000", "every_s": 5, "token_env": "HETMM_TOKEN"}}
+    console = load_line(write(tmp_path, given)).console
+    assert console is not None and console.every_s == 5 and console.token_env == "HETMM_TOKEN"
+    bad = {**GOOD, "console": {"url": "ftp://x", "every_s": 0.1, "colour": 1}}
+    problems = line_problems(write(tmp_path, bad))
+    assert [p for p in problems if p.startswith("console")], problems
+    assert any("url" in p for p in problems) and any("every_s" in p for p in problems), problems
+    assert any("colour" in p for p in problems), problems

@@ -752,9 +752,35 @@ async function renderDrift() {
 }
 $("drift-hours").addEventListener("change", () => renderDrift().catch(showError));
 
+// --- stations (serve/stations.py) --------------------------------------------------------------
+const STATIONS_EVERY_MS = 2000;
+let stationsTimer = null;
+
+function stationRow(s) {
+  const shown = s.silent ? "silent" : s.state;
+  const last = s.last ? `${s.last.part_id}: ${s.last.verdict}${s.last.late ? " (late)" : ""}` : "–";
+  const latency = s.latency_ms ? `${s.latency_ms.p50.toFixed(0)} / ${s.latency_ms.p99.toFixed(0)} ms` : "–";
+  return el("tr", { "data-station": `${s.line}/${s.station}` },
+    el("td", { text: s.line }), el("td", { text: s.station }),
+    el("td", { text: s.version ? `${s.product} v${s.version}` : s.product }),
+    el("td", { text: s.silent ? `silent (said ${s.state})` : s.state, class: `station-state ${shown}`, "data-testid": "station-state" }),
+    el("td", { text: String(s.queue), class: s.queue ? "warn" : null }),
+    ...["good", "anomaly", "timeout", "error"].map((v) => el("td", { text: String(s.parts[v] || 0) })),
+    el("td", { text: last }), el("td", { text: latency }), el("td", { text: `${s.seen_s.toFixed(0)} s ago` }));
+}
+
+async function renderStations() {
+  const { stations } = await api("GET", "/v1/stations");
+  $("stations-body").replaceChildren(...stations.map(stationRow));
+  $("stations-empty").hidden = stations.length > 0;
+  clearTimeout(stationsTimer);
+  stationsTimer = setTimeout(() => { if (state.view === "stations") renderStations().catch(showError); }, STATIONS_EVERY_MS);
+}
+
 // --- views ----------------------------------------------------------------------------------
 const VIEWS = { products: renderProducts, inspect: async () => {}, recent: renderRecent, calibration: renderCalibration,
-  versions: renderVersions, region: renderRegion, drift: renderDrift };
+  versions: renderVersions, region: renderRegion, drift: renderDrift, stations: renderStations };
+const NO_PRODUCT_NEEDED = new Set(["products", "stations"]);
 
 async function render() {
   const view = VIEWS[location.hash.slice(1)] ? location.hash.slice(1) : "products";
@@ -762,7 +788,7 @@ async function render() {
   for (const name of Object.keys(VIEWS)) $(`view-${name}`).hidden = name !== view;
   for (const a of document.querySelectorAll("nav a")) a.classList.toggle("active", a.dataset.view === view);
   for (const s of document.querySelectorAll(".product-name")) s.textContent = state.product || "";
-  if (view !== "products" && !state.product) return showError(new ApiError(0, "no_product", "the store holds no product yet"));
+  if (!NO_PRODUCT_NEEDED.has(view) && !state.product) return showError(new ApiError(0, "no_product", "the store holds no product yet"));
   try { await VIEWS[view](); } catch (exc) { showError(exc); }
   document.body.dataset.ready = view;
 }

@@ -767,3 +767,71 @@ def test_drift_view_draws_the_flagged_share_and_the_live_windows(
     live = drift.get("live") or {}
     assert len(states) == len(live.get("windows", {})), (states, drift)
     shot(page, "drift")
+
+
+def test_stations_view_shows_what_a_running_station_reports(page: Any, api: httpx.Client, tmp_path: Path) -> None:
+    """Issue 39: the console shows the stations. A real station (a watched folder scored in process on
+    a store of its own) reports itself to this service every 0.5 s through ``ConsoleReporter`` with the
+    admin token; the Stations view shows its state, parts and last part, then ``offline`` once it
+    stops, and a station that stops reporting shows silent. A report without the token is a 401, a
+    bad one a 400, both in the JSON error shape."""
+    import yaml
+    from helpers import TINY_CONFIG
+
+    from hetmm_ray import operations
+    from hetmm_ray.station import load_line
+    from hetmm_ray.station.report import ConsoleReporter
+    from hetmm_ray.station.runner import build_station
+
+    base = api.base_url
+    operations.fit(
+        open_store(tmp_path / "store"), "cam", DetectorConfig.from_dict(TINY_CONFIG), [GEAR.good(i) for i in range(4)]
+    )
+    (tmp_path / "in").mkdir()
+    line = {
+        "line": "press-3",
+        "service": {"in_process": "store"},
+        "console": {"url": str(base), "every_s": 0.5, "token_env": TOKEN_ENV},
+        "stations": [
+            {
+                "name": "cam1",
+                "product": "cam",
+                "source": {"kind": "folder", "path": "in", "after": "delete", "settle_ms": 0},
+                "deadline_ms": 600_000,
+                "sinks": [{"kind": "log", "path": "cam1.csv"}],
+            }
+        ],
+    }
+    (tmp_path / "line.yaml").write_text(yaml.safe_dump(line))
+    loaded = load_line(tmp_path / "line.yaml")
+    runner = build_station(loaded.stations[0], tmp_path, line=loaded.name)
+    reporter = ConsoleReporter(loaded.console, loaded.name, [runner])
+    reporter.start()
+    try:
+        for i in range(3):
+            (tmp_path / "in" / f"P-{i}.png").write_bytes(png(GEAR.good(400 + i)))
+        deadline = time.monotonic() + UI_WAIT_S
+        while sum(runner.counts.values()) < 3:
+            runner.step()
+            assert time.monotonic() < deadline, "the station did not score its parts"
+            time.sleep(0.02)
+        goto(page, "stations")
+        row = "[data-testid=stations-body] tr[data-station='press-3/cam1']"
+        until(page, f"() => (document.querySelector(\"{row}\") || {{}}).innerText?.includes('P-2')")
+        cells = page.eval_on_selector_all(f"{row} td", "tds => tds.map(td => td.innerText)")
+        assert cells[:4] == ["press-3", "cam1", "cam v1", "ok"], cells
+        assert sum(int(c) for c in cells[5:9]) == 3 and cells[4] == "0", cells  # 3 parts, none waiting
+        assert cells[9].startswith("P-2: ") and cells[10].endswith(" ms"), cells
+        shot(page, "stations")
+    finally:
+        reporter.stop()  # the last report says offline
+        runner.close()
+    state = "[data-testid=stations-body] tr[data-station='press-3/cam1'] [data-testid=station-state]"
+    until(page, f"() => document.querySelector(\"{state}\").innerText === 'silent (said offline)'", timeout=UI_WAIT_S)
+
+    good = {"product": "cam", "state": "ok", "queue": 0, "parts": {}, "every_s": 2}
+    no_token = api.put("/v1/stations/press-3/cam2", json=good)
+    assert no_token.status_code == 401 and no_token.json()["error"]["code"] == "unauthorized"
+    bad = api.put("/v1/stations/press-3/cam2", json={**good, "state": "asleep"}, headers=ADMIN)
+    assert bad.status_code == 400 and bad.json()["error"]["code"] == "bad_station_report", bad.text
+    assert "cam2" not in {s["station"] for s in api.get("/v1/stations").json()["stations"]}
