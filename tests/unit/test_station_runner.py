@@ -490,3 +490,73 @@ def test_the_counter_goes_on_after_a_restart(tmp_path: Path, part) -> None:
         wait_for(runner, len(names))
         runner.close()
     assert [r["part_id"] for r in rows(tmp_path / "s1.csv")] == ["1", "2", "3"]
+
+
+def test_files_written_slowly_or_renamed_into_place_are_each_scored_once_whole(tmp_path: Path, part) -> None:
+    """Issue 39's acceptance: a camera PC writing files slowly (in pieces, straight into the folder)
+    and others written beside it then renamed into place, while the station runs: every file is
+    scored once, and from its whole bytes (its score is the detector's score of the whole image)."""
+    store = fit(tmp_path, part)
+    runner = build_station(
+        load_line(
+            line_file(
+                tmp_path,
+                source={
+                    "kind": "folder",
+                    "path": "in",
+                    "after": "move",
+                    "move_to": "done",
+                    "settle_ms": 300,
+                },
+            )
+        ).stations[0],
+        tmp_path,
+    )
+    images = {f"w{i}": png(part.good(90 + i)) for i in range(6)}
+
+    def write_slowly() -> None:
+        for i, (name, data) in enumerate(images.items()):
+            if i % 2:  # beside the folder, then renamed into place: whole at once
+                tmp = tmp_path / f"{name}.partial"
+                tmp.write_bytes(data)
+                tmp.replace(tmp_path / "in" / f"{name}.png")
+                continue
+            with (tmp_path / "in" / f"{name}.png").open("wb") as f:  # in three pieces, 100 ms apart
+                for piece in (
+                    data[: len(data) // 3],
+                    data[len(data) // 3 : 2 * len(data) // 3],
+                    data[2 * len(data) // 3 :],
+                ):
+                    f.write(piece)
+                    f.flush()
+                    time.sleep(0.1)
+
+    writer = threading.Thread(target=write_slowly)
+    writer.start()
+    wait_for(runner, len(images), bound_s=180)
+    writer.join()
+    logged = rows(tmp_path / "s1.csv")
+    assert sorted(r["part_id"] for r in logged) == sorted(images)  # each once
+    detector = load_detector(store, "p", 1, progress=False)
+    for r in logged:  # one image at a time, as the station scores them (the same batch of one)
+        expected = float(detector.predict([images[r["part_id"]]]).scores[0])
+        assert r["verdict"] in ("good", "anomaly") and float(r["score"]) == pytest.approx(expected, rel=1e-6), r
+    runner.close()
+
+
+def test_an_unknown_product_is_an_error_result_and_the_other_station_goes_on(tmp_path: Path, part) -> None:
+    fit(tmp_path, part)
+    from helpers import folder_station
+
+    stations = [folder_station(tmp_path, "s-known"), folder_station(tmp_path, "s-unknown", product="no-such-product")]
+    (tmp_path / "line.yaml").write_text(yaml.safe_dump({"service": {"in_process": "store"}, "stations": stations}))
+    runners = [build_station(st, tmp_path) for st in load_line(tmp_path / "line.yaml").stations]
+    for runner in runners:
+        (tmp_path / runner.station.head.name / "a.png").write_bytes(png(part.good(30)))
+    for runner in runners:
+        wait_for(runner, 1)
+        runner.close()
+    (known,) = rows(tmp_path / "s-known.csv")
+    (unknown,) = rows(tmp_path / "s-unknown.csv")
+    assert known["verdict"] in ("good", "anomaly")
+    assert unknown["verdict"] == "error" and "no-such-product" in unknown["error"], unknown
