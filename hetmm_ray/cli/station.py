@@ -46,6 +46,8 @@ def cmd_station_check(args: argparse.Namespace) -> int:
         return 2
     line = load_line(args.line)
     print(f"{args.line}: line {line.name!r}, {len(line.stations)} station(s), no problem found")
+    if line.console is not None:
+        print(f"  reports to the console at {line.console.url} every {line.console.every_s:g} s")
     for st in line.stations:
         target = st.service.grpc or st.service.http or f"in process ({st.service.in_process})"
         sinks = ", ".join(s.kind for s in st.sinks)
