@@ -404,10 +404,10 @@ class StationRunner:
     def _publish(self, result: PartResult) -> None:
         self.recent.append(result)
         self.counts[result.verdict] += 1
-        if self.on_result is not None:
-            self.on_result(result)
         for sink in self.sinks:
             sink.publish(result)
+        if self.on_result is not None:  # after the sinks: what is printed is out
+            self.on_result(result)
         if self.metrics is not None:
             self.metrics.result(result)
             self.report()
