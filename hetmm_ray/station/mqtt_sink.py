@@ -19,17 +19,18 @@ Exact semantics:
   naming the broker and its reason, and the station shows ``degraded`` until it accepts (results
   wait meanwhile, as while the broker is away).
 - While the broker is away, results wait in this client's queue and go out in order when it is
-  back; the client reconnects every 1-2 s. With an ``outbox`` (``outbox.py``; the station gives
-  every QoS 1 or 2 sink one in its queue folder), each result is on disk before it goes out and
-  until the broker acknowledges it, so a killed station sends, at its next start and before
-  anything new, what the broker had not acknowledged; :meth:`MqttPublisher.published_keys` says
-  which frames' results were out before that start.
+  back; the client reconnects every 1-2 s. With ``outbox_in`` (the station gives every QoS 1 or 2
+  sink its queue folder), each result is kept in an on-disk outbox there (``outbox.py``;
+  ``mqtt-outbox-<client id>``) before it goes out and until the broker acknowledges it, so a killed
+  station sends, at its next start and before anything new, what the broker had not acknowledged;
+  :meth:`MqttPublisher.published_keys` says which frames' results were out before that start.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import threading
 from pathlib import Path
@@ -116,7 +117,7 @@ def state_topic(topic: str) -> str:
 class MqttPublisher:
     """The sink of one station (see the module docstring)."""
 
-    def __init__(self, cfg: MqttSink, *, station: str, line: str, outbox: Path | None = None) -> None:
+    def __init__(self, cfg: MqttSink, *, station: str, line: str, outbox_in: Path | None = None) -> None:
         self.cfg = cfg
         self.station = station
         self.connected = threading.Event()
@@ -137,7 +138,9 @@ class MqttPublisher:
         self._lock = threading.Lock()
         self._inflight: dict[int, int | None] = {}  # mid -> outbox seq (None: not kept)
         self._early: set[int] = set()
-        self.outbox = Outbox(outbox) if outbox is not None and cfg.qos > 0 else None
+        self.outbox = None  # in outbox_in (the station's queue folder), named by the client id
+        if outbox_in is not None and cfg.qos > 0:
+            self.outbox = Outbox(outbox_in / ("mqtt-outbox-" + re.sub(r"[^A-Za-z0-9._-]", "_", self.client_id)))
         self._before = self.outbox.keys() if self.outbox is not None else frozenset()
         for pending in self.outbox.unsent() if self.outbox is not None else []:  # first, in order
             self._send(pending.topic, pending.payload, cfg.qos, False, pending.seq)

@@ -54,7 +54,6 @@ from __future__ import annotations
 
 import csv
 import itertools
-import re
 import sys
 import threading
 import time
@@ -283,9 +282,7 @@ def _sink(sink: Any, station: Station, base: Path, line: str, queue_folder: Path
     if isinstance(sink, MqttSink):
         from .mqtt_sink import MqttPublisher
 
-        client_id = sink.client_id or f"hetmm-{line}-{station.head.name}"
-        outbox = queue_folder / ("mqtt-outbox-" + re.sub(r"[^A-Za-z0-9._-]", "_", client_id))
-        return MqttPublisher(sink, station=station.head.name, line=line, outbox=outbox)
+        return MqttPublisher(sink, station=station.head.name, line=line, outbox_in=queue_folder)
     if isinstance(sink, WebhookSink):
         from .webhook_sink import WebhookPoster
 
