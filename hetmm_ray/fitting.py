@@ -42,6 +42,7 @@ from tqdm.auto import tqdm
 from .config import DetectorConfig, TemplateConfig
 from .core.auto_sheets import Rung, agreement, choose_sheets, scaled_ms
 from .core.calibration import OutOfFold, fold_plan
+from .core.cover import cover_folds
 from .core.device import TORCH_DTYPES, image_digest
 from .core.geometry import Box, boxes_from_features
 from .core.pts import select_layers
@@ -413,8 +414,9 @@ class FitPipeline:
         own ``config.templates``): ALL is the kept images' bank; a compressed selection
         (PTS, IR, PR, PC_K) re-runs on the kept images, so a held-out image never contributes a
         sheet. The held-out features come from the bank (no backbone pass).
-        Cost: one selection per fold (none for ALL) + one ATMM scoring per held-out image;
-        progress counts the scored images.
+        Cost: one selection per fold (none for ALL; the ``cover`` kind selects for every fold in
+        one pass over the bank, ``core.cover.cover_folds``) + one ATMM scoring per held-out
+        image; progress counts the scored images.
         """
         config = ts.config
         th = config.threshold
@@ -426,8 +428,13 @@ class FitPipeline:
         device = self.scorer.device
         plan = fold_plan(n, folds=th.folds, max_images=th.max_images, seed=th.seed, keys=ts.image_digests)
         total = sum(len(held) for held in plan)
+        cover = (
+            cover_folds(ts.bank, sel.sheets, plan, device=device)
+            if sel.kind == "cover" and isinstance(sel.sheets, int)
+            else None
+        )  # every fold's cover selection in one pass over the bank, not one selection per fold
         with self._stage("calibrate: out-of-fold", total, leave=False) as progress:
-            for held in plan:
+            for f, held in enumerate(plan):
                 held_set = set(held)
                 kept = [i for i in range(n) if i not in held_set]
                 kept_bank = {k: v[kept] for k, v in ts.bank.items()}
@@ -437,7 +444,9 @@ class FitPipeline:
                     weights_id=ts.weights_id,
                     image_digests=tuple(ts.image_digests[i] for i in kept),
                 )
-                if sel.kind != "all":
+                if cover is not None:
+                    fold_ts = replace(fold_ts, indices=cover[f])
+                elif sel.kind != "all":
                     indices, centres = select_layers(
                         kept_bank, sel.kind, sel.sheets, sel.seed, device=device, **self._pts()
                     )

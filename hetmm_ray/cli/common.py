@@ -77,7 +77,11 @@ def _add_config_flags(p: argparse.ArgumentParser, *, templates: bool = True) -> 
             choices=(*TEMPLATE_KINDS, "pts"),
             help=f"template selection (default {DetectorConfig().templates.kind}; pts = pts_o)",  # one place: config
         )
-        g.add_argument("--sheets", type=_sheets, help="template sheets K for compressed selections, or auto (default)")
+        g.add_argument(
+            "--sheets",
+            type=_sheets,
+            help=f"template sheets K for compressed selections, or auto (default {DetectorConfig().templates.sheets})",
+        )
     g.add_argument(
         "--region",
         metavar="FILE",

@@ -79,10 +79,12 @@ def cmd_fit(args: argparse.Namespace) -> int:
 
 
 def _sheets_text(tc: Any, n_images: int) -> str:
-    """``5 (all)``, ``40 (pts_o)``, ``at most 120 (pts_o, sheets auto)``: what a fit will hold."""
+    """``5 (all)``, ``200 (cover)``, ``40 (pts_o)``, ``at most 120 (pts_o, sheets auto)``: what a fit will hold."""
     k = tc.sheets_of(n_images)
     if tc.kind != "all" and tc.sheets == "auto":
         return f"at most {k} ({tc.kind}, sheets auto)"
+    if tc.kind == "cover" and n_images <= tc.sheets:
+        return f"{k} (cover: every image while the bank holds at most {tc.sheets})"
     return f"{k} ({tc.kind})"
 
 

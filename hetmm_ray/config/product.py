@@ -109,7 +109,7 @@ PACKAGED_WEIGHTS: dict[str, PackagedWeights] = {
     ),
 }
 
-TEMPLATE_KINDS = ("all", "ir", "pr", "pc_k", "pts_k", "pts_o")
+TEMPLATE_KINDS = ("all", "cover", "ir", "pr", "pc_k", "pts_k", "pts_o")
 THRESHOLD_RULES = ("far", "sigmas", "validation")  # see ThresholdConfig
 # A threshold more than this many times the highest out-of-fold good score is reported with a
 # warning (core/scoring.OperatingPoint.warning): the rule then put it where no good image was ever
@@ -205,16 +205,20 @@ class TemplateConfig(Settings):
 
     _prefix: ClassVar[str] = "templates."
 
-    # The default kind. "all" keeps every good image; a compressed default (e.g. "pts_o", with
-    # sheets "auto" below) is this one line, to be decided by measurement (BENCHMARKS.md,
-    # "sheets: auto judged at each selection's own threshold").
-    kind: str = setting("all", OneOf(TEMPLATE_KINDS, "selection"))
-    # Sheets K of a compressed selection: an integer, or "auto" = the smallest K on the ladder
-    # (core/auto_sheets.py) whose out-of-fold verdicts and ranks match ALL's within the
+    # The default kind, "cover" (issue 40): at every pixel the `sheets` bank vectors that cover the
+    # bank best (core/cover.py: each one taken is the vector least covered so far), so ATMM's cost
+    # stops growing with the bank at `sheets` images while every good image stays within a measured
+    # radius of a sheet. A bank of at most `sheets` images is ALL itself. "all" keeps every good
+    # image whatever the bank (its cost grows with it); "pts_o" is the paper's PTS.
+    # BENCHMARKS.md "Template selection as the bank grows" has the measurements.
+    kind: str = setting("cover", OneOf(TEMPLATE_KINDS, "selection"))
+    # Sheets K of a compressed selection: an integer (200: a bank of up to 200 good images is
+    # scored as ALL; beyond, ATMM costs what 200 images cost), or "auto" = the smallest K on the
+    # ladder (core/auto_sheets.py) whose out-of-fold verdicts and ranks match ALL's within the
     # tolerance below, each side judged against its own calibrated threshold. The chosen K
     # replaces "auto" in the product's stored configuration (hot updates keep it); the ladder
     # is kept in the template set's meta["sheets_auto"].
-    sheets: int | str = setting("auto", Range(1, 100_000, int, also=("auto",)))
+    sheets: int | str = setting(200, Range(1, 100_000, int, also=("auto",)))
     seed: int = setting(0, SEED)
     # "auto" tolerance against ALL on the out-of-fold scores s (K sheets) and a (ALL) of the good
     # images, t_K and t_ALL each side's own verdict threshold on them:

@@ -51,6 +51,7 @@ import torch
 from torch import Tensor
 
 from ..config import TEMPLATE_KINDS
+from .cover import cover_indices
 from .optics import cosine_distances, cosine_similarities, optics_graph, xi_labels
 
 __all__ = [
@@ -337,6 +338,10 @@ def _chosen(
         if k >= n:
             return None, None
         return None, _pc_k(bank, k, seed, progress)
+    if kind == "cover":
+        if k >= n:
+            return None, None
+        return cover_indices(bank, k, chunk_pixels=chunk_pixels, progress=progress)[0].indices, None
     if kind in ("pts_k", "pts_o"):
         init = "kmeans" if kind == "pts_k" else "optics"
         extra = {} if chunk_pixels is None else {"chunk_pixels": chunk_pixels}
@@ -388,6 +393,9 @@ def select_layer(
     - ``pr``: ``min(k, N)`` random images drawn independently per pixel (seeded).
     - ``pc_k``: per-pixel spherical k-means centres (faiss, seeded), unit vectors, not bank
       members (``centres``); ``k >= N`` gives the bank.
+    - ``cover``: per pixel, the ``k`` bank vectors of the greedy coverage rule
+      (:func:`.cover.cover_indices`: each step takes the vector least covered so far, so every
+      bank vector is within a measured radius of a chosen one); ``k >= N`` gives the bank.
     - ``pts_k`` / ``pts_o``: :func:`pts_indices` with ``init="kmeans"`` / ``"optics"``; ``pts``
       swaps in another implementation of the same contract (the Ray fan-out).
 

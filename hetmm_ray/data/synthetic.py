@@ -35,6 +35,7 @@ from PIL import Image
 __all__ = [
     "ASPECTS",
     "DEFECT_KINDS",
+    "POSES",
     "MASK_THRESHOLD",
     "SyntheticProduct",
     "band_crop",
@@ -43,6 +44,9 @@ __all__ = [
 ]
 
 ASPECTS = ("square", "varied")
+POSES = ("fixed", "varied")
+"""``fixed``: a shift of up to 3 px and a turn of up to 2 degrees (a part in a fixture);
+``varied``: any turn and a shift of up to 12 px (a part dropped on a belt)."""
 
 DEFECT_KINDS = ("scratch", "hole", "missing")
 MASK_THRESHOLD = 24.0
@@ -116,9 +120,14 @@ class _Scene:
 class SyntheticProduct:
     """Deterministic generator of good and defective images of one synthetic part."""
 
-    def __init__(self, *, seed: int = 0, size: int = 256, printed_code: bool = False) -> None:
+    def __init__(self, *, seed: int = 0, size: int = 256, printed_code: bool = False, pose: str = "fixed") -> None:
         if not isinstance(size, int) or size < 32:
             raise ValueError(f"size must be an integer >= 32, got {size!r}")
+        if pose not in POSES:
+            raise ValueError(f"pose must be one of {', '.join(POSES)}, got {pose!r}")
+        if pose != "fixed" and printed_code:
+            raise ValueError("printed_code needs pose='fixed' (its region is drawn for a part in a fixture)")
+        self.pose = pose
         self.seed = int(seed)
         self.size = size
         self.printed_code = bool(printed_code)
@@ -236,8 +245,9 @@ class SyntheticProduct:
         px = s / 256.0  # one "design pixel"
         rng = np.random.default_rng([self.seed, int(index)])
         # Python floats: numpy float64 scalars would promote the float32 grids.
-        dx, dy = (float(t) * px for t in rng.uniform(-3.0, 3.0, size=2))
-        angle = math.radians(float(rng.uniform(-2.0, 2.0)))
+        shift, turn = (3.0, 2.0) if self.pose == "fixed" else (12.0, 180.0)
+        dx, dy = (float(t) * px for t in rng.uniform(-shift, shift, size=2))
+        angle = math.radians(float(rng.uniform(-turn, turn)))
         gain = float(rng.uniform(0.96, 1.04))
         noise = rng.integers(-3, 4, size=(size, size, 3), dtype=np.int8)  # uniform, std 2 grey levels
         ox, oy = self._centre + dx, self._centre + dy
@@ -266,7 +276,9 @@ class SyntheticProduct:
 
         # Metal: texture + turning marks + lighting + groove + edge bevel.
         pad = self._centre + self._pad + 0.5
-        lum = self._texture[(v + pad).astype(np.intp), (u + pad).astype(np.intp)]
+        # Clipped: only the background beyond the part reaches past the texture (a turned part's box corners).
+        top = self._texture.shape[0] - 1
+        lum = self._texture[np.clip((v + pad).astype(np.intp), 0, top), np.clip((u + pad).astype(np.intp), 0, top)]
         lum += 168.0 + 5.0 * np.sin(r * (2 * math.pi / (5.5 * px))) + self._light[box]
         groove = (r - _R_RING * s) / (1.2 * px)
         lum += 25.0 * np.exp(-((groove - 1.8) ** 2)) - 50.0 * np.exp(-(groove * groove))
@@ -406,6 +418,7 @@ def write_mvtec_layout(
     size: int = 256,
     aspect: str = "square",
     masks: bool = True,
+    pose: str = "fixed",
 ) -> Path:
     """Write a synthetic category in the MVTec AD layout and return ``root``.
 
@@ -413,7 +426,8 @@ def write_mvtec_layout(
     ``ground_truth/<kind>/<stem>_mask.png`` (0/255). Every image uses its own
     index, so train and test never share an image. ``aspect="varied"``: every image
     (and its mask) is cut to a centred band of varied height (:func:`band_crop`).
-    ``masks=False``: no ``ground_truth/`` (an image-labels-only set).
+    ``masks=False``: no ``ground_truth/`` (an image-labels-only set). ``pose`` (:data:`POSES`):
+    how far each part is shifted and turned.
     """
     if aspect not in ASPECTS:
         raise ValueError(f"aspect must be one of {', '.join(ASPECTS)}, got {aspect!r}")
@@ -422,7 +436,7 @@ def write_mvtec_layout(
     def shaped(i: int, image: np.ndarray, mask: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray | None]:
         return band_crop(image, i, seed, mask) if aspect == "varied" else (image, mask)
 
-    product = SyntheticProduct(seed=seed, size=size)
+    product = SyntheticProduct(seed=seed, size=size, pose=pose)
 
     def defective(i: int, kind: str) -> tuple[np.ndarray, np.ndarray]:
         image, mask = shaped(i, *product.defective(i, kind))

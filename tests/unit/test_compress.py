@@ -12,7 +12,10 @@ from reference_impls import select
 
 from hetmm_ray.cli import main
 from hetmm_ray.config import BackboneConfig, DetectorConfig, TemplateConfig, ThresholdConfig
-from hetmm_ray.core.pts import pts_indices
+from hetmm_ray.core.calibration import fold_plan
+from hetmm_ray.core.cover import cover_indices
+from hetmm_ray.core.pts import pts_indices, select_layers
+from hetmm_ray.core.templates import TemplateSet
 from hetmm_ray.data.synthetic import SyntheticProduct, write_mvtec_layout
 from hetmm_ray.detector import HETMM
 from hetmm_ray.detectors import load_detector
@@ -54,7 +57,7 @@ def test_fit_with_pts_stores_the_exact_pts_indices(images):
     assert pred.scores.shape == (2,) and np.isfinite(pred.threshold)
 
 
-@pytest.mark.parametrize("kind", ["ir", "pr", "pc_k", "pts_k", "pts_o"])
+@pytest.mark.parametrize("kind", ["cover", "ir", "pr", "pc_k", "pts_k", "pts_o"])
 def test_compress_round_trips_through_the_store(images, tmp_path, kind):
     train, query = images
     det = HETMM(config()).fit(train)
@@ -96,6 +99,48 @@ def test_update_reselects_from_the_grown_bank(images):
     assert ts.n_images == 7 and ts.sheets == 3
     for layer, bank in ts.bank.items():
         assert torch.equal(ts.indices[layer], pts_indices(bank, 3))
+
+
+def test_a_default_product_grown_past_its_sheets_is_compressed_by_the_hot_update(images):
+    """The default selection (``cover``, issue 40): a bank of at most ``sheets`` images is ALL
+    itself (nothing selected, nothing stored); a hot update past it selects ``sheets`` per pixel
+    from the grown bank, with no refit asked for."""
+    assert DetectorConfig().templates.kind == "cover"
+    train, query = images
+    cfg = config().replace(**{"templates.kind": "cover", "templates.sheets": 5})
+    det = HETMM(cfg).fit(train[:4])
+    assert det.templates.indices is None and det.templates.sheets == 4
+    before = det.predict(query).scores
+    np.testing.assert_array_equal(before, HETMM(config()).fit(train[:4]).predict(query).scores)  # = ALL
+    det.update(train[4:])
+    ts = det.templates
+    assert ts.n_images == 7 and ts.sheets == 5
+    for layer, bank in ts.bank.items():
+        assert torch.equal(ts.indices[layer], cover_indices(bank, 5)[0].indices)
+
+
+def test_cover_calibration_is_one_selection_per_fold_made_in_one_pass(images):
+    """The cover kind selects every fold's templates in one pass over the bank; the out-of-fold
+    scores equal those of a refit per fold (the kept images selected alone), so the threshold is
+    as honest as ten compressions in a row."""
+    cfg = config("cover", 3).replace(**{"threshold.max_images": 7, "threshold.folds": 3})
+    det = HETMM(cfg).fit(images[0])
+    ts = det.templates
+    oof = det.pipeline.out_of_fold(ts)
+    th = cfg.threshold
+    plan = fold_plan(ts.n_images, folds=th.folds, max_images=th.max_images, seed=th.seed, keys=ts.image_digests)
+    expected = {}
+    for held in plan:
+        kept = [i for i in range(ts.n_images) if i not in held]
+        bank = {k: v[kept] for k, v in ts.bank.items()}
+        indices, _ = select_layers(bank, "cover", 3)
+        fold = TemplateSet(
+            bank=bank, config=ts.config, weights_id=ts.weights_id,
+            image_digests=tuple(ts.image_digests[i] for i in kept), indices=indices,
+        )  # fmt: skip
+        scores = det.scorer.score({k: v[held] for k, v in ts.bank.items()}, det.scorer.prepare(fold), None)
+        expected.update(zip(held, scores.tolist(), strict=True))
+    assert oof.by_image() == expected
 
 
 def test_cli_compress_and_evaluate_with_pts(tmp_path: Path, capsys: pytest.CaptureFixture[str]):

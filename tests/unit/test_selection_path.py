@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from helpers import REPO
 
 from hetmm_ray.config import TASK_CPUS, BackboneConfig, DetectorConfig, ScoringConfig, TemplateConfig
+from hetmm_ray.core.cover import cover_reference, cover_similarities, unit_vectors
 from hetmm_ray.core.pts import kmeans_centres, pts_indices, select_layer, select_layers
 from hetmm_ray.core.templates import TemplateSet
 from hetmm_ray.detector import HETMM
@@ -33,6 +34,17 @@ def _bank(n: int, seed: int, c: int = 6, h: int = 3, w: int = 4, dtype: torch.dt
 
 
 # --- slow obvious implementations ------------------------------------------------------
+def _slow_cover(bank: torch.Tensor, k: int) -> torch.Tensor:
+    """The cover kind one pixel at a time, by its plain reference (core/cover.py)."""
+    _n, _c, h, w = bank.shape
+    out = torch.empty((min(k, bank.shape[0]), h, w), dtype=torch.int64)
+    for y in range(h):
+        for x in range(w):
+            xv = unit_vectors(bank[:, :, y, x])
+            out[:, y, x] = torch.tensor(cover_reference(xv, cover_similarities(xv[None])[0], k))
+    return out
+
+
 def _slow_ir(n: int, k: int, h: int, w: int, seed: int) -> torch.Tensor:
     """The same first min(k, N) images of one seeded permutation at every pixel."""
     perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))[: min(k, n)].tolist()
@@ -78,13 +90,13 @@ def _slow_pc_k(bank: torch.Tensor, k: int, seed: int) -> torch.Tensor:
     return out.to(bank.dtype)
 
 
-@pytest.mark.parametrize("kind", ["ir", "pr", "pts_o", "pts_k", "pc_k", "all"])
+@pytest.mark.parametrize("kind", ["ir", "pr", "pts_o", "pts_k", "pc_k", "cover", "all"])
 @pytest.mark.parametrize("k", [4, 30])
 def test_select_layer_equals_the_slow_obvious_selection(kind: str, k: int) -> None:
     bank = _bank(12, seed=1)
     n, _, h, w = bank.shape
     got = select_layer(bank, kind, k, seed=3)
-    if kind == "all" or (kind == "pc_k" and k >= n):
+    if kind == "all" or (kind in ("pc_k", "cover") and k >= n):
         assert got.indices is None and got.centres is None
         return
     if kind == "pc_k":
@@ -96,6 +108,7 @@ def test_select_layer_equals_the_slow_obvious_selection(kind: str, k: int) -> No
         "pr": lambda: _slow_pr(n, k, h, w, 3),
         "pts_o": lambda: _slow_pts(bank, k, "optics", 3),
         "pts_k": lambda: _slow_pts(bank, k, "kmeans", 3),
+        "cover": lambda: _slow_cover(bank, k),
     }[kind]()
     assert got.centres is None and got.indices is not None
     assert got.indices.dtype == torch.int64 and got.indices.device.type == "cpu"
@@ -158,15 +171,17 @@ def _calls(tree: ast.AST) -> set[str]:
 
 
 def test_selection_and_the_gather_are_written_once() -> None:
-    """Outside ``core/pts.py`` nothing runs a selection kind by itself or gathers templates:
-    callers go through ``select_layer`` / ``select_layers`` and ``select_templates``."""
+    """Outside ``core/pts.py`` (and ``core/cover.py``, the cover kind itself, whose gathers are of
+    similarity rows) nothing runs a selection kind by itself or gathers templates: callers go
+    through ``select_layer`` / ``select_layers`` and ``select_templates``; the calibration's
+    one-pass cover folds (``cover_folds``) are the cover kind's own."""
     offenders = {}
     for path in PACKAGE.rglob("*.py"):
-        if path.name == "pts.py" and path.parent.name == "core":
+        if path.name in ("pts.py", "cover.py") and path.parent.name == "core":
             continue
         calls = _calls(ast.parse(path.read_text()))
         gathers = {c for c in calls if c.endswith("gather") and c != "asyncio.gather"}
-        bad = gathers | (calls & {"select", "pts_indices", "kmeans_centres"})
+        bad = gathers | (calls & {"select", "pts_indices", "kmeans_centres", "cover_indices"})
         if path.name == "pts_fanout.py":
             bad -= {"pts_indices"}  # the Ray PTS step runs the same pts_indices per chunk
         if bad:

@@ -176,7 +176,8 @@ def test_cli_fit_predict_evaluate_with_tiles(tmp_path, capsys):
     assert main(["fit", str(data / "train" / "good"), "--product", "t", "--store", str(store), *CLI_FLAGS, *tiles]) == 0
     out = capsys.readouterr().out
     assert "tiles 2 x 2 (4 per frame, 52 x 52 px of a 96 x 96 frame" in out
-    assert "sheets 5 per tile (all), estimated" in out and "ms per frame" in out
+    assert "sheets 5 per tile (cover: every image while the bank holds at most 200), estimated" in out
+    assert "ms per frame" in out
     assert "version 1 from 5 good images" in out and "4 tiles" in out
     assert open_store(store).record("t").config.geometry.tiles == (2, 2)
 
@@ -423,7 +424,8 @@ def test_fit_reports_the_cost_first_tiled_or_not(tmp_path, capsys):
     train, store = str(data / "train" / "good"), str(tmp_path / "store")
     assert main(["fit", train, "--product", "plain", "--store", store, *CLI_FLAGS]) == 0
     lines = capsys.readouterr().out.splitlines()
-    cost = "tiles 1 x 1 (1 per frame, a 96 x 96 frame, 3.00 frame px per canvas px), sheets 5 (all), estimated "
+    cost = "tiles 1 x 1 (1 per frame, a 96 x 96 frame, 3.00 frame px per canvas px), sheets 5 (cover: every image "
+    cost += "while the bank holds at most 200), estimated "
     assert lines[0].startswith(cost) and lines[0].endswith(" ms per frame") and "version 1" in lines[1]
     auto = ["--templates", "pts", "--sheets", "auto", "--set", "geometry.tiles=[2,2]"]
     assert main(["fit", train, "--product", "t", "--store", store, *CLI_FLAGS, *auto]) == 0

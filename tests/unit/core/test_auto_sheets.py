@@ -197,7 +197,8 @@ def test_scaled_ms():
 
 
 def test_sheets_setting_is_validated():
-    assert TemplateConfig().sheets == "auto"
+    assert TemplateConfig().sheets == 200  # the cover default (issue 40)
+    assert TemplateConfig(sheets="auto").sheets == "auto"
     assert TemplateConfig(sheets=7).sheets == 7
     for bad in ("many", 0, True, 2.5):
         with pytest.raises(ConfigError, match=r"templates\.sheets"):

@@ -16,6 +16,7 @@ import torch
 from reference_impls import select
 from sklearn.cluster import OPTICS, cluster_optics_xi, compute_optics_graph
 
+from hetmm_ray.core.cover import cover_indices
 from hetmm_ray.core.optics import (
     cosine_distances,
     cosine_similarities,
@@ -421,7 +422,7 @@ def test_selection_variants(kind: str) -> None:
         kk = n if kind == "all" else min(k, n)
         assert a.kind == kind and a.templates.shape == (kk, c, h, w)
         assert torch.equal(a.templates, b.templates)
-        if kind in ("all", "pc_k"):
+        if kind in ("all", "pc_k") or (kind == "cover" and k >= n):  # cover of the whole bank: ALL
             assert a.indices is None
         else:
             assert a.indices is not None and b.indices is not None
@@ -440,6 +441,8 @@ def test_selection_variants(kind: str) -> None:
         assert idx is not None and bool((idx == idx[:, :1, :1]).all())
     if kind == "pts_o":
         assert torch.equal(select(kind, bank, 4).indices, pts_indices(bank, 4))
+    if kind == "cover":
+        assert torch.equal(select(kind, bank, 4).indices, cover_indices(bank, 4)[0].indices)
 
 
 def test_unknown_selection() -> None:
