@@ -102,7 +102,9 @@ def cover_indices(
 ) -> list[CoverSelection]:
     """The cover selections of ``bank`` (N, C, H, W), one per row of ``excluded`` (F, N) bool
     (default: one selection of the whole bank), in the module's exact semantics. Runs on
-    ``bank``'s device; ``progress(done, total)`` counts pixels after each chunk."""
+    ``bank``'s device, ``chunk_pixels`` pixels at a time at most (and never more than
+    :data:`CHUNK_BYTES` of work: a PTS chunk setting handed on by a caller cannot blow it up);
+    ``progress(done, total)`` counts pixels after each chunk."""
     n, c, h, w = bank.shape if bank.dim() == 4 else (0, 0, 0, 0)
     excluded = torch.zeros((1, n), dtype=torch.bool) if excluded is None else excluded
     _check(bank, k, excluded)
@@ -114,7 +116,7 @@ def cover_indices(
     total = h * w
     out = torch.empty((f, steps, total), dtype=torch.int64, device=dev)
     radius = torch.zeros((f, total), dtype=torch.float64, device=dev)
-    step = chunk_pixels if chunk_pixels is not None else _chunk_pixels(n, c, f, total)
+    step = min(chunk_pixels or total, _chunk_pixels(n, c, f, total))  # never past CHUNK_BYTES of work
     candidate = (~excluded).to(torch.float64)  # (F, N)
     never = excluded.to(torch.float32).masked_fill(excluded, torch.inf)  # (F, N): +inf, never chosen
     flat = bank.reshape(n, c, total)
