@@ -47,6 +47,8 @@ measured the same way (the cost the budget avoided). ``--budget-only`` runs only
 Default backbone (efficientnet_lite0, packaged weights, 256-px canvas), ALL templates.
 
     python benchmarks/bench_tiles.py surface                  # 2048 x 2048 synthetic surface: 1x1 vs auto
+    python benchmarks/bench_tiles.py surface --grids auto --contrast 12 18 --keep /tmp/faint   # fainter defects
+    python benchmarks/bench_tiles.py data /tmp/faint --grids auto --set geometry.min_defect_px=2
     python benchmarks/bench_tiles.py data ../shared/data/mvtec_ad/bottle --grids 1x1,2x2
     python benchmarks/bench_tiles.py data ../shared/data/bsd_pitting --grids 1x1,auto
     python benchmarks/bench_tiles.py data ../shared/data/mvtec_ad/bottle --grids 2x2 --map-size 0 \
@@ -81,7 +83,7 @@ from common import free_port, png_bytes, post_images, served, table
 from hetmm_ray.config import DetectorConfig
 from hetmm_ray.core.backbone import Backbone
 from hetmm_ray.data.mvtec import MVTecCategory
-from hetmm_ray.data.surface import SyntheticSurface, write_surface_layout
+from hetmm_ray.data.surface import SurfaceDefects, SyntheticSurface, write_surface_layout
 from hetmm_ray.detector import HETMM
 from hetmm_ray.evaluation import EvaluationResult, evaluate
 from hetmm_ray.store import open_store
@@ -215,6 +217,7 @@ def evaluation(args: argparse.Namespace) -> None:
                 n_test_good=args.test_good,
                 n_test_per_defect=args.test_per_defect,
                 seed=args.seed,
+                defects=SurfaceDefects(contrast=tuple(args.contrast)) if args.contrast else None,
             )
             print(f"wrote {root} in {time.perf_counter() - t0:.0f} s", flush=True)
         run(root, grids, args.map_size, args.overlap, settings, args.windows)
@@ -447,6 +450,9 @@ def main() -> None:
     s.add_argument("--test-per-defect", type=int, default=10, help="per kind (scratch, pit)")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--keep", type=Path, help="write the frames here and keep them")
+    s.add_argument(
+        "--contrast", type=float, nargs=2, metavar=("LOW", "HIGH"), help="defect contrast, grey levels (default 22 34)"
+    )
     d = sub.add_parser("data", help="an MVTec-layout folder: one tile against grids")
     d.add_argument("path", type=Path)
     for p in (s, d):
