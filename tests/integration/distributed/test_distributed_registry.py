@@ -219,14 +219,14 @@ def test_a_restarted_registry_recovers_its_state_from_the_store(product) -> None
 
 
 def test_hot_update_of_an_all_templates_product_with_default_sheets(tmp_path: Path) -> None:
-    """``kind: all`` keeps the default ``sheets: auto`` in its config; an update must not hand it to PTS."""
+    """``kind: all`` with ``sheets: auto`` in its config (the default before issue 40): an update must not
+    hand it to PTS."""
     config = DetectorConfig(
         backbone=BackboneConfig(name="resnet18", weights="random", image_size=SIZE),
-        templates=TemplateConfig(kind="all"),
+        templates=TemplateConfig(kind="all", sheets="auto"),
         threshold=ThresholdConfig(max_images=4, folds=2),
         batch_size=4,
     )
-    assert config.templates.sheets == "auto"
     gear = SyntheticProduct(seed=0, size=SIZE)
     det = HETMM(config).fit([gear.good(i) for i in range(4)])
     uri = str(tmp_path / "store")
@@ -237,6 +237,34 @@ def test_hot_update_of_an_all_templates_product_with_default_sheets(tmp_path: Pa
     published = open_store(uri).get("gear")
     det.update([gear.good(60), gear.good(61)])
     assert published.n_images == 6 and published.indices is None
+    assert published.calibration == det.templates.calibration
+
+
+def test_hot_update_on_the_cluster_covers_a_grown_default_product(tmp_path: Path) -> None:
+    """The default selection (``cover``) grown past its sheets by a hot update on the cluster: the
+    published version holds the cover of the grown bank and the calibration a one-process update
+    computes, with no refit asked for."""
+    config = DetectorConfig(
+        backbone=BackboneConfig(name="resnet18", weights="random", image_size=SIZE),
+        templates=TemplateConfig(sheets=5),
+        threshold=ThresholdConfig(max_images=6, folds=2),
+        batch_size=4,
+    )
+    assert config.templates.kind == "cover"
+    gear = SyntheticProduct(seed=0, size=SIZE)
+    det = HETMM(config).fit([gear.good(i) for i in range(4)])
+    assert det.templates.indices is None  # 4 images, at most 5 sheets: ALL itself
+    uri = str(tmp_path / "store")
+    det.save(open_store(uri), "gear")
+    registry = ProductRegistry.remote(uri)
+    new = [gear.good(60), gear.good(61), gear.good(62)]
+    feats, digests = features(det, new)
+    assert ray.get(registry.update.remote("gear", feats, digests)) == 2
+    published = open_store(uri).get("gear")
+    det.update(new)
+    assert published.n_images == 7 and published.sheets == 5
+    for layer, indices in det.templates.indices.items():
+        assert torch.equal(published.indices[layer], indices)
     assert published.calibration == det.templates.calibration
 
 
