@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import BATTERY, BOTTLE, BSD, table, with_default_command
 
 from hetmm_ray.config import DetectorConfig
-from hetmm_ray.core.cover import unit_vectors
+from hetmm_ray.core.cover import nearest_sheet_distances
 from hetmm_ray.core.metrics import image_auroc
 from hetmm_ray.core.pts import select_layers
 from hetmm_ray.core.templates import TemplateSet
@@ -64,27 +64,16 @@ def varied(root: Path, n_train: int, n_good: int, per_defect: int, aspect: str =
 
 def coverage(bank: dict[str, torch.Tensor], indices: dict[str, torch.Tensor] | None) -> tuple[float, float]:
     """(radius, mean): per pixel, the largest and the mean chord distance from a bank vector to its
-    nearest sheet, averaged over pixels, then over layers; zero vectors (letterbox padding) and
-    pixels that are padding in every image are left out. ALL: (0, 0)."""
+    nearest sheet (``core.cover.nearest_sheet_distances``; letterbox padding left out, and pixels
+    that are padding in every image), averaged over pixels, then over layers. ALL: (0, 0)."""
     if indices is None:
         return 0.0, 0.0
     radii, means = [], []
     for layer, b in bank.items():
-        n, c, h, w = b.shape
-        x = unit_vectors(b.reshape(n, c, h * w).permute(2, 0, 1))  # (P, N, C)
-        idx = indices[layer].reshape(indices[layer].shape[0], h * w).T  # (P, K)
-        worst, mean = [], []
-        for p0 in range(0, h * w, 256):
-            xs, ks = x[p0 : p0 + 256], idx[p0 : p0 + 256]
-            sheets = xs.gather(1, ks[:, :, None].expand(-1, -1, c))
-            best = torch.bmm(xs, sheets.transpose(1, 2)).amax(dim=2).clamp(max=1.0)  # (P, N)
-            d = (2 * (1 - best)).clamp_min(0).sqrt()
-            real = xs.abs().amax(dim=2) > 0  # letterbox padding (zero vectors) matches nothing: left out
-            keep = real.any(dim=1)
-            worst.append(torch.where(real, d, 0.0).amax(dim=1)[keep])
-            mean.append((torch.where(real, d, 0.0).sum(dim=1) / real.sum(dim=1).clamp_min(1))[keep])
-        radii.append(float(torch.cat(worst).mean()))
-        means.append(float(torch.cat(mean).mean()))
+        d = nearest_sheet_distances(b, indices[layer]).flatten(1)  # (N, H*W), NaN: padding
+        keep = ~d.isnan().all(dim=0)
+        radii.append(float(d.nan_to_num(0.0).amax(dim=0)[keep].mean()))
+        means.append(float(d.nanmean(dim=0)[keep].mean()))
     return float(np.mean(radii)), float(np.mean(means))
 
 

@@ -13,6 +13,7 @@ here so the tests can state their expectations in the terms they were written in
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -20,6 +21,7 @@ from torch import Tensor
 
 from hetmm_ray.core import atmm
 from hetmm_ray.core.calibration import fold_plan
+from hetmm_ray.core.cover import LAST
 from hetmm_ray.core.pts import pts_indices, select_layer, select_templates
 from hetmm_ray.core.scoring import Calibration
 
@@ -93,3 +95,35 @@ def window_max_similarity(query: Tensor, t_pm: Tensor, window: int, *, chunk_byt
     out = query.new_empty(b, window, window, h, w)
     out.copy_(m.permute(4, 1, 0, 2, 3))
     return out.view(b, window * window, h, w)
+
+
+def cover_reference(x: Tensor, sim: Tensor, k: int, excluded: Tensor | None = None) -> list[int]:
+    """``core/cover.py``'s semantics for ONE pixel, written plainly: ``x`` (N, C) its unit vectors and
+    ``sim`` (N, N) their similarities (``cover.unit_vectors``, ``cover.cover_similarities``); the
+    chosen bank indices in order."""
+    n = x.shape[0]
+    v = x.double().tolist()
+    s = sim.tolist()
+    out_ = set() if excluded is None else {i for i in range(n) if bool(excluded[i])}
+    cands = [i for i in range(n) if i not in out_]
+    empty = {i for i in cands if max(abs(a) for a in v[i]) == 0}
+    if min(k, len(cands)) == len(cands):
+        return cands
+    real = [i for i in cands if i not in empty]
+    if real:
+        total = [math.fsum(v[j][ch] for j in cands) for ch in range(len(v[0]))]
+        sums = [math.fsum(a * b for a, b in zip(v[i], total, strict=True)) for i in real]
+        first = real[sums.index(max(sums))]  # the first maximum: lowest index on ties
+    else:
+        first = cands[0]
+    chosen = [first]
+    while len(chosen) < k:
+        best_key, pick = math.inf, -1
+        for i in cands:
+            if i in chosen:
+                continue
+            key = max(s[c][i] for c in chosen) + (LAST if i in empty else 0.0)
+            if key < best_key:
+                best_key, pick = key, i
+        chosen.append(pick)
+    return chosen

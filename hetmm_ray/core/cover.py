@@ -12,14 +12,14 @@ is what ATMM needs: with the chord distance ``|u - v| = sqrt(2 (1 - cos))`` of u
 if every bank vector of a pixel has a chosen one within ``rho`` (the pixel's *radius*), then for
 any query vector ``q``, ``dist(q, chosen) <= dist(q, bank) + rho`` (triangle inequality), in both
 ATMM directions, and never below ALL's (the chosen ones are bank vectors). So the selection's
-score of a part is ALL's plus at most what the radius allows, and the radius is measured at fit
-time (:class:`CoverSelection`).
+score of a part is ALL's plus at most what the radius allows (:func:`nearest_sheet_distances`
+measures it for any selection).
 
 Exact semantics, per pixel, so that results are reproducible and checkable:
 
 - Vectors ``x_i``: the bank's, re-normalised in float32 (a zero vector stays zero). Similarities
   ``S[i, j] = <x_i, x_j>``, the float32 batched matrix product :func:`cover_similarities`
-  (public, so that checks hand the same matrices to a reference).
+  (public, so that checks hand the same matrices to a reference, ``tests/reference_impls.py``).
 - Candidates: the bank's vectors minus the ``excluded`` images of a selection (one selection per
   row of ``excluded``: the out-of-fold calibration selects for every fold in one pass over the
   bank, :func:`cover_indices`). Zero vectors (the padded cells of letterboxed images,
@@ -30,8 +30,8 @@ Exact semantics, per pixel, so that results are reproducible and checkable:
 - Then, while fewer than ``min(K, candidates)`` are chosen: the unchosen candidate with the
   smallest ``cover[i] = max_{c chosen} S[c, i]``, lowest index on ties.
 - ``K >=`` candidates: every candidate, in index order (the whole bank: ALL).
-- Radius: ``sqrt(max(0, 2 (1 - min_i cover[i])))`` over the real candidates once K are chosen
-  (0 when every real candidate is chosen).
+- Radius of a selection (:func:`nearest_sheet_distances`, not part of selecting): the largest
+  chord distance from a real bank vector to its nearest chosen one (0 when every one is chosen).
 
 Cost: one (N, N) float32 matrix product per pixel, shared by every selection (row of
 ``excluded``), then ``K`` steps of (selections, N) updates: the ten folds of a calibration
@@ -40,27 +40,16 @@ share one pass of matrix products over the bank instead of ten selections.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-__all__ = ["CoverSelection", "cover_folds", "cover_indices", "cover_reference", "cover_similarities", "unit_vectors"]
+__all__ = ["LAST", "cover_folds", "cover_indices", "cover_similarities", "nearest_sheet_distances", "unit_vectors"]
 
 Progress = Callable[[int, int], object]
-CHUNK_BYTES = 256 * 2**20  # float64 work per pixel chunk: the (P, N, N) matrices and the (P, N, C) vectors
-_LAST = 1e30  # |cover| <= 1 (float32), so this offset orders every zero vector after every real one
-
-
-@dataclass(frozen=True)
-class CoverSelection:
-    """One selection of :func:`cover_indices`: ``indices`` (K, H, W) int64 bank indices in
-    selection order (K = ``min(k, candidates)``) and ``radius`` (H, W) float64 chord radii."""
-
-    indices: Tensor
-    radius: Tensor
+CHUNK_BYTES = 256 * 2**20  # work per pixel chunk: the float32 (P, N, N) similarities, the vectors, the rows
+LAST = 1e30  # |cover| <= 1 (float32), so this offset orders every zero vector after every real one
 
 
 def _chunk_pixels(n: int, c: int, f: int, pixels: int) -> int:
@@ -99,9 +88,10 @@ def cover_indices(
     excluded: Tensor | None = None,
     chunk_pixels: int | None = None,
     progress: Progress | None = None,
-) -> list[CoverSelection]:
+) -> list[Tensor]:
     """The cover selections of ``bank`` (N, C, H, W), one per row of ``excluded`` (F, N) bool
-    (default: one selection of the whole bank), in the module's exact semantics. Runs on
+    (default: one selection of the whole bank), in the module's exact semantics: each (K, H, W)
+    int64 bank indices in selection order, K = ``min(k, candidates)``. Runs on
     ``bank``'s device, ``chunk_pixels`` pixels at a time at most (and never more than
     :data:`CHUNK_BYTES` of work: a PTS chunk setting handed on by a caller cannot blow it up);
     ``progress(done, total)`` counts pixels after each chunk."""
@@ -115,10 +105,10 @@ def cover_indices(
     steps = max(sizes)
     total = h * w
     out = torch.empty((f, steps, total), dtype=torch.int64, device=dev)
-    radius = torch.zeros((f, total), dtype=torch.float64, device=dev)
     step = min(chunk_pixels or total, _chunk_pixels(n, c, f, total))  # never past CHUNK_BYTES of work
     candidate = (~excluded).to(torch.float64)  # (F, N)
     never = excluded.to(torch.float32).masked_fill(excluded, torch.inf)  # (F, N): +inf, never chosen
+    lowest = torch.argmax((~excluded).to(torch.int8), dim=1)  # (F,): where a pixel all padding starts
     flat = bank.reshape(n, c, total)
     for p0 in range(0, total, step):
         p1 = min(total, p0 + step)
@@ -130,9 +120,8 @@ def cover_indices(
         sums = torch.bmm(x64, torch.einsum("pnc,fn->pcf", x64, candidate)).permute(2, 0, 1)  # (F, P, N)
         sums = sums.masked_fill(excluded[:, None, :] | empty[None], -torch.inf)
         first = torch.argmax(sums, dim=2)  # (F, P): lowest index on ties
-        lowest = torch.argmax((~excluded).to(torch.int8), dim=1)  # (F,): a pixel all padding takes its lowest
         first = torch.where(torch.isinf(sums).all(dim=2), lowest[:, None], first)
-        offset = never[:, None, :] + (empty.to(torch.float32) * _LAST)[None]  # (F, P, N)
+        offset = never[:, None, :] + (empty.to(torch.float32) * LAST)[None]  # (F, P, N)
         rows = torch.arange(p, device=dev)[None, :]
         cover = sim[rows, first]  # (F, P, N): S[first, i]
         keyed = torch.empty_like(cover)
@@ -143,24 +132,33 @@ def cover_indices(
             out[:, t, p0:p1] = pick
             offset.scatter_(2, pick[..., None], torch.inf)
             torch.maximum(cover, sim[rows, pick], out=cover)
-        for i, size in enumerate(sizes):
-            if size < steps:  # this selection stopped earlier: its cover over its own K
-                chosen = out[i, :size, p0:p1].T  # (P, size)
-                cover[i] = sim.gather(1, chosen[:, :, None].expand(p, size, n)).amax(dim=1)
-        real = (~excluded)[:, None, :] & ~empty[None]  # (F, P, N)
-        least = torch.where(real, cover.double(), torch.inf).amin(dim=2).clamp(max=1.0)  # (F, P); inf: none
-        radius[:, p0:p1] = torch.where(torch.isinf(least), 0.0, (2 * (1 - least)).clamp_min(0).sqrt())
         if progress is not None:
             progress(p1, total)
     result = []
     for i, size in enumerate(sizes):
         if size == int(n - excluded[i].sum()):  # every candidate: in index order
-            kept = torch.nonzero(~excluded[i]).view(-1)
-            idx = kept.view(-1, 1, 1).expand(size, h, w).contiguous()
-            result.append(CoverSelection(idx, torch.zeros((h, w), dtype=torch.float64, device=dev)))
+            result.append(torch.nonzero(~excluded[i]).view(-1, 1, 1).expand(size, h, w).contiguous())
         else:
-            result.append(CoverSelection(out[i, :size].reshape(size, h, w).clone(), radius[i].reshape(h, w)))
+            result.append(out[i, :size].reshape(size, h, w).clone())
     return result
+
+
+def nearest_sheet_distances(bank: Tensor, indices: Tensor) -> Tensor:
+    """(N, H, W) float32: per pixel, the chord distance ``sqrt(2 (1 - cos))`` from each bank
+    vector to its nearest sheet of ``indices`` (K, H, W), NaN for a zero vector (letterbox
+    padding, which matches nothing). Its largest value at a pixel is the selection's radius there
+    (the bound on what each ATMM match loses against ALL; module docstring)."""
+    n, c, h, w = bank.shape
+    x = unit_vectors(bank.reshape(n, c, h * w).permute(2, 0, 1))  # (P, N, C)
+    idx = indices.to(bank.device).reshape(indices.shape[0], h * w).T  # (P, K)
+    out = torch.empty((h * w, n), dtype=torch.float32, device=bank.device)
+    for p0 in range(0, h * w, 256):
+        xs, ks = x[p0 : p0 + 256], idx[p0 : p0 + 256]
+        sheets = xs.gather(1, ks[:, :, None].expand(-1, -1, c))
+        best = torch.bmm(xs, sheets.transpose(1, 2)).amax(dim=2).clamp(max=1.0)  # (P, N)
+        out[p0 : p0 + 256] = (2 * (1 - best)).clamp_min(0).sqrt().scatter_(1, ks, 0.0)  # a sheet: itself
+    out[x.abs().amax(dim=2) == 0] = torch.nan
+    return out.T.reshape(n, h, w)
 
 
 def cover_folds(
@@ -183,37 +181,5 @@ def cover_folds(
         work = b if device is None else b.to(device)
         chosen = cover_indices(work, k, excluded=excluded[compressed])
         for f, selection in zip(compressed, chosen, strict=True):
-            folds[f][layer] = position[f][selection.indices.cpu()]  # type: ignore[index]
+            folds[f][layer] = position[f][selection.cpu()]  # type: ignore[index]
     return folds
-
-
-def cover_reference(x: Tensor, sim: Tensor, k: int, excluded: Tensor | None = None) -> list[int]:
-    """The module's semantics for ONE pixel, written plainly (for tests): ``x`` (N, C) its unit
-    vectors and ``sim`` (N, N) their similarities (:func:`unit_vectors`, :func:`cover_similarities`);
-    the chosen bank indices in order."""
-    n = x.shape[0]
-    v = x.double().tolist()
-    s = sim.tolist()
-    out_ = set() if excluded is None else {i for i in range(n) if bool(excluded[i])}
-    cands = [i for i in range(n) if i not in out_]
-    empty = {i for i in cands if max(abs(a) for a in v[i]) == 0}
-    if min(k, len(cands)) == len(cands):
-        return cands
-    real = [i for i in cands if i not in empty]
-    if real:
-        total = [math.fsum(v[j][ch] for j in cands) for ch in range(len(v[0]))]
-        sums = [math.fsum(a * b for a, b in zip(v[i], total, strict=True)) for i in real]
-        first = real[sums.index(max(sums))]  # the first maximum: lowest index on ties
-    else:
-        first = cands[0]
-    chosen = [first]
-    while len(chosen) < k:
-        best_key, pick = math.inf, -1
-        for i in cands:
-            if i in chosen:
-                continue
-            key = max(s[c][i] for c in chosen) + (_LAST if i in empty else 0.0)
-            if key < best_key:
-                best_key, pick = key, i
-        chosen.append(pick)
-    return chosen

@@ -341,7 +341,7 @@ def _chosen(
     if kind == "cover":
         if k >= n:
             return None, None
-        return cover_indices(bank, k, chunk_pixels=chunk_pixels, progress=progress)[0].indices, None
+        return cover_indices(bank, k, chunk_pixels=chunk_pixels, progress=progress)[0], None
     if kind in ("pts_k", "pts_o"):
         init = "kmeans" if kind == "pts_k" else "optics"
         extra = {} if chunk_pixels is None else {"chunk_pixels": chunk_pixels}

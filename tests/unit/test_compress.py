@@ -116,7 +116,7 @@ def test_a_default_product_grown_past_its_sheets_is_compressed_by_the_hot_update
     ts = det.templates
     assert ts.n_images == 7 and ts.sheets == 5
     for layer, bank in ts.bank.items():
-        assert torch.equal(ts.indices[layer], cover_indices(bank, 5)[0].indices)
+        assert torch.equal(ts.indices[layer], cover_indices(bank, 5)[0])
 
 
 def test_cover_calibration_is_one_selection_per_fold_made_in_one_pass(images):

@@ -14,9 +14,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 from helpers import REPO
+from reference_impls import cover_reference
 
 from hetmm_ray.config import TASK_CPUS, BackboneConfig, DetectorConfig, ScoringConfig, TemplateConfig
-from hetmm_ray.core.cover import cover_reference, cover_similarities, unit_vectors
+from hetmm_ray.core.cover import cover_similarities, unit_vectors
 from hetmm_ray.core.pts import kmeans_centres, pts_indices, select_layer, select_layers
 from hetmm_ray.core.templates import TemplateSet
 from hetmm_ray.detector import HETMM
@@ -35,7 +36,7 @@ def _bank(n: int, seed: int, c: int = 6, h: int = 3, w: int = 4, dtype: torch.dt
 
 # --- slow obvious implementations ------------------------------------------------------
 def _slow_cover(bank: torch.Tensor, k: int) -> torch.Tensor:
-    """The cover kind one pixel at a time, by its plain reference (core/cover.py)."""
+    """The cover kind one pixel at a time, by its plain reference (reference_impls.py)."""
     _n, _c, h, w = bank.shape
     out = torch.empty((min(k, bank.shape[0]), h, w), dtype=torch.int64)
     for y in range(h):

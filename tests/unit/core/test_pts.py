@@ -442,7 +442,7 @@ def test_selection_variants(kind: str) -> None:
     if kind == "pts_o":
         assert torch.equal(select(kind, bank, 4).indices, pts_indices(bank, 4))
     if kind == "cover":
-        assert torch.equal(select(kind, bank, 4).indices, cover_indices(bank, 4)[0].indices)
+        assert torch.equal(select(kind, bank, 4).indices, cover_indices(bank, 4)[0])
 
 
 def test_unknown_selection() -> None:
