@@ -12,7 +12,9 @@ half defective, with masks), then runs, in a fresh process each, under ``/usr/bi
 Each row: the tree whose ``hetmm`` ran (``--tree``, repeatable: compare code versions on the same
 frames; default this checkout), the command, the test frames, and the peak RSS (median of ``--runs``).
 Memory must not grow with the number of frames: the last column is each row's peak over the same
-command's smallest set. The default backbone (efficientnet_lite0, packaged weights), ALL templates.
+command's smallest set. The default backbone (efficientnet_lite0, packaged weights), the default
+selection (a product of at most 200 training frames is ALL under it). ``--commands predict`` runs one
+command only (default both).
 
     python benchmarks/bench_memory.py                                  # 1024 px, 16 and 48 test frames
     python benchmarks/bench_memory.py --tree /path/to/old/checkout --tree .   # before / after
@@ -105,12 +107,16 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=1, help="runs per row; the median is reported (default 1)")
     ap.add_argument("--tree", action="append", type=Path, help="a checkout whose .venv/bin/hetmm runs (repeatable)")
     ap.add_argument("--json", type=Path, help="write the rows here too")
+    ap.add_argument("--commands", default="evaluate,predict", help="comma-separated (default evaluate,predict)")
     ap.add_argument("--metrics", type=Path, nargs="+", help="exact against binned pixel metrics of these folders")
     args = ap.parse_args()
     if args.metrics:
         metrics_error(args.metrics)
         return
     tests = sorted(int(t) for t in args.tests.split(","))
+    commands = [c.strip() for c in args.commands.split(",")]
+    if not commands or not set(commands) <= {"evaluate", "predict"}:
+        ap.error(f"--commands takes evaluate and/or predict, not {args.commands!r}")
     trees = [t.resolve() for t in (args.tree or [HERE])]
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-memory-") as tmp:
@@ -121,7 +127,7 @@ def main() -> None:
             store = root / f"store-{len(rows)}"
             fit = [hetmm, "fit", str(sets[tests[0]] / "train" / "good"), "--product", "p", "--store", str(store)]
             subprocess.run([*fit, "--set", "geometry.tiles=auto"], cwd=tree, check=True, capture_output=True)
-            for command in ("evaluate", "predict"):
+            for command in commands:
                 base = None
                 for n in tests:
                     if command == "evaluate":
