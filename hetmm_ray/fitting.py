@@ -52,7 +52,7 @@ from .core.templates import SheetsAuto, TemplateMeta, TemplateSet, unseen_positi
 from .data.decode import canvas_digest
 from .frame_cost import FrameCost, blank_frame_crops, over_budget
 from .scorer import ImageInput, Scorer, as_rgb
-from .steps import FitSteps, Progress, Report
+from .steps import FitSteps, Progress, Report, Selection
 
 __all__ = ["FitPipeline", "ImageInput"]
 
@@ -415,8 +415,9 @@ class FitPipeline:
         (PTS, IR, PR, PC_K) re-runs on the kept images, so a held-out image never contributes a
         sheet. The held-out features come from the bank (no backbone pass).
         Cost: one selection per fold (none for ALL; the ``cover`` kind selects for every fold in
-        one pass over the bank, ``core.cover.cover_folds``) + one ATMM scoring per held-out
-        image; progress counts the scored images.
+        one pass over the bank, ``core.cover.cover_folds``; other kinds through
+        :meth:`fold_selections`, which an injected ``select_folds`` step may run as parallel
+        tasks) + one ATMM scoring per held-out image; progress counts the scored images.
         """
         config = ts.config
         th = config.threshold
@@ -428,29 +429,18 @@ class FitPipeline:
         device = self.scorer.device
         plan = fold_plan(n, folds=th.folds, max_images=th.max_images, seed=th.seed, keys=ts.image_digests)
         total = sum(len(held) for held in plan)
-        cover = (
-            cover_folds(ts.bank, sel.sheets, plan, device=device)
-            if sel.kind == "cover" and isinstance(sel.sheets, int)
-            else None
-        )  # every fold's cover selection in one pass over the bank, not one selection per fold
+        kept_rows = [np.setdiff1d(np.arange(n), held).tolist() for held in plan]
+        selections = self.fold_selections(ts.bank, sel, plan, kept_rows)
         with self._stage("calibrate: out-of-fold", total, leave=False) as progress:
-            for f, held in enumerate(plan):
-                held_set = set(held)
-                kept = [i for i in range(n) if i not in held_set]
-                kept_bank = {k: v[kept] for k, v in ts.bank.items()}
+            for held, kept, (indices, centres) in zip(plan, kept_rows, selections, strict=True):
                 fold_ts = TemplateSet(
-                    bank=kept_bank,
+                    bank={k: v[kept] for k, v in ts.bank.items()},
                     config=config,
                     weights_id=ts.weights_id,
                     image_digests=tuple(ts.image_digests[i] for i in kept),
+                    indices=indices,
+                    centres=centres,
                 )
-                if cover is not None:
-                    fold_ts = replace(fold_ts, indices=cover[f])
-                elif sel.kind != "all":
-                    indices, centres = select_layers(
-                        kept_bank, sel.kind, sel.sheets, sel.seed, device=device, **self._pts()
-                    )
-                    fold_ts = replace(fold_ts, indices=indices, centres=centres)
                 held_feats = {k: v[held].to(device) for k, v in ts.bank.items()}
                 held_boxes = self.bank_boxes(ts, held)  # letterbox: the pad never counts in a score
                 start = time.perf_counter()
@@ -467,6 +457,37 @@ class FitPipeline:
                 images.extend(held)
                 scores.extend(float(x) for x in fold_values)
         return OutOfFold(images=tuple(images), scores=tuple(scores), folds=len(plan), scoring_seconds=scoring_seconds)
+
+    def fold_selections(
+        self,
+        bank: dict[str, Tensor],
+        templates: TemplateConfig,
+        plan: Sequence[Sequence[int]],
+        kept: Sequence[Sequence[int]],
+    ) -> list[Selection]:
+        """Each fold's (indices, centres) under ``templates``, made from its ``kept`` rows of
+        ``bank`` alone (indices into the kept bank): nothing for ALL; the ``cover`` kind for every
+        fold in one pass (``core.cover.cover_folds``); any other kind one selection per fold, by
+        the injected ``select_folds`` step (the Ray one runs the folds as parallel tasks) or here,
+        one after another (each already uses every core of this process)."""
+        if templates.kind == "all":
+            return [(None, None)] * len(plan)
+        device = self.scorer.device
+        if templates.kind == "cover" and isinstance(templates.sheets, int):
+            return [(c, None) for c in cover_folds(bank, templates.sheets, plan, device=device)]
+        with self._stage("select: folds", len(kept), unit="fold", leave=False) as progress:
+            if self.steps.select_folds is not None:
+                return self.steps.select_folds(bank, templates, kept, progress=progress)
+            out = []
+            for f, rows in enumerate(kept):
+                kept_bank = {k: v[rows] for k, v in bank.items()}
+                out.append(
+                    select_layers(
+                        kept_bank, templates.kind, templates.sheets, templates.seed, device=device, **self._pts()
+                    )
+                )
+                progress(f + 1, len(kept))
+            return out
 
     def calibrated(self, ts: TemplateSet) -> TemplateSet:
         """``ts`` with its threshold calibration recomputed from its own bank (no backbone needed):

@@ -3,8 +3,9 @@
 The fit pipeline (``fitting.FitPipeline``) runs extract -> select -> calibrate. Its steps may
 run somewhere else without the pipeline knowing where: ``FitSteps.extract`` builds the feature
 bank of a list of images, ``FitSteps.pts`` runs PTS over one layer's bank, ``FitSteps.select``
-makes a fixed-K selection of every layer, ``FitSteps.auto_select`` measures ``sheets: auto``
-and ``FitSteps.calibrate`` computes the out-of-fold calibration. Left at None, each runs in
+makes a fixed-K selection of every layer, ``FitSteps.select_folds`` makes the out-of-fold
+calibration's selections (one per fold, from the fold's kept images), ``FitSteps.auto_select``
+measures ``sheets: auto`` and ``FitSteps.calibrate`` computes the out-of-fold calibration. Left at None, each runs in
 this process (the scorer's backbone; ``core.pts``; the pipeline's own methods).
 ``hetmm_ray.distributed.steps.ray_steps()`` gives the Ray versions of extract and PTS (image
 batches and pixel chunks as tasks); the service's registry (``distributed/registry.py``) also
@@ -18,6 +19,9 @@ Contracts (what an injected step must return, exactly as the in-process step wou
 - ``pts(bank, k, init, *, seed, progress)`` -> ``core.pts.pts_indices(bank, k, init, seed=seed)``.
 - ``select(ts, templates, *, progress)`` -> ``core.pts.select_layers(ts.bank, templates.kind,
   templates.sheets, templates.seed)``: per-layer (indices, centres); ``progress`` counts pixels.
+- ``select_folds(bank, templates, kept, *, progress)`` -> for each fold's kept rows ``rows`` (in
+  order), ``core.pts.select_layers({layer: b[rows]}, templates.kind, templates.sheets,
+  templates.seed)``; ``progress`` counts folds. Indices point into the fold's kept bank.
 - ``auto_select(ts)`` -> ``FitPipeline.auto_selected(ts)``; ``calibrate(ts)`` -> ``ts`` with the
   calibration ``FitPipeline.calibrated`` computes in process.
 
@@ -38,9 +42,21 @@ from .config import DetectorConfig, TemplateConfig
 if TYPE_CHECKING:
     from .core.templates import TemplateSet
 
-__all__ = ["ExtractStep", "FitSteps", "Progress", "PtsStep", "Report", "SelectStep", "TemplateStep"]
+__all__ = [
+    "ExtractStep",
+    "FitSteps",
+    "FoldSelectStep",
+    "Progress",
+    "PtsStep",
+    "Report",
+    "SelectStep",
+    "Selection",
+    "TemplateStep",
+]
 
 Progress = Callable[[int, int], None]
+Selection = tuple[dict[str, Tensor] | None, dict[str, Tensor] | None]
+"""Per-layer (indices, centres), each None when the selection kind has none (``select_layers``)."""
 
 
 class ExtractStep(Protocol):
@@ -61,6 +77,17 @@ class SelectStep(Protocol):
     ) -> tuple[dict[str, Tensor] | None, dict[str, Tensor] | None]: ...
 
 
+class FoldSelectStep(Protocol):
+    def __call__(
+        self,
+        bank: dict[str, Tensor],
+        templates: TemplateConfig,
+        kept: Sequence[Sequence[int]],
+        *,
+        progress: Progress | None = None,
+    ) -> list[Selection]: ...
+
+
 class TemplateStep(Protocol):
     def __call__(self, ts: TemplateSet) -> TemplateSet: ...
 
@@ -79,5 +106,6 @@ class FitSteps:
     extract: ExtractStep | None = None
     pts: PtsStep | None = None
     select: SelectStep | None = None
+    select_folds: FoldSelectStep | None = None
     auto_select: TemplateStep | None = None
     calibrate: TemplateStep | None = None

@@ -1,19 +1,28 @@
 """The Ray versions of a fit's injectable steps (``hetmm_ray/steps.py``).
 
 ``HETMM(config, steps=ray_steps())`` extracts features as image-batch tasks
-(:func:`~hetmm_ray.distributed.extract.extract_features_ray`) and runs PTS as pixel-chunk
-tasks (:func:`~hetmm_ray.distributed.pts_fanout.pts_indices_ray`) on the connected cluster;
-results equal the in-process steps'.
+(:func:`~hetmm_ray.distributed.extract.extract_features_ray`), runs PTS as pixel-chunk
+tasks (:func:`~hetmm_ray.distributed.pts_fanout.pts_indices_ray`) and the out-of-fold
+calibration's selections as one task per fold (:func:`select_folds_ray`) on the connected
+cluster; results equal the in-process steps'.
 
 The service's registry runs the same fit pipeline with :func:`service_steps`: PTS as pixel-chunk
-tasks, ``sheets: auto`` and the out-of-fold calibration each in a task on a full CPU (the
-in-process pipeline there, reporting its progress to the job through :class:`JobReport`), and a
-hot update's fixed-K selection on the product's template shards (:func:`shard_select`).
+tasks, ``sheets: auto`` and the out-of-fold calibration each in a task (the in-process pipeline
+there, reporting its progress to the job through :class:`JobReport`; its fold selections again
+one task per fold), and a hot update's fixed-K selection on the product's template shards
+(:func:`shard_select`).
+
+Why a task per fold: a compressed product's calibration makes ten selections (PTS on a
+762-image bank took half an hour in a row, issue 40). In one process each selection already
+uses every core, so running them side by side there would gain nothing; on a cluster the ten
+run at once, each on its own CPUs. Each fold task holds its kept bank (about 90 % of the bank)
+while it selects.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -22,8 +31,9 @@ import ray
 import torch
 
 from ..config import TASK_CPUS, TemplateConfig
+from ..core.pts import select_layers
 from ..core.templates import TemplateSet
-from ..steps import FitSteps, Progress
+from ..steps import FitSteps, Progress, Selection
 from .extract import extract_features_ray
 from .pts_fanout import pts_indices_ray
 from .runtime import use_assigned_cpus
@@ -31,11 +41,42 @@ from .runtime import use_assigned_cpus
 if TYPE_CHECKING:
     from ..fitting import FitPipeline
 
-__all__ = ["JobReport", "ray_steps", "service_steps", "shard_select"]
+__all__ = ["JobReport", "ray_steps", "select_folds_ray", "service_steps", "shard_select"]
 
 
 def ray_steps() -> FitSteps:
-    return FitSteps(extract=extract_features_ray, pts=pts_indices_ray)
+    return FitSteps(extract=extract_features_ray, pts=pts_indices_ray, select_folds=select_folds_ray)
+
+
+@ray.remote(num_cpus=TASK_CPUS)
+def _fold_selection(
+    bank: dict[str, torch.Tensor], rows: list[int], kind: str, sheets: int | str, seed: int
+) -> Selection:
+    """One fold's selection from its kept ``rows`` of the bank (``FitPipeline.fold_selections``)."""
+    use_assigned_cpus()
+    kept = torch.as_tensor(rows, dtype=torch.long)
+    return select_layers({k: v[kept] for k, v in bank.items()}, kind, sheets, seed)
+
+
+def select_folds_ray(
+    bank: dict[str, torch.Tensor],
+    templates: TemplateConfig,
+    kept: Sequence[Sequence[int]],
+    *,
+    progress: Progress | None = None,
+) -> list[Selection]:
+    """The ``select_folds`` step (``hetmm_ray/steps.py``): every fold's selection as its own task,
+    all at once, the bank put in the object store once. Needs a connected Ray."""
+    ref = ray.put({k: v.detach().cpu() for k, v in bank.items()})  # any bank dtype (bfloat16 too)
+    tc = templates
+    refs = [_fold_selection.remote(ref, [int(i) for i in rows], tc.kind, tc.sheets, tc.seed) for rows in kept]
+    pending, done = list(refs), 0
+    while pending:
+        ready, pending = ray.wait(pending, num_returns=1)
+        done += len(ready)
+        if progress is not None:
+            progress(done, len(refs))
+    return ray.get(refs)
 
 
 class JobReport:
@@ -63,7 +104,7 @@ def _task_pipeline(ts: TemplateSet, report: JobReport | None) -> FitPipeline:
     from ..fitting import FitPipeline
 
     use_assigned_cpus()
-    return FitPipeline(HETMM(ts.config).scorer, report=report)
+    return FitPipeline(HETMM(ts.config).scorer, steps=FitSteps(select_folds=select_folds_ray), report=report)
 
 
 @ray.remote(num_cpus=TASK_CPUS)
