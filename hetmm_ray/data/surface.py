@@ -26,14 +26,16 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
 from .synthetic import save_layout
 
-__all__ = ["SURFACE_DEFECTS", "SurfaceDefects", "SyntheticSurface", "write_surface_layout"]
+__all__ = ["SURFACE_DEFECTS", "SurfaceDefect", "SurfaceDefects", "SyntheticSurface", "write_surface_layout"]
 
 SURFACE_DEFECTS = ("scratch", "pit")
 
@@ -52,6 +54,28 @@ class SurfaceDefects:
             low, high = getattr(self, name)
             if not (0 < low <= high):
                 raise ValueError(f"{name} must be a range 0 < low <= high, got {(low, high)}")
+
+
+class SurfaceDefect(NamedTuple):
+    """One drawn defect (:meth:`SyntheticSurface.defect`), sizes in frame pixels.
+
+    ``contrast``: grey levels, signed (a scratch is brighter or darker; a pit is always dark);
+    ``size_px``: a scratch's width, a pit's diameter; ``length_px``: a scratch's length (a pit's
+    diameter again); ``cy, cx``: its centre; ``direction``: a scratch's angle in radians in
+    [0, pi), 0 along the rows (the brushing's direction), 0 for a pit."""
+
+    kind: str
+    contrast: float
+    size_px: float
+    length_px: float
+    cy: float
+    cx: float
+    direction: float
+
+    @property
+    def degrees_from_brushing(self) -> float:
+        """A scratch's angle to the brushing (the rows), 0-90 degrees: near 0 it runs along the grain."""
+        return math.degrees(min(self.direction, math.pi - self.direction))
 
 
 class SyntheticSurface:
@@ -78,19 +102,35 @@ class SyntheticSurface:
         """Good part ``index``."""
         return self._finish(self._surface(index), index)
 
-    def defective(self, index: int, kind: str) -> tuple[np.ndarray, np.ndarray]:
-        """Part ``index`` (the same surface as :meth:`good`) with one defect, and its bool mask."""
+    def defect(self, index: int, kind: str) -> SurfaceDefect:
+        """The one defect :meth:`defective` draws on part ``index``: its kind, signed contrast, size,
+        place and direction (what a benchmark needs to say which defects were missed, and why)."""
         if kind not in SURFACE_DEFECTS:
             raise ValueError(f"unknown surface defect {kind!r}; choose one of {', '.join(SURFACE_DEFECTS)}")
-        surface = self._surface(index)
         rng = np.random.default_rng([self.seed, int(index), 101 + SURFACE_DEFECTS.index(kind)])
         d = self.defects
         contrast = float(rng.uniform(*d.contrast)) * (1.0 if rng.random() < 0.5 else -1.0)
         if kind == "scratch":
-            coverage = self._scratch(rng)
+            width, length = float(rng.uniform(*d.scratch_width_px)), float(rng.uniform(*d.scratch_length_px))
+            length = min(length, 0.8 * min(self.height, self.width))
+            cy, cx = self._centre(rng, length / 2 + width + 2)
+            psi = float(rng.uniform(0, math.pi))
+            return SurfaceDefect(kind, contrast, width, length, cy, cx, psi)
+        diameter = float(rng.uniform(*d.pit_px))
+        cy, cx = self._centre(rng, diameter / 2 + 4)
+        return SurfaceDefect(kind, contrast, diameter, diameter, cy, cx, 0.0)
+
+    def defective(self, index: int, kind: str) -> tuple[np.ndarray, np.ndarray]:
+        """Part ``index`` (the same surface as :meth:`good`) with one defect (:meth:`defect`), and
+        its bool mask."""
+        defect = self.defect(index, kind)
+        surface = self._surface(index)
+        contrast = defect.contrast
+        if kind == "scratch":
+            coverage = self._scratch(defect)
             surface += contrast * coverage
         else:
-            coverage, rim = self._pit(rng)
+            coverage, rim = self._pit(defect)
             surface += -abs(contrast) * coverage + 0.4 * abs(contrast) * rim
         return self._finish(surface, index), coverage >= 0.5
 
@@ -120,12 +160,8 @@ class SyntheticSurface:
         m_y, m_x = min(margin, self.height / 2 - 1), min(margin, self.width / 2 - 1)
         return float(rng.uniform(m_y, self.height - m_y)), float(rng.uniform(m_x, self.width - m_x))
 
-    def _scratch(self, rng: np.random.Generator) -> np.ndarray:
-        d = self.defects
-        width, length = float(rng.uniform(*d.scratch_width_px)), float(rng.uniform(*d.scratch_length_px))
-        length = min(length, 0.8 * min(self.height, self.width))
-        cy, cx = self._centre(rng, length / 2 + width + 2)
-        psi = float(rng.uniform(0, math.pi))
+    def _scratch(self, defect: SurfaceDefect) -> np.ndarray:
+        width, length, cy, cx, psi = defect.size_px, defect.length_px, defect.cy, defect.cx, defect.direction
         dy, dx = math.sin(psi) * length / 2, math.cos(psi) * length / 2
         ay, ax = cy - dy, cx - dx  # segment from a to a + 2 (dy, dx)
         reach = math.ceil(length / 2 + width + 2)
@@ -138,9 +174,8 @@ class SyntheticSurface:
         coverage[r0:r1, c0:c1] = np.clip(0.5 - dist, 0.0, 1.0)
         return coverage
 
-    def _pit(self, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-        radius = float(rng.uniform(*self.defects.pit_px)) / 2
-        cy, cx = self._centre(rng, radius + 4)
+    def _pit(self, defect: SurfaceDefect) -> tuple[np.ndarray, np.ndarray]:
+        radius, cy, cx = defect.size_px / 2, defect.cy, defect.cx
         reach = math.ceil(radius + 4)
         r0, r1 = max(0, int(cy) - reach), min(self.height, int(cy) + reach + 1)
         c0, c1 = max(0, int(cx) - reach), min(self.width, int(cx) + reach + 1)
@@ -164,15 +199,20 @@ def write_surface_layout(
     seed: int = 0,
     defects: SurfaceDefects | None = None,
     masks: bool = True,
+    kinds: Sequence[str] = SURFACE_DEFECTS,
 ) -> Path:
     """Write frames of ``height x width`` in the MVTec layout (module docstring) and return ``root``.
-    Every frame uses its own index, so train and test never share a surface."""
+    Every frame uses its own index, so train and test never share a surface. ``kinds``: the
+    defect folders written (default both), in this order."""
+    unknown = sorted(set(kinds) - set(SURFACE_DEFECTS))
+    if unknown or not kinds:
+        raise ValueError(f"kinds: choose from {', '.join(SURFACE_DEFECTS)}, got {list(kinds)}")
     surface = SyntheticSurface(height=height, width=width, seed=seed, defects=defects)
     return save_layout(
         root,
         good=surface.good,
         defective=surface.defective,
-        kinds=SURFACE_DEFECTS,
+        kinds=tuple(kinds),
         n_train=n_train,
         n_test_good=n_test_good,
         n_test_per_defect=n_test_per_defect,

@@ -67,3 +67,34 @@ def test_the_layout_is_an_mvtec_category(tmp_path: Path):
     bad = SurfaceDefects
     with pytest.raises(ValueError, match="pit_px"):
         bad(pit_px=(8.0, 5.0))
+
+
+def test_a_drawn_scratch_is_where_and_as_its_record_says():
+    """``defect`` records the defect ``defective`` draws: the mask's pixels lie on the recorded
+    segment, along its direction, and the frame moves by its signed contrast there."""
+    s = SyntheticSurface(height=400, width=400, seed=2)
+    for index in range(6):
+        d = s.defect(index, "scratch")
+        good, (bad, mask) = s.good(index), s.defective(index, "scratch")
+        ys, xs = np.nonzero(mask)
+        along = (xs + 0.5 - d.cx) * math.cos(d.direction) + (ys + 0.5 - d.cy) * math.sin(d.direction)
+        across = -(xs + 0.5 - d.cx) * math.sin(d.direction) + (ys + 0.5 - d.cy) * math.cos(d.direction)
+        assert np.abs(across).max() <= d.size_px / 2 + 1.5
+        assert np.abs(along).max() <= d.length_px / 2 + d.size_px + 1.5
+        assert along.max() - along.min() >= d.length_px - 3
+        step = bad[mask, 0].astype(float) - good[mask, 0]
+        assert np.sign(step.mean()) == np.sign(d.contrast) and abs(step.mean()) >= 0.5 * abs(d.contrast)
+        assert 0 <= d.degrees_from_brushing <= 90
+    pit = s.defect(3, "pit")
+    assert pit.size_px == pit.length_px and 5 <= pit.size_px <= 8 and pit.contrast != 0
+    with pytest.raises(ValueError, match="unknown surface defect"):
+        s.defect(0, "dent")
+
+
+def test_a_layout_of_scratches_only(tmp_path: Path):
+    root = write_surface_layout(
+        tmp_path / "s", height=48, width=48, n_train=2, n_test_good=1, n_test_per_defect=2, kinds=("scratch",)
+    )
+    assert sorted(p.name for p in (root / "test").iterdir()) == ["good", "scratch"]
+    with pytest.raises(ValueError, match="kinds"):
+        write_surface_layout(tmp_path / "t", height=48, width=48, kinds=("dent",))
