@@ -5,7 +5,8 @@ Writes a scratch-only layout of ``hetmm_ray/data/surface.py`` frames (``--size``
 defect contrast ``--contrast``, ``--train`` good training frames, ``--test`` good and ``--test``
 scratched test frames, ``--seed``), then for each ``--runs`` entry fits a product at the defaults
 plus ``geometry.tiles: auto`` and that entry's settings (``auto``: none; else ``KEY=JSON``
-pairs separated by ``;``) and scores the test frames. Printed per setting: the grid, image AUROC, recall
+pairs separated by ``;``; ``stride2-tap``: the default backbone with its stride-2 block added as
+a fourth tap, ``STRIDE2_TAP``) and scores the test frames. Printed per setting: the grid, image AUROC, recall
 and false alarms at the calibrated threshold, recall at the highest good test score (no false
 alarm on this set), and the scratches missed there, split by their angle to the brushing (the
 rows): under 15 degrees, 15-30, 30 and more. The surface's brushing is streaks along the rows,
@@ -13,7 +14,7 @@ so a faint scratch that runs along them looks like the grain itself.
 
     python benchmarks/bench_hairlines.py                  # 1024 px, contrast 16-24, auto and min_defect_px 2
     python benchmarks/bench_hairlines.py --size 2048 --contrast 12 18 --runs auto geometry.min_defect_px=2
-    python benchmarks/bench_hairlines.py --runs auto "backbone.layers=[\"blocks.0\",\"blocks.1\",\"blocks.2\",\"blocks.4\"];scoring.forward_windows=[9,9,7,5];scoring.backward_windows=[9,9,7,5];scoring.alphas=[0.5,0.5,0.5,0.5];scoring.layer_weights=[1,1,1,1]"
+    python benchmarks/bench_hairlines.py --runs auto geometry.min_defect_px=2 stride2-tap
 """
 
 from __future__ import annotations
@@ -36,13 +37,23 @@ from hetmm_ray.data.surface import SurfaceDefects, SyntheticSurface, write_surfa
 from hetmm_ray.detectors import new_detector
 
 ANGLE_BINS = ((0.0, 15.0), (15.0, 30.0), (30.0, 90.01))
+STRIDE2_TAP = {
+    "backbone.layers": ["blocks.0", "blocks.1", "blocks.2", "blocks.4"],  # blocks.0: stride 2, 16 channels
+    "scoring.forward_windows": [9, 9, 7, 5],
+    "scoring.backward_windows": [9, 9, 7, 5],
+    "scoring.alphas": [0.5, 0.5, 0.5, 0.5],
+    "scoring.layer_weights": [1, 1, 1, 1],
+}
 
 
 def settings_of(run: str) -> dict[str, object]:
     if run == "auto":
         return {}
-    out = {}
+    out: dict[str, object] = {}
     for pair in run.split(";"):
+        if pair == "stride2-tap":
+            out |= STRIDE2_TAP
+            continue
         key, _, value = pair.partition("=")
         out[key.strip()] = json.loads(value)
     return out
