@@ -76,6 +76,7 @@ def main() -> None:
     ap.add_argument("--train", type=int, default=30)
     ap.add_argument("--test", type=int, default=40, help="good test frames, and as many scratched ones")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--brush-px", type=int, default=48, help="brushing streaks, px (1: no direction)")
     ap.add_argument("--runs", nargs="+", default=["auto", "geometry.min_defect_px=2"])
     ap.add_argument("--keep", type=Path, help="write the frames here and keep them")
     ap.add_argument("--json", type=Path)
@@ -88,11 +89,14 @@ def main() -> None:
             write_surface_layout(
                 root, height=args.size, width=args.size, n_train=args.train, n_test_good=args.test,
                 n_test_per_defect=args.test, seed=args.seed, defects=defects, kinds=("scratch",),
+                brush_px=args.brush_px,
             )  # fmt: skip
         train = sorted((root / "train" / "good").glob("*.png"))
         good = sorted((root / "test" / "good").glob("*.png"))
         scratched = sorted((root / "test" / "scratch").glob("*.png"))
-        surface = SyntheticSurface(height=args.size, width=args.size, seed=args.seed, defects=defects)
+        surface = SyntheticSurface(
+            height=args.size, width=args.size, seed=args.seed, defects=defects, brush_px=args.brush_px
+        )
         first = len(train) + len(good)  # write_surface_layout counts parts through train, good, scratch
         angles = np.array([surface.defect(first + i, "scratch").degrees_from_brushing for i in range(len(scratched))])
         for run in args.runs:

@@ -200,14 +200,16 @@ def write_surface_layout(
     defects: SurfaceDefects | None = None,
     masks: bool = True,
     kinds: Sequence[str] = SURFACE_DEFECTS,
+    brush_px: int = 48,
 ) -> Path:
     """Write frames of ``height x width`` in the MVTec layout (module docstring) and return ``root``.
     Every frame uses its own index, so train and test never share a surface. ``kinds``: the
-    defect folders written (default both), in this order."""
+    defect folders written (default both), in this order; ``brush_px``: as :class:`SyntheticSurface`
+    (1: no streaks, a grain with no direction)."""
     unknown = sorted(set(kinds) - set(SURFACE_DEFECTS))
     if unknown or not kinds:
         raise ValueError(f"kinds: choose from {', '.join(SURFACE_DEFECTS)}, got {list(kinds)}")
-    surface = SyntheticSurface(height=height, width=width, seed=seed, defects=defects)
+    surface = SyntheticSurface(height=height, width=width, seed=seed, defects=defects, brush_px=brush_px)
     return save_layout(
         root,
         good=surface.good,
