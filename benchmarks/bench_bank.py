@@ -18,12 +18,20 @@ calibrated threshold, images/s of the test set (decode + backbone + ATMM), the f
 ``products`` (the defaults against ALL on real sets): bottle, battery_weld, bsd_pitting (../shared)
 and the varied-pose product: the same figures, the defaults and ``templates.kind=all``.
 
+``folds`` (a compressed product's out-of-fold calibration): the varied product's bank (``--train``),
+then for each ``--runs`` selection the calibration's out-of-fold scores made twice, the fold
+selections one after another in this process and as one Ray task per fold
+(``distributed.steps.select_folds_ray``, a local Ray of this machine's CPUs): seconds of each, and
+whether the scores agree. A machine of C cores runs the tasks C at a time, each on one core, where
+the in-process selection uses all C for each fold: the tasks pay only on a cluster.
+
 Timings mean something only on a quiet machine (BENCHMARKS.md states the load).
 
     python benchmarks/bench_bank.py selections --train 500 --runs all cover:60 pts_o:60 pr:60 cover:200
     python benchmarks/bench_bank.py selections --data ../shared/data/bsd_pitting --runs all cover:60 pts_o:60
     python benchmarks/bench_bank.py scale --banks 200 500 1000
     python benchmarks/bench_bank.py products --datasets bottle battery_weld bsd_pitting varied
+    python benchmarks/bench_bank.py folds --train 300 --runs pts_o:60 pr:60 cover:60
 """
 
 from __future__ import annotations
@@ -119,6 +127,45 @@ def selections(args: argparse.Namespace) -> None:
         args.json.write_text(json.dumps(rows, indent=1) + "\n")
 
 
+def folds(args: argparse.Namespace) -> None:
+    import ray
+
+    from hetmm_ray.config import TemplateConfig
+    from hetmm_ray.distributed.steps import select_folds_ray
+    from hetmm_ray.steps import FitSteps
+
+    with tempfile.TemporaryDirectory(prefix="bench-bank-") as tmp:
+        data = varied(Path(tmp), args.train, 1, 1)
+        config = DetectorConfig().replace(**{"templates.kind": "all"})
+        det = HETMM(config).fit(MVTecCategory(data).train_paths())
+    ts = det.templates
+    on_tasks = HETMM(config, steps=FitSteps(select_folds=select_folds_ray))
+    ray.init(include_dashboard=False, log_to_driver=False)
+    rows = []
+    try:
+        for run in args.runs:
+            kind, _, k = run.partition(":")
+            tc = TemplateConfig(kind=kind, sheets=int(k))
+            t0 = time.perf_counter()
+            here = det.pipeline.out_of_fold(ts, templates=tc)
+            here_s = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            tasks = on_tasks.pipeline.out_of_fold(ts, templates=tc)
+            tasks_s = time.perf_counter() - t0
+            rec = {
+                "run": run, "train": ts.n_images, "folds": here.folds, "in_process_s": round(here_s, 1),
+                "fold_tasks_s": round(tasks_s, 1), "ratio": round(here_s / tasks_s, 2),
+                "same_scores": here.by_image() == tasks.by_image(), "cpus": int(ray.cluster_resources()["CPU"]),
+            }  # fmt: skip
+            print(json.dumps(rec), flush=True)
+            rows.append(rec)
+    finally:
+        ray.shutdown()
+    print(table(list(rows[0]), [list(r.values()) for r in rows]))
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1) + "\n")
+
+
 def _record(name: str, label: str, config: DetectorConfig, data: Path) -> dict[str, Any]:
     result, det, _ = evaluate(data, config)
     return {
@@ -184,7 +231,7 @@ def products(args: argparse.Namespace) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True)
-    for name in ("selections", "scale", "products"):
+    for name in ("selections", "scale", "products", "folds"):
         p = sub.add_parser(name)
         p.add_argument("--train", type=int, default=500, help="good images of the varied product (default 500)")
         p.add_argument("--test-good", type=int, default=40)
@@ -196,12 +243,13 @@ def main() -> None:
     sub.choices["selections"].add_argument(
         "--runs", nargs="+", default=["all", "cover:60", "pts_o:60", "pr:60", "cover:200", "pr:200"]
     )
+    sub.choices["folds"].add_argument("--runs", nargs="+", default=["pts_o:60", "pr:60", "cover:60"])
     sub.choices["scale"].add_argument("--banks", type=int, nargs="+", default=[200, 500, 1000])
     sub.choices["products"].add_argument(
         "--datasets", nargs="+", default=["bottle", "battery_weld", "bsd_pitting", "varied"]
     )
     args = ap.parse_args(with_default_command(sys.argv[1:], list(sub.choices), "selections"))
-    {"selections": selections, "scale": scale, "products": products}[args.command](args)
+    {"selections": selections, "scale": scale, "products": products, "folds": folds}[args.command](args)
 
 
 if __name__ == "__main__":
