@@ -5,8 +5,8 @@ run somewhere else without the pipeline knowing where: ``FitSteps.extract`` buil
 bank of a list of images, ``FitSteps.pts`` runs PTS over one layer's bank, ``FitSteps.select``
 makes a fixed-K selection of every layer, ``FitSteps.select_folds`` makes the out-of-fold
 calibration's selections (one per fold, from the fold's kept images), ``FitSteps.auto_select``
-measures ``sheets: auto`` and ``FitSteps.calibrate`` computes the out-of-fold calibration. Left at None, each runs in
-this process (the scorer's backbone; ``core.pts``; the pipeline's own methods).
+measures ``sheets: auto`` and ``FitSteps.calibrate`` computes the out-of-fold calibration.
+Left at None, each runs in this process (the scorer's backbone; ``core.pts``; the pipeline's own methods).
 ``hetmm_ray.distributed.steps.ray_steps()`` gives the Ray versions of extract and PTS (image
 batches and pixel chunks as tasks); the service's registry (``distributed/registry.py``) also
 selects on its template shards and calibrates in tasks. The single-process API never imports Ray.
@@ -74,7 +74,7 @@ class PtsStep(Protocol):
 class SelectStep(Protocol):
     def __call__(
         self, ts: TemplateSet, templates: TemplateConfig, *, progress: Progress | None = None
-    ) -> tuple[dict[str, Tensor] | None, dict[str, Tensor] | None]: ...
+    ) -> Selection: ...
 
 
 class FoldSelectStep(Protocol):

@@ -30,6 +30,19 @@ LOCAL_RAY_ARGS = {  # the tests' local Ray: tests/conftest.py's local_ray, and m
 }
 
 
+def small_pts_config(*, max_images: int, folds: int, size: int = 64) -> Any:
+    """A PTS product that fits in seconds: resnet18 with random weights on a ``size``-px canvas,
+    3 sheets, an out-of-fold calibration of ``max_images`` images in ``folds`` folds."""
+    from hetmm_ray.config import BackboneConfig, DetectorConfig, TemplateConfig, ThresholdConfig
+
+    return DetectorConfig(
+        backbone=BackboneConfig(name="resnet18", weights="random", image_size=size),
+        templates=TemplateConfig(kind="pts_o", sheets=3),
+        threshold=ThresholdConfig(max_images=max_images, folds=folds),
+        batch_size=4,
+    )
+
+
 def png(array: np.ndarray) -> bytes:
     """``array`` (H, W[, 3]) uint8 encoded as PNG bytes."""
     buf = io.BytesIO()

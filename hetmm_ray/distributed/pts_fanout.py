@@ -18,7 +18,7 @@ from torch import Tensor
 
 from ..config import PTS_CHUNK_PIXELS
 from ..core.pts import pts_indices
-from .runtime import use_assigned_cpus
+from .runtime import as_completed, use_assigned_cpus
 
 __all__ = ["pts_indices_ray"]
 
@@ -65,14 +65,12 @@ def pts_indices_ray(
         task.remote(ref, p0, min(total, p0 + chunk_pixels), k, init, seed): p0 for p0 in range(0, total, chunk_pixels)
     }
     out = np.empty((min(k, n), total), dtype=np.int64)
-    pending, done = list(ranges), 0
-    while pending:
-        ready, pending = ray.wait(pending, num_returns=1)
-        for r in ready:
-            chunk = ray.get(r)
-            p0 = ranges[r]
-            out[:, p0 : p0 + chunk.shape[1]] = chunk
-            done += chunk.shape[1]
-            if progress is not None:
-                progress(done, total)
+    done = 0
+    for r in as_completed(ranges):
+        chunk = ray.get(r)
+        p0 = ranges[r]
+        out[:, p0 : p0 + chunk.shape[1]] = chunk
+        done += chunk.shape[1]
+        if progress is not None:
+            progress(done, total)
     return torch.from_numpy(out).view(-1, h, w)

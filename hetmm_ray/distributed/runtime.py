@@ -21,6 +21,7 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Iterable, Iterator
 
 import ray
 
@@ -31,6 +32,7 @@ from ..errors import HetmmError
 __all__ = [
     "NAMESPACE",
     "ClusterUnavailable",
+    "as_completed",
     "connect",
     "serve_environment",
     "serve_grpc_on_loopback",
@@ -52,6 +54,15 @@ GC_SETTLE_S = 10.0  # at most this long for another thread's collection to end b
 
 class ClusterUnavailable(HetmmError, RuntimeError):
     """The Ray cluster at the given address cannot be reached."""
+
+
+def as_completed(refs: Iterable[ray.ObjectRef]) -> Iterator[ray.ObjectRef]:
+    """Each of ``refs`` as its task finishes (``ray.wait``, one at a time): a fan-out places its
+    results and counts its progress as they come, not in the order it submitted them."""
+    pending = list(refs)
+    while pending:
+        ready, pending = ray.wait(pending, num_returns=1)
+        yield from ready
 
 
 def _host_port(address: str) -> tuple[str, int] | None:

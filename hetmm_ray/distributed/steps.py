@@ -36,7 +36,7 @@ from ..core.templates import TemplateSet
 from ..steps import FitSteps, Progress, Selection
 from .extract import extract_features_ray
 from .pts_fanout import pts_indices_ray
-from .runtime import use_assigned_cpus
+from .runtime import as_completed, use_assigned_cpus
 
 if TYPE_CHECKING:
     from ..fitting import FitPipeline
@@ -70,10 +70,7 @@ def select_folds_ray(
     ref = ray.put({k: v.detach().cpu() for k, v in bank.items()})  # any bank dtype (bfloat16 too)
     tc = templates
     refs = [_fold_selection.remote(ref, [int(i) for i in rows], tc.kind, tc.sheets, tc.seed) for rows in kept]
-    pending, done = list(refs), 0
-    while pending:
-        ready, pending = ray.wait(pending, num_returns=1)
-        done += len(ready)
+    for done, _ in enumerate(as_completed(refs), 1):
         if progress is not None:
             progress(done, len(refs))
     return ray.get(refs)

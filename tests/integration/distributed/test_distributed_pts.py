@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import small_pts_config
 
-from hetmm_ray.config import BackboneConfig, DetectorConfig, TemplateConfig, ThresholdConfig
+from hetmm_ray.config import TemplateConfig
 from hetmm_ray.core.pts import pts_indices, select_layers
 from hetmm_ray.data.synthetic import SyntheticProduct
 from hetmm_ray.detector import HETMM
@@ -66,14 +67,8 @@ def test_fold_selections_as_tasks_equal_the_in_process_ones(kind: str) -> None:
 def test_a_compressed_products_calibration_with_fold_tasks_is_the_in_process_one() -> None:
     """The out-of-fold scores of a PTS product are the same whether its ten (here three) fold
     selections run one after another in this process or as parallel tasks."""
-    size = 64
-    cfg = DetectorConfig(
-        backbone=BackboneConfig(name="resnet18", weights="random", image_size=size),
-        templates=TemplateConfig(kind="pts_o", sheets=3),
-        threshold=ThresholdConfig(max_images=9, folds=3),
-        batch_size=4,
-    )
-    product = SyntheticProduct(seed=0, size=size)
+    cfg = small_pts_config(max_images=9, folds=3)
+    product = SyntheticProduct(seed=0, size=64)
     here = HETMM(cfg).fit([product.good(i) for i in range(9)])
     on_tasks = HETMM(cfg, steps=FitSteps(select_folds=select_folds_ray))
     oof_tasks = on_tasks.pipeline.out_of_fold(here.templates)

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import ray
 import torch
+from helpers import small_pts_config
 
 from hetmm_ray.config import BackboneConfig, DetectorConfig, TemplateConfig, ThresholdConfig
 from hetmm_ray.core.pts import pts_indices
@@ -24,12 +25,7 @@ SIZE = 64
 
 @pytest.fixture
 def product(tmp_path: Path) -> tuple[str, HETMM, list[np.ndarray]]:
-    config = DetectorConfig(
-        backbone=BackboneConfig(name="resnet18", weights="random", image_size=SIZE),
-        templates=TemplateConfig(kind="pts_o", sheets=3),
-        threshold=ThresholdConfig(max_images=4, folds=2),
-        batch_size=4,
-    )
+    config = small_pts_config(max_images=4, folds=2, size=SIZE)
     gear = SyntheticProduct(seed=0, size=SIZE)
     det = HETMM(config).fit([gear.good(i) for i in range(6)])
     uri = str(tmp_path / "store")
