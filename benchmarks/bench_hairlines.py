@@ -25,6 +25,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -59,7 +60,7 @@ def settings_of(run: str) -> dict[str, object]:
     return out
 
 
-def scores_of(det, paths: list[Path], batch: int = 8) -> tuple[np.ndarray, np.ndarray]:
+def scores_of(det: Any, paths: list[Path], batch: int = 8) -> tuple[np.ndarray, np.ndarray]:
     """Image scores and verdicts, ``batch`` frames at a time (the maps are dropped as they come)."""
     scores, flagged = [], []
     for i in range(0, len(paths), batch):
