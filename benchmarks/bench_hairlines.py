@@ -15,6 +15,7 @@ so a faint scratch that runs along them looks like the grain itself.
     python benchmarks/bench_hairlines.py                  # 1024 px, contrast 16-24, auto and min_defect_px 2
     python benchmarks/bench_hairlines.py --size 2048 --contrast 12 18 --runs auto geometry.min_defect_px=2
     python benchmarks/bench_hairlines.py --runs auto geometry.min_defect_px=2 stride2-tap
+    python benchmarks/bench_hairlines.py --brush-px 8 --grain-px 8 --contrast 12 18   # a mottle, no streaks
 """
 
 from __future__ import annotations
@@ -77,7 +78,8 @@ def main() -> None:
     ap.add_argument("--train", type=int, default=30)
     ap.add_argument("--test", type=int, default=40, help="good test frames, and as many scratched ones")
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--brush-px", type=int, default=48, help="brushing streaks, px (1: no direction)")
+    ap.add_argument("--brush-px", type=int, default=48, help="the texture's extent along the rows, px")
+    ap.add_argument("--grain-px", type=int, default=1, help="its extent down the columns, px (= --brush-px: a mottle)")
     ap.add_argument("--runs", nargs="+", default=["auto", "geometry.min_defect_px=2"])
     ap.add_argument("--keep", type=Path, help="write the frames here and keep them")
     ap.add_argument("--json", type=Path)
@@ -90,14 +92,15 @@ def main() -> None:
             write_surface_layout(
                 root, height=args.size, width=args.size, n_train=args.train, n_test_good=args.test,
                 n_test_per_defect=args.test, seed=args.seed, defects=defects, kinds=("scratch",),
-                brush_px=args.brush_px,
+                brush_px=args.brush_px, grain_px=args.grain_px,
             )  # fmt: skip
         train = sorted((root / "train" / "good").glob("*.png"))
         good = sorted((root / "test" / "good").glob("*.png"))
         scratched = sorted((root / "test" / "scratch").glob("*.png"))
         surface = SyntheticSurface(
-            height=args.size, width=args.size, seed=args.seed, defects=defects, brush_px=args.brush_px
-        )
+            height=args.size, width=args.size, seed=args.seed, defects=defects, brush_px=args.brush_px,
+            grain_px=args.grain_px,
+        )  # fmt: skip
         first = len(train) + len(good)  # write_surface_layout counts parts through train, good, scratch
         angles = np.array([surface.defect(first + i, "scratch").degrees_from_brushing for i in range(len(scratched))])
         for run in args.runs:

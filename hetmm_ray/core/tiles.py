@@ -200,8 +200,9 @@ def defect_grid(height: int, width: int, canvas: int, overlap: float, *, min_def
     if wanted < 1.0:
         why = (
             f"a {min_defect_px}-px defect is {cells:.2f} of a {stride}-px feature cell even at the frame's own "
-            f"scale: too small for any grid (no tile is upsampled); tiles at 1 frame px per canvas px, which can find "
-            f"fewer on a fine grain: measure against the setting unset"
+            f"scale: too small for any grid (no tile is upsampled); tiles at 1 frame px per canvas px, which find more "
+            f"on a texture coarser than the defect and can find fewer on a per-pixel grain: measure against the "
+            f"setting unset"
         )
     else:
         why = (

@@ -6,9 +6,11 @@ part to part, and defects of a few pixels that vanish when the frame is squeezed
 canvas. This module makes such frames, deterministic in ``(seed, index)``:
 
 - **Surface** (every part differs): brushing (white noise smeared along the rows by a box filter of
-  ``brush_px``, its strength per part), shading (a linear gradient of random direction, up to
-  ``shading`` grey levels across the frame) and a part-wide gain, plus Gaussian sensor noise of
-  standard deviation ``noise``, all around a mid-grey.
+  ``brush_px``, and down the columns by one of ``grain_px``, its strength per part: ``brush_px`` 48
+  and ``grain_px`` 1, the default, is streaks along the rows; equal values are a mottle with no
+  direction, grains of that size; both 1 is white noise per pixel), shading (a linear gradient of
+  random direction, up to ``shading`` grey levels across the frame) and a part-wide gain, plus
+  Gaussian sensor noise of standard deviation ``noise``, all around a mid-grey.
 - **Defects**, sizes in frame pixels, never a fraction of the frame:
   ``scratch``: a straight hairline ``width_px`` wide (1-2 px by default) and ``length_px`` long, at a
   random angle, ``contrast`` grey levels brighter or darker than the surface (moderate: about the
@@ -89,6 +91,7 @@ class SyntheticSurface:
         seed: int = 0,
         defects: SurfaceDefects | None = None,
         brush_px: int = 48,
+        grain_px: int = 1,
         shading: float = 30.0,
         noise: float = 2.0,
     ) -> None:
@@ -96,7 +99,8 @@ class SyntheticSurface:
             raise ValueError(f"frame size must be integers >= 16, got {height} x {width}")
         self.height, self.width, self.seed = height, width, int(seed)
         self.defects = defects or SurfaceDefects()
-        self.brush_px, self.shading, self.noise = max(1, int(brush_px)), float(shading), float(noise)
+        self.brush_px, self.grain_px = max(1, int(brush_px)), max(1, int(grain_px))
+        self.shading, self.noise = float(shading), float(noise)
 
     def good(self, index: int) -> np.ndarray:
         """Good part ``index``."""
@@ -138,10 +142,15 @@ class SyntheticSurface:
     def _surface(self, index: int) -> np.ndarray:
         rng = np.random.default_rng([self.seed, int(index)])
         h, w = self.height, self.width
-        # Brushing: white noise smeared along the rows (a box filter by cumulative sums), renormalised.
-        raw = rng.standard_normal((h, w + self.brush_px)).astype(np.float32)
+        # Brushing: white noise smeared along the rows (a box filter by cumulative sums), then down the
+        # columns when grain_px > 1 (the default draws exactly what it drew before grain_px existed).
+        b, g = self.brush_px, self.grain_px
+        raw = rng.standard_normal((h + (g if g > 1 else 0), w + b)).astype(np.float32)
         c = np.cumsum(raw, axis=1)
-        streaks = (c[:, self.brush_px :] - c[:, : -self.brush_px]) / math.sqrt(self.brush_px)
+        streaks = (c[:, b:] - c[:, :-b]) / math.sqrt(b)
+        if g > 1:
+            c = np.cumsum(streaks, axis=0)
+            streaks = (c[g:] - c[:-g]) / math.sqrt(g)
         strength = float(rng.uniform(6.0, 10.0))
         angle = float(rng.uniform(0, 2 * math.pi))
         yy = np.linspace(-0.5, 0.5, h, dtype=np.float32)[:, None]
@@ -201,15 +210,18 @@ def write_surface_layout(
     masks: bool = True,
     kinds: Sequence[str] = SURFACE_DEFECTS,
     brush_px: int = 48,
+    grain_px: int = 1,
 ) -> Path:
     """Write frames of ``height x width`` in the MVTec layout (module docstring) and return ``root``.
     Every frame uses its own index, so train and test never share a surface. ``kinds``: the
-    defect folders written (default both), in this order; ``brush_px``: as :class:`SyntheticSurface`
-    (1: no streaks, a grain with no direction)."""
+    defect folders written (default both), in this order; ``brush_px``, ``grain_px``: the texture,
+    as :class:`SyntheticSurface` (module docstring)."""
     unknown = sorted(set(kinds) - set(SURFACE_DEFECTS))
     if unknown or not kinds:
         raise ValueError(f"kinds: choose from {', '.join(SURFACE_DEFECTS)}, got {list(kinds)}")
-    surface = SyntheticSurface(height=height, width=width, seed=seed, defects=defects, brush_px=brush_px)
+    surface = SyntheticSurface(
+        height=height, width=width, seed=seed, defects=defects, brush_px=brush_px, grain_px=grain_px
+    )
     return save_layout(
         root,
         good=surface.good,

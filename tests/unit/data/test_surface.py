@@ -48,6 +48,23 @@ def test_a_defect_changes_only_its_own_pixels_and_has_its_stated_size(kind: str)
         assert np.abs(bad[mask, 0].astype(float) - good[mask, 0]).mean() >= 15
 
 
+def _neighbour_correlation(image: np.ndarray, axis: int) -> float:
+    g = image[..., 0].astype(np.float64)
+    a, b = (g[:-1], g[1:]) if axis == 0 else (g[:, :-1], g[:, 1:])
+    return float(np.corrcoef(a.ravel(), b.ravel())[0, 1])
+
+
+def test_the_texture_runs_along_the_rows_by_default_and_has_no_direction_as_a_mottle():
+    streaks = SyntheticSurface(height=256, width=256, seed=2, shading=0).good(0)
+    mottle = SyntheticSurface(height=256, width=256, seed=2, shading=0, brush_px=8, grain_px=8).good(0)
+    grain = SyntheticSurface(height=256, width=256, seed=2, shading=0, brush_px=1).good(0)
+    assert _neighbour_correlation(streaks, 1) > 0.8 and _neighbour_correlation(streaks, 0) < 0.5  # streaks
+    assert min(_neighbour_correlation(mottle, 0), _neighbour_correlation(mottle, 1)) > 0.7  # 8-px grains
+    assert max(_neighbour_correlation(grain, 0), _neighbour_correlation(grain, 1)) < 0.5  # per-pixel grain
+    # the texture keeps its strength whatever its grain (renormalised box filters; no shading here)
+    assert 0.5 < mottle[..., 0].std() / streaks[..., 0].std() < 2.0
+
+
 def test_a_hairline_is_faint_once_the_frame_is_squeezed_to_one_canvas():
     s = SyntheticSurface(height=2048, width=2048, seed=0)
     good, (bad, mask) = s.good(5), s.defective(5, "scratch")
