@@ -10,12 +10,17 @@ a fourth tap, ``STRIDE2_TAP``) and scores the test frames. Printed per setting: 
 and false alarms at the calibrated threshold, recall at the highest good test score (no false
 alarm on this set), and the scratches missed there, split by their angle to the brushing (the
 rows): under 15 degrees, 15-30, 30 and more. The surface's brushing is streaks along the rows,
-so a faint scratch that runs along them looks like the grain itself.
+so a faint scratch that runs along them looks like the grain itself. ``--transposed`` also scores
+each scratched frame turned by a transpose (on a grain that is the same both ways, ``--brush-px G
+--grain-px G``, only the scratch's orientation changes) and prints, per angle bin, in how many
+the scratch scored higher upright (within 45 degrees of the columns) than lying. ``--json``
+also keeps each scratch's angle and score (and turned score), and the good frames' maximum.
 
     python benchmarks/bench_hairlines.py                  # 1024 px, contrast 16-24, auto and min_defect_px 2
     python benchmarks/bench_hairlines.py --size 2048 --contrast 12 18 --runs auto geometry.min_defect_px=2
     python benchmarks/bench_hairlines.py --runs auto geometry.min_defect_px=2 stride2-tap
-    python benchmarks/bench_hairlines.py --brush-px 8 --grain-px 8 --contrast 12 18   # a mottle, no streaks
+    python benchmarks/bench_hairlines.py --brush-px 8 --grain-px 8 --contrast 12 18   # square grains, no streaks
+    python benchmarks/bench_hairlines.py --brush-px 16 --grain-px 16 --seed 3 --transposed
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import table
@@ -61,11 +67,17 @@ def settings_of(run: str) -> dict[str, object]:
     return out
 
 
-def scores_of(det: Any, paths: list[Path], batch: int = 8) -> tuple[np.ndarray, np.ndarray]:
-    """Image scores and verdicts, ``batch`` frames at a time (the maps are dropped as they come)."""
+def transposed(path: Path) -> np.ndarray:
+    return np.ascontiguousarray(np.asarray(Image.open(path).convert("RGB")).transpose(1, 0, 2))
+
+
+def scores_of(det: Any, paths: list[Path], batch: int = 8, *, turn: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Image scores and verdicts, ``batch`` frames at a time (the maps are dropped as they come);
+    ``turn``: each frame transposed."""
     scores, flagged = [], []
     for i in range(0, len(paths), batch):
-        p = det.predict(paths[i : i + batch])
+        chunk = paths[i : i + batch]
+        p = det.predict([transposed(q) for q in chunk] if turn else chunk)
         scores.append(p.scores)
         flagged.append(p.is_anomaly)
     return np.concatenate(scores), np.concatenate(flagged)
@@ -81,6 +93,7 @@ def main() -> None:
     ap.add_argument("--brush-px", type=int, default=48, help="the texture's extent along the rows, px")
     ap.add_argument("--grain-px", type=int, default=1, help="its extent down the columns, px (= --brush-px: a mottle)")
     ap.add_argument("--runs", nargs="+", default=["auto", "geometry.min_defect_px=2"])
+    ap.add_argument("--transposed", action="store_true", help="also score each scratched frame transposed")
     ap.add_argument("--keep", type=Path, help="write the frames here and keep them")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
@@ -122,9 +135,20 @@ def main() -> None:
                 "run": run, "grid": "x".join(map(str, getattr(det, "grid", (1, 1)))), "image_auroc": round(auroc, 2),
                 "recall_calibrated": round(100 * bad_flagged.mean(), 1), "false_alarms": int(good_flagged.sum()),
                 "recall_no_false_alarm": round(100 * found.mean(), 1), "missed_by_angle": missed,
-                "fit_s": round(fit_s, 1),
+                "fit_s": round(fit_s, 1), "good_max": round(float(good_scores.max()), 4),
+                "scratches": np.c_[angles.round(1), bad_scores.round(4)].tolist(),
             }  # fmt: skip
-            print(json.dumps(rec), flush=True)
+            if args.transposed:  # upright: within 45 degrees of the columns
+                turned, _ = scores_of(det, scratched, turn=True)
+                upright = np.where(angles >= 45, bad_scores, turned)
+                lying = np.where(angles >= 45, turned, bad_scores)
+                rec["scratches_turned"] = [round(float(b), 4) for b in turned]
+                rec["upright_higher_by_angle"] = [
+                    f"{int(((upright > lying) & (angles >= lo) & (angles < hi)).sum())}/"
+                    f"{int(((angles >= lo) & (angles < hi)).sum())}"
+                    for lo, hi in ANGLE_BINS
+                ]
+            print(json.dumps({k: v for k, v in rec.items() if not k.startswith("scratches")}), flush=True)
             out.append(rec)
             rows.append([run, rec["grid"], f"{auroc:.2f}", f"{rec['recall_calibrated']} % / {rec['false_alarms']}",
                          rec["recall_no_false_alarm"], *missed])  # fmt: skip

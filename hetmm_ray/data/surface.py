@@ -5,10 +5,12 @@ image. A line camera sees the opposite: a frame of megapixels, a surface whose t
 part to part, and defects of a few pixels that vanish when the frame is squeezed into one 256-px
 canvas. This module makes such frames, deterministic in ``(seed, index)``:
 
-- **Surface** (every part differs): brushing (white noise smeared along the rows by a box filter of
-  ``brush_px``, and down the columns by one of ``grain_px``, its strength per part: ``brush_px`` 48
-  and ``grain_px`` 1, the default, is streaks along the rows; equal values are a mottle with no
-  direction, grains of that size; both 1 is white noise per pixel), shading (a linear gradient of
+- **Surface** (every part differs): a texture, its strength per part: white noise made into round
+  grains about ``grain_px`` across (an isotropic Gaussian filter of standard deviation
+  ``grain_px / 3``; 1: per pixel), then brushed (smeared along the rows by a box filter of
+  ``brush_px``; 1: not brushed). The default, ``brush_px`` 48 and ``grain_px`` 1, is streaks along
+  the rows; ``brush_px`` 1 with a ``grain_px`` of a few px is a mottle with no direction (a cast or
+  blasted surface); both 1 is white noise per pixel. Then shading (a linear gradient of
   random direction, up to ``shading`` grey levels across the frame) and a part-wide gain, plus
   Gaussian sensor noise of standard deviation ``noise``, all around a mid-grey.
 - **Defects**, sizes in frame pixels, never a fraction of the frame:
@@ -34,6 +36,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
+from scipy import ndimage
 
 from .synthetic import save_layout
 
@@ -142,15 +145,18 @@ class SyntheticSurface:
     def _surface(self, index: int) -> np.ndarray:
         rng = np.random.default_rng([self.seed, int(index)])
         h, w = self.height, self.width
-        # Brushing: white noise smeared along the rows (a box filter by cumulative sums), then down the
-        # columns when grain_px > 1 (the default draws exactly what it drew before grain_px existed).
+        # Grains: a Gaussian filter, isotropic (a separable box would give square grains whose edges
+        # run along the rows and columns, and hide hairlines that do). Brushing: smeared along the
+        # rows by a box filter (cumulative sums). Renormalised to unit variance; with grain_px 1 the
+        # frames are exactly those drawn before grain_px existed.
         b, g = self.brush_px, self.grain_px
-        raw = rng.standard_normal((h + (g if g > 1 else 0), w + b)).astype(np.float32)
+        raw = rng.standard_normal((h, w + b)).astype(np.float32)
+        if g > 1:
+            raw = ndimage.gaussian_filter(raw, sigma=g / 3.0, mode="wrap")
         c = np.cumsum(raw, axis=1)
         streaks = (c[:, b:] - c[:, :-b]) / math.sqrt(b)
         if g > 1:
-            c = np.cumsum(streaks, axis=0)
-            streaks = (c[g:] - c[:-g]) / math.sqrt(g)
+            streaks /= max(float(streaks.std()), 1e-6)
         strength = float(rng.uniform(6.0, 10.0))
         angle = float(rng.uniform(0, 2 * math.pi))
         yy = np.linspace(-0.5, 0.5, h, dtype=np.float32)[:, None]

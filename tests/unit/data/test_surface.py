@@ -55,13 +55,20 @@ def _neighbour_correlation(image: np.ndarray, axis: int) -> float:
 
 
 def test_the_texture_runs_along_the_rows_by_default_and_has_no_direction_as_a_mottle():
-    streaks = SyntheticSurface(height=256, width=256, seed=2, shading=0).good(0)
-    mottle = SyntheticSurface(height=256, width=256, seed=2, shading=0, brush_px=8, grain_px=8).good(0)
-    grain = SyntheticSurface(height=256, width=256, seed=2, shading=0, brush_px=1).good(0)
+    def frame(**texture: int) -> np.ndarray:
+        return SyntheticSurface(height=256, width=256, seed=2, shading=0, **texture).good(0)
+
+    streaks, mottle, grain = frame(), frame(brush_px=1, grain_px=8), frame(brush_px=1)
     assert _neighbour_correlation(streaks, 1) > 0.8 and _neighbour_correlation(streaks, 0) < 0.5  # streaks
     assert min(_neighbour_correlation(mottle, 0), _neighbour_correlation(mottle, 1)) > 0.7  # 8-px grains
     assert max(_neighbour_correlation(grain, 0), _neighbour_correlation(grain, 1)) < 0.5  # per-pixel grain
-    # the texture keeps its strength whatever its grain (renormalised box filters; no shading here)
+    # round grains: as correlated along a diagonal as along the rows and columns at the same distance
+    g = mottle[..., 0].astype(np.float64)
+    d = 4
+    along = np.corrcoef(g[:, :-d].ravel(), g[:, d:].ravel())[0, 1]
+    diagonal = np.corrcoef(g[:-3, :-3].ravel(), g[3:, 3:].ravel())[0, 1]  # 3 * sqrt(2) = 4.24 px away
+    assert abs(along - diagonal) < 0.08
+    # the texture keeps its strength whatever its grain (renormalised; no shading here)
     assert 0.5 < mottle[..., 0].std() / streaks[..., 0].std() < 2.0
 
 
