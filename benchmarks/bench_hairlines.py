@@ -11,16 +11,16 @@ and false alarms at the calibrated threshold, recall at the highest good test sc
 alarm on this set), and the scratches missed there, split by their angle to the brushing (the
 rows): under 15 degrees, 15-30, 30 and more. The surface's brushing is streaks along the rows,
 so a faint scratch that runs along them looks like the grain itself. ``--transposed`` also scores
-each scratched frame turned by a transpose (on a grain that is the same both ways, ``--brush-px G
---grain-px G``, only the scratch's orientation changes) and prints, per angle bin, in how many
+each scratched frame turned by a transpose (on round grains, ``--brush-px 1 --grain-px G``, the
+texture is the same both ways, so only the scratch's orientation changes) and prints, per angle bin, in how many
 the scratch scored higher upright (within 45 degrees of the columns) than lying. ``--json``
 also keeps each scratch's angle and score (and turned score), and the good frames' maximum.
 
     python benchmarks/bench_hairlines.py                  # 1024 px, contrast 16-24, auto and min_defect_px 2
     python benchmarks/bench_hairlines.py --size 2048 --contrast 12 18 --runs auto geometry.min_defect_px=2
     python benchmarks/bench_hairlines.py --runs auto geometry.min_defect_px=2 stride2-tap
-    python benchmarks/bench_hairlines.py --brush-px 8 --grain-px 8 --contrast 12 18   # square grains, no streaks
-    python benchmarks/bench_hairlines.py --brush-px 16 --grain-px 16 --seed 3 --transposed
+    python benchmarks/bench_hairlines.py --size 2048 --brush-px 1 --grain-px 8 --seed 1   # round 8-px grains
+    python benchmarks/bench_hairlines.py --brush-px 1 --grain-px 16 --seed 3 --transposed
 """
 
 from __future__ import annotations
@@ -90,8 +90,8 @@ def main() -> None:
     ap.add_argument("--train", type=int, default=30)
     ap.add_argument("--test", type=int, default=40, help="good test frames, and as many scratched ones")
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--brush-px", type=int, default=48, help="the texture's extent along the rows, px")
-    ap.add_argument("--grain-px", type=int, default=1, help="its extent down the columns, px (= --brush-px: a mottle)")
+    ap.add_argument("--brush-px", type=int, default=48, help="brushing along the rows, px (1: none)")
+    ap.add_argument("--grain-px", type=int, default=1, help="round grains about this many px across (1: per pixel)")
     ap.add_argument("--runs", nargs="+", default=["auto", "geometry.min_defect_px=2"])
     ap.add_argument("--transposed", action="store_true", help="also score each scratched frame transposed")
     ap.add_argument("--keep", type=Path, help="write the frames here and keep them")
