@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test test-unit test-integration acceptance acceptance-quick lint bench clean
+.PHONY: setup demo test test-unit test-integration acceptance acceptance-quick lint bench docs clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -40,10 +40,16 @@ acceptance-quick: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check hetmm_ray tests benchmarks
 	$(VENV)/bin/ruff format --check hetmm_ray tests benchmarks
+	$(VENV)/bin/mypy  # [tool.mypy] in pyproject.toml: hetmm_ray/
+
+# The documentation site (mkdocs.yml), built offline into site/; --strict: a broken link fails the build.
+# The reference pages are generated from the code at build time (docs/hooks/reference.py).
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_atmm.py einsum
 	$(PY) benchmarks/bench_throughput.py e2e
 
 clean:
-	rm -rf $(VENV) out .pytest_cache
+	rm -rf $(VENV) out site .pytest_cache

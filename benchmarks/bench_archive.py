@@ -1,4 +1,4 @@
-"""``hetmm compare --on-ray`` and ``hetmm inspect``: archives on Ray Data (issue 24).
+"""``hetmm compare --on-ray`` and ``hetmm inspect``: archives on Ray Data.
 
 ``compare``: ``hetmm compare --on-ray``'s one pass scoring each decoded batch with both versions,
 against a pass per version joined on path (what it did before; what it still does across canvases), in

@@ -1,4 +1,4 @@
-"""Backbones compared on real data: accuracy and CPU speed, in one run (BENCHMARKS.md, "Backbones").
+"""Backbones compared on real data: accuracy and CPU speed, in one run (docs/performance.md).
 
 For every dataset (MVTec bottle, battery_weld) and backbone: ``evaluate`` with ALL
 templates (fit on train/good, score test/) gives image AUROC, pixel AUROC and PRO.

@@ -1,4 +1,4 @@
-"""Template selection against the size of the bank (issue 40, item 3).
+"""Template selection against the size of the bank.
 
 ``selections`` (why 60 sheets lose): a synthetic product of varied poses (``data/synthetic.py``,
 ``pose="varied"``: any turn, shifts of 12 px), ``--train`` good images, or ``--data`` (an MVTec
@@ -13,7 +13,8 @@ layers. A selection that leaves bank vectors far from every sheet loses the matc
 ``scale`` (the default's speed as the bank grows): one varied-pose product; ``hetmm evaluate``'s
 engine (``evaluation.evaluate``) with the defaults on the first 200, 500 and 1,000 good images
 (``--banks``), and ALL beside each (``--no-all`` leaves it out): image AUROC, recall at the
-calibrated threshold, images/s of the test set (decode + backbone + ATMM), the fit's seconds.
+calibrated threshold, images/s of the test set (decode + backbone + ATMM), the fit's seconds;
+``--plot PNG`` draws images/s and the fit's seconds against the bank (``plots.py bank`` of the rows).
 
 ``products`` (the defaults against ALL on real sets): bottle, battery_weld, bsd_pitting (../shared)
 and the varied-pose product: the same figures, the defaults and ``templates.kind=all``.
@@ -25,11 +26,11 @@ selections one after another in this process and as one Ray task per fold
 whether the scores agree. A machine of C cores runs the tasks C at a time, each on one core, where
 the in-process selection uses all C for each fold: the tasks pay only on a cluster.
 
-Timings mean something only on a quiet machine (BENCHMARKS.md states the load).
+Timings mean something only on a quiet machine (docs/performance.md states the load).
 
     python benchmarks/bench_bank.py selections --train 500 --runs all cover:60 pts_o:60 pr:60 cover:200
     python benchmarks/bench_bank.py selections --data ../shared/data/bsd_pitting --runs all cover:60 pts_o:60
-    python benchmarks/bench_bank.py scale --banks 200 500 1000
+    python benchmarks/bench_bank.py scale --banks 200 500 1000 --json bank.json --plot bank.png
     python benchmarks/bench_bank.py products --datasets bottle battery_weld bsd_pitting varied
     python benchmarks/bench_bank.py folds --train 300 --runs pts_o:60 pr:60 cover:60
 """
@@ -49,6 +50,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import BATTERY, BOTTLE, BSD, table, with_default_command
+from plots import bank_png
 
 from hetmm_ray.config import DetectorConfig
 from hetmm_ray.core.cover import nearest_sheet_distances
@@ -212,6 +214,8 @@ def scale(args: argparse.Namespace) -> None:
         for n in args.banks:
             rows += _runs(f"varied, bank {n}", _train_prefix(Path(tmp), data, n), args)
     _print(rows, args.json)
+    if args.plot:
+        print(f"written {bank_png(rows, args.plot)}")
 
 
 def products(args: argparse.Namespace) -> None:
@@ -245,6 +249,7 @@ def main() -> None:
     )
     sub.choices["folds"].add_argument("--runs", nargs="+", default=["pts_o:60", "pr:60", "cover:60"])
     sub.choices["scale"].add_argument("--banks", type=int, nargs="+", default=[200, 500, 1000])
+    sub.choices["scale"].add_argument("--plot", type=Path, help="draw images/s and fit s against the bank here (PNG)")
     sub.choices["products"].add_argument(
         "--datasets", nargs="+", default=["bottle", "battery_weld", "bsd_pitting", "varied"]
     )

@@ -1,4 +1,4 @@
-"""Replicas, products and template hosts on Ray: how the service scales and what it holds (issues 14, 23, 25).
+"""Replicas, products and template hosts on Ray: how the service scales and what it holds.
 
 ``autoscale``: autoscaling under a stated load profile; detector replicas and p50/p99 latency over
 time, as a PNG. The service of deploy.yaml on a local Ray with more logical CPUs than cores

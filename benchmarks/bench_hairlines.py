@@ -1,5 +1,5 @@
 """Hairlines on the synthetic surface: which scratches each tiles setting finds, by their angle to
-the brushing (issue 40, item 2: ``geometry.min_defect_px``).
+the brushing (``geometry.min_defect_px``).
 
 Writes a scratch-only layout of ``hetmm_ray/data/surface.py`` frames (``--size`` px square,
 defect contrast ``--contrast``, ``--train`` good training frames, ``--test`` good and ``--test``

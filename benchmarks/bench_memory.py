@@ -1,4 +1,4 @@
-"""Peak memory of ``hetmm evaluate`` and ``hetmm predict`` against the number of test frames (issue 40).
+"""Peak memory of ``hetmm evaluate`` and ``hetmm predict`` against the number of test frames.
 
 Writes synthetic line frames (``hetmm_ray/data/surface.py``, ``--size`` px square) in the MVTec layout
 with ``--train`` good training frames and, per entry of ``--tests``, that many test frames (half good,
@@ -6,13 +6,16 @@ half defective, with masks), then runs, in a fresh process each, under ``/usr/bi
 
 - ``hetmm evaluate --data LAYOUT --set geometry.tiles=auto`` (frames at their own resolution, maps
   stitched at the frame's: what a line measures);
+- ``evaluate-report``: the same with ``--report DIR`` (the HTML report's gallery thumbnails and
+  figures: its peak beside ``evaluate``'s is what the report costs);
 - ``hetmm predict`` of the layout's test frames against a product fitted once (``hetmm fit``), heat-maps
   written to a temporary folder.
 
 Each row: the tree whose ``hetmm`` ran (``--tree``, repeatable: compare code versions on the same
 frames; default this checkout), the command, the test frames, and the peak RSS (median of ``--runs``).
 Memory must not grow with the number of frames: the last column is each row's peak over the same
-command's smallest set. The default backbone (efficientnet_lite0, packaged weights), the default
+command's smallest set; ``--plot PNG`` draws the peaks against the frames (``plots.py memory`` of the
+rows). The default backbone (efficientnet_lite0, packaged weights), the default
 selection (a product of at most 200 training frames is ALL under it). ``--commands predict`` runs one
 command only (default both).
 
@@ -42,6 +45,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import table
+from plots import memory_png
 
 from hetmm_ray.data.surface import write_surface_layout
 
@@ -107,7 +111,12 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=1, help="runs per row; the median is reported (default 1)")
     ap.add_argument("--tree", action="append", type=Path, help="a checkout whose .venv/bin/hetmm runs (repeatable)")
     ap.add_argument("--json", type=Path, help="write the rows here too")
-    ap.add_argument("--commands", default="evaluate,predict", help="comma-separated (default evaluate,predict)")
+    ap.add_argument("--plot", type=Path, help="draw peak RSS against the test frames here (PNG)")
+    ap.add_argument(
+        "--commands",
+        default="evaluate,predict",
+        help="comma-separated, of evaluate, evaluate-report, predict (default evaluate,predict)",
+    )
     ap.add_argument("--metrics", type=Path, nargs="+", help="exact against binned pixel metrics of these folders")
     args = ap.parse_args()
     if args.metrics:
@@ -115,8 +124,8 @@ def main() -> None:
         return
     tests = sorted(int(t) for t in args.tests.split(","))
     commands = [c.strip() for c in args.commands.split(",")]
-    if not commands or not set(commands) <= {"evaluate", "predict"}:
-        ap.error(f"--commands takes evaluate and/or predict, not {args.commands!r}")
+    if not commands or not set(commands) <= {"evaluate", "evaluate-report", "predict"}:
+        ap.error(f"--commands takes evaluate, evaluate-report and/or predict, not {args.commands!r}")
     trees = [t.resolve() for t in (args.tree or [HERE])]
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-memory-") as tmp:
@@ -130,8 +139,9 @@ def main() -> None:
             for command in commands:
                 base = None
                 for n in tests:
-                    if command == "evaluate":
+                    if command in ("evaluate", "evaluate-report"):
                         argv = [hetmm, "evaluate", "--data", str(sets[n]), "--set", "geometry.tiles=auto"]
+                        argv += ["--report", str(root / "report")] if command == "evaluate-report" else []
                     else:
                         heat = root / "heat"
                         shutil.rmtree(heat, ignore_errors=True)
@@ -152,6 +162,8 @@ def main() -> None:
     )
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1) + "\n")
+    if args.plot:
+        print(f"written {memory_png(rows, args.plot)}")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Predict-path cost of the inspection record (issue 23): images/s with and without it, in one run.
+"""Predict-path cost of the inspection record: images/s with and without it, in one run.
 
 Three measurements, each without and with the record, alternated run by run (``--runs``, medians):
 
@@ -12,7 +12,7 @@ Three measurements, each without and with the record, alternated run by run (``-
   the service of deploy.yaml started with ``record: false`` and then ``record: true`` (same store,
   same port), ``record_pass_sample: 1`` so every image is written too (the worst case).
 
-The record's cost is ``1 - with / without`` of images/s; the issue asks for at most 5 %.
+The record's cost is ``1 - with / without`` of images/s; the bar is at most 5 %.
 
     python benchmarks/bench_record.py                 # the full run (minutes)
     python benchmarks/bench_record.py --tiny          # seconds: shows it works, measures nothing

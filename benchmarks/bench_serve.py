@@ -1,5 +1,5 @@
 """The service under load: images/s and CPU per image over HTTP and gRPC against in-process, and where
-the CPU goes (issue 25). One command per question; each starts deploy.yaml's service on a local Ray
+the CPU goes. One command per question; each starts deploy.yaml's service on a local Ray
 (``common.served``) unless it says otherwise.
 
 ``paths`` (the default command): HTTP and gRPC throughput vs in-process, in one run. Publishes one
@@ -123,7 +123,7 @@ def in_process(
     """images/s of ``HETMM.predict`` on ``n`` copies of ``body`` per call, and CPU ms per image (this
     process's; medians of ``runs``). A run makes calls until ``seconds`` have passed (at least one), so
     the baseline is measured over as long as a service row: this host's speed swings by a quarter
-    between one-second calls (session 12: 21-36 images/s on identical consecutive calls)."""
+    between one-second calls (identical consecutive calls differ that much)."""
     from hetmm_ray.store import open_store
 
     det = load_detector(open_store(store), product, device=device)
@@ -661,7 +661,7 @@ def idle(args: argparse.Namespace) -> None:
     )
 
 
-# --- raw: a camera's frame as pixels vs as PNG (issue 39, item 5) -----------------------------------
+# --- raw: a camera's frame as pixels vs as PNG -------------------------------------------------------
 def _raw_inputs() -> dict[str, Any]:
     """Frames of a line's cameras from real pixels: bsd_pitting's 1130x460 RGB frame as it is, and
     scaled to 5 MP (2448x2048) as RGB8 and Mono8 (its green plane); the synthetic gear without

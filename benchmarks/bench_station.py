@@ -1,4 +1,4 @@
-"""A line end to end, all real (issue 39's acceptance): Aravis's fake GigE Vision camera (software
+"""A line end to end, all real: Aravis's fake GigE Vision camera (software
 trigger) -> ``hetmm station run`` -> ``hetmm serve`` over gRPC -> Mosquitto -> a subscriber, and the
 station's OPC UA server read by an asyncua client subscribed to its ``Counter``.
 

@@ -1,5 +1,5 @@
 """Template selection and image geometry on real products: accuracy and the cost the template count
-controls (issues 3, 17, 22).
+controls.
 
 ``ablation`` (the default command): the paper's ablation (Table RTMM) and the template-size sweep on
 MVTec bottle. Features of the 209 training and 83 test images are extracted once (real mobilenet_v2
@@ -15,8 +15,8 @@ centred bands of 40-100 % height) written to a temporary folder.
 ``ladder``: ``templates.sheets: auto`` on the same products: the ladder it measures, the K it chooses
 and the metrics of that choice against ALL.
 
-``auto``: ``templates.sheets: auto`` against ALL: is a compressed default kind worth it? (issue 22,
-item 3). For each dataset, ``hetmm evaluate`` twice with the defaults (efficientnet_lite0, packaged
+``auto``: ``templates.sheets: auto`` against ALL: is a compressed default kind worth it?
+For each dataset, ``hetmm evaluate`` twice with the defaults (efficientnet_lite0, packaged
 weights, letterbox, far 1 %) except the templates: ``kind: all`` and ``--kind`` (default ``pts_o``)
 with ``sheets: auto`` (and ``templates.auto_max_ms_per_image`` = ``--budget`` when given; ``--tiles``
 sets ``geometry.tiles`` for both). Reported per run: K chosen (and why), image AUROC, pixel AUROC, PRO,
@@ -36,8 +36,8 @@ images, the out-of-fold estimate of the false-alarm rate), and the cost per fram
 With ``--budget B`` the last column says whether the chosen selection met B, by the measured
 ``e2e ms/frame`` (which also counts reading and decoding the file, left out of the budget's estimate:
 ``benchmarks/bench_tiles.py speed --budget-only`` measures decoded frames). One JSON line per run;
-``--json`` writes them all. Timings mean something only on a quiet machine (BENCHMARKS.md states the
-load). ``--train-subset F`` (0 < F < 1) fits both runs of every dataset on ``round(F * N)`` of its N
+``--json`` writes them all. Timings mean something only on a quiet machine (docs/performance.md states
+the load). ``--train-subset F`` (0 < F < 1) fits both runs of every dataset on ``round(F * N)`` of its N
 training images, drawn without replacement by ``random.Random(--subset-seed)`` from the sorted file
 names (the same draw for both runs; the test set is untouched): a view of the set (symbolic links
 under the temp folder), for a machine on which the full ladder does not fit.

@@ -1,5 +1,5 @@
 """The verdict threshold: what calibration costs, why the ``far`` rule's estimator, and an inspection
-region's effect on false alarms and recall (issues 11, 12, 21).
+region's effect on false alarms and recall.
 
 ``cost``: the cost of out-of-fold calibration (``HETMM.out_of_fold``) against the formula in
 ThresholdConfig. Random unit features with mobilenet_v2's layer shapes at 256 px (24x64x64, 32x32x32,

@@ -1,5 +1,5 @@
 """End-to-end predict speed in process: the current path against a plain baseline, backbones and
-template counts, a busy neighbour, and the backbone under three CPU runtimes (issue 15).
+template counts, a busy neighbour, and the backbone under three CPU runtimes.
 
 ``modes`` (the default command): end-to-end CPU images/s, the current predict path vs a plain
 sequential baseline, in one run. For mobilenet_v2 and the default backbone (efficientnet_lite0), at 60

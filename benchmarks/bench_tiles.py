@@ -1,4 +1,4 @@
-"""Tiles (issue 22): a product evaluated with one tile and with a tile grid, side by side, and what
+"""Tiles: a product evaluated with one tile and with a tile grid, side by side, and what
 tiles cost in frames/s in process and over HTTP.
 
 ``surface`` and ``data``: the same product evaluated with one tile and with each of ``--grids``.

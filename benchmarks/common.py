@@ -1,4 +1,4 @@
-"""The benchmark harness: everything the scripts in benchmarks/ share, in one module (issue 38, item 5).
+"""The benchmark harness: everything the scripts in benchmarks/ share, in one module.
 
 - paths of ../shared: ``SHARED``, ``BOTTLE``, ``BATTERY``, ``BSD``, ``MOBILENET_WEIGHTS``;
 - timing and reports: :func:`median_time`, :func:`matmul_rate`, :func:`describe`, :func:`table`,
@@ -18,9 +18,10 @@
 Only the standard library loads with this module: torch, Ray and hetmm_ray load inside the functions
 that use them. So a script decides what loads first (``import hetmm_ray`` before torch sets the
 OpenMP wait policy the service runs with; the benchmarks that always measured without it still do),
-and ``device_check.py`` runs where there is torch and no Ray. No script imports another: a script
-run as ``python benchmarks/NAME.py`` imports this module as ``common`` (its folder is on
-``sys.path``); ``tests/acceptance`` imports it as ``benchmarks.common``.
+and ``device_check.py`` runs where there is torch and no Ray. No script imports another, only this
+module and ``plots.py`` (the figures of their ``--json``): a script run as ``python
+benchmarks/NAME.py`` imports them as ``common`` and ``plots`` (its folder is on ``sys.path``); the
+tests import them as ``benchmarks.common`` and ``benchmarks.plots``.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The prepared GPU check (issue 15): correctness of ATMM, PTS, backbones and predict on the GPU
+# The prepared GPU check: correctness of ATMM, PTS, backbones and predict on the GPU
 # against the CPU reference, then one images/s table. Runs on the GPU machine DESIGN.md
 # describes: its own torch, no Ray, no network, from the repository root, in under 8 minutes.
 #   bash benchmarks/device_check.sh                       # GPU (cuda)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 
-# OpenMP threads that spin while waiting collapse when a neighbour holds a core (measured: ATMM
-# 21 -> 553 ms with 2 threads and one core taken; hetmm_ray/pipeline.py). Read once, when torch
+# OpenMP threads that spin while waiting collapse when a neighbour holds a core (hetmm_ray/pipeline.py,
+# "Polite waiting"). Read once, when torch
 # loads its OpenMP runtime, so it is set here, before any torch import of this package (and of
 # Ray workers, which import the package first); a value already in the environment wins.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")

@@ -1,4 +1,4 @@
-"""Compare two stored versions of a product on the same images (issue 23, ``hetmm compare`` and
+"""Compare two stored versions of a product on the same images (``hetmm compare`` and
 ``POST /v1/products/{p}/versions/{v}/compare``).
 
 Exact semantics of :func:`compare_versions`:
@@ -8,8 +8,10 @@ Exact semantics of :func:`compare_versions`:
   image is scored by both, each under its own stored threshold rule (the same scores and verdicts
   ``hetmm predict --version`` gives). Images are decoded once and scored in chunks of
   :data:`CHUNK` (memory stays bounded; maps are kept only for flips).
-- A *flip* is an image whose verdict (``is_anomaly``) differs between the two versions. Each flip
-  lists the image's name, both scores, both thresholds, both verdicts, the label when given, and
+- A *flip* is an image whose ``is_anomaly`` differs between the two versions. Each flip lists the
+  image's name, each version's result record of it (hetmm_ray/result.py: score, threshold,
+  ``is_anomaly``, the verdict ``ok | review | reject`` with that version's review band, its rule and
+  version), the label when given, and
   (``maps=True``) both heat-maps as RGB overlays on the image, each on its version's own fixed
   colour scale (``visualize.heatmap_range``). Flips are listed in input order.
 - ``score_shift``: the quantiles :data:`QUANTILES` of each version's scores over the set and of the
@@ -31,9 +33,14 @@ import base64
 import io
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+from .result import result_record, review_threshold_of
+
+if TYPE_CHECKING:
+    from .store.protocol import Store
 
 __all__ = [
     "CHUNK",
@@ -70,7 +77,7 @@ def parse_time(value: Any) -> float | None:
 
 
 def record_images(
-    store: Any, product: str, since: float | None, until: float | None
+    store: Store, product: str, since: float | None, until: float | None
 ) -> tuple[list[tuple[str, bytes]], list[int] | None]:
     """The images the product's inspection record kept in ``[since, until)`` (encoded, named
     ``<time>/<name>``) and, when a person labelled every one of them, their labels (1 = defective).
@@ -97,11 +104,10 @@ def overlay_png(image: np.ndarray, amap: np.ndarray, threshold: float, region: n
     """A heat-map overlay as PNG bytes, on the version's fixed colour scale."""
     from PIL import Image
 
-    from .visualize import heatmap_overlay, heatmap_range
+    from .visualize import draw_overlay
 
-    vmin, vmax = heatmap_range(amap, threshold)
     out = io.BytesIO()
-    Image.fromarray(heatmap_overlay(image, amap, vmin=vmin, vmax=vmax, region=region)).save(out, format="PNG")
+    Image.fromarray(draw_overlay(image, amap, threshold=threshold, region=region)).save(out, format="PNG")
     return out.getvalue()
 
 
@@ -142,7 +148,7 @@ def _share(flags: np.ndarray) -> float | None:
 
 
 def compare_versions(
-    store: Any,
+    store: Store,
     product: str,
     candidate: int,
     images: Sequence[tuple[str, np.ndarray]],
@@ -167,8 +173,9 @@ def compare_versions(
     arrays = [img for _, img in images]
     (s0, s1), (f0, f1), (t0, t1), flips = scored_sides(base_det, cand_det, arrays, maps=maps)
     ops = (base_det.operating_point(), cand_det.operating_point())
+    reviews = (review_threshold_of(base_det), review_threshold_of(cand_det))
     names = [name for name, _ in images]
-    out = summarise(product, (base, int(candidate)), names, (s0, s1), (f0, f1), (t0, t1), ops, labels)
+    out = summarise(product, (base, int(candidate)), names, (s0, s1), (f0, f1), (t0, t1), ops, labels, reviews=reviews)
     if maps:
         for row, flip in zip(out["flips"], flips, strict=True):  # both in input order
             i = flip["index"]
@@ -189,10 +196,14 @@ def summarise(
     thresholds: tuple[float, float],
     ops: tuple[Any, Any],
     labels: Sequence[int] | None = None,
+    *,
+    reviews: tuple[float | None, float | None] = (None, None),
 ) -> dict[str, Any]:
     """The comparison of two versions' scores and verdicts on the same images, in input order
     (module docstring), without heat-maps: what :func:`compare_versions` returns in one process and
-    ``archive.compare_archive`` on Ray Data. ``ops``: each version's operating point (None: uncalibrated)."""
+    ``archive.compare_archive`` on Ray Data. ``ops``: each version's operating point (None: uncalibrated);
+    ``reviews``: each version's review threshold (``result.review_threshold_of``; None: no band). A flip's
+    sides are each version's result record of the image (``result.result_record``)."""
     (s0, s1), (f0, f1), (t0, t1) = scores, flags, thresholds
     estimated = [None if op is None else op.false_alarm_rate for op in ops]
     lab = None if labels is None else np.asarray([int(v) for v in labels], dtype=bool)
@@ -225,12 +236,14 @@ def summarise(
                 for side, fl in (("base", f0), ("candidate", f1))
             },
         }
-    for i in np.flatnonzero(f0 != f1):
-        row: dict[str, Any] = {
-            "image": names[i],
-            "base": {"score": round(float(s0[i]), 6), "threshold": round(t0, 6), "is_anomaly": bool(f0[i])},
-            "candidate": {"score": round(float(s1[i]), 6), "threshold": round(t1, 6), "is_anomaly": bool(f1[i])},
-        }
+    for i in np.flatnonzero(f0 != f1).tolist():
+        row: dict[str, Any] = {"image": names[i]}
+        for side, score, threshold, op, review, version in zip(
+            ("base", "candidate"), (s0[i], s1[i]), (t0, t1), ops, reviews, versions, strict=True
+        ):
+            row[side] = result_record(
+                score=score, threshold=threshold, review_threshold=review, operating_point=op, version=version
+            )
         if lab is not None:
             row["label"] = int(lab[i])
         out["flips"].append(row)

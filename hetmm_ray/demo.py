@@ -235,8 +235,7 @@ def _exercise(
     print(f"  weights      {weights_label}")
     print(f"  {'image':<22} {'type':<8} {'score':>8}  verdict  version")
     for s, (res, _) in zip(samples, burst, strict=True):
-        flag = "ANOMALY" if res["is_anomaly"] else "ok"
-        print(f"  {s.path.name:<22} {s.defect_type:<8} {res['score']:8.4f}  {flag:<7}  v{res['version']}")
+        print(f"  {s.path.name:<22} {s.defect_type:<8} {res['score']:8.4f}  {res['verdict']:<7}  v{res['version']}")
     correct = int((verdicts == (labels == 1)).sum())
     summary = {
         "image_auroc": 100 * image_auroc(scores, labels),

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 import numpy as np
 from torch import Tensor
@@ -31,6 +31,9 @@ from .interface import Detector, Layout
 from .pipeline import keep_memory_mapped
 from .scorer import ImageInput, Prediction, Scorer, as_rgb
 from .steps import FitSteps
+
+if TYPE_CHECKING:
+    from .store.protocol import Store
 
 __all__ = ["HETMM", "ImageInput", "Prediction", "operating_point"]
 
@@ -117,7 +120,12 @@ class HETMM(Detector):
             self.scorer.install(ts)
         return self
 
-    def compress(self, kind: str | None = None, sheets: int | None = None, *, seed: int | None = None) -> Self:
+    def drop(self, digests: Sequence[str]) -> Self:
+        """The bank without the frames of ``digests``, re-selected and recalibrated (:meth:`FitPipeline.without`)."""
+        self.scorer.install(self.pipeline.without(self.scorer.require_templates(), digests))
+        return self
+
+    def compress(self, kind: str | None = None, sheets: int | str | None = None, *, seed: int | None = None) -> Self:
         """Re-select the tiny set from the bank (PTS or an ablation baseline) and recalibrate."""
         self.scorer.install(self.pipeline.compress(self.scorer.require_templates(), kind, sheets, seed=seed))
         return self
@@ -173,7 +181,7 @@ class HETMM(Detector):
         return FrameCost(self.scorer, [self.input_view(as_rgb(frame))])
 
     @classmethod
-    def from_store(cls, store: Any, product: str, version: int, **options: Any) -> Self:
+    def from_store(cls, store: Store, product: str, version: int, **options: Any) -> Self:
         """An untiled product's detector from a stored template set (:func:`persistence.load`):
         ``progress=``, ``steps=``, and overrides of run-time settings (``device=``, ``dtype=``...).
         :func:`hetmm_ray.detectors.load_detector` is the loader callers use (it chooses the class)."""

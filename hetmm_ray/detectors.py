@@ -19,7 +19,7 @@ Callers never ask which class they hold: both answer :class:`~hetmm_ray.interfac
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import Tensor
 
@@ -31,6 +31,9 @@ from .detector import HETMM
 from .interface import Detector
 from .scorer import ImageInput
 from .tiled import TiledHETMM, region_parts, resolve_tiles
+
+if TYPE_CHECKING:
+    from .store.protocol import Store
 
 __all__ = ["check_region", "load_detector", "new_detector", "serving_detector"]
 
@@ -57,7 +60,7 @@ def new_detector(config: DetectorConfig, frames: Sequence[ImageInput] = (), **op
     return HETMM(config, **options)
 
 
-def load_detector(store: Any, product: str, version: int | None = None, **options: Any) -> Detector:
+def load_detector(store: Store, product: str, version: int | None = None, **options: Any) -> Detector:
     """The stored version of ``product`` (default: head) as its detector (module docstring)."""
     if version is None:
         version = store.head(product)

@@ -5,6 +5,13 @@ defective test images, and masks for every defect type or for none. A set withou
 labels only) is measured on its images: image AUROC, the operating point and the score
 summaries; ``pixel_auroc`` and ``pro`` are then ``None`` (JSON ``null``) and the table says
 "absent", never an error after the fit.
+
+Every test image is also one row of :attr:`EvaluationResult.images` (JSON ``images``), in the
+evaluation's order: ``path``, ``defect_type`` (``good`` or the defect type's folder), ``score``
+(the image score as computed, unrounded) and ``is_anomaly`` (the verdict at the threshold); the
+image AUROC is exactly ``core.metrics.image_auroc`` of the rows' scores against ``defect_type !=
+"good"``. With a :class:`~hetmm_ray.report.collect.ReportCollector` (``evaluate --report``) each
+frame is also offered to it as it is scored, and the PRO curve handed to it at the end.
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -20,12 +28,13 @@ from tqdm.auto import tqdm
 
 from .config import STREAM_FRAMES, DetectorConfig
 from .core.calibration import best_f1_cut, labelled_cuts, recall_cut
-from .core.metrics import image_auroc
+from .core.metrics import image_auroc, pro_area
 from .core.pixel_metrics import PixelMetrics
 from .data.decode import decode_image, resize_to_geometry
 from .data.mvtec import MVTecCategory, Sample
 from .detectors import new_detector
 from .interface import Detector
+from .report.collect import ReportCollector
 
 __all__ = ["EvaluationResult", "evaluate", "load_images"]
 
@@ -76,6 +85,8 @@ class EvaluationResult:
     # Why the threshold may flag few defects (core/scoring.OperatingPoint.warning); None (and left
     # out of the JSON, which stays as it was) when it lies among the good images' scores.
     threshold_warning: str | None = None
+    # One row per test image (module docstring): path, defect_type, score, is_anomaly.
+    images: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
@@ -152,8 +163,18 @@ def score_summary(scores: Sequence[float]) -> dict[str, float]:
     }
 
 
+def _view(det: Detector, path: Path) -> np.ndarray:
+    """The frame at ``path`` as ``det`` saw it (``Detector.input_view``)."""
+    return det.input_view(decode_image(path))
+
+
 def evaluate(
-    data: str | Path, config: DetectorConfig, *, progress: bool = False, map_size: int | None = None
+    data: str | Path,
+    config: DetectorConfig,
+    *,
+    progress: bool = False,
+    map_size: int | None = None,
+    report: ReportCollector | None = None,
 ) -> tuple[EvaluationResult, Detector, list[Sample]]:
     """Fit on ``train/good``, score ``test/``, and measure AUROCs, PRO and speed.
 
@@ -161,19 +182,20 @@ def evaluate(
     the region's pixels only (``Prediction.regions``). A tiled configuration (``geometry.tiles``,
     ``"auto"`` resolved from the training frames) is fit and scored by
     :class:`~hetmm_ray.tiled.TiledHETMM` on the frames at their own resolution; its maps (and so
-    the pixel metrics) are at the frame's resolution, or ``map_size`` (long side)."""
+    the pixel metrics) are at the frame's resolution, or ``map_size`` (long side). ``report``: a
+    collector offered every frame (its map, mask and region) as it is scored (module docstring)."""
     category = MVTecCategory(data)
     samples = category.measurable_samples()  # the layout, checked before minutes of fitting
     train = category.train_paths()
     t0 = time.perf_counter()
-    # the files: the detector decodes them (frames' digests, as every path stores; issue 38) and
+    # the files: the detector decodes them (frames' digests, as every path stores) and
     # brings them to its canvas or cuts its tiles ("auto" resolved from the frames' headers)
     det = new_detector(config, train, progress=progress, map_size=map_size)
     det.fit(train)
     config = det.config
     fit_s = time.perf_counter() - t0
 
-    # Streamed (issue 40): frames scored STREAM_FRAMES at a time (a multiple of what predict batches,
+    # Streamed: frames scored STREAM_FRAMES at a time (a multiple of what predict batches,
     # so every score is the one a single call gives), each map reduced into the pixel metrics as it
     # comes (core/pixel_metrics.py: exact while small, binned with a stated bound beyond); nothing
     # holds all frames or all maps. Masks at each map's shape, resized like the image.
@@ -190,14 +212,34 @@ def evaluate(
         elapsed += time.perf_counter() - t0
         scores.extend(pred.scores.tolist())
         flagged.extend(bool(v) for v in pred.is_anomaly)
-        if pixels is not None:
+        if pixels is not None or report is not None:
             regions = pred.regions if pred.regions is not None else [None] * len(part)
-            for s, m, r in zip(part, pred.maps, regions, strict=True):
-                pixels.add(m, category.load_mask(s, m.shape), r)  # a region: only its pixels count
+            for k, (s, m, r) in enumerate(zip(part, pred.maps, regions, strict=True)):
+                mask = category.load_mask(s, m.shape) if pixels is not None else None
+                if pixels is not None:
+                    pixels.add(m, mask, r)  # a region: only its pixels count
+                if report is not None:
+                    report.offer(
+                        path=str(s.path),
+                        defect_type=s.defect_type,
+                        label=s.label,
+                        score=float(pred.scores[k]),
+                        is_anomaly=bool(pred.is_anomaly[k]),
+                        amap=m,
+                        threshold=float(pred.threshold),
+                        frame=partial(_view, det, s.path),  # decoded again only if it enters the gallery
+                        mask=mask,
+                        region=r,
+                    )
     pixel_auroc_pct = pro_pct = None
     if pixels is not None:
         pixel_auroc_pct = 100 * pixels.pixel_auroc()
-        pro_pct = 100 * pixels.pro()
+        if report is None:
+            pro_pct = 100 * pixels.pro()
+        else:  # the curve once: the figure is its area, as pixels.pro() computes it
+            fpr, pro = pixels.pro_curve()
+            pro_pct = 100 * pro_area(fpr, pro, pixels.fpr_limit)
+            report.set_pro_curve(fpr, pro, pixels.fpr_limit)
     verdict = np.array(flagged, dtype=bool)
     op = pred.operating_point
     cuts = labelled_cuts(scores, labels.tolist())
@@ -233,6 +275,10 @@ def evaluate(
         recall_at_1pct_false_alarms=100 * recall_cut(cuts, 0.01).recall,
         recall_at_5pct_false_alarms=100 * recall_cut(cuts, 0.05).recall,
         threshold_warning=None if op is None else op.warning(),
+        images=[
+            {"path": str(s.path), "defect_type": s.defect_type, "score": score, "is_anomaly": flag}
+            for s, score, flag in zip(samples, scores, flagged, strict=True)
+        ],
         score_summary={
             "out-of-fold train": score_summary(cal.scores if cal else []),
             "test good": score_summary(np.asarray(scores, dtype=np.float32)[labels == 0]),

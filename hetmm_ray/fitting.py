@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -140,7 +141,7 @@ class FitPipeline:
             bank_feats = {k: torch.from_numpy(v).to(TORCH_DTYPES[config.bank_dtype]) for k, v in feats.items()}
             return bank_feats, digests, None, [self._canvas_digest(as_rgb(x)) for x in items] if aliases else None
         parts: dict[str, list[Tensor]] = {}
-        digests: list[str] = []
+        digests = []
         canvas: list[str] | None = [] if aliases else None
         all_boxes: list[Box] | None = None if config.backbone.geometry == "squash" else []
         if self.report is not None:
@@ -239,12 +240,37 @@ class FitPipeline:
             meta = meta.with_(image_boxes=[*old_boxes, *boxes])
         return ts.appended(feats, tuple(digests), meta=meta), keep
 
+    def without(self, ts: TemplateSet, digests: Sequence[str]) -> TemplateSet:
+        """``ts`` with the bank frames of ``digests`` removed (selection reset), refit: what a fit on
+        the other frames would store, their features reused (``hetmm drop``). A digest the bank does
+        not hold, or dropping all but one frame, is a ValueError before anything changes."""
+        gone = set(digests)
+        missing = sorted(gone - set(ts.image_digests))
+        if missing:
+            raise ValueError(f"the bank holds no frame with digest {', '.join(missing)}")
+        keep = [i for i, d in enumerate(ts.image_digests) if d not in gone]
+        if len(keep) < 2:
+            raise ValueError(f"dropping {len(gone)} of {ts.n_images} frames leaves {len(keep)}: a product needs 2")
+        boxes = ts.meta.image_boxes
+        meta = ts.meta.without("image_boxes")
+        if boxes is not None and len(boxes) == ts.n_images:
+            meta = meta.with_(image_boxes=[boxes[i] for i in keep])
+        kept = replace(
+            ts,
+            bank={k: v[keep] for k, v in ts.bank.items()},
+            image_digests=tuple(ts.image_digests[i] for i in keep),
+            indices=None,
+            centres=None,
+            meta=meta,
+        )
+        return self.refit(kept)
+
     def compress(
-        self, ts: TemplateSet, kind: str | None = None, sheets: int | None = None, *, seed: int | None = None
+        self, ts: TemplateSet, kind: str | None = None, sheets: int | str | None = None, *, seed: int | None = None
     ) -> TemplateSet:
         """``ts``'s bank under another selection (``kind``, ``sheets``, ``seed``; None keeps
         the set's own), refit."""
-        changes = {"kind": kind, "sheets": sheets, "seed": seed}
+        changes: dict[str, Any] = {"kind": kind, "sheets": sheets, "seed": seed}
         tc = replace(ts.config.templates, **{k: v for k, v in changes.items() if v is not None})
         return self.refit(replace(ts, config=replace(ts.config, templates=tc)))
 
@@ -432,6 +458,11 @@ class FitPipeline:
         kept_rows = [np.setdiff1d(np.arange(n), held).tolist() for held in plan]
         selections = self.fold_selections(ts.bank, sel, plan, kept_rows)
         with self._stage("calibrate: out-of-fold", total, leave=False) as progress:
+
+            def from_done(done: int) -> Callable[[int, int], None]:
+                """A fold's progress: its images counted after the ``done`` of the folds before it."""
+                return lambda d, _n: progress(done + d, total)
+
             for held, kept, (indices, centres) in zip(plan, kept_rows, selections, strict=True):
                 fold_ts = TemplateSet(
                     bank={k: v[kept] for k, v in ts.bank.items()},
@@ -449,7 +480,7 @@ class FitPipeline:
                     held_feats,
                     self.scorer.prepare(fold_ts),
                     held_boxes,
-                    progress=lambda d, _n, done=done: progress(done + d, total),
+                    progress=from_done(done),
                     region_of=config,  # the set's own region: pixels outside never count
                 )
                 fold_values = fold_scores.tolist()  # inside the timing: waits for a GPU to finish

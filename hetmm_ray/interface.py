@@ -32,7 +32,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 import numpy as np
 
@@ -42,6 +42,9 @@ from .core.scoring import Calibration, OperatingPoint
 from .core.templates import TemplateSet
 from .frame_cost import FrameCost
 from .scorer import ImageInput, Prediction
+
+if TYPE_CHECKING:
+    from .store.protocol import Store
 
 __all__ = ["Detector", "Layout"]
 
@@ -105,6 +108,10 @@ class Detector(ABC):
         """Hot update: new good frames added, frames already held skipped (``skipped_duplicates``)."""
 
     @abstractmethod
+    def drop(self, digests: Sequence[str]) -> Self:
+        """The good frames of ``digests`` removed from the bank, re-selected and recalibrated."""
+
+    @abstractmethod
     def compress(self, kind: str | None = None, sheets: int | str | None = None, *, seed: int | None = None) -> Self:
         """The selection made again from the bank (PTS or a baseline), recalibrated."""
 
@@ -143,7 +150,7 @@ class Detector(ABC):
     def report_to(self, report: Any) -> None:
         """The fit's stages and counts to ``report`` (``steps.Report``: a job's progress), per position."""
 
-    def save(self, store: Any, product: str) -> int:
+    def save(self, store: Store, product: str) -> int:
         """Publish :meth:`template_set` as a new version of ``product``; returns it."""
         self.version = int(store.put(product, self.template_set()))
         return self.version

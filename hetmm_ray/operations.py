@@ -19,6 +19,9 @@ Exact semantics (every operation works on any product, tiled or not: ``interface
   and out-of-fold scores (``VersionedStore.republish``: nothing recomputed).
 - :func:`calibrate_labelled`: a version's threshold chosen on labelled images
   (``validation.calibrate_with_labels``).
+- :func:`drop`: good frames removed from HEAD's bank by content digest, re-selected and
+  recalibrated, published with HEAD expected (never done unasked: :func:`good_outliers` only names
+  the frames standing apart, ``core/good_outliers.py``).
 
 Promote and discard are the store's own (``VersionedStore.promote`` / ``discard``). The service's
 registry runs the same detector calls in its tasks (``distributed/registry_tasks.py``) and publishes
@@ -30,9 +33,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .config import DetectorConfig, publishes_candidate
+from .config import OUTLIER_MADS, DetectorConfig, publishes_candidate
+from .core.good_outliers import OutlierReport, outlier_report
 from .core.region import check_region_change
 from .core.scoring import OperatingPoint
 from .core.templates import TemplateSet
@@ -40,11 +44,16 @@ from .detectors import check_region, load_detector, new_detector
 from .interface import Detector
 from .scorer import ImageInput
 
+if TYPE_CHECKING:
+    from .store.protocol import Store
+
 __all__ = [
     "Outcome",
     "calibrate_labelled",
     "compress",
+    "drop",
     "fit",
+    "good_outliers",
     "publish",
     "set_far_rule",
     "set_region",
@@ -73,7 +82,7 @@ class Outcome:
 
 
 def publish(
-    store: Any,
+    store: Store,
     product: str,
     ts: TemplateSet,
     *,
@@ -87,7 +96,7 @@ def publish(
 
 
 def fit(
-    store: Any,
+    store: Store,
     product: str,
     config: DetectorConfig,
     frames: Sequence[ImageInput],
@@ -118,7 +127,7 @@ def fit(
 
 
 def update(
-    store: Any, product: str, frames: Sequence[ImageInput], *, mode: str | None = None, **options: Any
+    store: Store, product: str, frames: Sequence[ImageInput], *, mode: str | None = None, **options: Any
 ) -> Outcome:
     """HEAD grown by the good ``frames`` not already held (module docstring)."""
     head = store.head(product)
@@ -145,7 +154,7 @@ def update(
 
 
 def compress(
-    store: Any,
+    store: Store,
     product: str,
     version: int | None = None,
     *,
@@ -167,7 +176,7 @@ def compress(
 
 
 def set_region(
-    store: Any,
+    store: Store,
     product: str,
     region: dict[str, Any] | None,
     version: int | None = None,
@@ -188,7 +197,7 @@ def set_region(
     return Outcome(product, new, base, candidate, new_det.operating_point(), before, detector=new_det)
 
 
-def set_far_rule(store: Any, product: str, rate: float, *, mode: str | None = None) -> Outcome:
+def set_far_rule(store: Store, product: str, rate: float, *, mode: str | None = None) -> Outcome:
     """HEAD's rule set to ``far`` at ``rate`` (module docstring); TemplateError without out-of-fold
     scores, ConfigError for a rate out of range, both before anything is written."""
     head = store.head(product)
@@ -201,7 +210,7 @@ def set_far_rule(store: Any, product: str, rate: float, *, mode: str | None = No
 
 
 def calibrate_labelled(
-    store: Any,
+    store: Store,
     product: str,
     images: Sequence[ImageInput],
     labels: Sequence[int],
@@ -224,3 +233,45 @@ def calibrate_labelled(
     )
     new, candidate = publish(store, product, ts, mode=mode, expect_head=head)
     return Outcome(product, new, base, candidate, store.record(product, new).operating_point(), before, record=record)
+
+
+def good_outliers(detector: Detector, *, mads: float = OUTLIER_MADS) -> OutlierReport | None:
+    """The good frames of ``detector``'s bank whose out-of-fold score stands apart, and its threshold
+    with and without them (``core/good_outliers.py``); None without a calibration."""
+    calibration = detector.calibration
+    if calibration is None:
+        return None
+    return outlier_report(calibration, detector.config, detector.image_digests, mads=mads)
+
+
+def drop(
+    store: Any,
+    product: str,
+    digests: Sequence[str] | Callable[[tuple[str, ...]], Sequence[str]],
+    *,
+    mode: str | None = None,
+    **options: Any,
+) -> Outcome:
+    """HEAD without the good frames of ``digests`` (module docstring; a callable: given HEAD's bank
+    digests, returns those to drop, e.g. names resolved against them); ValueError for a digest
+    HEAD's bank does not hold or for leaving fewer than 2 frames, before anything is written.
+    ``Outcome.record``: the dropped digests and the threshold before and after."""
+    head = store.head(product)
+    det = load_detector(store, product, head, **options)
+    if callable(digests):
+        digests = digests(tuple(det.image_digests))
+    if not digests:
+        raise ValueError("name at least one frame to drop")
+    before = det.operating_point()
+    start = time.perf_counter()
+    det.drop(list(digests))
+    seconds = time.perf_counter() - start
+    new, candidate = publish(store, product, det.template_set(), mode=mode, expect_head=head)
+    after = det.operating_point()
+    record = {
+        "dropped": sorted(set(digests)),
+        "images": det.n_images,
+        "threshold_before": None if before is None else before.threshold,
+        "threshold_after": None if after is None else after.threshold,
+    }
+    return Outcome(product, new, head, candidate, after, before, seconds=seconds, detector=det, record=record)

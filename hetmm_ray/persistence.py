@@ -18,12 +18,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 from torch import Tensor
 
 from .config import DetectorConfig
-from .core.templates import TemplateError, TemplateSet
+from .core.templates import TemplateError, TemplateMeta, TemplateSet
 from .scorer import Scorer
 from .steps import FitSteps
 
 if TYPE_CHECKING:
     from .core.backbone import Backbone
+    from .store.protocol import Store
 
 __all__ = ["Persisted", "load", "save", "serving"]
 
@@ -34,7 +35,7 @@ class Persisted(Protocol):
     scorer: Scorer
 
 
-def save(scorer: Scorer, store: Any, product: str) -> int:
+def save(scorer: Scorer, store: Store, product: str) -> int:
     """Publish ``scorer``'s installed template set to ``store``; returns the new version."""
     scorer.version = store.put(product, scorer.require_templates())
     return scorer.version
@@ -42,7 +43,7 @@ def save(scorer: Scorer, store: Any, product: str) -> int:
 
 def load(
     make: Any,
-    store: Any,
+    store: Store,
     product: str,
     version: int | None = None,
     *,
@@ -94,7 +95,7 @@ def serving(
         weights_id=weights_id,
         image_digests=tuple(f"sheet-{i}" for i in range(k)),  # sheets, not images: nothing to refit from
         calibration=calibration,
-        meta={"tiny": True},
+        meta=TemplateMeta({"tiny": True}),
     )
     scorer.install(ts, version, config=config)
     return det

@@ -1,7 +1,7 @@
 """CPU throughput plumbing for ``predict``: decode ahead, score in single-threaded workers, keep memory
 mapped, wait politely.
 
-Four things, each measured to matter on a 2-core machine (issue 15, BENCHMARKS.md "Throughput"):
+Four things that matter on a machine of few cores (docs/performance.md has the measurements):
 
 * **Overlap.** :func:`prefetched` runs a batch producer (read, decode, resize, stack) one
   batch ahead in a background thread while the caller runs the backbone and ATMM on the
@@ -14,12 +14,12 @@ Four things, each measured to matter on a 2-core machine (issue 15, BENCHMARKS.m
   faster than multi-threaded ops on few cores and graceful next to a busy neighbour. Equal to
   the one-thread path to float32 rounding (another summation order in one-thread kernels).
 * **Memory kept mapped.** glibc hands every free of a block larger than its mmap threshold back
-  to the kernel, and the next batch faults every page in again (a batch-8 predict took 13-15k
-  minor faults, ~27 % of the CPU). :func:`keep_memory_mapped` raises glibc's mmap and trim
+  to the kernel, and the next batch faults every page in again (a large share of a predict's
+  CPU). :func:`keep_memory_mapped` raises glibc's mmap and trim
   thresholds (``mallopt``), so the large per-batch buffers are reused from the heap instead.
   It is process-wide and idempotent, and a no-op where glibc is not the allocator.
 * **Polite waiting.** OpenMP threads that spin while they wait collapse when a neighbour holds
-  a core (ATMM 21 -> 553 ms with 2 threads and one core busy). hetmm_ray sets
+  a core (ATMM many times slower with one core taken). hetmm_ray sets
   ``OMP_WAIT_POLICY=PASSIVE`` before torch is first imported (``hetmm_ray/__init__.py``; a
   value already in the environment wins), so a busy neighbour slows the service in proportion
   instead of tenfold. (The thread count a process uses is ``core.device.compute_threads``.)
@@ -44,6 +44,7 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+R = TypeVar("R")
 
 # glibc mallopt parameters (malloc.h)
 _M_TRIM_THRESHOLD = -1
@@ -87,7 +88,7 @@ def keep_memory_mapped(mib: int) -> bool:
         return ok
 
 
-def load_batch(items: Sequence[T], load: Callable[[T], object], threads: int) -> list[object]:
+def load_batch(items: Sequence[T], load: Callable[[T], R], threads: int) -> list[R]:
     """``[load(x) for x in items]``, in ``threads`` threads when more than one (order kept).
 
     The first error raised by ``load`` (in item order) propagates, as in the plain loop.
@@ -134,13 +135,13 @@ def _single_threaded_pool(workers: int) -> ThreadPoolExecutor:
         return pool
 
 
-def map_in_workers(fn: Callable[[T], object], items: Sequence[T], workers: int) -> list[object]:
+def map_in_workers(fn: Callable[[T], R], items: Sequence[T], workers: int) -> list[R]:
     """``[fn(x) for x in items]`` run by ``workers`` threads whose torch ops use one thread each.
 
-    Why (measured, BENCHMARKS.md "Throughput"): on a CPU, ``workers`` independent single-threaded
+    Why (docs/performance.md): on a CPU, ``workers`` independent single-threaded
     pipelines (decode, backbone, ATMM of their own images) keep every core busy without the
-    synchronisation of ``workers``-thread parallel ops, which with passive OpenMP waiting costs
-    ~1.8x on ATMM's many short parallel regions and with spinning waits collapses when a
+    synchronisation of ``workers``-thread parallel ops, which with passive OpenMP waiting is slow
+    on ATMM's many short parallel regions and with spinning waits collapses when a
     neighbour takes a core. Order is kept; the first error in item order is raised. ``workers``
     <= 1 runs the plain loop in the caller's thread.
     """

@@ -9,7 +9,7 @@
   as the registry describes it; ``to_json()`` is the JSON the HTTP API sends.
 - :class:`JobRecord`: a create / normals / calibrate job as ``GET /v1/jobs/{id}`` shows it.
 
-The keys of the JSON-bound records are the HTTP API's (README), so a rename here is an API
+The keys of the JSON-bound records are the HTTP API's (the generated HTTP reference), so a rename here is an API
 change. Job records stay ``TypedDict``s: the job board updates them in place as the job runs
 (progress, notes such as ``skipped_duplicates`` that only some kinds have) and sends them as
 they are.
@@ -69,11 +69,14 @@ class ProductDescription:
     rule_target: float | None
     estimated_false_alarm_rate: float | None
     created: float | None
-    # whether the product has an inspection region, and its tile grid ([1, 1]: untiled), issue 22
+    # whether the product has an inspection region, and its tile grid ([1, 1]: untiled)
     region: bool = False
     tiles: tuple[int, int] = (1, 1)
     # why the threshold may flag few defects (core/scoring.OperatingPoint.warning), None when nothing
     threshold_warning: str | None = None
+    # the estimate behind estimated_false_alarm_rate: its interval and the good scores above the
+    # threshold (core/calibration.FalseAlarmEstimate.to_json), None without a calibration
+    false_alarm_estimate: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -123,12 +126,17 @@ class JobRecord(TypedDict, total=False):
     # the first feature-extraction task with its backbone), when that task's batch is back
     tiles: list[int]
     tile_px: list[int]
-    # create with geometry.tiles "auto": the grid it chose and why (tiled.auto_tiles: from
-    # geometry.min_defect_px and the backbone's finest tap, or the scale rule)
+    # create whose geometry a rule chose (tiled.choose_geometry: geometry.min_defect_px alone or with
+    # tiles "auto", tiles "auto" alone, or geometry.canvas "aspect"): "tiles", the grid, and "why" (from
+    # min_defect_px and the backbone's finest tap, or the scale rule; None when only the canvas was
+    # chosen), plus "canvas", the canvas line, only with geometry.canvas "aspect"
     tiles_auto: dict[str, Any]
     sheets: int
     estimated_ms_per_frame: float
-    # issue 23: whether the job stores its version as a candidate (normals, calibrate, region), and a
+    # whether the job stores its version as a candidate (normals, calibrate, region), and a
     # compare job's result (compare.py, heat-maps as PNG data URLs)
     candidate: bool
     compare: dict[str, Any]
+    # create and normals: the good frames standing apart (core/good_outliers.py OutlierReport.to_json:
+    # the rule, each frame's bank index, digest and out-of-fold score, the threshold with and without them)
+    outliers: dict[str, Any]

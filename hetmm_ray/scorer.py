@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Self
+from typing import Any, Self, cast
 
 import numpy as np
 import torch
@@ -198,7 +198,8 @@ class Scorer:
         size = self.config.backbone.image_size
         geometry = self.config.backbone.geometry
         fitted = [a for a, _ in loaded]
-        boxes = None if geometry == "squash" else [b for _, b in loaded]  # type: ignore[misc]
+        # letterbox: every loaded image has its box (only squash loads without one)
+        boxes = None if geometry == "squash" else cast("list[Box]", [b for _, b in loaded])
         return images_to_tensor(fitted, size, geometry).to(self.device), boxes
 
     def _predict_batches(self, images: Sequence[ImageInput]) -> Iterator[tuple[Tensor, list[Box] | None]]:
@@ -211,7 +212,7 @@ class Scorer:
             for i in range(0, len(images), bs):
                 yield self._canvas_batch(
                     load_batch(images[i : i + bs], self._load_to_canvas, self.config.decode_threads)
-                )  # type: ignore[arg-type]
+                )
 
         return prefetched(produce(), self.config.prefetch)
 
@@ -377,7 +378,7 @@ class Scorer:
             # share as soon as they are free.
             self.backbone  # built once here, not by the first workers at the same time  # noqa: B018
             parts = worker_shares(images, workers=workers, batch_size=self.config.batch_size)
-            for part_scores, part_maps in map_in_workers(self._score_images, parts, workers):  # type: ignore[misc]
+            for part_scores, part_maps in map_in_workers(self._score_images, parts, workers):
                 scores.append(part_scores)
                 maps.extend(part_maps)
         else:

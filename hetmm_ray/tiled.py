@@ -1,97 +1,53 @@
 """Tiled detector: a frame cut into a fixed grid of tiles, each tile position a product of its own.
 
-One concept in one module (over 600 lines on purpose): the tiled implementation of
-``interface.Detector`` with the semantics below, its storage and its serving copy.
+The tiled implementation of ``interface.Detector`` (``geometry.tiles`` other than ``[1, 1]``; the grid is
+``core/tiles.py``'s), its storage and its serving copy. Nothing here imports Ray.
 
-Exact semantics (``geometry.tiles`` = ``[rows, cols]`` other than ``[1, 1]``; ``core/tiles.py`` for
-the grid):
+Exact semantics:
 
-- **Tile positions are small products.** Every frame is cut by :func:`~hetmm_ray.core.tiles.tile_grid`
-  (same rows and columns for every frame; the rectangles follow each frame's size). Position ``p``
-  (row-major) has its own :class:`~hetmm_ray.scorer.Scorer`: its own template set (fit by the usual
-  :class:`~hetmm_ray.fitting.FitPipeline` from the ``p``-th tile of every good frame) and its own
-  out-of-fold calibration. A tile reaches the canvas like any image (``backbone.geometry``), and ATMM
-  is unchanged. The tile sets share one backbone. Their configuration is the product's with
-  ``geometry`` at its default (a tile is not cut again).
-- **Batching.** Frames are taken in groups of ``max(1, batch_size // T)`` (``T`` tiles per frame;
-  the whole view, if any, does not shrink the group); all canvases of a group go through the
-  backbone together, ``batch_size`` canvases per pass, mixed positions in one pass; features are
-  then scored per position against that position's templates, ATMM on the group's frames at once.
-  (Counting the whole view in the group size, ``batch_size // (T + 1)``, halved the group at 2 x 2,
-  8 // 5 = 1 frame, and ATMM on one image per call: 8.62 against 9.71 frames/s, 2048-px frames.)
-- **One verdict per frame.** Tile position ``p`` has a scale ``t_p``: the threshold of its own
-  out-of-fold scores under the ``far`` rule at the product's ``threshold.false_alarm_rate`` (its
-  own calibrated threshold) when the positions were last calibrated (fit, hot update, compress,
-  another region). The scales are stored with the version (``meta["tiles"]["scales"]``) and a load
-  uses them. A far rule set later at another rate (the service's ``POST .../calibrate``
-  ``{"rule": "far"}``: a new version of the same templates and calibrations) moves the frame
-  threshold only, to that rate on the frame calibration, as a predict-time ``false_alarm_rate``
-  does: the scales, hence every frame score, stay, as an untiled product's scores stay when its
-  rule changes. The next recalibration of the positions takes the new rate. A tile's normalised
-  score is ``s_p / t_p``, and the **frame score is the maximum over tiles of the normalised
-  scores**. The frame's calibration is the per-frame
-  maximum of the tiles' normalised out-of-fold scores (the tile sets hold the frames' digests, so
-  every position deals the same images into the same folds, and the ``i``-th out-of-fold score is
-  the same frame at every position); the product's threshold rule (``far``, ``sigmas``,
-  ``validation``, and predict's overrides) applies to those frame scores. So a frame is flagged
-  exactly when its score passes one frame threshold, image AUROC ranks the same numbers the
-  verdict cuts, and the estimated false-alarm rate is per frame with all its tiles (taking the
-  raw maximum instead would let the noisiest tile set every frame's score; "any tile above its own
-  tile threshold" would flag up to ``T`` times the target rate of good frames).
-- **Whole view** (``geometry.tile_whole_view``, the default for a new tiled product): one more
-  position, the last (``P = T + 1`` positions): the whole frame reaches the canvas exactly as an
-  untiled product's image does (``backbone.geometry``), with its own template set, out-of-fold
-  calibration and scale ``t_w`` (far rule, as a tile's), and the product's region as an untiled
-  product maps it. Its normalised score ``s_w / t_w`` joins the maximum: frame score
-  ``max(max_p s_p / t_p, s_w / t_w)``, frame calibration the per-frame maximum of all positions'
-  normalised out-of-fold scores (the same frames' digests, so the same folds). So large defects,
-  plain as wholes on one canvas, are judged at that scale, and small ones at the tiles' (measured:
-  BENCHMARKS.md, "Tiles: the whole frame as one more position"). Its map is **not** stitched into
-  the frame map (the frame map is the tiles' alone: the pixel metrics stay the tiles'). It is fed in
-  the same backbone passes as the tiles (after each frame's tiles), stored as ``whole/<layer>`` (one
-  object per layer, a shard like a tile's), and its column is the last of
-  ``TiledPrediction.tile_scores``. A tiled product stored before the setting existed has no whole
-  view (``stored_config``) and loads and scores as it did.
-- **Maps.** Each tile's content map (at the tile's aspect) is divided by ``t_p`` and stitched at the
-  frame's resolution (:func:`~hetmm_ray.core.tiles.stitch`: bilinear to the tile's rectangle, the
-  maximum where tiles overlap), or at ``map_size`` (the long side, the frame's aspect kept) when
-  given. The frame threshold is on the same scale as the maps.
-- **Storage** (one template set per version, the store unchanged): the bank holds every position's
-  layers as ``tile<p>/<layer>`` (the whole view's as ``whole/<layer>``; so the store keeps one
-  object per (position, layer) and ``get_layer`` reads one), the selection likewise;
-  ``image_digests`` are the frames' digests; ``calibration`` is the frame calibration;
-  ``meta["tiles"]`` holds the grid, the training frame size, the scales and each position's own
-  calibration, stored configuration and meta (positions in order, the whole view last), and
-  ``"whole_view": true`` when the product has one (absent otherwise, as before). The
-  product's stored configuration holds the resolved grid (``"auto"`` is resolved at fit from the
-  largest training frame and never stored). Untiled products never come here: they are stored and
-  scored exactly as before.
+- **Positions.** Every frame is cut by :func:`~hetmm_ray.core.tiles.tile_grid` (the same rows and
+  columns for every frame, the rectangles following its size). Position ``p`` (row-major) is a
+  :class:`~hetmm_ray.scorer.Scorer` of its own: templates fit by :class:`~hetmm_ray.fitting.FitPipeline`
+  from the ``p``-th tile of every good frame, its own out-of-fold calibration, the product's
+  configuration with ``geometry`` at its default; all positions share one backbone.
+- **Whole view** (``geometry.tile_whole_view``): the whole frame is one more position, the last,
+  reaching the canvas as an untiled product's image does (its region mapped as an untiled product
+  maps it), fed in the same backbone passes; its normalised score joins the frame's maximum below.
+- **Batching.** Frames go in groups of ``max(1, batch_size // T)`` (``T`` tiles; the whole view does
+  not shrink the group); a group's canvases go through the backbone ``batch_size`` at a time,
+  positions mixed, and are scored per position, ATMM on the group's frames at once.
+- **One verdict per frame.** Position ``p`` has a scale ``t_p``: the ``far`` threshold of its
+  out-of-fold scores at ``threshold.false_alarm_rate`` when the positions were last calibrated (fit,
+  hot update, compress, another region), stored as ``meta["tiles"]["scales"]``. The frame score is
+  ``max_p s_p / t_p``; the frame calibration is the per-frame maximum of the positions' normalised
+  out-of-fold scores (every position deals the same frame digests into the same folds), and the
+  product's threshold rule applies to it. So a frame is flagged exactly when its score passes one
+  frame threshold, and the estimated false-alarm rate is per frame. A far rule set later at another
+  rate moves the frame threshold only: the scales, hence the scores, stay until the positions are
+  next calibrated.
+- **Maps.** Each tile's map divided by ``t_p`` and stitched at the frame's resolution, or at
+  ``map_size`` (:func:`~hetmm_ray.core.tiles.stitch`: bilinear, the maximum where tiles overlap), on
+  the frame threshold's scale. The whole view's map is not stitched in.
+- **Storage** (one template set per version): position ``p``'s layers as ``tile<p>/<layer>``, the
+  whole view's as ``whole/<layer>``; ``image_digests`` the frames'; ``calibration`` the frame
+  calibration; ``meta["tiles"]`` the grid, the training frame size, the scales and each position's
+  calibration, configuration and meta (the whole view last), with ``"whole_view": true`` when there
+  is one. The stored configuration holds the resolved grid (``"auto"`` is never stored). A tiled
+  product stored without a whole view loads and scores without one.
+- **Region** (frame coordinates; ``core/region.py`` rule 4): position ``p`` gets the part of the
+  region inside its rectangle at the region's reference size, mapped onto its canvas by the
+  geometry; excluded pixels never count. A position whose part counts no map pixel is not scored
+  (NaN tile scores, map 0; the frame's maxima are over the others). ``Prediction.regions`` holds
+  the region on each stitched map.
+- **Hot update** (:meth:`TiledHETMM.update`): each position grows by the new frames' tiles
+  (:meth:`~hetmm_ray.fitting.FitPipeline.grown`, then refit), frames already held skipped, and the
+  scales and frame calibration are recomputed: the product a fit on the old frames followed by the
+  new ones gives.
+- **Another region** (:meth:`TiledHETMM.with_region`): every position keeps its templates and is
+  recalibrated under its part of the new region.
 
-- **Region** (``config.region``, in frame coordinates; ``core/region.py`` rule 4): tile position ``p``
-  gets the part of the region inside its rectangle of the grid at the region's reference size, as a
-  region of its own (its set's configuration holds it), mapped onto the tile's canvas by the
-  product's geometry like any region. So a tile's excluded pixels never count: not in its scores,
-  its out-of-fold calibration (hence its scale) nor its maps (0 there). A position whose part counts
-  no pixel of its map (all excluded, or a sliver under one map pixel) is not scored: its tile scores
-  are NaN, its map 0, and the frame score and frame calibration are the maxima over the other
-  positions. ``Prediction.regions`` holds the region on each stitched map (its raster sampled at
-  the nearest pixel: a frame of the reference size gets exactly its own pixels), which heat-maps
-  grey and ``evaluate``'s pixel metrics leave out. A frame of another size than the region's is cut
-  by its own grid; each tile's part is stretched or letterboxed onto it by the geometry, and the
-  stitched map's region is the raster stretched to the frame.
-- **Hot update** (:meth:`TiledHETMM.update`, ``hetmm update``): each position's set grows by the new
-  frames' tiles through :meth:`~hetmm_ray.fitting.FitPipeline.grown` and is refit
-  (:meth:`~hetmm_ray.fitting.FitPipeline.refit`: re-selected, recalibrated), exactly as an untiled
-  hot update; the scales and the frame calibration are then recomputed. Frames already held (same
-  digest) are skipped. The result is the product a fit on the old frames followed by the new ones
-  gives.
-
-- **Another region** (:meth:`TiledHETMM.with_region`, ``hetmm region``): every position keeps its
-  templates and is recalibrated under its part of the new region.
-
-The HTTP service holds a tiled product as (tile position, layer) shards on its template hosts
-(``distributed/registry.py``) and its replicas score it with :meth:`TiledHETMM.serving` over those
-shards' tiny sets. Nothing here imports Ray.
+The service holds a tiled product as (position, layer) shards on its template hosts and scores it
+with :meth:`TiledHETMM.serving` over those shards.
 """
 
 from __future__ import annotations
@@ -101,7 +57,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, NamedTuple, Self
 
 import numpy as np
 import torch
@@ -113,10 +69,10 @@ from .config import ConfigError, DetectorConfig, GeometryConfig, check_number, s
 from .config.product import TILE_GRID_MAX, tap_stride
 from .core.calibration import TailModel
 from .core.device import TORCH_DTYPES, image_digest
-from .core.geometry import Box
+from .core.geometry import Box, resized_shape
 from .core.region import TilePart, check_visible, map_mask, raster, tile_regions
 from .core.scoring import Calibration, OperatingPoint, calibration_json, content_maps, image_scores, operating_point
-from .core.templates import TemplateError, TemplateSet, unseen_positions
+from .core.templates import TemplateError, TemplateMeta, TemplateSet, unseen_positions
 from .core.tiles import AUTO_MAX_SCALE, Tile, cut, defect_grid, grid_of, stitch, tile_grid
 from .detector import HETMM
 from .frame_cost import FrameCost
@@ -124,7 +80,19 @@ from .interface import Detector, Layout
 from .scorer import ImageInput, Prediction, as_rgb
 from .steps import FitSteps
 
-__all__ = ["TiledHETMM", "TiledPrediction", "auto_tiles", "frame_shape", "region_parts", "resolve_tiles"]
+if TYPE_CHECKING:
+    from .store.protocol import Store
+
+__all__ = [
+    "GeometryChoice",
+    "TiledHETMM",
+    "TiledPrediction",
+    "auto_tiles",
+    "choose_geometry",
+    "frame_shape",
+    "region_parts",
+    "resolve_tiles",
+]
 
 
 def frame_shape(x: ImageInput) -> tuple[int, int]:
@@ -138,26 +106,68 @@ def frame_shape(x: ImageInput) -> tuple[int, int]:
     return as_rgb(x).shape[:2]  # type: ignore[return-value]
 
 
-def resolve_tiles(config: DetectorConfig, frames: Sequence[ImageInput]) -> DetectorConfig:
-    """``config`` with ``geometry.tiles: auto`` resolved from the largest frame of ``frames`` (height and
-    width maximised separately); a given grid is returned as it is. A grid of 1 x 1 is the untiled default."""
+class GeometryChoice(NamedTuple):
+    """What :func:`choose_geometry` chose for a fit: the configuration with the grid and the canvas
+    resolved, and why, each in one line (None when that was not chosen: no ``tiles: auto`` nor
+    ``min_defect_px``; ``geometry.canvas`` not ``"aspect"``)."""
+
+    config: DetectorConfig
+    why: str | None
+    canvas_why: str | None = None
+
+    @property
+    def tiles(self) -> tuple[int, int]:
+        rows, cols = (int(v) for v in self.config.geometry.tiles)  # resolved: never "auto" here
+        return rows, cols
+
+    def describe(self) -> str:
+        """The fit's one line: ``tiles auto: 6 x 3, <why>`` (``1 x 1``: the frame on one canvas), then
+        the canvas's, ``; canvas aspect: ...``, when it was chosen."""
+        parts = [] if self.why is None else [f"tiles auto: {self.tiles[0]} x {self.tiles[1]}, {self.why}"]
+        return "; ".join([*parts, *([self.canvas_why] if self.canvas_why else [])])
+
+
+def choose_geometry(config: DetectorConfig, frames: Sequence[ImageInput]) -> GeometryChoice:
+    """The one rule of every fit path (CLI, Python API, HTTP create, console) for how frames reach the
+    backbone, from the largest of ``frames`` (height and width maximised separately, headers only):
+
+    - ``geometry.min_defect_px`` set and ``tiles`` at its default ``[1, 1]`` or ``"auto"``: the grid
+      that keeps such a defect at least one cell of the backbone's finest tap
+      (``core.tiles.defect_grid``). So ``min_defect_px`` alone means the same wherever it is set.
+    - ``min_defect_px`` with a given grid other than ``[1, 1]``: kept when it is the grid the defect
+      size picks for these frames (a configuration this rule resolved before, as a stored product's),
+      else refused (ConfigError): the two settings ask for different grids and one would be ignored.
+    - ``tiles: "auto"`` alone: at most ``AUTO_MAX_SCALE`` frame px per canvas px (``core.tiles.auto_grid``).
+    - Then ``geometry.canvas: "aspect"`` (letterbox only, else refused): ``backbone.image_size`` ``S``
+      becomes ``round(S * sqrt(long / short))`` of the frame (of the largest tile, when tiled), so its
+      content gets about ``S**2`` canvas pixels instead of ``S**2 * short / long``; the grid above is
+      chosen at ``S``. Resolved to ``"fixed"`` with the new size, so a resolved configuration
+      resolves to itself.
+    - None of these: ``config`` as it is, nothing chosen.
+
+    A grid of more than ``TILE_GRID_MAX`` tiles per axis is refused (ConfigError)."""
     g = config.geometry
-    if g.tiles != "auto":
-        return config
-    rows, cols, _ = auto_tiles(config, frames)
-    return replace(config, geometry=replace(g, tiles=(rows, cols)))
-
-
-def auto_tiles(config: DetectorConfig, frames: Sequence[ImageInput]) -> tuple[int, int, str]:
-    """The grid ``tiles: auto`` picks for ``frames`` and why, in one line: from ``geometry.min_defect_px``
-    and the backbone's finest tap when it is set (``core.tiles.defect_grid``), else at most
-    ``AUTO_MAX_SCALE`` frame px per canvas px (``core.tiles.auto_grid``)."""
-    g, bb = config.geometry, config.backbone
+    if g.min_defect_px is None and g.tiles != "auto" and g.canvas == "fixed":
+        return GeometryChoice(config, None)
     shapes = [frame_shape(x) for x in frames]
+    if not shapes:
+        raise ConfigError("geometry: tiles, min_defect_px and canvas are chosen from the training frames; none given")
     h, w = max(s[0] for s in shapes), max(s[1] for s in shapes)
+    config, why = _chosen_grid(config, h, w)
+    if config.geometry.canvas != "aspect":
+        return GeometryChoice(config, why)
+    config, canvas_why = _aspect_canvas(config, h, w)
+    return GeometryChoice(config, why, canvas_why)
+
+
+def _chosen_grid(config: DetectorConfig, h: int, w: int) -> tuple[DetectorConfig, str | None]:
+    g, bb = config.geometry, config.backbone
     if g.min_defect_px is None:
+        if g.tiles != "auto":
+            return config, None
         rows, cols = grid_of("auto", h, w, bb.image_size, g.tile_overlap)
-        return rows, cols, f"at most {AUTO_MAX_SCALE:g} frame px per canvas px (no geometry.min_defect_px)"
+        why = f"at most {AUTO_MAX_SCALE:g} frame px per canvas px (no geometry.min_defect_px)"
+        return replace(config, geometry=replace(g, tiles=(rows, cols))), why
     stride = min(tap_stride(bb.name, tap) for tap in bb.taps)
     chosen = defect_grid(h, w, bb.image_size, g.tile_overlap, min_defect_px=g.min_defect_px, stride=stride)
     if max(chosen.rows, chosen.cols) > TILE_GRID_MAX:
@@ -166,7 +176,46 @@ def auto_tiles(config: DetectorConfig, frames: Sequence[ImageInput]) -> tuple[in
             f"{chosen.cols} tiles; a grid has at most {TILE_GRID_MAX} per axis (a larger canvas, backbone.image_size, "
             "needs fewer)"
         )
-    return chosen.rows, chosen.cols, chosen.why
+    grid = (chosen.rows, chosen.cols)
+    if g.tiles not in ("auto", (1, 1)) and tuple(g.tiles) != grid:
+        raise ConfigError(
+            f"geometry: tiles {g.tiles[0]} x {g.tiles[1]} and min_defect_px {g.min_defect_px} ask for different "
+            f"grids (a {g.min_defect_px}-px defect in a {w} x {h} frame picks {grid[0]} x {grid[1]}); give one of them"
+        )
+    return replace(config, geometry=replace(g, tiles=grid)), chosen.why
+
+
+def _aspect_canvas(config: DetectorConfig, h: int, w: int) -> tuple[DetectorConfig, str]:
+    g, bb = config.geometry, config.backbone
+    if bb.geometry != "letterbox":
+        raise ConfigError(
+            f"geometry.canvas 'aspect' keeps the frame's aspect on a letterboxed canvas; backbone.geometry is "
+            f"{bb.geometry!r}: set it to 'letterbox', or geometry.canvas to 'fixed'"
+        )
+    what = "frame"
+    if g.tiled:
+        tiles = tile_grid(h, w, [int(v) for v in g.tiles], g.tile_overlap)  # resolved: never "auto" here
+        h, w, what = max(t.height for t in tiles), max(t.width for t in tiles), "tile"
+    size = round(bb.image_size * (max(h, w) / min(h, w)) ** 0.5)
+    resolved = config.replace(**{"backbone.image_size": size, "geometry.canvas": "fixed"})
+    before, after = resized_shape(h, w, bb.image_size, "letterbox"), resized_shape(h, w, size, "letterbox")
+    why = (
+        f"canvas aspect: image_size {size}, a {w} x {h} {what} gets {after[1]} x {after[0]} canvas px "
+        f"({after[0] / h:.2f} per frame px; {before[1]} x {before[0]} at {bb.image_size})"
+    )
+    return resolved, why
+
+
+def resolve_tiles(config: DetectorConfig, frames: Sequence[ImageInput]) -> DetectorConfig:
+    """``config`` with its grid chosen for ``frames`` (:func:`choose_geometry`); a grid of 1 x 1 is the
+    untiled default."""
+    return choose_geometry(config, frames).config
+
+
+def auto_tiles(config: DetectorConfig, frames: Sequence[ImageInput]) -> tuple[int, int, str]:
+    """The grid :func:`choose_geometry` picks for ``frames`` and why, in one line."""
+    choice = choose_geometry(config, frames)
+    return *choice.tiles, choice.why or "the grid as given"
 
 
 @dataclass(frozen=True)
@@ -212,7 +261,8 @@ def region_parts(config: DetectorConfig, tile_config: DetectorConfig | None = No
     if region is None:
         return [TilePart(True, None)] * (rows * cols)
     tile_config = tile_config or replace(config, geometry=GeometryConfig(), region=None)
-    tiles = tile_grid(*region["size"], (rows, cols), config.geometry.tile_overlap)
+    height, width = region["size"]
+    tiles = tile_grid(height, width, (rows, cols), config.geometry.tile_overlap)
     parts = [_visible(tile_config, part) for part in tile_regions(region, tiles)]
     if not any(part.counts for part in parts):
         h, w = region["size"]
@@ -471,6 +521,15 @@ class TiledHETMM(Detector):
         self._install(sets, sets[0].image_digests)
         return self
 
+    def drop(self, digests: Sequence[str]) -> Self:
+        """Every position's bank without the frames of ``digests``, re-selected and recalibrated
+        (:meth:`FitPipeline.without`); the scales and the frame calibration are recomputed."""
+        if not self.scales:
+            raise RuntimeError("this detector has no templates yet: call fit() or load() first")
+        sets = [det.pipeline.without(det.scorer.require_templates(), digests) for det in self.dets]
+        self._install(sets, sets[0].image_digests)
+        return self
+
     def compress(self, kind: str | None = None, sheets: int | str | None = None, *, seed: int | None = None) -> Self:
         """Every position's bank under another selection (``kind``, ``sheets``, ``seed``; None keeps
         each position's own), refit per position (:meth:`FitPipeline.compress`, as :meth:`HETMM.compress`):
@@ -547,7 +606,8 @@ class TiledHETMM(Detector):
     def _frame_calibration(self, sets: list[TemplateSet]) -> Calibration | None:
         if any(ts.calibration is None for ts in sets):
             return None
-        scores = np.array([ts.calibration.scores for ts in sets], dtype=np.float64)  # (T, n): same frames
+        calibrations = [ts.calibration for ts in sets if ts.calibration is not None]  # all of them, checked above
+        scores = np.array([c.scores for c in calibrations], dtype=np.float64)  # (T, n): same frames
         normalised = (scores / np.array(self.scales)[:, None])[self.live]  # positions that count
         return Calibration(scores=tuple(normalised.max(axis=0).tolist()))
 
@@ -664,7 +724,7 @@ class TiledHETMM(Detector):
             calibration=self.frame_calibration,
             indices=indices,
             centres=centres,
-            meta={"created": time.time(), "tiles": tiles_meta},
+            meta=TemplateMeta({"created": time.time(), "tiles": tiles_meta}),
         )
 
     def selections(self) -> list[TemplateSet]:
@@ -680,7 +740,7 @@ class TiledHETMM(Detector):
         return Layout(self.rows, self.cols, tile.height, tile.width, height, width, self.whole_view, outside)
 
     @classmethod
-    def from_store(cls, store: Any, product: str, version: int, **options: Any) -> Self:
+    def from_store(cls, store: Store, product: str, version: int, **options: Any) -> Self:
         """A stored tiled product's detector (:meth:`from_template_set`); callers use
         :func:`hetmm_ray.detectors.load_detector`, which chooses the class."""
         return cls.from_template_set(store.get(product, version), version, **options)
@@ -755,7 +815,7 @@ class TiledHETMM(Detector):
                     weights_id=weights_id,
                     image_digests=tuple(f"sheet-{i}" for i in range(k)),  # sheets, not images
                     calibration=Calibration.from_json(stored["calibration"]),
-                    meta={"tiny": True},
+                    meta=TemplateMeta({"tiny": True}),
                 )
             )
         det.frame = tuple(tiles["frame"]) if tiles.get("frame") else None

@@ -14,6 +14,10 @@ says ``threshold.rule = "validation"`` and whose calibration carries the chosen
 threshold and how it was chosen; the out-of-fold scores are kept, so the
 estimated false-alarm rate of that threshold is still reported, and switching
 back (``--set threshold.rule=far`` or a predict-time rate) needs no refit.
+
+The record also carries ``rates``: the far rule at ``config.RATE_CHOICES`` on the out-of-fold
+scores, each with the labelled defects and good images it flags (``core.calibration.rate_choices``),
+so the labelled threshold is seen beside what each far rate would cost and catch.
 """
 
 from __future__ import annotations
@@ -23,8 +27,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from .config import STREAM_FRAMES
-from .core.calibration import OBJECTIVES, best_f1_cut, check_rate, labelled_cuts, recall_cut
+from .config import RATE_CHOICES, STREAM_FRAMES
+from .core.calibration import OBJECTIVES, best_f1_cut, check_rate, labelled_cuts, rate_choices, recall_cut
 from .core.scoring import Calibration
 from .core.templates import TemplateSet
 from .interface import Detector
@@ -70,11 +74,17 @@ def calibrate_with_labels(
     if len(images) != len(labels):
         raise ValueError("give one label per image")
     # a chunk of frames at a time (a multiple of what predict batches: the scores of one call), so
-    # only scores accumulate, never every frame's map (issue 40)
+    # only scores accumulate, never every frame's map
     chunk = detector.frames_per_pass * max(1, STREAM_FRAMES // detector.frames_per_pass)
     scores = [float(s) for i in range(0, len(images), chunk) for s in detector.predict(images[i : i + chunk]).scores]
     record = choose_threshold(scores, labels, objective=objective, max_false_alarm_rate=max_false_alarm_rate)
     config = detector.config.replace(**{"threshold.rule": "validation"})
     calibration = Calibration(ts.calibration.scores, validation=record)
-    record["estimated_false_alarm_rate"] = calibration.operating_point("validation").false_alarm_rate
+    op = calibration.operating_point("validation")
+    record["estimated_false_alarm_rate"] = op.false_alarm_rate
+    record["false_alarm_estimate"] = None if op.estimate is None else op.estimate.to_json()
+    bad = [s for s, v in zip(scores, labels, strict=True) if v]
+    good = [s for s, v in zip(scores, labels, strict=True) if not v]
+    choices = rate_choices(ts.calibration.scores, RATE_CHOICES, defective_scores=bad, good_scores=good)
+    record["rates"] = [c.to_json() for c in choices]
     return replace(ts, config=config, calibration=calibration), record

@@ -1,4 +1,4 @@
-"""A test process that cannot die silently (issue 41): a pytest plugin (tests/conftest.py loads it,
+"""A test process that cannot die silently: a pytest plugin (tests/conftest.py loads it,
 so ``make test``, ``.ci/run`` and any ``pytest`` run have it) and the watcher process it starts.
 
 A native crash (a segfault in a library's thread) or a library that ends the process itself (Ray's

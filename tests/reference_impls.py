@@ -1,4 +1,4 @@
-"""Test-only views of the library that used to live in ``core/`` (issue 26, item 6).
+"""Test-only views of the library that used to live in ``core/``.
 
 None of these is called by ``hetmm_ray``; each is a thin view over the library's one path, kept
 here so the tests can state their expectations in the terms they were written in:

@@ -1,4 +1,4 @@
-"""A format-1 manifest writer, for tests only: stores as writers before issue 14 left them.
+"""A format-1 manifest writer, for tests only: stores as the writers of format 1 left them.
 
 The library reads format 1 and never writes it (store/versioned.py). Tests that prove old
 stores stay readable and migrate make one with :func:`put_format1`: the version is published

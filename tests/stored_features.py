@@ -1,4 +1,4 @@
-"""Backbone features written to a file, and replayed in place of the backbone (issue 41).
+"""Backbone features written to a file, and replayed in place of the backbone.
 
 Why: a stored product's scores pass through two kinds of arithmetic. The backbone's convolutions
 run in kernels chosen for the CPU (oneDNN's AVX-512 or AVX2 paths, OpenVINO's plugins), so its

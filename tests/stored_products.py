@@ -1,4 +1,4 @@
-"""What "a product stored by older code scores as it did" can promise on any CPU (issue 41), checked
+"""What "a product stored by older code scores as it did" can promise on any CPU, checked
 in three parts by tests/unit/test_pre22_store.py and test_tile_whole_view.py:
 
 1. **Exact on every machine.** The stored bytes load and nothing is rewritten; the thresholds

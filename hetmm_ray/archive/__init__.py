@@ -1,6 +1,6 @@
 """Inspecting an archive: batch scoring of a folder, a glob, an ``s3://`` prefix, a list of URIs or a product's
 inspection record into
-Parquet, as a Ray Data job (``hetmm inspect``; README "Inspecting an archive").
+Parquet, as a Ray Data job (``hetmm inspect``; docs/cluster.md, "Inspecting an archive").
 
 Exact semantics, module by module:
 

@@ -1,5 +1,5 @@
 """Comparing two stored versions over an archive or the inspection record, as the Ray Data job
-(issue 24 item 4; ``hetmm compare --on-ray``).
+(``hetmm compare --on-ray``).
 
 Exact semantics of :func:`compare_archive`: every file of SOURCE (anything ``hetmm inspect`` takes,
 the record over a time range included) is scored by both versions, each under its own stored
@@ -18,10 +18,9 @@ How it runs: where both versions fit images to the same canvas (``DetectorConfig
 is listed, read and decoded **once** and each decoded batch is scored by both versions in one actor
 (:class:`PairActor`: two ``DetectorActor``\\ s, so each score is exactly the one ``hetmm inspect
 --version`` gives). Otherwise each version runs its own pass (``job.score_rows``) and the rows are
-joined. The single pass lists, reads and decodes SOURCE once and starts one actor pool, not two:
-83 bottle test PNGs took 0.62x the time of two passes (medians 10.1 s and 16.4 s), with equal
-scores (``benchmarks/bench_archive.py compare``; BENCHMARKS.md, "Inspecting an archive"). Each actor holds
-both versions.
+joined. The single pass lists, reads and decodes SOURCE once and starts one actor pool, not two, with the
+same scores (``benchmarks/bench_archive.py compare``; docs/performance.md). Each actor holds both
+versions.
 """
 
 from __future__ import annotations
@@ -98,13 +97,14 @@ def compare_archive(
 ) -> dict[str, Any]:
     """``base`` (default HEAD) and ``candidate`` of ``product`` side by side on SOURCE (module docstring)."""
     from ..compare import summarise
+    from ..result import review_threshold_of
     from ..store import open_store
 
     store = open_store(opts.store, endpoint_url=opts.endpoint_url)
     base = store.head(product) if base is None else int(base)
     candidate = int(candidate)
     records = (store.record(product, base), store.record(product, candidate))
-    ops = tuple(rec.operating_point() for rec in records)
+    ops = (records[0].operating_point(), records[1].operating_point())
     one_pass = _canvas(records[0].config) == _canvas(records[1].config)
     if one_pass:
         (b, b_failed, t0), (c, c_failed, t1) = paired_sides(source, product, (base, candidate), records[0].config, opts)
@@ -115,7 +115,8 @@ def compare_archive(
     paths = sorted(set(b) & set(c))
     s0, s1 = (np.asarray([side[p][0] for p in paths], dtype=np.float64) for side in (b, c))
     f0, f1 = (np.asarray([side[p][1] for p in paths], dtype=bool) for side in (b, c))
-    out = summarise(product, (base, candidate), paths, (s0, s1), (f0, f1), (t0, t1), ops)
+    reviews = (review_threshold_of(records[0]), review_threshold_of(records[1]))  # each version's review band
+    out = summarise(product, (base, candidate), paths, (s0, s1), (f0, f1), (t0, t1), ops, reviews=reviews)
     out["unreadable"] = len((b_failed | c_failed | set(b) | set(c)) - set(paths))
     out["passes"] = 1 if one_pass else 2  # over SOURCE: listed, read and decoded once or once per version
     return out

@@ -26,7 +26,7 @@ Exact semantics of :func:`inspect_archive`:
 6. The driver follows the written rows with a progress bar (images/s and ETA) and returns an
    :class:`InspectReport`: rows written this run, errors, rows per node.
 
-:func:`score_rows` is the seam for comparing candidate versions (issue 23's compare): the same
+:func:`score_rows` is the seam for comparing candidate versions (``compare``): the same
 pipeline with a given version, yielding the output rows (dicts of ``schema.OUTPUT_SCHEMA``) instead
 of writing them; nothing is skipped and nothing written.
 """
@@ -243,7 +243,7 @@ def decoded(refs: list[Any], config: Any, opts: JobOptions, spec: FsSpec) -> Any
     quiet_data_console()
     ctx.wait_for_min_actors_s = ACTORS_START_S  # every minimum actor up before the first block (config.archive)
     return ray.data.from_arrow_refs(refs).map_batches(
-        read_and_fit,
+        read_and_fit,  # type: ignore[arg-type]  # Ray's stub allows no keyword-only fn_kwargs parameters
         batch_format="pyarrow",
         batch_size=opts.batch_size,
         num_cpus=DECODE_CPUS,
@@ -361,7 +361,7 @@ def score_rows(
 ) -> Iterator[dict[str, Any]]:
     """Every file of SOURCE scored by the product's ``version`` (None: the head), as output rows.
 
-    The seam for comparing candidate versions over a large record or bucket (issue 23): call it once
+    The seam for comparing candidate versions over a large record or bucket: call it once
     per version and join the rows on ``path`` (``compare_job`` does, where the two versions' canvases
     differ). Same pipeline and same scores as :func:`inspect_archive`; nothing is skipped or written.
     Rows arrive as blocks finish (not in listing order)."""

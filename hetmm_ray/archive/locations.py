@@ -104,7 +104,7 @@ class FsSpec:
 
         client = boto3.session.Session().client("s3", endpoint_url=self.endpoint_url, region_name=self.region)
         endpoint = self.endpoint_url or client.meta.endpoint_url
-        if not self.endpoint_url and urlsplit(endpoint).hostname.endswith(".amazonaws.com"):
+        if not self.endpoint_url and (urlsplit(endpoint).hostname or "").endswith(".amazonaws.com"):
             endpoint = None  # AWS itself: pyarrow resolves the bucket's regional endpoint
         return endpoint, self.region or client.meta.region_name or "us-east-1"
 

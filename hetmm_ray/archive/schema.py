@@ -9,13 +9,18 @@ Exact semantics of the columns (:data:`OUTPUT_SCHEMA`; null where marked):
   (``HETMM.predict`` on the image decoded by ``data.decode.decode_image`` and fitted to the canvas by
   ``resize_to_geometry``; a float32 widened, never rounded). ``threshold`` (float64): the verdict
   threshold of the product's rule, or of ``--sigmas``/``--false-alarm-rate``; ``inf`` before calibration.
-- ``is_anomaly`` (bool) and ``verdict`` (``"anomaly"``/``"ok"``), null on error: ``score > threshold``.
+- The result record's fields (hetmm_ray/result.py, docs/result-record.md), null on error:
+  ``record_version`` (int32), ``is_anomaly`` (bool: ``score > threshold``), ``verdict`` (``ok`` |
+  ``review`` | ``reject``; ``reject`` exactly when ``is_anomaly``), ``review_threshold`` (float64, null
+  without a review band), ``threshold_rule`` (string), ``rule_target`` and ``estimated_false_alarm_rate``
+  (float64; null before calibration). Parts written before ``record_version`` 1 have none of these but
+  ``is_anomaly`` and ``verdict``, whose words were ``anomaly`` / ``ok`` (``result.verdict_word`` reads them).
 - ``peak_x``, ``peak_y`` (int32), ``peak_value`` (float64), null on error: the top anomaly location, the
   arg-max of the heat map (inside the product's inspection region when it has one), in the source
   image's pixels (``(column + 0.5) * width / map_width``, floored); ``peak_value`` is the map there.
 - ``width``, ``height`` (int32, null when unreadable): the source image's size.
 - ``heatmap`` (string, null unless ``--heatmaps``): the URI of the PNG overlay (drawn on the image as
-  fitted to the canvas, ``visualize.heatmap_overlay`` with ``hetmm predict``'s colour range).
+  fitted to the canvas, ``visualize.draw_overlay``, the picture ``hetmm predict`` draws).
 - ``read_ms``, ``decode_ms`` (float64): reading the bytes; decoding and fitting to the canvas.
   ``score_ms`` (float64, null on error): the actor's ``predict`` time of the batch divided by its images.
 - ``node`` (string, null on an error before scoring): the Ray node id of the actor that scored it.
@@ -56,6 +61,11 @@ OUTPUT_SCHEMA = pa.schema(
         ("threshold", pa.float64()),
         ("is_anomaly", pa.bool_()),
         ("verdict", pa.string()),
+        ("record_version", pa.int32()),
+        ("review_threshold", pa.float64()),
+        ("threshold_rule", pa.string()),
+        ("rule_target", pa.float64()),
+        ("estimated_false_alarm_rate", pa.float64()),
         ("peak_x", pa.int32()),
         ("peak_y", pa.int32()),
         ("peak_value", pa.float64()),

@@ -11,7 +11,8 @@ Exact semantics:
   predict`` does (``detectors.load_detector`` over ``store.open_store``), with ``threads`` torch threads
   (> 0), else :func:`actor_threads` of its node's CPUs and its reservation; each call is one ``predict`` on the batch's
   decoded images, so a row's score is ``hetmm predict``'s (scores do not depend on which images share
-  a batch). Rows with an error pass through unscored. Heat-map PNGs are written from here.
+  a batch), and a row's result fields are the one result record's (``result.result_records``, with the
+  product's review band). Rows with an error pass through unscored. Heat-map PNGs are written from here.
 - :func:`write_part` (CPU tasks): one Parquet part per block, named by a digest of its paths
   (``part-<sha1[:24]>.parquet``: a retried task rewrites the same name with the same rows, never a
   second copy), written atomically (``locations.write_atomic``). Returns one small row per image
@@ -33,6 +34,7 @@ import pyarrow.parquet as pq
 
 from ..config.archive import PART_PREFIX, PART_SUFFIX
 from ..data.decode import ImageError, decode_image, resize_to_geometry
+from ..result import RECORD_FIELDS, result_records, review_threshold_of
 from .locations import FsSpec, read_bytes, write_atomic
 from .schema import DECODED_SCHEMA, OUTPUT_SCHEMA
 
@@ -129,6 +131,7 @@ class DetectorActor:
         self.rule = {"sigmas": sigmas, "false_alarm_rate": false_alarm_rate}
         op = self.det.operating_point(**self.rule)
         self.threshold = float("inf") if op is None else float(op.threshold)
+        self.review = review_threshold_of(self.det)  # the product's review band (result.py)
         self.heatmaps, self.spec = heatmaps, spec
 
     def __call__(self, batch: pa.Table) -> pa.Table:
@@ -149,14 +152,13 @@ class DetectorActor:
             t0 = time.perf_counter()
             pred = self.det.predict(images, **self.rule)
             per_image = 1000 * (time.perf_counter() - t0) / len(good)
+            records = result_records(pred, review_threshold=self.review)
             for k, i in enumerate(good):
                 region = None if pred.regions is None else pred.regions[k]
                 x, y, value = peak_of(pred.maps[k], region, cols["width"][i], cols["height"][i])
-                anomalous = bool(pred.is_anomaly[k])
-                out["score"][i] = float(pred.scores[k])
-                out["threshold"][i] = float(pred.threshold)
-                out["is_anomaly"][i] = anomalous
-                out["verdict"][i] = "anomaly" if anomalous else "ok"
+                for name in RECORD_FIELDS:  # the one result record's fields, as every path has them
+                    out[name][i] = records[k][name]
+                out["version"][i] = self.version
                 out["peak_x"][i], out["peak_y"][i], out["peak_value"][i] = x, y, value
                 out["score_ms"][i] = per_image
                 out["node"][i] = self.node
@@ -167,10 +169,9 @@ class DetectorActor:
     def _heatmap(self, path: str, image: np.ndarray, pred: Any, k: int, region: np.ndarray | None) -> str:
         from PIL import Image
 
-        from ..visualize import heatmap_overlay, heatmap_range
+        from ..visualize import draw_overlay
 
-        vmin, vmax = heatmap_range(pred.maps[k], pred.threshold)
-        overlay = heatmap_overlay(image, pred.maps[k], vmin=vmin, vmax=vmax, region=region)
+        overlay = draw_overlay(image, pred.maps[k], threshold=pred.threshold, region=region)
         buf = io.BytesIO()
         Image.fromarray(overlay).save(buf, format="PNG")
         stem = path.rstrip("/").rsplit("/", 1)[-1].rsplit(".", 1)[0]

@@ -10,10 +10,10 @@ is built beside its handler, in its group's module:
 - ``products.py``: fit, update, compress (templates from good images)
 - ``calibration.py``: calibrate, region (a new threshold or region over the same templates)
 - ``scoring.py``: predict, evaluate, inspect
-- ``candidates.py``: promote, discard, compare (issue 23)
+- ``candidates.py``: promote, discard, compare
 - ``store_admin.py``: versions, delete, rollback, repair, migrate
 - ``service.py``: serve, and the gRPC client of ``predict --grpc``
-- ``station.py``: station check (issue 39)
+- ``station.py``: station check
 - ``demo.py``: demo
 - ``common.py``: what several commands share (flags, configuration, images, store, publishing)
 """
@@ -43,6 +43,7 @@ COMMANDS: tuple[Callable[[Subcommands], None], ...] = (
     calibration.add_calibrate,
     calibration.add_region,
     products.add_update,
+    products.add_drop,
     products.add_compress,
     store_admin.add_versions,
     store_admin.add_delete,

@@ -5,6 +5,7 @@ recalibrated, published as a new version (live or a candidate)."""
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 from typing import Any
 
 from .common import (
@@ -55,6 +56,7 @@ def add_calibrate(sub: Subcommands) -> None:
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from .. import operations
+    from ..core.calibration import describe_rate_choices
     from ..data.decode import decode_image
     from ..data.labelled import labelled_images
 
@@ -81,7 +83,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         from ..store.labels import LabelSet
 
         stored = LabelSet(store.backend).labelled(args.product)
-        labelled = [(name, label) for name, _, label in stored]
+        labelled: Sequence[tuple[object, int]] = [(name, label) for name, _, label in stored]
         images: list[Any] = [decode_image(data, source=name) for name, data, _ in stored]
     else:
         labelled = labelled_images(args.val)
@@ -108,10 +110,21 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         f"product {args.product}: version {out.version} (from v{version}) threshold {record['threshold']:.4f} "
         f"for {record['objective']} on {record['good']} good + {record['defective']} defective images: "
         f"recall {100 * record['recall']:.1f}%, false alarms {100 * record['false_alarm_rate']:.1f}%, "
-        f"F1 {100 * record['f1']:.1f}; estimated false alarms on good parts "
-        f"{100 * record['estimated_false_alarm_rate']:.2f}% (out-of-fold)"
+        f"F1 {100 * record['f1']:.1f}; estimated false alarms on good parts {_estimate_text(record)}"
     )
+    print(describe_rate_choices(record["rates"]))
     return 0
+
+
+def _estimate_text(record: dict[str, Any]) -> str:
+    """The labelled threshold's estimate on the out-of-fold good scores, with its interval."""
+    e = record.get("false_alarm_estimate")
+    if e is None:
+        return f"{100 * record['estimated_false_alarm_rate']:.2f}% (out-of-fold)"
+    return (
+        f"{100 * e['rate']:.2f}% ({100 * e['confidence']:g}% interval {100 * e['low']:.2f}-{100 * e['high']:.2f}%; "
+        f"{e['above']} of {e['n']} out-of-fold good scores above)"
+    )
 
 
 # --- region ----------------------------------------------------------------------------

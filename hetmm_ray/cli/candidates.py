@@ -1,4 +1,4 @@
-"""``hetmm promote``, ``discard`` and ``compare`` (issue 23): a candidate version, stored beside the
+"""``hetmm promote``, ``discard`` and ``compare``: a candidate version, stored beside the
 head and not served, made the head or dropped, and compared with the head (or ``--base``) on the
 same images: in this process (hetmm_ray/compare.py) or, ``--on-ray``, as the ``hetmm inspect`` job
 (archive/compare_job.py)."""
@@ -96,7 +96,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else None
     for i, flip in enumerate(result["flips"]):
         fb, fc = flip["base"], flip["candidate"]
-        verdict = "ok -> ANOMALY" if fc["is_anomaly"] else "ANOMALY -> ok"
+        verdict = f"{fb['verdict']} -> {fc['verdict']}"
         print(f"flip  {verdict:<13}  v{b} {fb['score']:.4f}  v{c} {fc['score']:.4f}  {flip['image']}")
         if out is not None:
             for side, png_bytes in flip.pop("heatmaps").items():
@@ -155,8 +155,8 @@ def _compare_images(args: argparse.Namespace) -> tuple[list[tuple[str, Any]], li
     if bool(args.images) == bool(args.labelled):
         raise CLIError("give images (files, folders or an s3:// prefix) or --labelled DIR, not both")
     if args.labelled:
-        found = labelled_images(args.labelled)
-        return [(str(p), decode_image(p)) for p, _ in found], [int(v) for _, v in found]
+        files = labelled_images(args.labelled)
+        return [(str(p), decode_image(p)) for p, _ in files], [int(v) for _, v in files]
     out: list[tuple[str, Any]] = []
     local = [item for item in args.images if not item.startswith("s3://")]
     for item in args.images:

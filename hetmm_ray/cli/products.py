@@ -9,7 +9,7 @@ import argparse
 import sys
 from typing import Any
 
-from ..config import TEMPLATE_KINDS
+from ..config import RATE_CHOICES, TEMPLATE_KINDS
 from .common import (
     CLIError,
     Subcommands,
@@ -41,7 +41,7 @@ def add_fit(sub: Subcommands) -> None:
 
 def cmd_fit(args: argparse.Namespace) -> int:
     from .. import operations
-    from ..tiled import auto_tiles, frame_shape
+    from ..tiled import choose_geometry, frame_shape
 
     config = _config_from(args)
     paths = [p for p, _ in _image_paths(args.images)]
@@ -49,9 +49,9 @@ def cmd_fit(args: argparse.Namespace) -> int:
         raise CLIError(f"fit needs at least 2 good images, got {len(paths)}")
     layout = None
 
-    if config.geometry.tiles == "auto":  # what auto chose and why, before the long work
-        rows, cols, why = auto_tiles(config, paths)
-        print(f"tiles auto: {rows} x {cols}, {why}", flush=True)
+    choice = choose_geometry(config, paths)  # the fit's one rule; what it chose and why, before the long work
+    if choice.why is not None or choice.canvas_why is not None:
+        print(choice.describe(), flush=True)
 
     def announce(det: Any) -> None:  # the cost line, before the long work
         nonlocal layout
@@ -64,7 +64,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
         )
 
     # The files themselves, not canvases resized here: the detector decodes them a batch at a time,
-    # and an image's digest is its decoded frame's, as on every other path (issue 38). --address:
+    # and an image's digest is its decoded frame's, as on every other path. --address:
     # PTS as Ray tasks; "auto" tiles resolved from the frames' headers.
     out = operations.fit(_open(args), args.product, config, paths, on_start=announce, progress=True, steps=_steps(args))
     assert layout is not None and out.detector is not None
@@ -75,7 +75,26 @@ def cmd_fit(args: argparse.Namespace) -> int:
     )
     if config.region is not None:
         print(f"region {_describe_region(config.region)}{layout.region_note()}")
+    # a fit's bank holds the frames in the order given (duplicates too), so each digest has its file's name
+    digests = out.detector.image_digests
+    names = dict(zip(digests, map(str, paths), strict=False)) if len(paths) == out.detector.n_images else {}
+    _print_calibration_facts(out.detector, names)
     return 0
+
+
+def _print_calibration_facts(det: Any, names: dict[str, str]) -> None:
+    """After a fit, an update or a drop: the far rule at ``RATE_CHOICES`` (threshold, good frames
+    above, estimate with its interval) and the good frames standing apart (``core/good_outliers.py``)."""
+    from .. import operations
+    from ..core.calibration import describe_rate_choices, rate_choices
+
+    cal = det.calibration
+    if cal is None:
+        return
+    print(describe_rate_choices([c.to_json() for c in rate_choices(cal.scores, RATE_CHOICES)]))
+    report = operations.good_outliers(det)
+    if report is not None:
+        print(report.describe(names))
 
 
 def _sheets_text(tc: Any, n_images: int) -> str:
@@ -121,7 +140,86 @@ def cmd_update(args: argparse.Namespace) -> int:
         f"product {args.product}: version {out.version} (from v{out.base}) with {out.added} more good images, "
         f"{det.n_images} in all{tiles}; threshold {_describe_operating_point(out.operating_point)}"
     )
+    _print_calibration_facts(det, {})
     return 0
+
+
+# --- drop ------------------------------------------------------------------------------
+def add_drop(sub: Subcommands) -> None:
+    p = sub.add_parser(
+        "drop",
+        help="remove good frames from a stored product's bank and calibration (a new version, recalibrated)",
+    )
+    p.add_argument(
+        "frames",
+        nargs="+",
+        metavar="NAME",
+        help="an image file (its decoded frame's content digest) or a digest, or its first 8+ hex digits, "
+        "as hetmm fit / update print for the frames standing apart",
+    )
+    p.add_argument("--product", required=True)
+    _add_store_flags(p)
+    _add_publish_flags(p)
+    p.set_defaults(func=cmd_drop)
+
+
+def cmd_drop(args: argparse.Namespace) -> int:
+    from .. import operations
+
+    store = _open(args)
+    names: dict[str, str] = {}
+
+    def resolve(held: tuple[str, ...]) -> list[str]:
+        digests, given = _resolve_frames(args.frames, held)
+        names.update(given)
+        return digests
+
+    try:
+        out = operations.drop(store, args.product, resolve, mode=getattr(args, "publish", None), progress=True)
+    except ValueError as exc:
+        raise CLIError(str(exc)) from None
+    det = out.detector
+    assert det is not None
+    if out.candidate:
+        _announce_candidate(args, store, out.version)
+    assert out.record is not None
+    shown = ", ".join(names[d] for d in out.record["dropped"])
+    print(
+        f"product {args.product}: version {out.version} (from v{out.base}) without {len(names)} good frame(s) "
+        f"({shown}), {det.n_images} in all; threshold {_describe_operating_point(out.before)} -> "
+        f"{_describe_operating_point(out.operating_point)}"
+    )
+    _print_calibration_facts(det, {})
+    return 0
+
+
+def _resolve_frames(frames: list[str], held: tuple[str, ...]) -> tuple[list[str], dict[str, str]]:
+    """Each NAME as a digest of the bank (an image file's decoded frame, or a digest prefix of 8+ hex
+    digits matching exactly one held frame), and the name each was given by; CLIError otherwise."""
+    import os
+
+    from ..core.device import image_digest
+    from ..scorer import as_rgb
+
+    out: list[str] = []
+    names: dict[str, str] = {}
+    for name in frames:
+        if os.path.isfile(name):
+            digest = image_digest(as_rgb(name))
+            if digest not in held:
+                raise CLIError(f"{name}: the product's bank holds no frame with this content (digest {digest[:12]})")
+        else:
+            prefix = name.lower()
+            if len(prefix) < 8 or any(c not in "0123456789abcdef" for c in prefix):
+                raise CLIError(f"{name}: neither an image file nor a digest of 8 or more hex digits")
+            matches = sorted({d for d in held if d.startswith(prefix)})
+            if len(matches) != 1:
+                raise CLIError(f"{name}: {'no' if not matches else len(matches)} frames of the bank have this digest")
+            digest = matches[0]
+        if digest not in names:
+            out.append(digest)
+            names[digest] = name
+    return out, names
 
 
 # --- compress --------------------------------------------------------------------------

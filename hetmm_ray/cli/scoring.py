@@ -81,11 +81,12 @@ def cmd_predict(args: argparse.Namespace) -> int:
     if args.wait_s is not None:
         raise CLIError("--wait-s is how long to wait for a service: give it with --grpc")
     from ..data.decode import ImageError, decode_image
-    from ..visualize import heatmap_overlay, heatmap_range, save_png
+    from ..visualize import draw_overlay, save_png
 
     if args.sigmas is not None:
         check_number("threshold.sigmas", args.sigmas)  # before any work: NaN would pass every image
     from ..detectors import load_detector
+    from ..result import result_records, review_threshold_of
 
     overrides = {k: v for k, v in (("device", args.device), ("dtype", args.dtype)) if v}
     det = load_detector(_open(args), args.product, args.version, progress=True, **overrides)
@@ -95,13 +96,13 @@ def cmd_predict(args: argparse.Namespace) -> int:
         op = det.operating_point(sigmas=args.sigmas, false_alarm_rate=args.false_alarm_rate)
     except ValueError as exc:
         raise CLIError(str(exc)) from None
-    rule = {} if op is None else {k: v for k, v in op.to_json().items() if k != "threshold"}
+    review = review_threshold_of(det)  # the product's review band, as the service's
     out = Path(args.out) if args.out else None
     records: list[dict[str, Any]] = []
     failed = scored = 0
     seconds = 0.0
     version = None
-    # Streamed (issue 40): STREAM_FRAMES readable frames decoded, scored and written at a time (a
+    # Streamed: STREAM_FRAMES readable frames decoded, scored and written at a time (a
     # multiple of what predict batches: the scores one call on all of them gives); no list of frames
     # or maps is held.
     chunk = det.frames_per_pass * max(1, STREAM_FRAMES // det.frames_per_pass)
@@ -116,24 +117,16 @@ def cmd_predict(args: argparse.Namespace) -> int:
         seconds += pred.seconds
         scored += len(good)
         version = pred.version
+        results = result_records(pred, review_threshold=review)  # the one result record (hetmm_ray/result.py)
         for i, (path, name, image) in enumerate(good):
-            rec = {
-                "image": str(path),
-                "score": round(float(pred.scores[i]), 6),
-                "threshold": round(pred.threshold, 6),
-                "is_anomaly": bool(pred.is_anomaly[i]),
-                **rule,  # threshold_rule, rule_target, estimated_false_alarm_rate
-                "version": pred.version,
-            }
+            rec: dict[str, Any] = {"image": str(path), **results[i]}
             if out is not None:
                 target = out / name.parent / f"{name.name}_heatmap.png"
-                vmin, vmax = heatmap_range(pred.maps[i], pred.threshold)
                 region = None if pred.regions is None else pred.regions[i]  # outside: greyed
-                overlay = heatmap_overlay(image, pred.maps[i], vmin=vmin, vmax=vmax, region=region)
+                overlay = draw_overlay(image, pred.maps[i], threshold=pred.threshold, region=region)
                 rec["heatmap"] = str(save_png(overlay, target))
             records.append(rec)
-            flag = "ANOMALY" if rec["is_anomaly"] else "ok"
-            print(f"{rec['score']:.4f}  {flag:<7}  {path}")
+            print(f"{rec['score']:.4f}  {rec['verdict']:<7}  {path}")
 
     pending: list[tuple[Path, Path, Any]] = []  # decoded frames, scored a full chunk at a time
     for path, name in _image_paths(args.images):
@@ -162,7 +155,13 @@ def cmd_predict(args: argparse.Namespace) -> int:
 def add_evaluate(sub: Subcommands) -> None:
     p = sub.add_parser("evaluate", help="fit on train/good of an MVTec-layout folder and measure on test/")
     p.add_argument("--data", required=True, help="category folder (train/good, test/<type>, ground_truth/<type>)")
-    p.add_argument("--json", help="write the results as JSON here")
+    p.add_argument("--json", help="write the results as JSON here, with one row per test image")
+    p.add_argument(
+        "--report",
+        metavar="DIR",
+        help="write an HTML report here (DIR/index.html): operating point, score histogram, ROC and PRO "
+        "curves, and a gallery of the false alarms, misses and frames nearest the threshold",
+    )
     p.add_argument("--product", help="product name when publishing with --store (default: the folder name)")
     _add_store_flags(p, default=None)
     _add_config_flags(p)
@@ -173,8 +172,23 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from ..evaluation import evaluate
 
     config = _config_from(args)
-    result, det, _ = evaluate(args.data, config, progress=True)
+    collector = None
+    if args.report:
+        from ..report.collect import ReportCollector
+
+        try:  # before minutes of fitting: a folder that cannot be made fails now
+            Path(args.report).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise CLIError(f"--report {args.report}: cannot create the folder ({exc})") from None
+        collector = ReportCollector()
+    result, det, _ = evaluate(args.data, config, progress=True, report=collector)
     print(result.table())
+    if collector is not None:
+        from ..report.page import write_report
+
+        cal = det.calibration
+        index = write_report(args.report, result, collector, train_scores=cal.scores if cal else ())
+        print(f"written {index}")
     if args.store:
         version = det.save(_open(args), args.product or result.category)
         print(f"published templates as {args.product or result.category} v{version} in {args.store}")

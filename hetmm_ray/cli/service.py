@@ -110,7 +110,7 @@ def _predict_grpc(args: argparse.Namespace) -> int:
     import grpc
 
     from ..serve.grpc.client import ImageRefused, InspectionClient
-    from ..serve.grpc.messages import RULE_FIELDS
+    from ..serve.grpc.messages import record_of
 
     found = _image_paths(args.images)  # (path, the name its outputs are written by), as in process
     if not found:
@@ -145,19 +145,14 @@ def _predict_grpc(args: argparse.Namespace) -> int:
                     print(f"hetmm: skipped: {r.details.split(': ', 1)[-1]}", file=sys.stderr)
                     failed += 1
                     continue
-                rec: dict[str, Any] = {"image": str(path), "score": round(r.score, 6)}
-                rec.update(threshold=round(r.threshold, 6), is_anomaly=r.is_anomaly)
-                for field in RULE_FIELDS:  # as in process
-                    if r.HasField(field):
-                        rec[field] = getattr(r, field)
-                rec["version"] = r.version
+                rec: dict[str, Any] = {"image": str(path), **record_of(r)}  # the result record, as in process
                 if out is not None and r.heatmap_png:
                     target = out / name.parent / f"{name.name}_heatmap.png"
                     target.parent.mkdir(parents=True, exist_ok=True)
                     target.write_bytes(r.heatmap_png)
                     rec["heatmap"] = str(target)
                 records.append(rec)
-                print(f"{rec['score']:.4f}  {'ANOMALY' if r.is_anomaly else 'ok':<7}  {path}")
+                print(f"{rec['score']:.4f}  {rec['verdict']:<7}  {path}")
         except grpc.RpcError as exc:
             raise CLIError(f"{args.grpc}: {exc.code().name}: {exc.details()}") from None
     if not records:

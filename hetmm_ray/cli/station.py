@@ -116,5 +116,5 @@ def _print_result(result: PartResult) -> None:
     error = f" {result.error}" if result.error else ""
     where = f"{result.station} {result.part_id}"
     print(
-        f"{where}: {result.verdict}{late} score {score} v{result.version} {result.latency_ms:.0f} ms{error}", flush=True
+        f"{where}: {result.outcome}{late} score {score} v{result.version} {result.latency_ms:.0f} ms{error}", flush=True
     )

@@ -57,7 +57,7 @@ def cmd_versions(args: argparse.Namespace) -> int:
     print(f"{header}  created              weights")
     print("\n".join(rows))
     cands = store.candidates(args.product)
-    if cands:  # issue 23: stored beside the head, not served until promoted
+    if cands:  # stored beside the head, not served until promoted
         described = ", ".join(f"v{v} (over v{store.record(args.product, v).parent})" for v in cands)
         print(f"candidates: {described}")
     return 0

@@ -20,7 +20,6 @@ symbol, the installed Ray and :data:`SUPPORTED_RAY`, instead of failing deep ins
 from __future__ import annotations
 
 import importlib
-from types import ModuleType
 from typing import Any
 
 import ray
@@ -30,7 +29,7 @@ __all__ = ["SUPPORTED_RAY", "disable_cluster_mode", "driver_node", "serve_replic
 SUPPORTED_RAY = "Ray 2.60 (the version tested; pyproject allows ray[serve]>=2.40)"
 
 
-def _symbol(module: str, attr: str) -> tuple[ModuleType, Any]:
+def _symbol(module: str, attr: str) -> tuple[Any, Any]:
     """``(module, module.attr)`` of a private Ray module, or an ImportError naming the versions."""
     try:
         mod = importlib.import_module(module)
@@ -48,7 +47,7 @@ def disable_cluster_mode() -> None:
     constants.ENABLE_RAY_CLUSTER = False
 
 
-def serve_replica_module() -> ModuleType:
+def serve_replica_module() -> Any:  # a module whose attributes are patched
     """``ray.serve._private.replica``, checked to bind through ``add_port_to_grpc_server``."""
     module, _ = _symbol("ray.serve._private.replica", "add_port_to_grpc_server")
     return module

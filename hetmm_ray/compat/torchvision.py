@@ -11,7 +11,7 @@ through this module.
 
 Import cost: ``torchvision.ops.roi_align`` imports ``torch._dynamo.utils`` at
 import time for one function (``is_compile_supported``) that it calls only when
-``roi_align`` runs. Importing dynamo costs ~2.5 s of CPU (sympy, fx symbolic
+``roi_align`` runs. Importing dynamo costs seconds of CPU (sympy, fx symbolic
 shapes), in every process that imports torchvision: each Serve replica, Ray
 worker and CLI run, before it can answer. While torchvision imports, and only
 if dynamo is not imported yet, that one name is served by a stand-in that

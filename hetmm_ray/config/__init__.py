@@ -34,8 +34,10 @@ from .product import (
     DEFAULT_LAYERS,
     DTYPES,
     GEOMETRIES,
+    OUTLIER_MADS,
     PACKAGED_WEIGHTS,
     PUBLISH_MODES,
+    RATE_CHOICES,
     TEMPLATE_KINDS,
     THRESHOLD_RULES,
     THRESHOLD_WARN_OVER_HIGHEST,
@@ -48,7 +50,17 @@ from .product import (
     publishes_candidate,
 )
 from .replica import ReplicaSettings
-from .run_time import BACKBONE_RUNTIMES, MODEL_CACHE_ENV, PTS_CHUNK_PIXELS, STREAM_FRAMES, TASK_CPUS, model_cache_dir
+from .run_time import (
+    BACKBONE_RUNTIMES,
+    MODEL_CACHE_ENV,
+    PTS_CHUNK_PIXELS,
+    REPORT_GALLERY_ERRORS,
+    REPORT_GALLERY_NEAR,
+    REPORT_THUMBNAIL_PX,
+    STREAM_FRAMES,
+    TASK_CPUS,
+    model_cache_dir,
+)
 from .service import (
     DEFAULT_GRPC_PORT,
     DEFAULT_STORE,
@@ -94,6 +106,9 @@ __all__ = [
     "NUMERIC_RANGES",
     "PACKAGED_WEIGHTS",
     "PTS_CHUNK_PIXELS",
+    "REPORT_GALLERY_ERRORS",
+    "REPORT_GALLERY_NEAR",
+    "REPORT_THUMBNAIL_PX",
     "STREAM_FRAMES",
     "PUBLISH_MODES",
     "publishes_candidate",
@@ -104,6 +119,8 @@ __all__ = [
     "TEMPLATE_KINDS",
     "THRESHOLD_RULES",
     "THRESHOLD_WARN_OVER_HIGHEST",
+    "OUTLIER_MADS",
+    "RATE_CHOICES",
     "BackboneConfig",
     "GeometryConfig",
     "ConfigError",

@@ -3,8 +3,9 @@
 Exact semantics:
 
 - A setting is a dataclass field made with :func:`setting`: its default, its constraints (checked
-  in the order given), whether it is a list, whether it may be null and whether it is a run-time
-  setting. Nothing else states a setting's range or choices.
+  in the order given), whether it is a list, whether it may be null, whether it is a run-time
+  setting and its description (what it means to a user: the generated configuration reference,
+  ``hetmm_ray/config_reference.py``, prints it). Nothing else states a setting's range or choices.
 - :func:`validate` (run by :class:`Settings.__post_init__`) checks every setting of an object in
   declaration order and raises :class:`ConfigError` naming ``<prefix><field>``, then runs the
   class's cross-field rules (:meth:`Settings._check`). A list setting accepts any list or tuple,
@@ -141,6 +142,7 @@ class Spec:
     many: bool = False  # a list: stored as a tuple, Range/Odd checked element by element
     nullable: bool = False
     run_time: bool = False  # a setting of this run, never stored with a product
+    description: str = ""  # what the setting means to a user (the configuration reference prints it)
 
 
 def setting(
@@ -150,9 +152,11 @@ def setting(
     many: bool = False,
     nullable: bool | None = None,
     run_time: bool = False,
+    description: str = "",
 ) -> Any:
-    """A dataclass field with its constraints beside it (``nullable`` defaults to ``default is None``)."""
-    spec = Spec(checks, many, default is None if nullable is None else nullable, run_time)
+    """A dataclass field with its constraints and its meaning beside it (``nullable`` defaults to
+    ``default is None``; ``description``: one or two sentences for the configuration reference)."""
+    spec = Spec(checks, many, default is None if nullable is None else nullable, run_time, description)
     return field(default=default, default_factory=factory, metadata={_SPEC: spec})
 
 

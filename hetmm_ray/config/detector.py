@@ -58,40 +58,113 @@ class DetectorConfig(Settings):
     # version); left out of to_dict/stored_dict when None, so products without one (all those
     # stored before regions existed) keep their manifests and scores exactly. Kept in the
     # canonical form of config.region.check_region (a plain mapping: treat it as read-only).
-    region: dict[str, Any] | None = None
+    region: dict[str, Any] | None = setting(  # noqa: RUF009 - a field specifier, as dataclasses.field
+        None,
+        description=(
+            'The inspection region: the pixels that count (`{"size": [h, w], "include": [...], "exclude": [...]}` or a'
+            " PNG mask through `--region`). Null: every pixel. A changed region is a new, recalibrated version."
+        ),
+    )
     # "auto" = cuda when available, else cpu
-    device: str = setting("auto", Check(is_device, "use auto, cpu, cuda or cuda:N"), run_time=True)
-    dtype: str = setting("float32", OneOf(DTYPES, "dtype"), run_time=True)  # compute dtype of ATMM
+    device: str = setting(
+        "auto",
+        Check(is_device, "use auto, cpu, cuda or cuda:N"),
+        run_time=True,
+        description=(
+            "Where a run computes: `auto` (CUDA when available, else CPU), `cpu`, `cuda`, `cuda:N` or `mps`. A "
+            "run-time setting, never stored."
+        ),
+    )
+    dtype: str = setting(
+        "float32", OneOf(DTYPES, "dtype"), run_time=True, description="Compute dtype of ATMM. A run-time setting."
+    )  # compute dtype of ATMM
     # storage dtype of the feature bank (measured lossless on bottle): the product's, stored
-    bank_dtype: str = setting("float16", OneOf(DTYPES, "dtype"))
-    batch_size: int = setting(8, Range(1, 4096, int), run_time=True)  # images per backbone/ATMM batch
+    bank_dtype: str = setting(
+        "float16",
+        OneOf(DTYPES, "dtype"),
+        description=(
+            "Storage dtype of the feature bank (stored with the product): float16 halves memory and store size."
+        ),
+    )
+    batch_size: int = setting(
+        8, Range(1, 4096, int), run_time=True, description="Images per backbone and ATMM batch. A run-time setting."
+    )  # images per backbone/ATMM batch
     # ATMM working block; None: 4 MiB on CPU (cache-sized), 256 MiB on CUDA
-    chunk_mib: int | None = setting(None, Range(1, 65_536, int), run_time=True)
+    chunk_mib: int | None = setting(
+        None,
+        Range(1, 65_536, int),
+        run_time=True,
+        description=(
+            "ATMM's working block in MiB; null: 4 MiB on a CPU (cache-sized), 256 MiB on CUDA. A run-time setting."
+        ),
+    )
     # predict's input pipeline (hetmm_ray/pipeline.py): batches read, decoded and resized ahead in
     # a background thread while the current one runs the backbone and ATMM (0: one after another;
     # the scores are identical), each batch's images decoded in decode_threads threads.
-    prefetch: int = setting(1, Range(0, 16, int), run_time=True)
-    decode_threads: int = setting(2, Range(1, 64, int), run_time=True)
+    prefetch: int = setting(
+        1,
+        Range(0, 16, int),
+        run_time=True,
+        description=(
+            "`predict`'s input pipeline: batches read, decoded and resized ahead while the current one is scored (0: "
+            "one after another; the scores are identical). A run-time setting."
+        ),
+    )
+    decode_threads: int = setting(
+        2, Range(1, 64, int), run_time=True, description="Threads that decode one batch's images. A run-time setting."
+    )
     # Freed memory the process keeps mapped for the next batch (glibc mallopt), MiB; 0: leave the
     # allocator alone. Fresh multi-MiB buffers per batch cost a page fault per 4 KiB otherwise.
-    malloc_keep_mib: int = setting(1024, Range(0, 65_536, int), run_time=True)
+    malloc_keep_mib: int = setting(
+        1024,
+        Range(0, 65_536, int),
+        run_time=True,
+        description=(
+            "Freed memory the process keeps mapped for the next batch (glibc), MiB; 0 leaves the allocator alone. A "
+            "run-time setting."
+        ),
+    )
     # What runs the backbone's network (core/backbone.py resolve_runtime): "auto" is OpenVINO for
-    # float32 on a CPU (4-6x faster than torch there, features equal to ~1e-6: BENCHMARKS.md,
-    # throughput), torch on GPUs and for bfloat16; "torch" or "openvino" force one.
-    backbone_runtime: str = setting("auto", OneOf(BACKBONE_RUNTIMES, "runtime"), run_time=True)
+    # float32 on a CPU (faster than torch there, features equal within float32 rounding:
+    # docs/performance.md), torch on GPUs and for bfloat16; "torch" or "openvino" force one.
+    backbone_runtime: str = setting(
+        "auto",
+        OneOf(BACKBONE_RUNTIMES, "runtime"),
+        run_time=True,
+        description=(
+            "What runs the backbone's network: `auto` (OpenVINO for float32 on a CPU, torch on GPUs and for bfloat16),"
+            " `torch` or `openvino`. A run-time setting."
+        ),
+    )
     # predict on a CPU: each batch split among this many worker threads that decode, resize and
     # score their share with single-threaded ops (hetmm_ray.pipeline.map_in_workers; measured
-    # faster than multi-threaded ops and graceful next to a busy neighbour: BENCHMARKS.md,
-    # throughput). 0: the calling thread's torch thread count; 1: one worker running
+    # faster than multi-threaded ops and graceful next to a busy neighbour: docs/performance.md).
+    # 0: the calling thread's torch thread count; 1: one worker running
     # multi-threaded ops with the prefetch pipeline above. GPUs always use 1.
-    score_workers: int = setting(0, Range(0, 256, int), run_time=True)
-    # Tiles (issue 22, product.GeometryConfig): stored, but left out of a manifest at its default, so
+    score_workers: int = setting(
+        0,
+        Range(0, 256, int),
+        run_time=True,
+        description=(
+            "`predict` on a CPU splits each batch among this many worker threads running single-threaded ops; 0: the "
+            "torch thread count; 1: one worker with multi-threaded ops and the prefetch pipeline. GPUs always use 1. A"
+            " run-time setting."
+        ),
+    )
+    # Tiles (product.GeometryConfig): stored, but left out of a manifest at its default, so
     # every manifest written before it existed, and every untiled one since, stays byte for byte alike.
     geometry: GeometryConfig = dataclasses.field(default_factory=GeometryConfig)
-    # How this product's new versions are published (issue 23, config.PUBLISH_MODES): None = the
+    # How this product's new versions are published (config.PUBLISH_MODES): None = the
     # surface's default (CLI ``live``, service ``ServiceConfig.publish``). Stored, but left out of a
     # manifest when None, so every manifest written before it existed stays byte for byte alike.
-    publish: str | None = setting(None, OneOf(PUBLISH_MODES, "publish mode"))
+    publish: str | None = setting(
+        None,
+        OneOf(PUBLISH_MODES, "publish mode"),
+        description=(
+            "How this product's new versions are published: `live` (HEAD at once) or `candidate` (stored beside HEAD "
+            "until promoted). Null: the surface's default (`live` for the CLI, `service.publish` for the service)."
+        ),
+    )
 
     def _check(self) -> None:
         if self.region is not None:
@@ -108,21 +181,27 @@ class DetectorConfig(Settings):
         data = json.loads(json.dumps(dataclasses.asdict(self)))
         if data["region"] is None:  # no region: the dict every product had before regions existed
             del data["region"]
-        if data["threshold"].get("review_false_alarm_rate") is None:  # no review band (issue 23): as before it
+        if (
+            data["threshold"].get("review_false_alarm_rate") is None
+        ):  # no review band: stored as before the band existed
             data["threshold"].pop("review_false_alarm_rate", None)
-        if data["publish"] is None:  # the surface's default: the dict every product had before issue 23
+        if data["geometry"].get("canvas") == "fixed":  # the default: the dict every product had before it
+            del data["geometry"]["canvas"]
+        if data["publish"] is None:  # the surface's default: the dict of a product stored before publish existed
             del data["publish"]
         return data
 
     def stored_dict(self) -> dict[str, Any]:
         """:meth:`to_dict` without the run-time settings: what a manifest keeps of a product
-        (``geometry`` only for a tiled product: untiled manifests are what they always were, whatever
-        overlap an untiled configuration names)."""
+        (``geometry`` only for a tiled product or one whose geometry was chosen from
+        ``min_defect_px``: other untiled manifests are what they always were, whatever overlap an
+        untiled configuration names)."""
         out = {k: v for k, v in self.to_dict().items() if k not in RUN_TIME_SETTINGS}
-        if not self.geometry.tiled:
-            del out["geometry"]
-        elif out["geometry"].get("min_defect_px") is None:  # unset: written as products were before it
+        if out["geometry"].get("min_defect_px") is None:  # unset: written as products were before it
             del out["geometry"]["min_defect_px"]
+            if not self.geometry.tiled:
+                del out["geometry"]
+        # else kept, untiled too: the fit chose the geometry from it (tiled.choose_geometry)
         return out
 
     @property
@@ -134,7 +213,7 @@ class DetectorConfig(Settings):
 
     def product_only(self) -> DetectorConfig:
         """This configuration with every run-time setting at its default: the product as stored."""
-        defaults = {f.name: f.default for f in dataclasses.fields(DetectorConfig) if is_run_time(f)}
+        defaults: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(DetectorConfig) if is_run_time(f)}
         same = all(getattr(self, k) == v for k, v in defaults.items())
         return self if same else dataclasses.replace(self, **defaults)
 

@@ -1,4 +1,4 @@
-"""Every numeric setting's allowed range, by the name a config file, ``--set`` or the README uses.
+"""Every numeric setting's allowed range, by the name a config file, ``--set`` or the docs use.
 
 Exact semantics: :data:`NUMERIC_RANGES` is derived from the ranges declared on the fields
 (``setting(..., Range(lo, hi, kind))``), never written by hand: the product's and run-time
@@ -6,8 +6,8 @@ settings as in :class:`~hetmm_ray.config.DetectorConfig` (``backbone.image_size`
 ``batch_size``), the service's as ``service.<field>``, the replicas' live settings as
 ``user_config.<field>``. Every value must be finite (no NaN, no Infinity), ``int`` ranges refuse
 non-integers, booleans are never numbers; lists are checked element by element, and a setting
-whose default is None may be null. tests/integration/test_hardening.py keeps README's validation table equal
-to this one.
+whose default is None may be null. tests/integration/test_hardening.py keeps the generated configuration
+reference (hetmm_ray/reference.py) equal to this one.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from .service import ServiceConfig
 
 __all__ = ["NUMERIC_RANGES", "check_number"]
 
-_OWNERS = (BackboneConfig, ScoringConfig, TemplateConfig, ThresholdConfig, DetectorConfig)
+_OWNERS: tuple[type[Any], ...] = (BackboneConfig, ScoringConfig, TemplateConfig, ThresholdConfig, DetectorConfig)
 _OWNERS += (ServiceConfig, ReplicaSettings)
 NUMERIC_RANGES: dict[str, tuple[float, float, type]] = {
     key: (r.lo, r.hi, r.kind) for cls in _OWNERS for key, r in ranges_of(cls, cls._prefix).items()

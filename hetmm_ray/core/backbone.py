@@ -81,10 +81,9 @@ def resolve_precision(precision: str, device: torch.device | str) -> str:
     machine, driver and Ray workers alike, computes the same features): bfloat16 on CUDA devices
     that support it; on a CPU float32 wherever OpenVINO is installed (it is a dependency: its
     float32 network is the fast CPU path, ``backbone_runtime: auto``), else bfloat16 on CPUs with
-    native bf16 (``cpu_has_native_bf16``) and float32 elsewhere. Measured on an AMD EPYC with
-    ``avx512_bf16`` (BENCHMARKS.md, "Backbone precision on a CPU with native bf16"): OpenVINO
-    float32 ran efficientnet_lite0 about 10x faster than torch bfloat16, which the earlier rule
-    picked there. ``benchmarks/bench_throughput.py e2e`` measures both side by side, to set it explicitly
+    native bf16 (``cpu_has_native_bf16``) and float32 elsewhere: on a CPU with native bf16
+    OpenVINO float32 is faster than torch bfloat16 (docs/performance.md).
+    ``benchmarks/bench_throughput.py e2e`` measures both side by side, to set it explicitly
     where the measurement disagrees with the rule.
     """
     if precision != "auto":
@@ -100,8 +99,8 @@ def resolve_precision(precision: str, device: torch.device | str) -> str:
 def resolve_runtime(runtime: str, device: torch.device | str, precision: str) -> str:
     """``torch`` or ``openvino``: what runs the backbone's network on ``device``.
 
-    ``auto`` is OpenVINO for float32 on a CPU when the package is installed (measured 4-6x
-    faster than torch there with features equal to ~1e-6, ``core/openvino_runtime.py``),
+    ``auto`` is OpenVINO for float32 on a CPU when the package is installed (faster than torch
+    there with features equal within float32 rounding, ``core/openvino_runtime.py``),
     torch everywhere else (GPUs, bfloat16). ``openvino`` asked for where it cannot run is an
     error, not a silent fallback.
     """
@@ -211,6 +210,7 @@ def _load_state_dict(config: BackboneConfig) -> dict[str, Tensor]:
     if path.suffix in (".pth", ".pt", ".safetensors") or path.exists():
         if not path.is_file():
             raise WeightsError(f"weights file {w} not found")
+        state: object
         try:
             if path.suffix == ".safetensors":
                 from safetensors.torch import load_file
@@ -293,6 +293,9 @@ def _build_model(config: BackboneConfig) -> nn.Module:
 class Backbone(nn.Module):
     """Images (B, 3, H, W) in [0, 1] -> {layer: (B, C, h, w) unit vectors per pixel}."""
 
+    mean: Tensor  # buffers (_set_normalisation)
+    std: Tensor
+
     def __init__(
         self,
         config: BackboneConfig,
@@ -341,9 +344,10 @@ class Backbone(nn.Module):
         if precision == self.precision:
             return
         if precision == "bfloat16":
-            self.extractor.to(dtype=torch.bfloat16, memory_format=torch.channels_last)
+            # nn.Module.to takes memory_format; torch's overloads of it leave it out
+            self.extractor.to(dtype=torch.bfloat16, memory_format=torch.channels_last)  # type: ignore[call-overload]
         elif precision == "float32":
-            self.extractor.to(dtype=torch.float32, memory_format=torch.contiguous_format)
+            self.extractor.to(dtype=torch.float32, memory_format=torch.contiguous_format)  # type: ignore[call-overload]
         else:
             raise ValueError(f"backbone precision: choose auto, float32 or bfloat16, got {precision!r}")
         self.precision = precision
@@ -373,7 +377,7 @@ class Backbone(nn.Module):
         x = (images.to(self.mean.device, self.mean.dtype) - self.mean) / self.std
         if self.precision == "bfloat16":
             x = x.to(dtype=torch.bfloat16, memory_format=torch.channels_last)
-        feats = self._openvino(x) if self.runtime == "openvino" else self.extractor(x)
+        feats = self._openvino(x) if self.runtime == "openvino" and self._openvino is not None else self.extractor(x)
         return {tap: F.normalize(feats[tap].float(), dim=1) for tap in self.config.taps}
 
     def feature_shapes(self, image_size: int | None = None) -> dict[str, tuple[int, int, int]]:

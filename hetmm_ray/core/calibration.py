@@ -38,28 +38,69 @@ The ``far`` rule (default): estimated false-alarm rate -> threshold
     log-normal, Gumbel, gamma, Weibull and Student-t tails (medians 0.07-3 %
     at a = 1 %; it errs towards fewer false alarms on light tails).
 
-    ``false_alarm_rate(t)`` inverts ``t(a)`` by bisection on ``log a``, so the
-    rate reported with a threshold is the one that would have produced it.
+The estimate reported with a threshold: :meth:`TailModel.estimate` (a :class:`FalseAlarmEstimate`)
+    The estimate comes from the regime that sets a threshold there, so the rate printed
+    beside a threshold is the one it came from, the floor included. With ``m`` the number
+    of the ``n`` OOF scores strictly above ``t``, and ``floor = x_(n-2)``:
+
+    * ``t <= floor`` (every threshold the empirical rank or the floor gives):
+      ``rate = (m + 1) / (n + 1)``, the conformal rate: for an exchangeable new good
+      part and ``t`` the ``(n - m)``-th smallest score, ``P(score > t)`` is exactly that
+      (the far rule's ``x_(k)`` reports ``(n + 1 - k) / (n + 1)``, at most the asked rate
+      and at least ``1/(n+1)`` below it). When the floor decides a parametric-regime rate,
+      this is the floor's own rate, which may exceed the asked one: the data put the
+      threshold there, not the tail model.
+    * ``t > floor`` (the tail model's own thresholds): ``rate = 1 - Phi((ln t - mu) / s)``,
+      at most the rate at the floor (the estimate never rises with the threshold) and
+      at least the interval's lower bound below (never fewer false alarms than the scores
+      above ``t`` allow), and at least ``MIN_RATE``.
+
+    Its error, stated wherever the estimate is shown: the Clopper-Pearson interval at
+    ``ESTIMATE_CONFIDENCE`` of the share of good parts above ``t`` given ``m`` of ``n``,
+    ``[B(alpha/2; m, n - m + 1), B(1 - alpha/2; m + 1, n - m)]`` (``B(q; a, b)``: the
+    Beta quantile; 0 below at ``m = 0``, 1 above at ``m = n``). It needs no tail shape:
+    for a fixed ``t``, ``m`` is binomial; for ``t = x_(k)`` the share above is
+    ``Beta(n + 1 - k, k)``, inside the same bounds. Out-of-fold scores come from templates
+    without the scored image's fold, so a part scored by the full product sits at or a
+    little below them: the interval is of the OOF scores' own tail.
+
+    ``false_alarm_rate(t)`` is ``estimate(t).rate``.
+
+The far rule at a few rates: :func:`rate_choices`
+    For each rate: the threshold ``t(a)``, its :meth:`TailModel.estimate` (so the good frames above
+    it), and given labelled scores the confirmed defects and labelled good parts above it
+    (``score > t``, as every verdict). One function for the fit's output, the labelled
+    calibration's record and the console.
 """
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property, lru_cache
 from statistics import NormalDist
+from typing import Any
 
 import torch
 
 __all__ = [
+    "ESTIMATE_CONFIDENCE",
     "MAX_RATE",
     "MIN_RATE",
     "TAIL_POINTS",
+    "FalseAlarmEstimate",
     "OutOfFold",
+    "RateChoice",
     "TailModel",
+    "beta_quantile",
+    "clopper_pearson",
+    "describe_rate_choices",
     "empirical_min_images",
     "fold_plan",
+    "rate_choices",
 ]
 
 TAIL_POINTS = 3
@@ -68,6 +109,8 @@ MIN_RATE = 1e-6
 """Smallest false-alarm rate estimated (thresholds beyond it report this)."""
 MAX_RATE = 0.5
 """Largest false-alarm rate a threshold rule may ask for (beyond it the median is the threshold)."""
+ESTIMATE_CONFIDENCE = 0.95
+"""Two-sided confidence of the interval stated with every false-alarm estimate."""
 _SEMI_MAD_TO_SIGMA = 0.6744897501960817  # median of |Z| for a standard normal Z
 _LOG_FLOOR = 1e-6  # scores of 0 (a training image identical to another) have no logarithm
 
@@ -149,22 +192,137 @@ class TailModel:
         z = NormalDist().inv_cdf(1.0 - rate)
         return max(self.floor, math.exp(self.mu + z * self.log_scale))
 
-    def false_alarm_rate(self, threshold: float) -> float:
-        """Estimated share of good parts scoring above ``threshold`` (in [MIN_RATE, MAX_RATE])."""
+    def above(self, threshold: float) -> int:
+        """How many of the OOF scores lie strictly above ``threshold``."""
+        return self.n - bisect.bisect_right(self.sorted, threshold)
+
+    def estimate(self, threshold: float) -> FalseAlarmEstimate:
+        """The estimated share of good parts scoring above ``threshold``, from the regime that
+        sets a threshold there, and its interval (module docstring)."""
         if math.isnan(threshold):
             raise ValueError("threshold is NaN")
-        if self.threshold(MIN_RATE) <= threshold:
-            return MIN_RATE
-        if self.threshold(MAX_RATE) > threshold:
-            return MAX_RATE
-        lo, hi = math.log(MIN_RATE), math.log(MAX_RATE)  # threshold(e^lo) > t >= threshold(e^hi)
-        for _ in range(60):
-            mid = 0.5 * (lo + hi)
-            if self.threshold(math.exp(mid)) > threshold:
-                lo = mid
-            else:
-                hi = mid
-        return math.exp(hi)
+        m = self.above(threshold)
+        if threshold <= self.floor:
+            return FalseAlarmEstimate((m + 1) / (self.n + 1), m, self.n, "empirical")
+        at_floor = (self.above(self.floor) + 1) / (self.n + 1)
+        if self.log_scale > 0:
+            z = (math.log(max(threshold, _LOG_FLOOR)) - self.mu) / self.log_scale
+            tail = NormalDist().cdf(-z)
+        else:  # every upper score equal: the model has no tail beyond them
+            tail = 0.0
+        low = clopper_pearson(m, self.n, ESTIMATE_CONFIDENCE)[0]
+        return FalseAlarmEstimate(max(MIN_RATE, low, min(tail, at_floor)), m, self.n, "parametric")
+
+    def false_alarm_rate(self, threshold: float) -> float:
+        """Estimated share of good parts scoring above ``threshold``: ``estimate(threshold).rate``."""
+        return self.estimate(threshold).rate
+
+
+@dataclass(frozen=True)
+class FalseAlarmEstimate:
+    """An estimated false-alarm rate above a threshold and what it rests on (module docstring).
+
+    ``rate``: the point estimate (a fraction); ``above`` of ``n`` out-of-fold good scores lie above
+    the threshold; ``regime``: ``empirical`` (read off the scores) or ``parametric`` (the tail
+    model, beyond the floor); ``low`` / ``high``: the Clopper-Pearson interval at
+    ``ESTIMATE_CONFIDENCE`` from ``above`` of ``n``.
+    """
+
+    rate: float
+    above: int
+    n: int
+    regime: str
+
+    @cached_property
+    def interval(self) -> tuple[float, float]:
+        return clopper_pearson(self.above, self.n, ESTIMATE_CONFIDENCE)
+
+    @property
+    def low(self) -> float:
+        return self.interval[0]
+
+    @property
+    def high(self) -> float:
+        return self.interval[1]
+
+    def describe(self) -> str:
+        """``1.08% (95% interval 0.22-3.11%; 2 of 278 out-of-fold good scores above)``."""
+        lo, hi = self.interval
+        model = "" if self.regime == "empirical" else "tail model; "
+        return (
+            f"{100 * self.rate:.2f}% ({model}{100 * ESTIMATE_CONFIDENCE:g}% interval {100 * lo:.2f}-{100 * hi:.2f}%; "
+            f"{self.above} of {self.n} out-of-fold good scores above)"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        lo, hi = self.interval
+        return {
+            "rate": self.rate,
+            "low": lo,
+            "high": hi,
+            "confidence": ESTIMATE_CONFIDENCE,
+            "above": self.above,
+            "n": self.n,
+            "regime": self.regime,
+        }
+
+
+@lru_cache(maxsize=4096)  # pure in its three numbers; every operating point of a product asks the same few
+def clopper_pearson(successes: int, trials: int, confidence: float) -> tuple[float, float]:
+    """The two-sided Clopper-Pearson interval of a binomial share from ``successes`` of ``trials``."""
+    if trials < 1 or not 0 <= successes <= trials:
+        raise ValueError(f"clopper_pearson: need 0 <= successes <= trials >= 1, got {successes} of {trials}")
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"clopper_pearson: confidence must lie in (0, 1), got {confidence!r}")
+    alpha = 1.0 - confidence
+    lo = 0.0 if successes == 0 else beta_quantile(alpha / 2, successes, trials - successes + 1)
+    hi = 1.0 if successes == trials else beta_quantile(1 - alpha / 2, successes + 1, trials - successes)
+    return lo, hi
+
+
+def beta_quantile(q: float, a: float, b: float) -> float:
+    """The ``q``-quantile of Beta(a, b) (a, b > 0), by bisection on the regularized incomplete beta."""
+    lo, hi = 0.0, 1.0
+    for _ in range(80):  # 2^-80: below a float's resolution of [0, 1]
+        mid = 0.5 * (lo + hi)
+        if _betainc(a, b, mid) < q:
+            lo = mid
+        else:
+            hi = mid
+    return 0.5 * (lo + hi)
+
+
+def _betainc(a: float, b: float, x: float) -> float:
+    """The regularized incomplete beta ``I_x(a, b)`` by its continued fraction (modified Lentz),
+    on whichever side of the mean it converges fast."""
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:
+        return 1.0
+    log_front = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
+    if x < (a + 1) / (a + b + 2):
+        return math.exp(log_front) * _beta_fraction(a, b, x) / a
+    return 1.0 - math.exp(log_front) * _beta_fraction(b, a, 1.0 - x) / b
+
+
+def _beta_fraction(a: float, b: float, x: float) -> float:
+    tiny = 1e-300
+    c, d = 1.0, 1.0 - (a + b) * x / (a + 1)
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 10_000):
+        for num in (
+            m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+            -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1)),
+        ):
+            d = 1.0 + num * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + num / c
+            c = c if abs(c) > tiny else tiny
+            h *= d * c
+        if abs(d * c - 1.0) < 1e-14:
+            break
+    return h
 
 
 def empirical_min_images(rate: float) -> int:
@@ -270,3 +428,91 @@ def recall_cut(cuts: Sequence[LabelledCut], max_false_alarm_rate: float) -> Labe
     (ties: the higher threshold). The flag-none cut always qualifies."""
     ok = [c for c in cuts if c.false_alarm_rate <= max_false_alarm_rate + 1e-12]
     return max(ok, key=lambda c: (c.recall, c.threshold))
+
+
+# --- the rate chosen with the facts in view (fit / update / calibrate output, the console) ----------
+@dataclass(frozen=True)
+class RateChoice:
+    """The far rule's threshold at one false-alarm ``rate`` and what it costs.
+
+    ``estimate``: :meth:`TailModel.estimate` of the threshold (``estimate.above`` of ``estimate.n``
+    out-of-fold good scores lie above it). With labelled scores: ``defective_flagged`` of
+    ``defective`` confirmed defects and ``good_flagged`` of ``good`` labelled good parts score above
+    the threshold (``is_anomaly = score > threshold``, as every verdict)."""
+
+    rate: float
+    threshold: float
+    estimate: FalseAlarmEstimate
+    defective: int = 0
+    defective_flagged: int = 0
+    good: int = 0
+    good_flagged: int = 0
+
+    @property
+    def recall(self) -> float | None:
+        """Share of the labelled defects flagged; None without any."""
+        return self.defective_flagged / self.defective if self.defective else None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "rate": self.rate,
+            "threshold": self.threshold,
+            "good_above": self.estimate.above,
+            "n_good": self.estimate.n,
+            "estimate": self.estimate.to_json(),
+            "recall": self.recall,
+            "defective": self.defective,
+            "defective_flagged": self.defective_flagged,
+            "labelled_good": self.good,
+            "labelled_good_flagged": self.good_flagged,
+        }
+
+
+def rate_choices(
+    scores: Sequence[float],
+    rates: Sequence[float],
+    *,
+    defective_scores: Sequence[float] = (),
+    good_scores: Sequence[float] = (),
+) -> list[RateChoice]:
+    """The far rule at each of ``rates`` on the out-of-fold good ``scores`` (:class:`RateChoice`), and,
+    given labelled scores, how many confirmed defects and labelled good parts each flags."""
+    tail = TailModel(scores)
+    bad = [float(s) for s in defective_scores]
+    good = [float(s) for s in good_scores]
+    out = []
+    for rate in rates:
+        t = tail.threshold(rate)
+        out.append(
+            RateChoice(
+                rate=float(rate),
+                threshold=t,
+                estimate=tail.estimate(t),
+                defective=len(bad),
+                defective_flagged=sum(s > t for s in bad),
+                good=len(good),
+                good_flagged=sum(s > t for s in good),
+            )
+        )
+    return out
+
+
+def describe_rate_choices(rows: Sequence[dict[str, Any]]) -> str:
+    """The table ``hetmm fit``, ``update`` and ``calibrate`` print, from :meth:`RateChoice.to_json` rows:
+    per rate the threshold, the good scores above it, the estimate with its interval, and the
+    recall where defects are labelled."""
+    labelled = any(r["defective"] for r in rows)
+    conf = f"{100 * ESTIMATE_CONFIDENCE:g}%"
+    head = f"{'far rate':>8}  {'threshold':>9}  {'good above':>10}  estimated false alarms ({conf} interval)"
+    lines = [head + ("" if not labelled else "  recall on labelled defects")]
+    for r in rows:
+        e = r["estimate"]
+        above = f"{e['above']} of {e['n']}"
+        row = (
+            f"{100 * r['rate']:>7g}%  {r['threshold']:>9.4f}  {above:>10}  "
+            f"{100 * e['rate']:.2f}% ({100 * e['low']:.2f}-{100 * e['high']:.2f}%)"
+        )
+        if labelled:
+            row = f"{row:<74}  {100 * (r['recall'] or 0.0):.1f}% ({r['defective_flagged']} of {r['defective']})"
+        lines.append(row)
+    return "\n".join(lines)

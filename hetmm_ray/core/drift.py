@@ -1,4 +1,4 @@
-"""Drift statistics of a line: pure functions over one window of inspected parts (issue 23, item 4).
+"""Drift statistics of a line: pure functions over one window of inspected parts.
 
 Exact semantics (each function below states its own):
 

@@ -47,6 +47,7 @@ from __future__ import annotations
 import re
 from importlib import resources
 from pathlib import Path
+from typing import cast
 
 import torch
 from torch import Tensor, nn
@@ -131,7 +132,7 @@ def timm_state_dict(state: dict[str, Tensor], model: nn.Module) -> dict[str, Ten
     Flat block ``N`` is the ``N``-th block of ``model.blocks`` in stage order. Every key must
     map, every target key must be filled exactly once, and shapes must agree.
     """
-    flat = [f"blocks.{s}.{b}" for s, stage in enumerate(model.blocks) for b in range(len(stage))]
+    flat = [f"blocks.{s}.{b}" for s, stage in enumerate(stages_of(model)) for b in range(len(stage))]
     top = {"_conv_stem": "conv_stem", "_bn0": "bn1", "_conv_head": "conv_head", "_bn1": "bn2", "_fc": "classifier"}
     target = model.state_dict()
     out: dict[str, Tensor] = {}
@@ -163,16 +164,22 @@ def timm_state_dict(state: dict[str, Tensor], model: nn.Module) -> dict[str, Ten
     return out
 
 
+def stages_of(model: nn.Module) -> list[nn.Sequential]:
+    """The stages of timm's EfficientNet (``model.blocks``: a Sequential of Sequentials of blocks)."""
+    return [cast(nn.Sequential, stage) for stage in cast(nn.Sequential, model.blocks)]
+
+
 def parse_taps(model: nn.Module, taps: tuple[str, ...]) -> list[tuple[int, int | None]]:
     """(stage, block or None) for every tap, validated against ``model``; ValueError names the bad one."""
+    stages = stages_of(model)
     parsed = []
     for tap in taps:
         m = _TAP.match(tap)
         stage = int(m.group(1)) if m else -1
         block = int(m.group(2)) if m and m.group(2) is not None else None
-        ok = m is not None and stage < len(model.blocks) and (block is None or block < len(model.blocks[stage]))
+        ok = m is not None and stage < len(stages) and (block is None or block < len(stages[stage]))
         if not ok:
-            shape = [len(s) for s in model.blocks]
+            shape = [len(s) for s in stages]
             raise ValueError(
                 f"unknown tap {tap!r}: use blocks.S (stage S output) or blocks.S.B (block B of stage S); "
                 f"blocks per stage {shape}"
@@ -187,23 +194,24 @@ class LiteTaps(nn.Module):
     def __init__(self, model: nn.Module, taps: tuple[str, ...]) -> None:
         super().__init__()
         where = parse_taps(model, taps)
+        stages = stages_of(model)
         self.taps = taps
         # (stage, block) -> taps read there; a stage tap is read after the stage's last block
         self._reads: dict[tuple[int, int], list[str]] = {}
         for tap, (stage, block) in zip(taps, where, strict=True):
-            at = (stage, len(model.blocks[stage]) - 1 if block is None else block)
+            at = (stage, len(stages[stage]) - 1 if block is None else block)
             self._reads.setdefault(at, []).append(tap)
         self._last = max(self._reads)
-        self.conv_stem = model.conv_stem
-        self.bn1 = model.bn1
+        self.conv_stem = cast(nn.Module, model.conv_stem)
+        self.bn1 = cast(nn.Module, model.bn1)
         # Only the stages that are run are kept (the head, later stages and classifier are dropped).
-        self.blocks = nn.Sequential(*list(model.blocks)[: self._last[0] + 1])
+        self.blocks = nn.Sequential(*stages[: self._last[0] + 1])
 
     def forward(self, x: Tensor) -> dict[str, Tensor]:
         x = self.bn1(self.conv_stem(x))
         out: dict[str, Tensor] = {}
         for s, stage in enumerate(self.blocks):
-            for b, block in enumerate(stage):
+            for b, block in enumerate(cast(nn.Sequential, stage)):
                 x = block(x)
                 for tap in self._reads.get((s, b), ()):
                     out[tap] = x

@@ -5,15 +5,15 @@ Semantics: ``OpenVinoTaps(extractor, taps, identity)(x)`` returns what ``extract
 computed by an OpenVINO model converted from the same network with inference precision f32.
 Equal to the torch network within float32 rounding: relative differences ~1e-6 on
 mobilenet_v2, ResNets and EfficientNet-Lite (tests/unit/core/test_fast_runtime.py bounds them at
-1e-5 and checks that no verdict moves; BENCHMARKS.md "Throughput" has the timings).
+1e-5 and checks that no verdict moves; docs/performance.md has the timings).
 
 Why: on this project's AVX2 CPUs torch runs mobilenet-class backbones as a chain of small,
 separate oneDNN primitives; OpenVINO fuses them (conv + activation + residual) and schedules
-the graph as one, measured 4-6x faster for mobilenet_v2 and efficientnet_lite0 at 256 px,
-batch 8, 2 threads. No weights are rounded (f32 hint, so CPUs with bf16 units do not switch
-precision behind our back) and thread pinning is off (Ray runs several processes per host).
+the graph as one, which is faster (docs/performance.md). No weights are rounded (f32 hint, so
+CPUs with bf16 units do not switch precision behind our back) and thread pinning is off (Ray runs
+several processes per host).
 
-A conversion traces the network (seconds to tens of seconds on a busy 2-core box), so it is
+A conversion traces the network (seconds or more on a busy machine), so it is
 done once per machine: the converted model is saved in OpenVINO's own format (an XML graph and
 a raw weights file, never a pickle) under ``cache_dir`` (config.MODEL_CACHE_ENV, default
 ``~/.cache/hetmm/openvino``), named by a digest of the network's identity (backbone name,
@@ -42,7 +42,7 @@ refused with an error. Why, two causes of the same abort:
   tensor freed between two calls). A thread parked on a lock holds no C++ frame and never asks
   for the GIL again, so finalization cannot end it that way. The thread pools of this package are
   not daemons (``concurrent.futures`` joins them before exit hooks run); the park is for a
-  caller's own daemon threads (issue 41).
+  caller's own daemon threads.
 """
 
 from __future__ import annotations

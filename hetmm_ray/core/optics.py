@@ -2,7 +2,7 @@
 
 PTS (docs/algorithm.md §4) clusters the N bank vectors of every pixel separately:
 thousands of independent OPTICS runs over a few hundred points each. Per pixel,
-scikit-learn's ``compute_optics_graph(metric="precomputed")`` costs ~90 ms,
+scikit-learn's ``compute_optics_graph(metric="precomputed")`` is slow,
 almost all of it Python overhead around an O(N) update per step. Its scan is
 a fixed procedure, identical at every pixel, so here it runs for P pixels in
 lockstep: N steps, each a handful of (P, N) tensor operations.
@@ -29,7 +29,7 @@ reachabilities ``around(max(D, core), 15)`` are computed up front in one pass.
 The Xi cluster extraction (``cluster_optics_xi``) is a per-set walk over the
 steep points of the reachability plot. It is ported statement for statement
 (:func:`_xi_labels_one`) onto Python lists, with the steepness flags computed
-for all sets at once in numpy: ~3-5x faster than calling scikit-learn per
+for all sets at once in numpy: faster than calling scikit-learn per
 pixel, and the tests check it against scikit-learn's ``cluster_optics_xi`` called per
 set. Labels equal ``OPTICS(metric="precomputed", ...).fit(D).labels_``.
 

@@ -1,4 +1,4 @@
-"""Pixel AUROC and PRO over maps that arrive one image at a time, in bounded memory (issue 40).
+"""Pixel AUROC and PRO over maps that arrive one image at a time, in bounded memory.
 
 Exact semantics of :class:`PixelMetrics`:
 
@@ -145,6 +145,11 @@ class PixelMetrics:
         return float(np.sum(pos.astype(np.float64) * neg)) / (2.0 * float(pos.sum()) * float(neg.sum()))
 
     def pro(self) -> float:
+        return pro_area(*self.pro_curve(), self.fpr_limit)
+
+    def pro_curve(self) -> tuple[np.ndarray, np.ndarray]:
+        """The PRO curve ``(fpr, pro)`` that :meth:`pro` integrates, every threshold's point from
+        the highest score down (exact, or at the bin edges once binned), over all FPRs."""
         if self._regions == 0:
             raise ValueError("PRO is undefined without ground-truth regions: masks contain no positive pixel")
         if self.exact:
@@ -152,7 +157,7 @@ class PixelMetrics:
             background = ~np.concatenate(self._labels)
             weights = np.concatenate(self._weights) / self._regions
             self._check(1, int(np.count_nonzero(background)))
-            return pro_area(*pro_curve(scores, background, weights), self.fpr_limit)
+            return pro_curve(scores, background, weights)
         neg, wsum, pos = self._neg, self._wsum, self._pos
         assert neg is not None and wsum is not None and pos is not None
         n_background = int(neg.sum())
@@ -160,4 +165,4 @@ class PixelMetrics:
         occupied = np.flatnonzero((neg + pos) > 0)[::-1]  # from the highest bin down
         fpr = np.concatenate(([0.0], np.cumsum(neg[occupied], dtype=np.float64) / n_background))
         pro = np.concatenate(([0.0], np.cumsum(wsum[occupied]) / self._regions))
-        return pro_area(fpr, pro, self.fpr_limit)
+        return fpr, pro

@@ -193,6 +193,7 @@ def kmeans_centres(x: np.ndarray, k: int, seed: int) -> np.ndarray:
     x = np.ascontiguousarray(x, dtype=np.float32)
     km = faiss.Kmeans(x.shape[1], k, seed=int(seed), spherical=True, min_points_per_centroid=1, verbose=False)
     km.train(x)
+    assert km.centroids is not None  # set by train
     return km.centroids.reshape(k, x.shape[1])
 
 

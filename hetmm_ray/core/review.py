@@ -1,6 +1,6 @@
 """The review band: a three-way verdict ``ok | review | reject`` beside the boolean ``is_anomaly``.
 
-Exact semantics (issue 23, item 5):
+Exact semantics:
 
 - A product may set ``threshold.review_false_alarm_rate`` = ``r`` (None: no band, the default).
   The *review threshold* is the far rule's threshold at rate ``r`` on the version's out-of-fold
@@ -16,7 +16,10 @@ Exact semantics (issue 23, item 5):
 
 from __future__ import annotations
 
-from .scoring import Calibration
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # a type only: the verdict's words load without torch (a station, the record's writer)
+    from .scoring import Calibration
 
 __all__ = ["VERDICTS", "review_threshold", "verdict"]
 

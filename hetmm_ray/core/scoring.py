@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..config import THRESHOLD_RULES, THRESHOLD_WARN_OVER_HIGHEST, DetectorConfig
-from .calibration import TailModel, check_rate, empirical_min_images
+from .calibration import FalseAlarmEstimate, TailModel, check_rate, empirical_min_images
 from .geometry import Box, crop
 
 __all__ = [
@@ -57,9 +57,8 @@ def _blurred_content(
 
     Zero outside, not reflect at the content's edge: the pad is "nothing there", so it counts
     as no anomaly. Reflecting would mirror an edge artefact of a good crop into a full-strength
-    blob; on battery_weld (thin crops of varied height) the zero rule scored 99.57 image AUROC
-    against 99.08 for reflect, equal on a synthetic varied-aspect product and (by construction)
-    on square products; BENCHMARKS.md "Image geometry". The canvas edge itself keeps the blur's
+    blob; on products of varied aspect the zero rule scores at least as well as reflect, and
+    (by construction) the same on square products; docs/performance.md. The canvas edge itself keeps the blur's
     reflect padding, as squash does at an image's edge.
 
     ``regions`` (``core/region.py``: one bool mask of each box's shape): pixels outside the
@@ -137,6 +136,8 @@ class OperatingPoint:
     # the highest out-of-fold good score and how many there were. None: a rule not read off them.
     highest_good: float | None = field(default=None, compare=False)
     n_good: int = field(default=0, compare=False)
+    # The estimate behind ``false_alarm_rate``: its interval and how many good scores lie above.
+    estimate: FalseAlarmEstimate | None = field(default=None, compare=False)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -210,23 +211,26 @@ class Calibration:
     def operating_point(self, rule: str, *, sigmas: float = 3.0, false_alarm_rate: float = 0.01) -> OperatingPoint:
         """The threshold of ``rule`` and its estimated false-alarm rate."""
         tail = TailModel(self.scores)
-        seen = {"highest_good": tail.sorted[-1], "n_good": tail.n}  # for OperatingPoint.warning
+        seen: dict[str, Any] = {"highest_good": tail.sorted[-1], "n_good": tail.n}  # for OperatingPoint.warning
         if rule == "far":
             rate = check_rate(false_alarm_rate)
             t = tail.threshold(rate)
-            return OperatingPoint(t, "far", tail.false_alarm_rate(t), rate, **seen)
+            est = tail.estimate(t)
+            return OperatingPoint(t, "far", est.rate, rate, **seen, estimate=est)
         if rule == "sigmas":
             if not (math.isfinite(sigmas) and sigmas >= 0):
                 raise ValueError(f"sigmas must be a finite number >= 0, got {sigmas!r}")
             t = self.threshold(sigmas)
-            return OperatingPoint(t, "sigmas", tail.false_alarm_rate(t), float(sigmas), **seen)
+            est = tail.estimate(t)
+            return OperatingPoint(t, "sigmas", est.rate, float(sigmas), **seen, estimate=est)
         if rule == "validation":
             if not self.validation:
                 raise ValueError(
                     "threshold rule 'validation' needs a labelled validation result: run hetmm calibrate --val DIR"
                 )
             t = float(self.validation["threshold"])
-            return OperatingPoint(t, "validation", tail.false_alarm_rate(t), None)
+            est = tail.estimate(t)
+            return OperatingPoint(t, "validation", est.rate, None, estimate=est)
         raise ValueError(f"unknown threshold rule {rule!r}; choose one of {', '.join(THRESHOLD_RULES)}")
 
     @property

@@ -26,12 +26,10 @@ Exact semantics (all sizes in the frame's own pixels):
   (it is never cut into tiles smaller than the canvas, i.e. never upsampled because of tiles).
   :data:`AUTO_MAX_SCALE` = 2.0. Why 2: the finest feature tap has a stride of 4 canvas pixels, so at
   scale 2 a feature cell spans 8 frame pixels: a 5-8 px pit still fills most of a cell and a 1-2 px
-  hairline stays at least half a canvas pixel wide along its whole length, while at the issue's
+  hairline stays at least half a canvas pixel wide along its whole length, while at
   1/8-1/10 scales both fall under a quarter of a cell. Scale 1 would cost 4x the tiles (ATMM and
-  backbone cost grow with the tile count) for defects already visible at 2, and measured (BENCHMARKS.md,
-  bsd_pitting) it gains on bsd_pitting (2 x 5: image AUROC 95.4 against 93.1) but loses on bottle
-  (4 x 4: 99.8 against 100.0) and on the 2048-px surface (8 x 8: 10 % of good frames flagged
-  against 0). And with ``n >= 2``
+  backbone cost grow with the tile count) for defects already visible at 2, and measured it gains on
+  some products and loses on others (docs/performance.md). And with ``n >= 2``
   chosen as the smallest count at factor 2, tiles are at least ``canvas`` long on that axis
   (``n - 1`` tiles were longer than ``2 * canvas``, so ``n`` tiles are longer than
   ``2 * canvas * (n - 1) / n >= canvas``): auto never upsamples a tile either.

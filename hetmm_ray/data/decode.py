@@ -31,10 +31,10 @@ EXIF orientation is not applied: industrial cameras do not set it and the
 detector compares images pixel by pixel as the sensor delivered them.
 
 Pixels of intact 8-bit RGB PNGs (what line cameras and datasets mostly write) are decoded by
-libpng through ``imagecodecs`` when it is installed: about 2x faster than Pillow's decoder, the
+libpng through ``imagecodecs`` when it is installed: faster than Pillow's decoder, the
 same pixels (a lossless format; tests/unit/core/test_fast_runtime.py compares them), and the GIL released
 while it works, so the decode threads of ``predict`` really run beside the scoring (pyspng,
-as fast, holds the GIL: measured no gain from a second thread). Anything else, and any PNG
+as fast, holds the GIL, so a second thread gains nothing). Anything else, and any PNG
 libpng refuses, goes through Pillow, which then accepts or refuses it exactly as before.
 
 Pillow's global decompression-bomb limit (``Image.MAX_IMAGE_PIXELS``) is never
@@ -48,6 +48,7 @@ import io
 import os
 import stat
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -185,8 +186,11 @@ def _check_dimensions(size: tuple[int, int], source: str, max_pixels: int, min_s
 
 
 # --- fast path -------------------------------------------------------------------
+_png_decode: Callable[..., np.ndarray] | None
 try:  # optional: a faster decoder for the commonest input; Pillow decodes everything without it
-    from imagecodecs import png_decode as _png_decode
+    from imagecodecs import png_decode as _imagecodecs_png_decode
+
+    _png_decode = _imagecodecs_png_decode
 except ImportError:  # pragma: no cover - imagecodecs is a declared dependency
     _png_decode = None
 
@@ -205,7 +209,7 @@ def _is_plain_intact_rgb8_png(raw: bytes) -> bool:
     (always the first chunk) declares bit depth 8 and colour type 2; there is no tRNS chunk
     (Pillow keeps such images' transparency apart, libpng's default output would not); every
     chunk's CRC matches and the file ends with IEND, as Pillow checks before it decodes (libpng
-    checks the critical chunks only; ~1 ms here for a 900x900 image, GIL released)."""
+    checks the critical chunks only; runs with the GIL released)."""
     if len(raw) < 33 or not raw.startswith(_PNG_SIGNATURE) or raw[12:16] != b"IHDR":
         return False
     if raw[24] != 8 or raw[25] != 2:
@@ -359,8 +363,9 @@ def resize_to_geometry(image: np.ndarray, size: int, geometry: str = "squash") -
 
 
 def canvas_digest(image: np.ndarray, size: int, geometry: str = "squash") -> str:
-    """The digest ``hetmm fit``, ``update`` and ``evaluate`` stored for an image before issue 38: its
-    :func:`~hetmm_ray.core.device.image_digest` after :func:`resize_to_geometry` (they resized first).
+    """The digest ``hetmm fit``, ``update`` and ``evaluate`` stored for an image before digests were
+    of decoded frames: its :func:`~hetmm_ray.core.device.image_digest` after :func:`resize_to_geometry`
+    (they resized first).
 
     Every path now stores the digest of the decoded frame (what the service always stored); a hot
     update also compares this one with the bank's, so an image of a product stored with canvas

@@ -1,9 +1,9 @@
 """Raw camera frames: the pixels as a camera hands them over, with their size and pixel format.
 
 A station that takes frames from a camera has them as pixels already. Encoding them to PNG there
-only for the replica to decode them again costs CPU on both sides and bytes on the wire (issue 39,
-item 5; measured in BENCHMARKS.md, "Raw frames"). A :class:`RawFrame` travels as it is (the gRPC
-``Image.raw`` message) and becomes the RGB array every scoring path takes here.
+only for the replica to decode them again costs CPU on both sides and bytes on the wire
+(docs/performance.md). A :class:`RawFrame` travels as it is (the gRPC ``Image.raw`` message) and
+becomes the RGB array every scoring path takes here.
 
 Exact semantics:
 

@@ -109,6 +109,11 @@ class SyntheticSurface:
         """Good part ``index``."""
         return self._finish(self._surface(index), index)
 
+    def with_offset(self, index: int, offset: np.ndarray) -> np.ndarray:
+        """Good part ``index`` with ``offset`` (grey levels, float, the frame's shape) added to its
+        surface before the sensor noise: what another generator draws on this surface."""
+        return self._finish(self._surface(index) + offset, index)
+
     def defect(self, index: int, kind: str) -> SurfaceDefect:
         """The one defect :meth:`defective` draws on part ``index``: its kind, signed contrast, size,
         place and direction (what a benchmark needs to say which defects were missed, and why)."""

@@ -138,8 +138,8 @@ class SyntheticProduct:
         self._pad = math.ceil(0.06 * s) + 4
         n = size + 2 * self._pad
         n_low = n // 8 + 2
-        low = Image.fromarray(rng.standard_normal((n_low, n_low)).astype(np.float32))
-        low = np.asarray(low.resize((n, n), Image.Resampling.BILINEAR))
+        coarse = Image.fromarray(rng.standard_normal((n_low, n_low)).astype(np.float32))
+        low = np.asarray(coarse.resize((n, n), Image.Resampling.BILINEAR))
         self._texture = (5.0 * low + 2.5 * rng.standard_normal((n, n))).astype(np.float32)
         yy, xx = np.mgrid[0:size, 0:size].astype(np.float32)
         self._xx, self._yy = xx, yy

@@ -1,11 +1,10 @@
 """Template hosts: a bounded number of long-lived actors, each holding many (product, layer) shards.
 
-One Python + torch process costs ~300 MB before it holds a template, so one actor per
-(product, layer) made processes and memory grow with products (issue 14: 3 products -> 9
-processes of ~330 MB). Here a shard is data (:class:`~.shard.LayerShard`) and a
-:class:`TemplateHost` actor holds any number of them; the registry starts a fixed number of
-hosts (``ServiceConfig.template_hosts``, e.g. one per GPU or node; SPREAD over nodes) and
-places every shard on one by the rendezvous rule of placement.py.
+A Python + torch process costs hundreds of megabytes before it holds a template, so one actor per
+(product, layer) would make processes and memory grow with products. Here a shard is data
+(:class:`~.shard.LayerShard`) and a :class:`TemplateHost` actor holds any number of them; the
+registry starts a fixed number of hosts (``ServiceConfig.template_hosts``, e.g. one per GPU or
+node; SPREAD over nodes) and places every shard on one by the rendezvous rule of placement.py.
 
 Semantics:
 
@@ -21,7 +20,7 @@ Semantics:
   again, on the slots that are up (by the same rule, so each lost shard goes to its
   next-best slot: the others, from the store, bit for bit). A slot whose actor is gone for
   good (killed without restart) is started afresh for later placements.
-- Candidates (issue 23): beside HEAD's ``(product, layer)`` shards a host holds a candidate
+- Candidates: beside HEAD's ``(product, layer)`` shards a host holds a candidate
   version's shards keyed by ``(product, version, layer)``, placed by the same rule (so a
   candidate's layer lands on the slot of HEAD's same layer while the slots that are up do not
   change). HEAD's keys, placement and behaviour are untouched by them. :meth:`HostPool.adopt`
@@ -73,7 +72,7 @@ class TemplateHost:
         self.store_uri = store_uri
         self.incarnation = uuid.uuid4().hex
         self.shards: dict[tuple[str, str], LayerShard] = {}
-        self.candidates: dict[tuple[str, int, str], LayerShard] = {}  # (product, version, layer), issue 23
+        self.candidates: dict[tuple[str, int, str], LayerShard] = {}  # (product, version, layer)
         self.loads = 0  # shards read from the store (or a bank) by this incarnation
 
     def ping(self) -> dict[str, Any]:
@@ -221,8 +220,7 @@ def _host_options(placement: ShardPlacement, slot: int) -> dict[str, Any]:
         "max_concurrency": HOST_CONCURRENCY,
         # Shards load in the host's threads; with glibc's default of one heap per thread, a freed
         # shard set's read buffers stayed in ever more thread heaps and RSS crept up over load and
-        # free cycles (+35 % after 6 candidates discarded; flat with 2 heaps:
-        # benchmarks/bench_cluster.py candidate-memory).
+        # free cycles; with 2 heaps it stays flat (benchmarks/bench_cluster.py candidate-memory).
         "runtime_env": {"env_vars": {"MALLOC_ARENA_MAX": str(HOST_MALLOC_ARENAS)}},
     }
 
@@ -264,7 +262,7 @@ class HostPool:
         self.incarnations: list[str | None] = [None] * count  # as of the last ping that answered
         self.up: set[int] = set(range(count))
         self.held: list[dict[str, set[str]]] = [{} for _ in range(count)]  # slot -> product -> layers
-        # slot -> (product, candidate version) -> layers (issue 23)
+        # slot -> (product, candidate version) -> layers
         self.cand_held: list[dict[tuple[str, int], set[str]]] = [{} for _ in range(count)]
         self.cand_layers: dict[tuple[str, int], frozenset[str]] = {}  # a loaded candidate's layers
         # Products whose shards a host took with it when it died under another product's load
@@ -272,7 +270,8 @@ class HostPool:
         self.displaced: set[str] = set()
 
     def _start(self, slot: int) -> Any:
-        return TemplateHost.options(**_host_options(self.placement, slot)).remote(slot, self.store_uri)
+        options = _host_options(self.placement, slot)
+        return TemplateHost.options(**options).remote(slot, self.store_uri)  # type: ignore[attr-defined]  # an ActorClass: Ray's stubs type @ray.remote(...) as the class
 
     @property
     def count(self) -> int:
@@ -380,7 +379,7 @@ class HostPool:
             self.handles[slot].drop.remote(product, gone)
         return {layer: ShardHandle(self.handles[slot], slot, product, layer) for layer, slot in slots.items()}
 
-    # --- candidates (issue 23) ---------------------------------------------------------------
+    # --- candidates --------------------------------------------------------------------------
     def candidate_where(self, product: str, version: int) -> dict[str, int]:
         """layer -> slot of candidate ``version``'s shards of ``product`` (those held)."""
         key = (product, int(version))

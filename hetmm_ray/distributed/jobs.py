@@ -17,7 +17,7 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, cast
 
 from ..errors import describe
 from ..records import JobError, JobRecord
@@ -49,10 +49,11 @@ class JobProgress:
 
     def note(self, **fields: Any) -> None:
         """Facts the job's record reports besides progress (e.g. ``skipped_duplicates``)."""
-        self._record.update(fields)
+        self._record.update(cast(JobRecord, fields))  # keys of JobRecord, read by the routes
 
     def __call__(self, done: int, total: int) -> None:
-        self._record["progress"].update(done=done, total=total)
+        progress = self._record["progress"]
+        progress["done"], progress["total"] = done, total
 
 
 class JobBoard:
@@ -101,7 +102,10 @@ class JobBoard:
 
     def get(self, job_id: str) -> JobRecord | None:
         record = self.records.get(job_id)
-        return None if record is None else {**record, "progress": dict(record["progress"])}
+        if record is None:
+            return None
+        copied: JobRecord = {**record, "progress": {**record["progress"]}}
+        return copied
 
     async def wait(self, job_id: str, timeout: float) -> JobRecord | None:
         task = self.tasks.get(job_id)

@@ -55,10 +55,10 @@ def pts_indices_ray(
     n, _, h, w = bank.shape
     total = h * w
     if k >= n or chunk_pixels >= total:
-        out = pts_indices(bank.cpu(), k, init, seed=seed)
+        whole = pts_indices(bank.cpu(), k, init, seed=seed)
         if progress is not None:
             progress(total, total)
-        return out
+        return whole
     ref = ray.put(np.ascontiguousarray(bank.detach().cpu().numpy()))
     task = _pts_chunk.options(num_cpus=num_cpus, num_gpus=num_gpus)
     ranges = {

@@ -1,6 +1,6 @@
 """ProductRegistry: product -> head version and shards, one writer per product.
 
-Shards are data on a bounded number of template hosts (hosts.py; issue 14): the
+Shards are data on a bounded number of template hosts (hosts.py): the
 registry places each (product, layer) on a host by a stable rule (placement.py),
 pings the hosts as it follows the store, and loads a lost host's shards again on
 the others from the store.
@@ -39,7 +39,7 @@ rebuilt from the shards and recalibrated -> published to the store with
 subscribers. If any step fails, the shards are reloaded from the old head and
 the error is raised: the old version keeps serving everywhere.
 
-Candidates (issue 23) are loaded on the template hosts beside HEAD's shards (hosts.py: keyed by
+Candidates are loaded on the template hosts beside HEAD's shards (hosts.py: keyed by
 (product, version, layer)): by the job that publishes one here, and by the store poll, which
 loads the candidates listed in HEAD of each product whose shards are loaded here (or that holds
 a candidate) and unloads those no longer listed (discarded or promoted elsewhere). Loading a
@@ -65,7 +65,7 @@ from ..records import ProductDescription, ProductSnapshot, UnreadableProduct
 from ..store import ProductNotFound, StoreConflict, StoreError, VersionRecord, check_product_name, open_store
 from .hosts import HostPool
 from .jobs import JobBoard, JobProgress
-from .registry_jobs import JobStarters, region_preview
+from .registry_jobs import JobStarters, note_outliers, region_preview
 from .shard import ShardPlacement
 from .steps import JobReport, service_steps
 from .store_watch import follow_store
@@ -176,7 +176,7 @@ class ProductRegistry(JobStarters):
 
     def _candidate(self, publish: str | None, config: DetectorConfig) -> bool:
         """Whether a job publishes a candidate: the request's ``publish``, else the product's, else
-        the service's (issue 23)."""
+        the service's."""
         return publishes_candidate(publish, config.publish, self.publish_default)
 
     async def sync_heads(self) -> None:
@@ -210,7 +210,7 @@ class ProductRegistry(JobStarters):
             await self._follow_candidates(product, listed)
 
     async def _follow_candidates(self, product: str, listed: list[int]) -> None:
-        """The store poll's part for candidates (issue 23): load the candidates of ``listed`` (HEAD's
+        """The store poll's part for candidates: load the candidates of ``listed`` (HEAD's
         list) not fully held, unload those held and no longer listed. Only for a product whose HEAD
         shards are loaded here, or that holds a candidate; skipped while a writer holds the product's
         lock (a job publishing one loads it itself; the next poll looks again). A candidate that
@@ -233,7 +233,7 @@ class ProductRegistry(JobStarters):
                     logger.warning("candidate v%s of %s not loaded (%s: %s)", version, product, type(exc).__name__, exc)
 
     async def _load_candidate(self, product: str, version: int, *, complete_ok: bool = False) -> None:
-        """Load candidate ``version``'s layers on the template hosts beside HEAD's (issue 23); with
+        """Load candidate ``version``'s layers on the template hosts beside HEAD's; with
         ``complete_ok`` nothing is done (nothing read) when every layer is already held."""
         if complete_ok and self.hosts.candidate_complete(product, version):
             return
@@ -304,6 +304,7 @@ class ProductRegistry(JobStarters):
             region=config.region is not None,
             tiles=tuple(int(v) for v in config.geometry.tiles),  # type: ignore[arg-type]
             threshold_warning=None if op is None else op.warning(),
+            false_alarm_estimate=None if op is None or op.estimate is None else op.estimate.to_json(),
         )
 
     async def settings(self, product: str) -> dict[str, Any]:
@@ -330,7 +331,7 @@ class ProductRegistry(JobStarters):
         version = await asyncio.to_thread(self.store.head, product)
         rec = await asyncio.to_thread(self.store.record, product, version)
         self.shards.pop(product, None)
-        # a head that is a loaded candidate (promoted) takes its shards as they are (issue 23)
+        # a head that is a loaded candidate (promoted) takes its shards as they are
         adopted = await self.hosts.adopt(product, version, list(rec.layers))
         self.shards[product] = adopted or await self.hosts.place(product, list(rec.layers), version)
         await self._publish(product, version, rec)
@@ -423,6 +424,7 @@ class ProductRegistry(JobStarters):
             ts = await asyncio.to_thread(
                 partial(pipeline.fit_features, weights_id=weights_id, config=cfg), _features_to_bank(features), digests
             )
+            note_outliers(progress, ts)
             if progress is not None:
                 progress.stage("publish")
             version = await asyncio.to_thread(self.store.put, product, ts, expect_head=0)
@@ -440,7 +442,7 @@ class ProductRegistry(JobStarters):
     ) -> int:
         """Hot update with new good images' features (layer -> (n, C, H, W)); returns the new version.
 
-        ``candidate``: stored as a candidate beside the head (issue 23); the shards, which appended
+        ``candidate``: stored as a candidate beside the head; the shards, which appended
         and re-selected in place, load the head again, so the head keeps serving unchanged.
 
         Images already in the head's bank (same content digest, or an ``aliases`` entry: the canvas
@@ -467,6 +469,7 @@ class ProductRegistry(JobStarters):
             try:
                 await asyncio.gather(*(shards[k].append.remote(np.asarray(v)[keep]) for k, v in features.items()))
                 calibrated = await asyncio.to_thread(pipeline.refit, grown)
+                note_outliers(progress, calibrated)
                 version = await asyncio.to_thread(
                     partial(self.store.put, candidate=candidate),
                     product,
@@ -492,7 +495,7 @@ class ProductRegistry(JobStarters):
             await self._load_shards(product)
         return version
 
-    # --- candidates (issue 23) ---------------------------------------------------------------
+    # --- candidates --------------------------------------------------------------------------
     async def candidates(self, product: str) -> list[dict[str, Any]]:
         """The product's candidate versions (oldest first): version, the head it was built over,
         when, its threshold and estimated false-alarm rate. ProductNotFound for an unknown product."""
@@ -582,7 +585,7 @@ def get_registry(
     ``placement``: :class:`~hetmm_ray.distributed.shard.ShardPlacement` fields for its shards
     (used when this call creates the actor).
     """
-    return ProductRegistry.options(
+    return ProductRegistry.options(  # type: ignore[attr-defined]  # an ActorClass: Ray's stubs type @ray.remote(...) as the class
         name=registry_name(store_uri),
         namespace=namespace,
         get_if_exists=True,

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import replace
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import ray
@@ -32,6 +32,11 @@ from .registry_tasks import (
     with_region_in_task,
 )
 
+if TYPE_CHECKING:
+    from ..fitting import FitPipeline
+    from ..store.manifest import VersionRecord
+    from ..store.protocol import Store
+
 __all__ = ["COMPARE_MAX_MAPS", "JobStarters", "region_preview"]
 
 COMPARE_MAX_MAPS = 50  # flips whose two heat-maps a compare job's record carries (the rest: scores only)
@@ -45,11 +50,48 @@ def _numpy(t: torch.Tensor) -> np.ndarray:
 class JobStarters:
     """The admin routes' jobs (module docstring); mixed into the registry actor."""
 
-    store: Any
+    store: Store
     store_uri: str
     jobs: Any
     shards: dict[str, Any]
     versions: dict[str, int]
+
+    if TYPE_CHECKING:  # the registry's own members these jobs call (distributed/registry.py)
+
+        def _lock(self, product: str) -> asyncio.Lock: ...
+
+        def _candidate(self, publish: str | None, config: DetectorConfig) -> bool: ...
+
+        def _pipeline(
+            self, config: DetectorConfig, progress: JobProgress | None, shards: dict[str, Any] | None = None
+        ) -> FitPipeline: ...
+
+        async def head(self, product: str) -> int: ...
+
+        async def _load_shards(self, product: str) -> int: ...
+
+        async def _publish(self, product: str, version: int, source: TemplateSet | VersionRecord) -> None: ...
+
+        async def _publish_candidate(self, product: str, version: int) -> None: ...
+
+        async def create(
+            self,
+            product: str,
+            config: dict[str, Any],
+            features: dict[str, np.ndarray],
+            digests: list[str],
+            progress: JobProgress | None = None,
+        ) -> int: ...
+
+        async def update(
+            self,
+            product: str,
+            features: dict[str, np.ndarray],
+            digests: list[str],
+            progress: JobProgress | None = None,
+            candidate: bool = False,
+            aliases: list[str] | None = None,
+        ) -> int: ...
 
     async def _extract(
         self,
@@ -90,13 +132,15 @@ class JobStarters:
         cfg = DetectorConfig.from_dict(config)
         if product in await asyncio.to_thread(self.store.products):
             raise StoreConflict(f"product {product!r} already exists; add images with .../normals")
-        from ..tiled import auto_tiles, resolve_tiles
+        from ..tiled import choose_geometry
 
-        auto = None
-        if cfg.geometry.tiles == "auto":  # the grid and why (min_defect_px or the scale rule), for the job's record
-            auto = await asyncio.to_thread(auto_tiles, cfg, images)
-        cfg = await asyncio.to_thread(resolve_tiles, cfg, images)  # tiles: auto -> a grid (1 x 1: untiled)
-        note = {} if auto is None else {"tiles_auto": {"tiles": [auto[0], auto[1]], "why": auto[2]}}
+        # The fit's one rule (tiles auto, min_defect_px -> a grid; 1 x 1: untiled), and why for the job's record
+        choice = await asyncio.to_thread(choose_geometry, cfg, images)
+        cfg = choice.config
+        note = {}
+        if choice.why is not None or choice.canvas_why is not None:
+            chosen = {"tiles": list(choice.tiles), "why": choice.why}
+            note = {"tiles_auto": chosen if choice.canvas_why is None else {**chosen, "canvas": choice.canvas_why}}
         if whole_frames(cfg):
             return self.jobs.start("create", product, partial(self._create_in_task, product, cfg, images, note))
 
@@ -116,6 +160,7 @@ class JobStarters:
         progress.stage("tile features and fit", len(images))
         me = ray.get_runtime_context().current_actor
         ts = await fit_in_task.remote(cfg.to_dict(), images, me, progress.job_id)
+        note_outliers(progress, ts)
         async with self._lock(product):
             progress.stage("publish")
             version = await asyncio.to_thread(self.store.put, product, ts, expect_head=0)
@@ -327,6 +372,7 @@ class JobStarters:
                 if product not in self.shards or self.versions.get(product) != head:
                     await self._load_shards(product)
                 return head
+            note_outliers(progress, ts)
             progress.stage("publish")
             version = await asyncio.to_thread(
                 partial(self.store.put, candidate=candidate), product, ts, expect_head=head
@@ -336,6 +382,22 @@ class JobStarters:
             elif not await self._adopted_in_place(product, head, version, ts):
                 await self._load_shards(product)
         return version
+
+
+def note_outliers(progress: JobProgress | None, ts: TemplateSet) -> None:
+    """The job record's ``outliers``: the good frames of ``ts``'s bank standing apart (bank index,
+    digest, out-of-fold score; ``core/good_outliers.py``) and its threshold with and without them.
+    Named only, never dropped: dropping is its own command (``hetmm drop``, ``operations.drop``)."""
+    from ..config import OUTLIER_MADS
+    from ..core.good_outliers import outlier_report
+
+    if progress is None or ts.calibration is None:
+        return
+    try:
+        report = outlier_report(ts.calibration, ts.config, ts.image_digests, mads=OUTLIER_MADS)
+    except ValueError:  # scores not of this bank's fold plan: nothing to name them by
+        return
+    progress.note(outliers=report.to_json())
 
 
 def _side(ts: TemplateSet) -> dict[str, Any]:

@@ -216,6 +216,7 @@ def connect(address: str | None = None, *, num_cpus: int | None = None) -> None:
         return
     if num_cpus is not None:
         raise ValueError("num_cpus applies to a local Ray only; an existing cluster has its own CPUs")
+    assert address is not None  # no address at all started a local Ray above
     target = _host_port(address)
     if target is not None:
         _probe(address, *target, PROBE_TIMEOUT_S)

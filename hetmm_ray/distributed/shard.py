@@ -2,7 +2,7 @@
 
 :class:`LayerShard` is the shard itself, a plain object. Template hosts
 (distributed/hosts.py) hold many of them in one long-lived process each, so
-processes grow with hosts, not with products (issue 14). :class:`TemplateShard`
+processes grow with hosts, not with products. :class:`TemplateShard`
 is the same object as an actor of its own (one process per shard), kept for
 ad-hoc use and the tests that pin its behaviour.
 

@@ -13,9 +13,9 @@ one task per fold), and a hot update's fixed-K selection on the product's templa
 (:func:`shard_select`).
 
 Why a task per fold: a compressed product's calibration makes ten selections (PTS on a
-762-image bank took half an hour in a row, issue 40). In one process each selection already
+large bank is slow, ten of them in a row much slower). In one process each selection already
 uses every core, so running them side by side there would gain nothing; on a cluster the ten
-run at once, each on its own CPUs. Each fold task holds its kept bank (about 90 % of the bank)
+run at once, each on its own CPUs. Each fold task holds its kept bank (all but its fold)
 while it selects.
 """
 
@@ -139,6 +139,7 @@ def service_steps(shards: dict[str, Any] | None = None, report: JobReport | None
     return FitSteps(
         pts=partial(pts_indices_ray, num_cpus=TASK_CPUS),
         select=None if shards is None else partial(shard_select, shards),
-        auto_select=lambda ts: ray.get(_auto_selected.remote(ts, report)),
-        calibrate=lambda ts: ray.get(_calibrated.remote(ts, report)),
+        # Ray's stubs count a remote function's parameters without their defaults (RemoteFunction0)
+        auto_select=lambda ts: ray.get(_auto_selected.remote(ts, report)),  # type: ignore[call-arg]
+        calibrate=lambda ts: ray.get(_calibrated.remote(ts, report)),  # type: ignore[call-arg]
     )

@@ -1,4 +1,4 @@
-"""The inspection record and drift alarms (issue 23, items 3 and 4).
+"""The inspection record and drift alarms.
 
 - :mod:`.layout`: keys in the store, columns, the image policy (no I/O);
 - :mod:`.writer`: :class:`InspectionRecorder`, batches written by a background thread;

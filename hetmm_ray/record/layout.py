@@ -1,6 +1,6 @@
 """Where the inspection record lives in the store, its columns, and which images it keeps (no I/O here).
 
-Exact semantics (issue 23, item 3):
+Exact semantics:
 
 Keys, beside the product's versions (store/versioned.py) so the record lives and is listed with
 the product, in a local folder or under an S3 prefix alike::

@@ -1,6 +1,6 @@
 """Drift alarms per product: sliding windows of inspected parts, judged by core/drift.py.
 
-Exact semantics (issue 23, item 4; the statistics and states are core/drift.py's):
+Exact semantics (the statistics and states are core/drift.py's):
 
 - Each product keeps the parts scored by **one version**, the latest one seen: a part of another
   version starts the product's windows afresh (a new version has its own threshold and
@@ -249,7 +249,7 @@ def series(
         idx = groups[b]
         n = len(idx)
         k = sum(1 for i in idx if flagged[i])
-        rates = [expected[i] for i in idx if expected[i] is not None]
+        rates: list[float] = [e for i in idx if (e := expected[i]) is not None]
         rate = sum(rates) / len(rates) if rates else None
         band = binomial_band(n, rate, alpha) if rate is not None else (None, None)
         passed = [scores[i] for i in idx if not flagged[i]]

@@ -14,7 +14,7 @@ Exact semantics (layout and columns in record/layout.py):
 - :func:`recent_rows`: the newest ``limit`` rows (optionally only flagged ones, ``is_anomaly``),
   newest first, reading the newest day partitions first and stopping once it has enough.
 - :func:`recorded_images`: the kept images of a time range as ``(name, bytes)`` with their rows:
-  the image set of "compare before promote" (issue 23, item 2) when it names the record.
+  the image set of "compare before promote" when it names the record.
 - Rows a writer has not flushed yet are not there (record/writer.py: the crash bound).
 """
 

@@ -1,6 +1,6 @@
 """The inspection record's writer: predictions in, Parquet batches and kept images out, off the predict path.
 
-Exact semantics (issue 23, item 3; keys, columns and image policy in record/layout.py):
+Exact semantics (keys, columns and image policy in record/layout.py):
 
 - :meth:`InspectionRecorder.submit` is all the predict path does: it appends one entry per
   image (references to the upload's bytes and the result dict, no copy, no hashing, no I/O) to a
@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..config import ServiceConfig
+from ..result import verdict_word
 from ..store.base import Backend
 from .layout import COLUMNS, IMAGES, INSPECTIONS, day_of, image_key, image_size_of, keep_image, parquet_key
 
@@ -115,7 +116,8 @@ class _Entry:
 
 
 def _verdict(result: dict[str, Any]) -> str:
-    return str(result.get("verdict") or ("reject" if result.get("is_anomaly") else "ok"))
+    """The result record's verdict (hetmm_ray/result.py); one without a verdict judged by ``is_anomaly``."""
+    return verdict_word(result.get("verdict")) or ("reject" if result.get("is_anomaly") else "ok")
 
 
 def _close_at_exit(ref: weakref.ReferenceType[InspectionRecorder]) -> None:

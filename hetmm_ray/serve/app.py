@@ -42,8 +42,9 @@ def build_application(args: dict[str, Any], deployments: dict[str, dict[str, Any
     unknown = set(options) - {"Ingress", "Detector"}
     if unknown:
         raise ConfigError(f"deployments: unknown deployment(s) {sorted(unknown)}; there are Ingress and Detector")
-    detector = Detector.options(**options.get("Detector", {}))
-    ingress = Ingress.options(**options.get("Ingress", {}))
+    # serve.deployment makes Deployments; Serve's stubs type the decorated classes as the classes
+    detector = Detector.options(**options.get("Detector", {}))  # type: ignore[attr-defined]
+    ingress = Ingress.options(**options.get("Ingress", {}))  # type: ignore[attr-defined]
     return ingress.bind(detector.bind(service.store, service.max_products_per_replica), dataclasses.asdict(service))
 
 

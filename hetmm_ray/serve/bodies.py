@@ -105,7 +105,7 @@ async def parse_form(request: Request, body: bytes, *, max_files: int) -> FormDa
     try:
         return await parser.parse()
     except Exception as exc:  # noqa: BLE001 - the multipart parser's errors vary
-        if "Too many files" in str(exc):  # the parser stops at max_files + 1: the README's 413
+        if "Too many files" in str(exc):  # the parser stops at max_files + 1: docs/service.md's 413
             raise Refused(413, "too_many_images", f"more than {max_files} images in one request") from None
         raise Refused(400, "bad_multipart", f"malformed multipart body ({one_line(exc)})") from None
 
@@ -231,7 +231,7 @@ class RollbackBody(BaseModel):
 
 
 class CompareBody(BaseModel):
-    """``POST .../versions/{v}/compare`` as JSON (issue 23): a server-side ``source`` (folder or
+    """``POST .../versions/{v}/compare`` as JSON: a server-side ``source`` (folder or
     s3:// prefix, as create's; ``store:labels``: the console's labelled set), ``labelled`` (the
     folder is good/ + defect sub-folders: then recall per version), ``base`` (default HEAD), and
     ``since`` / ``until`` (a time range of the product's inspection record: the images it kept)."""
@@ -266,7 +266,7 @@ def typed(model: type[Body], spec: dict[str, Any], *, refusal: str) -> Body:
 
 # --- fields of the admin routes -------------------------------------------------------------------
 def publish_mode(publish: str | None) -> str | None:
-    """A request's ``?publish=`` (issue 23): ``live``, ``candidate`` or absent (the product's setting,
+    """A request's ``?publish=``: ``live``, ``candidate`` or absent (the product's setting,
     else the service's); anything else is a 400."""
     if publish is not None:
         try:
@@ -311,8 +311,8 @@ def tiles_field(given: Any) -> dict[str, Any]:
 
 def geometry_fields(tiles: Any, min_defect_px: Any) -> dict[str, Any]:
     """A create request's ``tiles`` (:func:`tiles_field`) and ``min_defect_px`` (frame pixels: an int, or
-    its text in a form field) as ``geometry`` settings; ``min_defect_px`` without ``tiles`` means
-    ``tiles: auto`` (the grid is picked from it). Values are checked with the product's configuration."""
+    its text in a form field) as ``geometry`` settings, as given: what they mean is the fit's one rule
+    (``tiled.choose_geometry``), as on every other path. Values are checked with the product's configuration."""
     out = {} if tiles is None else tiles_field(tiles)
     if min_defect_px is not None:
         if isinstance(min_defect_px, str):
@@ -320,5 +320,5 @@ def geometry_fields(tiles: Any, min_defect_px: Any) -> dict[str, Any]:
             if not text.isdigit():
                 raise Refused(400, "bad_request", f"'min_defect_px': give frame pixels (an integer), not {text[:40]!r}")
             min_defect_px = int(text)
-        out = {"tiles": "auto", **out, "min_defect_px": min_defect_px}
+        out = {**out, "min_defect_px": min_defect_px}
     return out

@@ -20,7 +20,7 @@ an image already resized to the old canvas (resized again by the replica).
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 import numpy as np
 
@@ -69,31 +69,29 @@ def decode_threads(busy: bool) -> int:
     other requests queued or scoring at the detector; the gRPC replica, images queued or scoring there
     or other requests decoding).
 
-    Why (issue 25): under load the cores are already taken by scoring, so a request decoded in parallel
-    only takes them from the batch being scored, and the decode threads, the torch threads and the
-    request path then contend (measured on 2 cores, 8-image requests from 2 clients: 3-4 % more images/s
-    over HTTP and gRPC with one decode thread, the scoring batch 5 % shorter). A lone request still
-    gets every core: its decode is all there is to do (an 8-image request then decodes in about half
-    the time)."""
+    Why: under load the cores are already taken by scoring, so a request decoded in parallel only
+    takes them from the batch being scored, and the decode threads, the torch threads and the request
+    path then contend (one decode thread serves more images/s there; docs/performance.md). A lone
+    request still gets every core: its decode is all there is to do."""
     return 1 if busy else min(DECODE_THREADS_MAX, usable_cores())
 
 
 def decode_to_canvas(
-    uploads: list[tuple[str, bytes | RawFrame]], canvas: tuple[int, str] | None, busy: bool = False
+    uploads: Sequence[tuple[str, bytes | RawFrame]], canvas: tuple[int, str] | None, busy: bool = False
 ) -> list[np.ndarray]:
     """Decode every upload (encoded bytes, or a camera's :class:`RawFrame` read as it is; ``ImageError``
     names the first bad one, in upload order) and resize it to ``canvas``; several uploads in
     :func:`decode_threads` threads (``busy``: the service is at work).
 
-    Why threads (issue 25): Pillow's decode and resize release the GIL, and an 8-image request decoded
-    one image after another held one core for ~120 ms while the other could idle once the replica had
-    scored the previous batch. The pixels are the same whichever thread decodes them."""
+    Why threads: Pillow's decode and resize release the GIL, and a request decoded one image after
+    another holds one core while the others could idle once the replica has scored the previous
+    batch. The pixels are the same whichever thread decodes them."""
 
-    def one(upload: tuple[str, bytes]) -> np.ndarray:
+    def one(upload: tuple[str, bytes | RawFrame]) -> np.ndarray:
         name, data = upload
         if isinstance(data, RawFrame):
             return data.to_rgb(name) if canvas is None else data.to_canvas(canvas[0], canvas[1], name)
         image = decode_image(data, source=name)
         return image if canvas is None else resize_to_geometry(image, canvas[0], canvas[1])
 
-    return load_batch(uploads, one, decode_threads(busy))  # type: ignore[return-value]
+    return load_batch(uploads, one, decode_threads(busy))

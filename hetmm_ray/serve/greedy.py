@@ -1,13 +1,13 @@
 """Greedy batching for the detector replica: never wait when idle, take what queued when busy.
 
 Serve's ``@serve.batch`` waits up to ``batch_wait_timeout_s`` for a batch to fill before it
-starts. Measured at concurrency 1 (issue 15) that window was a third of every request's time
-(54 of 167 ms), and a zero window made every batch one image at concurrency 8. This batcher
+starts: a lone request pays that window, and a zero window makes every batch one image under
+concurrent load. This batcher
 runs one batch at a time; whenever it is free it takes what is queued (up to
 ``max_batch_size`` images) for the product whose oldest request waited longest and scores it at
 once. Under load the next batch is as full as the load makes it, and an idle replica answers a
-lone request immediately. (Several batches side by side, a worker per core, were measured and
-not kept: replicas hung inside OpenVINO's infer; BENCHMARKS.md "Throughput".)
+lone request immediately. (Several batches side by side, a worker per core, are not used:
+replicas hung inside OpenVINO's infer; docs/performance.md.)
 
 ``wait_s`` > 0 restores a fill window (the batcher, once it has a request, waits up to that long
 for its batch to fill); the default 0 is the greedy rule above.
@@ -15,21 +15,21 @@ for its batch to fill); the default 0 is the greedy rule above.
 Requests announced as arriving (:meth:`GreedyBatcher.arriving`: the gRPC replica announces each
 request while it decodes it, serve/grpc/service.py) are waited for: a free batcher whose chosen
 product's queue is not full waits until every request announced for that product is queued (or
-withdrawn: its decode failed) before it takes the batch. Why (issue 25): at concurrency 8 the greedy
-rule alone settled into batches of 7 and 1 (the lone request queued while the seven others were
-still decoding), and a one-image batch costs about 1.6x the CPU per image of a share of four
-(the ATMM kernels on one image, BENCHMARKS.md). The wait holds no core idle that decoding does not
+withdrawn: its decode failed) before it takes the batch. Why: under concurrent load the greedy
+rule alone settles into a large batch and a one-image one (the lone request queued while the others
+were still decoding), and a one-image batch costs more CPU per image than a share of a larger one
+(the ATMM kernels on one image; docs/performance.md). The wait holds no core idle that decoding does not
 use: the requests waited for are being decoded in this process meanwhile. Requests that are not
 announced (HTTP: decoded in the ingress) are batched by the greedy rule alone.
 
 A batch right after a larger one waits briefly for the rest (the refill rule): for up to
 ``REFILL_FRACTION`` of the last batch's time (at most ``REFILL_MAX_S``), counted from its end, a
 batch of the same product holding fewer images than the last one (and fewer than
-``max_batch_size``) waits for more to queue or be announced. Why (issue 25): in a closed loop of
-clients the greedy rule settles into a stable split, 7 + 1 at concurrency 8 over both HTTP and
-gRPC: while seven images score, the eighth client's next request queues; the free batcher then
-scores it alone while the seven answers travel and come back. Clients that were just answered
-send again within a round trip, so the split closes into batches of 8 at the cost of at most one
+``max_batch_size``) waits for more to queue or be announced. Why: in a closed loop of ``n``
+clients the greedy rule settles into a stable split, ``n - 1`` + 1, over both HTTP and gRPC: while
+``n - 1`` images score, the last client's next request queues; the free batcher then scores it
+alone while the other answers travel and come back. Clients that were just answered send again
+within a round trip, so the split closes into batches of ``n`` at the cost of at most one
 short wait; a lone client is never held (its batch is not smaller than the last), and a batcher
 idle for longer than the window starts at once.
 

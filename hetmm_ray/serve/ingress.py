@@ -22,7 +22,7 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
@@ -60,7 +60,8 @@ logger = logging.getLogger("ray.serve")
 
 def _serving_origins() -> tuple[str, ...]:
     """The origin policy of the ingress this process serves (its ServiceConfig's ``allowed_origins``)."""
-    return serve.get_replica_context().servable_object.service.allowed_origins
+    ingress: Any = serve.get_replica_context().servable_object  # this replica's Ingress
+    return ingress.service.allowed_origins
 
 
 app = FastAPI(title="hetmm-ray", summary="Training-free visual anomaly detection (HETMM) over HTTP")
@@ -105,7 +106,7 @@ class Ingress(InspectionStandIn):  # gRPC calls that reach it are refused clearl
         self.detector_by_reference = detector.options(_by_reference=True)
         self.registry = get_registry(self.service.store, detached=True)
         self.registry.set_poll.remote(self.service.store_poll_s)  # follow other writers of the store
-        self.registry.set_hosts.remote(self.service.template_hosts)  # template host processes (issue 14)
+        self.registry.set_hosts.remote(self.service.template_hosts)  # template host processes
         self.registry.set_publish.remote(self.service.publish)  # live | candidate when a product names none
         # A hot product spreads over several replicas (serve/warm_set.py).
         self.warm = WarmSet(
@@ -116,8 +117,8 @@ class Ingress(InspectionStandIn):  # gRPC calls that reach it are refused clearl
         self.metrics = ServiceMetrics()
         self.limit = self.service.max_body_mib * 2**20
         # Bodies, their parts and decoded frames are blocks of megabytes: by default glibc maps each from
-        # the kernel and hands it back when freed, a page fault per 4 KiB the next time (~930 per 900x900
-        # PNG decoded plus a 4 MiB body joined; ~10 % of the ingress's CPU per image, issue 25). Freed
+        # the kernel and hands it back when freed, a page fault per 4 KiB the next time (every decoded
+        # frame and joined body: a large share of the ingress's CPU per image). Freed
         # memory of up to four bodies stays mapped and is reused instead, as the detector does for its
         # batches (pipeline.keep_memory_mapped; process-wide).
         keep_memory_mapped(4 * self.service.max_body_mib)
@@ -172,7 +173,7 @@ class Ingress(InspectionStandIn):  # gRPC calls that reach it are refused clearl
 
     def _predict_handle(self, model_id: str, *, by_reference: bool = False) -> Any:
         """The detector's ``predict`` under ``model_id``, made once per model id: ``options()`` and the
-        method lookup each copy the handle, per request before (issue 25). Model ids are products that
+        method lookup each copy the handle, so not per request. Model ids are products that
         exist and their warm-set aliases; a deleted product's go with it. ``by_reference``: the images
         go through the object store (a request over ``SERVE_BY_VALUE_MAX_BYTES``)."""
         key = (model_id, by_reference)
@@ -203,7 +204,7 @@ class Ingress(InspectionStandIn):  # gRPC calls that reach it are refused clearl
         if any(isinstance(data, RawFrame) for _, uploads, _ in predictions for _, data in uploads):
             predictions = await asyncio.to_thread(_raw_frames_as_png, predictions)
         for product, uploads, results in predictions:
-            self.observe(product, uploads, results)
+            self.observe(product, cast("list[tuple[str, bytes]]", uploads), results)  # raw frames: PNG above
         for route, status, seconds in calls:
             self.metrics.observe_request(route, status, seconds)
         return len(predictions)
@@ -237,7 +238,7 @@ class Ingress(InspectionStandIn):  # gRPC calls that reach it are refused clearl
         return {"status": "ok"}
 
     @app.get("/metrics")
-    async def metrics(self) -> Response:
+    async def metrics_page(self) -> Response:  # not ``metrics``: that is the ServiceMetrics attribute
         return Response(self.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/products")
@@ -315,7 +316,7 @@ class Ingress(InspectionStandIn):  # gRPC calls that reach it are refused clearl
             tiles = bodies.geometry_fields(fields.get("tiles"), fields.get("min_defect_px"))
         if not isinstance(config_data, dict):
             raise Refused(400, "bad_config", "'config' must be a JSON object")
-        if tiles:  # the tile grid (issue 22) and the smallest defect (issue 40): fields, or config's "geometry"
+        if tiles:  # the tile grid and the smallest defect: fields, or config's "geometry"
             geometry = config_data.get("geometry")
             config_data = {**config_data, "geometry": {**(geometry if isinstance(geometry, dict) else {}), **tiles}}
         if region is not None:  # the inspection region: a field of its own, or config's "region"
@@ -442,7 +443,7 @@ class Ingress(InspectionStandIn):  # gRPC calls that reach it are refused clearl
         self.console.forget(product)  # the console's recent ring (serve/recent.py)
         return JSONResponse({"product": product, "deleted": True})
 
-    # --- candidates and compare (issue 23) ---------------------------------------------------
+    # --- candidates and compare ----------------------------------------------------------------
     @app.get("/v1/products/{product}/candidates")
     @timed("candidates")
     async def candidates(self, product: str, request: Request) -> Response:

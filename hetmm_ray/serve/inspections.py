@@ -1,4 +1,4 @@
-"""The ingress's side of the inspection record and the drift alarms (issue 23, items 3 and 4).
+"""The ingress's side of the inspection record and the drift alarms.
 
 Exact semantics:
 

@@ -48,7 +48,7 @@ class ServiceMetrics:
             ["product"],
             registry=self.registry,
         )
-        # The three-way verdict (core/review.py; issue 23): ok | review | reject per product.
+        # The three-way verdict (core/review.py): ok | review | reject per product.
         self.verdicts = Counter(
             "hetmm_verdicts", "images by verdict (ok, review, reject)", ["product", "verdict"], registry=self.registry
         )
@@ -62,7 +62,7 @@ class ServiceMetrics:
         self.latency.labels(route).observe(seconds)
 
     def observe_results(self, product: str, results: list[dict]) -> None:
-        # once per request, not per image (issue 25: the same counts, fewer label lookups)
+        # once per request, not per image: the same counts, fewer label lookups
         self.images.labels(product).inc(len(results))
         anomalies = sum(1 for r in results if r["is_anomaly"])
         if anomalies:

@@ -5,9 +5,8 @@ products (``@serve.multiplexed``: Serve routes a product's requests to the
 replicas that hold it and evicts the least recently used). Requests for one
 product are batched greedily (``serve/greedy.py``: an idle replica starts at once, a busy
 one takes everything that queued meanwhile; batches never mix products). One batch runs at a
-time, split by ``predict`` among single-threaded workers (a batcher worker per core measured
-~20 % more images/s at concurrency 8, but replicas then hung inside OpenVINO's infer in 4 of 12
-demo runs: not used until that is understood; BENCHMARKS.md "Throughput"). Before
+time, split by ``predict`` among single-threaded workers (a batcher worker per core is not used:
+replicas then hung inside OpenVINO's infer; docs/performance.md). Before
 each batch the replica asks the registry for the product's head version and
 swaps to it if it moved, so template versions change only between batches, a
 response is scored by exactly one version, and no client sees a version older
@@ -36,14 +35,14 @@ from ray import serve
 
 from ..config import BackboneConfig, ReplicaSettings
 from ..core.backbone import Backbone
-from ..core.review import review_threshold, verdict
 from ..core.templates import TemplateError
 from ..detectors import serving_detector
 from ..distributed.registry import get_registry
 from ..distributed.runtime import use_assigned_cpus
 from ..interface import Detector as ProductDetector
 from ..records import ProductSnapshot
-from ..visualize import heatmap_overlay, heatmap_range
+from ..result import result_records, review_threshold_of
+from ..visualize import draw_overlay, heatmap_range
 from .autoscaling import IMAGES_IN_FLIGHT
 from .greedy import GreedyBatcher
 from .warm_set import product_of
@@ -75,8 +74,7 @@ class ProductModel:
         """The review band's lower threshold of the current version (None: no band), computed once per version."""
         if self.review is None or self.review[0] != self.version:
             assert self.detector is not None
-            rate = self.detector.config.threshold.review_false_alarm_rate
-            self.review = (self.version, review_threshold(self.detector.calibration, rate))
+            self.review = (self.version, review_threshold_of(self.detector))
         return self.review[1]
 
 
@@ -95,13 +93,13 @@ def _encode_png(image: np.ndarray) -> str:
 
 def _sized(image: np.ndarray, map_size: int | None) -> np.ndarray:
     """The heat-map's picture with its long side at most ``map_size`` (the aspect kept, bilinear; never
-    enlarged); unchanged without one. ``heatmap_overlay`` then draws the map and region at its size."""
+    enlarged); unchanged without one. ``draw_overlay`` then draws the map and region at its size."""
     h, w = image.shape[:2]
     if map_size is None or map_size >= max(h, w):
         return image
     f = map_size / max(h, w)
     size = (max(1, round(w * f)), max(1, round(h * f)))  # PIL: (width, height)
-    return image if size == (w, h) else np.asarray(Image.fromarray(image).resize(size, Image.BILINEAR))
+    return image if size == (w, h) else np.asarray(Image.fromarray(image).resize(size, Image.Resampling.BILINEAR))
 
 
 @serve.deployment(name="Detector", ray_actor_options={"num_cpus": 0.5}, max_ongoing_requests=32)
@@ -230,20 +228,14 @@ class Detector:
                 self._fatal = exc
             raise
         score_ms = 1000 * (time.perf_counter() - started)
-        op = pred.operating_point
-        rule = {} if op is None else {k: v for k, v in op.to_json().items() if k != "threshold"}
-        review = model.review_threshold()  # the review band (issue 23): a verdict of three
+        # the one result record (hetmm_ray/result.py), with the review band of the version
+        records = result_records(pred, review_threshold=model.review_threshold())
         out, i = [], 0
         for r in requests:
             results = []
             for image in r.images:
                 result: dict[str, Any] = {
-                    "score": float(pred.scores[i]),
-                    "threshold": float(pred.threshold),
-                    "is_anomaly": bool(pred.is_anomaly[i]),
-                    **rule,  # threshold_rule, rule_target, estimated_false_alarm_rate
-                    "verdict": verdict(float(pred.scores[i]), float(pred.threshold), review),
-                    **({} if review is None else {"review_threshold": review}),
+                    **records[i],
                     "version": model.version,
                     "timing": {
                         "queue_ms": round(1000 * (started - r.enqueued), 3),
@@ -260,7 +252,7 @@ class Detector:
                     vmin, vmax = heatmap_range(pred.maps[i], pred.threshold)  # the version's fixed scale
                     region = None if pred.regions is None else pred.regions[i]  # outside: greyed
                     shown = _sized(shown, r.map_size)
-                    overlay = heatmap_overlay(shown, pred.maps[i], vmin=vmin, vmax=vmax, region=region)
+                    overlay = draw_overlay(shown, pred.maps[i], threshold=pred.threshold, region=region)
                     result["heatmap_png"] = _encode_png(overlay)
                     result["heatmap_scale"] = {"vmin": vmin, "vmax": vmax}
                 results.append(result)

@@ -6,10 +6,9 @@ port overridable, and one exception: on a Ray that :func:`start_service` starts 
 this machine (no ``address``), each application's Detector is one replica whose torch
 threads are the machine's usable cores (:func:`one_machine_detector`), not deploy.yaml's
 autoscaled replicas of half a CPU. deploy.yaml's range is for a cluster, where new replicas
-land on other nodes; on one machine they only share its cores. On 2 cores one replica of 2
-threads served 12 % (one client) and 27 % (eight clients) more images/s than deploy.yaml's start
-(one replica of 1 thread) and at eight clients 8-33 % more than three replicas
-(``benchmarks/bench_cluster.py one-machine``; BENCHMARKS.md, issue 25, session 17). A caller that gives
+land on other nodes; on one machine they only share its cores, and one replica using all of them
+serves more images/s than several sharing them (``benchmarks/bench_cluster.py one-machine``;
+docs/performance.md). A caller that gives
 the Detector ``num_replicas`` or ``autoscaling_config`` keeps its own scaling and deploy.yaml's threads.
 """
 
@@ -84,7 +83,7 @@ def _detector_options(stated: dict[str, Any], overrides: dict[str, Any], *, one_
 
 def _describe_detector(options: dict[str, Any], *, one_machine: bool) -> str:
     """One line on a Detector's ``options``: its replicas and torch threads, and whether they run on
-    a Ray of this machine (README "On one machine")."""
+    a Ray of this machine (docs/service.md, "On one machine")."""
     threads = (options.get("user_config") or {}).get("threads") or 0
     per = f"{threads} torch thread{'s' if threads != 1 else ''}" if threads else "torch threads = its CPUs"
     auto = options.get("autoscaling_config")

@@ -1,4 +1,4 @@
-"""The console's view of a line's stations (issue 39): what each station last said of itself, held in
+"""The console's view of a line's stations: what each station last said of itself, held in
 the ingress's memory (one replica, deploy.yaml; as the recent-predictions ring).
 
 Exact semantics:
@@ -6,12 +6,15 @@ Exact semantics:
 - A station process reports each of its stations every ``every_s`` seconds (``station/report.py``)
   with ``PUT /v1/stations/{line}/{station}`` and a JSON object, checked here by
   :func:`parse_report`: ``product`` (a text), ``state`` (``ok``, ``degraded`` or ``offline``, as on
-  its sinks), ``queue`` (parts waiting for the service, >= 0), ``parts`` (verdict -> count, each
-  verdict one of ``good``, ``anomaly``, ``timeout``, ``error``), ``every_s`` (its report period,
-  0.5-600), and optionally ``last`` (the last result: ``part_id``, ``verdict``, ``score``,
+  its sinks), ``queue`` (parts waiting for the service, >= 0), ``parts`` (outcome -> count, each
+  outcome a verdict ``ok``, ``review``, ``reject`` or a status ``timeout``, ``error``:
+  hetmm_ray/result.py ``PART_OUTCOMES``), ``every_s`` (its report period, 0.5-600), and optionally
+  ``last`` (the last result: ``part_id``, ``status``, ``verdict`` (null unless scored), ``score``,
   ``late``), ``latency_ms`` (``p50`` and ``p99`` over its recent parts) and ``version``. Anything
   else, or a value of the wrong kind, is a 400 naming the field. Line and station names are 1-64
-  letters, digits, ``_`` or ``-`` (a line file's station names).
+  letters, digits, ``_`` or ``-`` (a line file's station names). A report of a station running older
+  code (``parts`` and ``last.verdict`` in ``good``, ``anomaly``, ``timeout``, ``error``) is read in
+  these words (``good`` -> ``ok``, ``anomaly`` -> ``reject``; ``timeout``, ``error`` a status).
 - :meth:`StationBoard.listing` gives every station, ordered by line then name, with ``seen_s``
   (seconds since its last report) and ``silent`` (true once it has not reported for
   ``SILENT_AFTER`` of its own periods: the station process is gone or cut off from the service;
@@ -27,13 +30,13 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import Refused
+from ..result import LEGACY_VERDICTS, PART_OUTCOMES, PART_STATUSES, VERDICTS, verdict_word
 
 __all__ = ["MAX_STATIONS", "SILENT_AFTER", "StationBoard", "parse_report"]
 
 MAX_STATIONS = 1000
 SILENT_AFTER = 3  # report periods without a report before a station shows silent
 STATES = ("ok", "degraded", "offline")
-VERDICTS = ("good", "anomaly", "timeout", "error")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 _TEXT_MAX = 256
 
@@ -71,13 +74,24 @@ def check_name(value: str, field: str) -> str:
 def _last(value: Any) -> dict[str, Any] | None:
     if value is None:
         return None
-    if not isinstance(value, dict) or set(value) - {"part_id", "verdict", "score", "late"}:
-        raise _bad("last", "must be an object of part_id, verdict, score and late")
-    verdict = value.get("verdict")
-    if verdict not in VERDICTS:
-        raise _bad("last.verdict", f"must be one of {', '.join(VERDICTS)}")
+    if not isinstance(value, dict) or set(value) - {"part_id", "status", "verdict", "score", "late"}:
+        raise _bad("last", "must be an object of part_id, status, verdict, score and late")
+    status, verdict = value.get("status"), value.get("verdict")
+    if status is None and verdict in ("timeout", "error"):  # an older station's words
+        status, verdict = verdict, None
+    elif status is None:
+        status = "scored"
+    if status not in PART_STATUSES:
+        raise _bad("last.status", f"must be one of {', '.join(PART_STATUSES)}")
+    try:
+        verdict = verdict_word(verdict)
+    except ValueError:
+        verdict = ""  # refused below
+    if (status == "scored") != (verdict in VERDICTS):
+        raise _bad("last.verdict", f"must be one of {', '.join(VERDICTS)} when scored, else null")
     return {
         "part_id": _text(value.get("part_id"), "last.part_id"),
+        "status": status,
         "verdict": verdict,
         "score": _number(value.get("score"), "last.score"),
         "late": bool(value.get("late", False)),
@@ -93,8 +107,10 @@ def parse_report(body: dict[str, Any]) -> dict[str, Any]:
     if body.get("state") not in STATES:
         raise _bad("state", f"must be one of {', '.join(STATES)}")
     parts = body.get("parts", {})
-    if not isinstance(parts, dict) or set(parts) - set(VERDICTS):
-        raise _bad("parts", f"must map verdicts ({', '.join(VERDICTS)}) to counts")
+    if isinstance(parts, dict):  # an older station's words: good -> ok, anomaly -> reject
+        parts = {LEGACY_VERDICTS.get(k, k): v for k, v in parts.items()}
+    if not isinstance(parts, dict) or set(parts) - set(PART_OUTCOMES):
+        raise _bad("parts", f"must map outcomes ({', '.join(PART_OUTCOMES)}) to counts")
     every = _number(body.get("every_s"), "every_s")
     if every is None or not 0.5 <= every <= 600:
         raise _bad("every_s", "must be a number of seconds from 0.5 to 600")
@@ -108,7 +124,7 @@ def parse_report(body: dict[str, Any]) -> dict[str, Any]:
         "product": _text(body.get("product"), "product"),
         "state": body["state"],
         "queue": _count(body.get("queue", 0), "queue"),
-        "parts": {v: _count(parts.get(v, 0), f"parts.{v}") for v in VERDICTS},
+        "parts": {v: _count(parts.get(v, 0), f"parts.{v}") for v in PART_OUTCOMES},
         "every_s": every,
         "last": _last(body.get("last")),
         "latency_ms": None

@@ -119,7 +119,7 @@ class Console:
         self.detector_by_reference = detector if detector_by_reference is None else detector_by_reference
         self.store = store
         self.recent = RecentPredictions(service.recent_per_product, service.recent_max_mib * 2**20)
-        # the inspection record and the drift alarms (serve/inspections.py; issue 23)
+        # the inspection record and the drift alarms (serve/inspections.py)
         self.inspections = Inspections(service, store)
         if metrics is not None:
             metrics.register(DriftCollector(self.inspections))
@@ -233,7 +233,7 @@ class Console:
         headers = {"Cache-Control": "no-cache", "X-Heatmap-Version": str(item.heatmap_version)}
         return Response(item.heatmap_png, media_type="image/png", headers=headers)
 
-    # --- drift (issue 23, item 4) ----------------------------------------------------------------
+    # --- drift ---------------------------------------------------------------------------------
     async def drift(self, product: str, hours: float, buckets: int) -> Response:
         """The drift chart: flagged share over time with the expected band, the passed parts' score
         quantiles, and the live windows' state (serve/inspections.py ``Inspections.chart``)."""
@@ -355,9 +355,13 @@ class Console:
             "threshold": None if op is None else op.threshold,
             "threshold_rule": None if op is None else op.rule,
             "estimated_false_alarm_rate": None if op is None else op.false_alarm_rate,
+            # the estimate's interval and how many good scores lie above (core/calibration.py)
+            "false_alarm_estimate": None if op is None or op.estimate is None else op.estimate.to_json(),
             "heatmap_vmax": None if op is None else HEATMAP_VMAX_OVER_THRESHOLD * op.threshold,
             "labels": labelled,
         }
+        if cal is not None:  # the far rule at a few rates, and the frames standing apart, beside the histogram
+            body.update(await asyncio.to_thread(_calibration_facts, rec, list(rec.image_digests), labelled))
         if false_alarm_rate is not None and cal is not None:
             body["preview"] = _preview(cal, labelled, false_alarm_rate)
         return JSONResponse(body)
@@ -398,6 +402,32 @@ def _recorded_item(product: str, row: dict[str, Any]) -> dict[str, Any]:
     return item
 
 
+def _calibration_facts(rec: Any, digests: list[str] | None, labelled: list[dict[str, Any]]) -> dict[str, Any]:
+    """``rates``: the far rule at ``RATE_CHOICES`` on the out-of-fold scores, with the labelled
+    defects' recall at each (``core.calibration.rate_choices``); ``outliers``: the good frames of the
+    bank (``digests``, the manifest's) standing apart and the threshold with and without them
+    (``core/good_outliers.py``), None where the stored scores are not this bank's fold plan's."""
+    from ..config import OUTLIER_MADS, RATE_CHOICES
+    from ..core.calibration import rate_choices
+
+    cal = rec.calibration
+    bad = [x["score"] for x in labelled if x["label"] == "defective"]
+    good = [x["score"] for x in labelled if x["label"] == "good"]
+    rates = rate_choices(cal.scores, RATE_CHOICES, defective_scores=bad, good_scores=good)
+    return {"rates": [c.to_json() for c in rates], "outliers": _outliers(rec, digests, OUTLIER_MADS)}
+
+
+def _outliers(rec: Any, digests: list[str] | None, mads: float) -> dict[str, Any] | None:
+    from ..core.good_outliers import outlier_report
+
+    if not digests:
+        return None
+    try:
+        return outlier_report(rec.calibration, rec.config, digests, mads=mads).to_json()
+    except ValueError:  # a calibration not computed from this bank's fold plan (an older store)
+        return None
+
+
 def _preview(cal: Calibration, labelled: list[dict[str, Any]], rate: float) -> dict[str, Any]:
     """At false-alarm rate ``rate``: the far rule's threshold on the out-of-fold good scores, and the
     labelled recall rule's (what ``/calibrate`` with ``store:labels``, objective recall, would store)."""
@@ -418,12 +448,17 @@ def _preview(cal: Calibration, labelled: list[dict[str, Any]], rate: float) -> d
     far = cal.operating_point("far", false_alarm_rate=rate)
     out: dict[str, Any] = {
         "false_alarm_rate": rate,
-        "far": {**on_labels(far.threshold), "estimated": far.false_alarm_rate},
+        "far": {
+            **on_labels(far.threshold),
+            "estimated": far.false_alarm_rate,
+            "estimate": None if far.estimate is None else far.estimate.to_json(),
+        },
     }
     labels = [int(x["label"] == "defective") for x in labelled]
     if 0 < sum(labels) < len(labels):
         chosen = choose_threshold([x["score"] for x in labelled], labels, objective="recall", max_false_alarm_rate=rate)
         t = float(chosen["threshold"])
-        out["labelled"] = {**on_labels(t), "estimated": TailModel(cal.scores).false_alarm_rate(t)}
+        est = TailModel(cal.scores).estimate(t)
+        out["labelled"] = {**on_labels(t), "estimated": est.rate, "estimate": est.to_json()}
     out["computed_at"] = time.time()
     return out

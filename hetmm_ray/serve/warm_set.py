@@ -3,7 +3,7 @@
 Serve's model multiplexing routes a request to the replicas that already hold its model
 id and only falls back to others after a matching timeout or when they are full, so one
 busy product stays pinned to one replica however many replicas autoscaling adds (Ray
-Serve issues #48741, #65691). We work with multiplexing, not around it:
+Serve's ray-project/ray#48741 and ray-project/ray#65691). We work with multiplexing, not around it:
 
 - The ingress counts each product's predicts in flight (:class:`WarmSet`). Below
   ``hot_product_inflight`` a request carries the product's own model id (``gear``), as
@@ -16,7 +16,7 @@ Serve issues #48741, #65691). We work with multiplexing, not around it:
   to ``hot_product_spread`` replicas (set it to the Detector's max_replicas).
 - Serve keeps routing an alias to the replica that first loaded it, so aliases placed while one
   replica ran would pin the hot product there after autoscaling added others (seen in
-  tests/integration/serve/test_autoscaling.py, issue 25). With ``rotate_s`` the aliases are renamed
+  tests/integration/serve/test_autoscaling.py). With ``rotate_s`` the aliases are renamed
   every ``rotate_s`` seconds while the product is hot (``gear~1@7``: generation 7): a new name is
   held by no replica, so Serve places it on the replicas holding the fewest models, the new ones
   first. The product's own id never rotates; old names age out of the replicas' LRU.

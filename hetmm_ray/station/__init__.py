@@ -1,4 +1,4 @@
-"""Stations on a line (issue 39): a source of frames, a product scored on a service, sinks for the verdicts.
+"""Stations on a line: a source of frames, a product scored on a service, sinks for the verdicts.
 
 So far: the line file (``config.station``) and its check (``hetmm station check``, ``check.py``), and
 a station's loop with the folder source, the in-process and HTTP services and the CSV log

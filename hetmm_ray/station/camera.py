@@ -1,4 +1,4 @@
-"""A GigE Vision / USB3 Vision camera as a station's source, through Aravis (issue 39, item 2).
+"""A GigE Vision / USB3 Vision camera as a station's source, through Aravis.
 
 Exact semantics:
 

@@ -72,7 +72,7 @@ class _Problems:
     def add(self, where: str, text: str) -> None:
         self.lines.append(f"{where}: {text}")
 
-    def build(self, where: str, cls: type, data: Any) -> Any:
+    def build(self, where: str, cls: type[Any], data: Any) -> Any:
         try:
             return cls.from_dict(data)
         except ConfigError as exc:
@@ -160,11 +160,11 @@ def _across(problems: _Problems, stations: list[Station], base: Path) -> None:
         queues[queue] = name
         for sink in st.sinks:
             if isinstance(sink, MqttSink):
-                key = (sink.broker, sink.topic)
-                if key in topics and topics[key] != name:
-                    owner = topics[key]
+                topic = (sink.broker, sink.topic)
+                if topic in topics and topics[topic] != name:
+                    owner = topics[topic]
                     problems.add(label, f"sinks: topic {sink.topic!r} on {sink.broker} is station {owner!r}'s too")
-                topics.setdefault(key, name)
+                topics.setdefault(topic, name)
 
 
 def _read(path: Path, problems: _Problems) -> Any:
@@ -206,16 +206,16 @@ def _line(path: str | Path) -> tuple[Line | None, list[str]]:
         problems.add("stations", "give a list of at least one station")
         raw = []
     stations = [st for i, item in enumerate(raw) if (st := _station(problems, i, item, line_service)) is not None]
-    names = [item.get("name") for item in raw if isinstance(item, dict) and isinstance(item.get("name"), str)]
+    names: list[str] = [item["name"] for item in raw if isinstance(item, dict) and isinstance(item.get("name"), str)]
     for name in sorted({n for n in names if names.count(n) > 1}):
         problems.add(f"station {name!r}", f"name: {names.count(name)} stations of this line have it")
     _across(problems, stations, path.parent)
-    name = data.get("line")
-    if name is not None and not isinstance(name, str):
-        problems.add("line", f"must be a name, got {name!r}")
+    line = data.get("line")
+    if line is not None and not isinstance(line, str):
+        problems.add("line", f"must be a name, got {line!r}")
     if problems.lines:
         return None, problems.lines
-    return Line(name=name or path.stem, stations=tuple(stations), console=console), []
+    return Line(name=line or path.stem, stations=tuple(stations), console=console), []
 
 
 def line_problems(path: str | Path) -> list[str]:

@@ -2,9 +2,10 @@
 
 Exact semantics (one registry per process, every station of the line in it, labelled ``station``):
 
-- ``hetmm_station_parts_total{station, verdict}``: results published, by verdict (``good``,
-  ``anomaly``, ``timeout``, ``error``); a part late past its deadline counts twice, as ``timeout``
-  and then as its verdict.
+- ``hetmm_station_parts_total{station, status, verdict}``: results published, by the part's status
+  (``scored``, ``timeout``, ``error``) and, when scored, its verdict (``ok``, ``review``, ``reject``;
+  ``""`` otherwise: hetmm_ray/result.py); a part late past its deadline counts twice, as ``timeout``
+  and then as scored with its verdict.
 - ``hetmm_station_queue_depth{station}``: parts waiting in the station's on-disk queue.
 - ``hetmm_station_latency_seconds{station}``: frame taken to verdict, for scored results only
   (a histogram; the buckets span a reject gate's deadlines, 5 ms to 60 s).
@@ -30,7 +31,10 @@ class StationMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         self.parts = Counter(
-            "hetmm_station_parts", "Results published, by verdict", ["station", "verdict"], registry=self.registry
+            "hetmm_station_parts",
+            "Results published, by status and verdict",
+            ["station", "status", "verdict"],
+            registry=self.registry,
         )
         self.queue = Gauge(
             "hetmm_station_queue_depth", "Parts waiting in the on-disk queue", ["station"], registry=self.registry
@@ -47,8 +51,8 @@ class StationMetrics:
         )
 
     def result(self, result: Any) -> None:
-        self.parts.labels(result.station, result.verdict).inc()
-        if result.verdict in ("good", "anomaly"):
+        self.parts.labels(result.station, result.status, result.verdict or "").inc()
+        if result.status == "scored":
             self.latency.labels(result.station).observe(result.latency_ms / 1000)
 
     def station(self, name: str, *, state: str, queued: int) -> None:

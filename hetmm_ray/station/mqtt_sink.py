@@ -7,8 +7,8 @@ Exact semantics:
   persistent session has not received yet, and this client keeps what it has not delivered.
 - Each result is one message on ``cfg.topic`` at ``cfg.qos`` (1 by default: at least once), its
   payload the JSON object of :class:`~hetmm_ray.station.runner.PartResult` (``station``,
-  ``part_id``, ``verdict``, ``score``, ``threshold``, ``product``, ``version``, ``latency_ms``,
-  ``frame``, ``late``, ``error``), UTF-8, keys in that order.
+  ``part_id``, ``status``, ``product``, ``latency_ms``, ``frame``, ``late``, ``error``, then the
+  result record's fields: docs/result-record.md), UTF-8, keys in that order.
 - The station's state is retained on ``<topic>/state`` as ``{"station", "state"}``: ``ok`` once
   connected, then each change the station shows (``degraded`` while parts wait for an absent
   service, ``offline`` while its camera is gone, ``ok`` again; again on a reconnect), ``offline``

@@ -7,14 +7,15 @@ Exact semantics:
   namespace is ``cfg.namespace``. It runs in a thread of its own (asyncio), so the station's loop
   never waits on a client.
 - Under ``Objects`` each station is an object named after it, with read-only variables:
-  ``PartId`` (String), ``Verdict`` (String: ``anomaly``, ``good``, ``timeout`` or ``error``),
+  ``PartId`` (String), ``Status`` (String: ``scored``, ``timeout`` or ``error``), ``Verdict``
+  (String: ``ok``, ``review`` or ``reject``; empty unless scored: hetmm_ray/result.py),
   ``Score`` (Double; NaN when there is none), ``Threshold`` (Double), ``Version`` (Int64, -1 when
   none), ``Late`` (Boolean), ``Counter`` (Int64: results published since the station started,
   the change a PLC polls for), ``State`` (String: ``ok``, ``degraded`` while parts wait for an
   absent service, ``offline`` while its camera is gone and once it stops) and ``LastResult``
   (String: the result's JSON, as the MQTT sink sends it); and a method ``Trigger()`` that counts
   the triggers asked for and returns that count (Int64). A source that takes triggers (a camera's
-  software trigger, a next step of issue 39) reads them from :attr:`OpcUaStation.triggers`.
+  software trigger, not built yet) reads them from :attr:`OpcUaStation.triggers`.
 - A result's variables are written together, ``Counter`` last, so a client that sees the counter
   change reads that result's values.
 """
@@ -34,6 +35,7 @@ __all__ = ["OpcUaStation"]
 # Each station's variables: initial value and OPC UA type (the name of a ua.VariantType).
 VARIABLES: dict[str, tuple[object, str]] = {
     "PartId": ("", "String"),
+    "Status": ("", "String"),
     "Verdict": ("", "String"),
     "Score": (math.nan, "Double"),
     "Threshold": (math.nan, "Double"),
@@ -131,7 +133,8 @@ class OpcUaStation:
         self.counter += 1
         values = {
             "PartId": r["part_id"],
-            "Verdict": r["verdict"],
+            "Status": r["status"],
+            "Verdict": r["verdict"] or "",
             "Score": math.nan if r["score"] is None else float(r["score"]),
             "Threshold": math.nan if r["threshold"] is None else float(r["threshold"]),
             "Version": -1 if r["version"] is None else int(r["version"]),

@@ -1,5 +1,5 @@
-"""Results on their way to an MQTT broker, kept on disk (issue 39: nothing lost when the station is
-killed, even while the broker is away).
+"""Results on their way to an MQTT broker, kept on disk: nothing lost when the station is
+killed, even while the broker is away.
 
 Exact semantics:
 

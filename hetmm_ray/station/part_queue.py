@@ -1,4 +1,4 @@
-"""Parts waiting for the service, kept on disk (issue 39: nothing lost while the service is away).
+"""Parts waiting for the service, kept on disk: nothing lost while the service is away.
 
 Exact semantics:
 

@@ -1,4 +1,4 @@
-"""Stations reporting themselves to the service's console (issue 39: the console shows the stations).
+"""Stations reporting themselves to the service's console, which shows the stations.
 
 Exact semantics: a :class:`ConsoleReporter` (one per ``hetmm station run``, for every station it
 runs) sends each station's :func:`station_report` to ``PUT {console.url}/v1/stations/{line}/{station}``
@@ -21,24 +21,29 @@ from ..config.station import ConsoleTarget
 
 __all__ = ["ConsoleReporter", "station_report"]
 
-FINAL = ("good", "anomaly")
-
 
 def station_report(runner: Any, every_s: float, *, state: str | None = None) -> dict[str, Any]:
     """What ``runner`` (a ``runner.StationRunner``) says of itself: its state (or ``state``), queue
-    depth, parts by verdict, last result, latency p50 / p99 over its recent final results."""
+    depth, parts by outcome (a scored part's verdict, another's status), last result, latency p50 / p99
+    over its recent scored results."""
     recent = list(runner.recent)
-    latencies = [r.latency_ms for r in recent if r.verdict in FINAL]
+    latencies = [r.latency_ms for r in recent if r.status == "scored"]
     last = recent[-1] if recent else None
     report: dict[str, Any] = {
         "product": runner.station.head.product,
         "state": state or runner.state,
         "queue": len(runner.queue),
-        "parts": {verdict: n for verdict, n in runner.counts.copy().items() if n},
+        "parts": {outcome: n for outcome, n in runner.counts.copy().items() if n},
         "every_s": every_s,
     }
     if last is not None:
-        report["last"] = {"part_id": last.part_id, "verdict": last.verdict, "score": last.score, "late": last.late}
+        report["last"] = {
+            "part_id": last.part_id,
+            "status": last.status,
+            "verdict": last.verdict,
+            "score": last.score,
+            "late": last.late,
+        }
         report["version"] = next((r.version for r in reversed(recent) if r.version is not None), None)
     if latencies:
         p99 = statistics.quantiles(latencies, n=100, method="inclusive")[98] if len(latencies) > 1 else latencies[0]

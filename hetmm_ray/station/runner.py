@@ -1,6 +1,6 @@
 """Running a station: frames from its source, scored on its service, results to its sinks.
 
-Exact semantics (this part of issue 39: the folder, MQTT trigger and Aravis camera sources
+Exact semantics (built: the folder, MQTT trigger and Aravis camera sources
 (``camera.py``), the in-process, HTTP and gRPC services, the log sink, the MQTT, webhook and OPC UA
 sinks (``mqtt_sink.py``, ``webhook_sink.py``, ``opcua_sink.py``); the other kinds of
 ``config.station`` are refused by :func:`build_station` with a line saying they are not built yet):
@@ -24,9 +24,9 @@ sinks (``mqtt_sink.py``, ``webhook_sink.py``, ``opcua_sink.py``); the other kind
   but the station died before reading the broker's acknowledgement: QoS 1). The log, webhook and
   OPC UA sinks hold no outbox: a station without an MQTT sink scores such a frame again.
 - **Deadline**: a part whose verdict has not come ``deadline_ms`` after its frame was taken is
-  published with verdict ``timeout`` at that moment; its real result follows when it comes, with
-  ``late`` true. A frame the service could not score is published with verdict ``error`` and the
-  reason.
+  published with status ``timeout`` (no verdict) at that moment; its real result follows when it
+  comes, with ``late`` true. A frame the service could not score is published with status ``error``
+  and the reason.
 - **Queue**: when the service is away (:class:`ServiceUnavailable`: for HTTP a connection error,
   a timeout or a 429, 502, 503 or 504), the part is published as ``timeout`` at once (it cannot
   make its deadline) and waits in the station's on-disk queue (``part_queue.py``: order kept,
@@ -35,9 +35,13 @@ sinks (``mqtt_sink.py``, ``webhook_sink.py``, ``opcua_sink.py``); the other kind
   every ``RETRY_S``), their results ``late``. A full queue refuses the new part loudly (an
   ``error`` result naming the bound, a line on stderr) and leaves its file where it is. A
   frame's file is moved or deleted only once its result is out or it is in the queue.
-- **Result** (:class:`PartResult`, also the sinks' JSON and log columns): station, part id,
-  verdict (``anomaly``, ``good``, ``timeout`` or ``error``), score, threshold, product, version,
-  latency ms (frame taken to verdict), the frame's reference (its path), late, error.
+- **Result** (:class:`PartResult`, also the sinks' JSON and log columns): station, part id, the
+  part's ``status`` (``scored``, ``timeout`` or ``error``: hetmm_ray/result.py ``PART_STATUSES``),
+  product, latency ms (frame taken to verdict), the frame's reference (its path), late, error, and
+  the fields of the one result record (hetmm_ray/result.py, docs/result-record.md: ``record_version``,
+  ``score``, ``threshold``, ``is_anomaly``, ``verdict`` ``ok | review | reject``, ``review_threshold``,
+  the rule fields, ``version``) as the service answered them; all None unless ``scored``. The
+  in-process service builds the record with the product's review band, as the service does.
 - **In-process service**: the product's detector loaded from the store (the pinned version, or
   HEAD, looked up again before every part so a hot update or a promote is seen by the next part
   without a restart; a new version is loaded once). **HTTP service**: ``POST
@@ -69,6 +73,7 @@ from ..config import ConfigError
 from ..config.station import FolderSource, LogSink, MqttSink, MqttSource, OpcUaSink, ServiceTarget, WebhookSink
 from ..data.raw_frame import RawFrame
 from ..errors import HetmmError
+from ..result import RECORD_FIELDS, result_records, review_threshold_of
 from .check import Station
 from .metrics import StationMetrics
 from .part_queue import PartQueue, QueueFull
@@ -98,32 +103,39 @@ class ServiceUnavailable(HetmmError):
     in the station's queue."""
 
 
-@dataclass(frozen=True)
-class Scored:
-    """What a service answered for one frame."""
-
-    score: float
-    threshold: float
-    is_anomaly: bool
-    version: int | None
+Scored = dict[str, Any]
+"""What a service answered for one frame: its result record (``result.RECORD_FIELDS``)."""
 
 
 @dataclass(frozen=True)
 class PartResult:
     station: str
     part_id: str
-    verdict: str  # anomaly | good | timeout | error
-    score: float | None
-    threshold: float | None
+    status: str  # scored | timeout | error (result.PART_STATUSES)
     product: str
-    version: int | None
     latency_ms: float
     frame: str
     late: bool = False
     error: str | None = None
+    # The result record (hetmm_ray/result.py) of a scored part, as its service answered; None otherwise.
+    record_version: int | None = None
+    score: float | None = None
+    threshold: float | None = None
+    is_anomaly: bool | None = None
+    verdict: str | None = None  # ok | review | reject
+    review_threshold: float | None = None
+    threshold_rule: str | None = None
+    rule_target: float | None = None
+    estimated_false_alarm_rate: float | None = None
+    version: int | None = None
     # Not part of the payload: which frame of its source this is the result of (the frame's
     # reference and its trigger's own part id), for the MQTT sink's outbox (``outbox.py``).
     key: str = field(default="", repr=False, compare=False)
+
+    @property
+    def outcome(self) -> str:
+        """What the part is counted as (``result.PART_OUTCOMES``): its verdict once scored, else its status."""
+        return self.verdict if self.status == "scored" and self.verdict is not None else self.status
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -157,23 +169,24 @@ class InProcessService:
         self.store = open_store(store_uri)
         self.product = product
         self.pinned = version
-        self._loaded: tuple[int, Any] | None = None
+        self._loaded: tuple[int, Any, float | None] | None = None  # version, its detector, its review band
         self._lock = threading.Lock()
 
-    def _detector(self) -> Any:
+    def _detector(self) -> tuple[Any, float | None]:
         from ..detectors import load_detector
 
         version = self.pinned if self.pinned is not None else self.store.head(self.product)
         if self._loaded is None or self._loaded[0] != version:
-            self._loaded = (version, load_detector(self.store, self.product, version, progress=False))
-        return self._loaded[1]
+            detector = load_detector(self.store, self.product, version, progress=False)
+            self._loaded = (version, detector, review_threshold_of(detector))
+        return self._loaded[1], self._loaded[2]
 
     def score(self, frame: bytes | RawFrame) -> Scored:
         image = frame.to_rgb() if isinstance(frame, RawFrame) else frame
         with self._lock:  # one part at a time per station: parts are scored in order
-            detector = self._detector()
+            detector, review = self._detector()
             p = detector.predict([image])
-        return Scored(float(p.scores[0]), float(p.threshold), bool(p.is_anomaly[0]), p.version)
+        return result_records(p, review_threshold=review)[0]
 
 
 class HttpService:
@@ -201,7 +214,7 @@ class HttpService:
         if r.status_code != 200:
             raise RuntimeError(f"HTTP {r.status_code}: {r.text[:200]}")
         body = r.json()
-        return Scored(float(body["score"]), float(body["threshold"]), bool(body["is_anomaly"]), body.get("version"))
+        return {k: body.get(k) for k in RECORD_FIELDS}
 
 
 class GrpcService:
@@ -219,6 +232,7 @@ class GrpcService:
         import grpc
 
         from ..serve.grpc.client import error_code, service_away
+        from ..serve.grpc.messages import record_of
 
         try:
             reply = self.client.predict(self.product, [("frame", frame)])
@@ -229,8 +243,7 @@ class GrpcService:
             if away:
                 raise ServiceUnavailable(f"gRPC {code.name}: {exc.details()}") from exc  # type: ignore[attr-defined]
             raise RuntimeError(f"gRPC {code.name}: {exc.details()}") from None  # type: ignore[attr-defined]
-        r = reply.results[0]
-        return Scored(float(r.score), float(r.threshold), bool(r.is_anomaly), int(r.version))
+        return record_of(reply.results[0])
 
 
 # --- sinks -------------------------------------------------------------------------------
@@ -240,7 +253,7 @@ class LogWriter:
     def __init__(self, cfg: LogSink, base: Path) -> None:
         fmt = cfg.format or Path(cfg.path).suffix.lower().lstrip(".")
         if fmt != "csv":
-            raise ConfigError(f"sink log: {fmt} logs are not built yet (issue 39); use a .csv path")
+            raise ConfigError(f"sink log: {fmt} logs are not built yet; use a .csv path")
         self.path = base / cfg.path
         new = not self.path.exists() or self.path.stat().st_size == 0
         self._file = self.path.open("a", newline="")
@@ -291,7 +304,7 @@ def _sink(sink: Any, station: Station, base: Path, line: str, queue_folder: Path
         from .opcua_sink import OpcUaStation
 
         return OpcUaStation(sink, station=station.head.name)
-    raise ConfigError(f"station {station.head.name!r}: sink {sink.kind} is not built yet (issue 39)")
+    raise ConfigError(f"station {station.head.name!r}: sink {sink.kind} is not built yet")
 
 
 def build_station(station: Station, base: Path, *, line: str = "line") -> StationRunner:
@@ -300,7 +313,7 @@ def build_station(station: Station, base: Path, *, line: str = "line") -> Statio
     name = station.head.name
     for sink in station.sinks:
         if not isinstance(sink, LogSink | MqttSink | OpcUaSink | WebhookSink):
-            raise ConfigError(f"station {name!r}: sink {sink.kind} is not built yet (issue 39)")
+            raise ConfigError(f"station {name!r}: sink {sink.kind} is not built yet")
     service = _service(station.service, station, base)
     queue = PartQueue(base / (station.queue.path or f".hetmm-queue/{name}"), station.queue.max_parts)
     sinks: list[Sink] = []
@@ -363,7 +376,8 @@ class StationRunner:
         last = self._count_file.read_text().strip() if self._count_file.exists() else ""
         self._counter = itertools.count(int(last) + 1 if last.isdigit() else 1)
         self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"station-{station.head.name}")
-        # The newest results (bounded: memory does not grow with the parts) and a count per verdict.
+        # The newest results (bounded: memory does not grow with the parts) and a count per outcome
+        # (a scored part's verdict, another's status).
         self.recent: deque[PartResult] = deque(maxlen=RECENT_RESULTS)
         self.counts: Counter[str] = Counter()
         self.on_result: Callable[[PartResult], None] | None = None  # e.g. the CLI's printing
@@ -400,7 +414,7 @@ class StationRunner:
 
     def _publish(self, result: PartResult) -> None:
         self.recent.append(result)
-        self.counts[result.verdict] += 1
+        self.counts[result.outcome] += 1
         for sink in self.sinks:
             sink.publish(result)
         if self.on_result is not None:  # after the sinks: what is printed is out
@@ -435,19 +449,21 @@ class StationRunner:
 
     def _result(self, part: str, frame: str, taken: float, outcome: Future[Scored], *, late: bool) -> PartResult:
         head = self.station.head
-        base = {"station": head.name, "part_id": part, "product": head.product, "frame": frame, "late": late}
+        base: dict[str, Any] = {
+            "station": head.name,
+            "part_id": part,
+            "product": head.product,
+            "frame": frame,
+            "late": late,
+        }
         try:
             s = outcome.result()
         except Exception as exc:  # noqa: BLE001 - the part is published with the reason, the station goes on
             latency = round(1000 * (time.monotonic() - taken), 3)
-            return PartResult(
-                **base, verdict="error", score=None, threshold=None, version=None, latency_ms=latency, error=str(exc)
-            )
+            return PartResult(**base, status="error", latency_ms=latency, error=str(exc))
         latency = round(1000 * (time.monotonic() - taken), 3)  # frame taken to verdict
-        verdict = "anomaly" if s.is_anomaly else "good"
-        return PartResult(
-            **base, verdict=verdict, score=s.score, threshold=s.threshold, version=s.version, latency_ms=latency
-        )
+        record: dict[str, Any] = {k: s.get(k) for k in RECORD_FIELDS}
+        return PartResult(**base, status="scored", latency_ms=latency, **record)
 
     def _one(self, item: Frame) -> None:
         head = self.station.head
@@ -483,13 +499,22 @@ class StationRunner:
     def _failed(self, part: str, ref: str, taken: float, why: str) -> PartResult:
         head = self.station.head
         latency = round(1000 * (time.monotonic() - taken), 3)
-        failed = PartResult(head.name, part, "error", None, None, head.product, None, latency, ref)
-        return replace(failed, error=why)
+        return PartResult(
+            station=head.name,
+            part_id=part,
+            status="error",
+            product=head.product,
+            latency_ms=latency,
+            frame=ref,
+            error=why,
+        )
 
     def _timeout(self, part: str, frame: str, taken: float) -> PartResult:
         head = self.station.head
         latency = round(1000 * (time.monotonic() - taken), 3)
-        return PartResult(head.name, part, "timeout", None, None, head.product, None, latency, frame)
+        return PartResult(
+            station=head.name, part_id=part, status="timeout", product=head.product, latency_ms=latency, frame=frame
+        )
 
     def _wait_in_queue(
         self, part: str, frame: bytes | RawFrame, item: Frame, taken: float, taken_unix: float, *, announced: bool

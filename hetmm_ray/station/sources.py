@@ -7,7 +7,7 @@ calls them from one thread):
   once, without blocking for long (the runner polls every ``runner.POLL_S``).
 - :meth:`Source.read` returns a frame's encoded bytes (a source may hold them, or read them from
   where the frame's ``ref`` says), or a camera's pixels as a ``data.raw_frame.RawFrame``: those go
-  to a gRPC service as they are, never encoded on the station (issue 39, item 5).
+  to a gRPC service as they are, never encoded on the station.
 - :meth:`Source.done` is called once the frame is safe: its result is out, or it waits in the
   station's on-disk queue. Only then may the source let it go (move or delete a file,
   acknowledge a message).

@@ -22,11 +22,13 @@ from .base import (
 )
 from .local import LocalBackend
 from .manifest import VersionRecord
+from .protocol import Store
 from .versioned import VersionedStore
 
 __all__ = [
     "Backend",
     "ProductNotFound",
+    "Store",
     "StoreConflict",
     "StoreCorrupt",
     "StoreError",
@@ -47,8 +49,8 @@ def open_backend(uri: str | Path, *, endpoint_url: str | None = None, region: st
         if not parts.netloc:
             raise StoreError(f"store URI {text!r}: give a bucket, e.g. s3://my-bucket/templates")
         query = parse_qs(parts.query)
-        endpoint = endpoint_url or (query.get("endpoint") or [None])[0]
-        region = region or (query.get("region") or [None])[0]
+        endpoint = endpoint_url or next(iter(query.get("endpoint", [])), None)
+        region = region or next(iter(query.get("region", [])), None)
         from .s3 import S3Backend
 
         return S3Backend(parts.netloc, parts.path, endpoint_url=endpoint, region=region)

@@ -10,7 +10,7 @@ directory and S3 backends both provide them, so one versioning protocol
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import BinaryIO, Protocol
 
 from ..errors import HetmmError
@@ -86,4 +86,4 @@ class Backend(Protocol):
 
     def list(self, prefix: str) -> Iterator[str]: ...
 
-    def delete(self, keys: list[str]) -> None: ...
+    def delete(self, keys: Sequence[str]) -> None: ...

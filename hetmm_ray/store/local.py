@@ -9,6 +9,7 @@ processes on one machine; readers never see partial files.
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import fcntl
 import hashlib
@@ -16,7 +17,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
@@ -137,7 +138,7 @@ class LocalBackend:
             if p.is_file() and not p.name.startswith("."):
                 yield p.relative_to(self.root).as_posix()
 
-    def sweep_temp(self, prefix: str = "", *, older_than_s: float = STALE_TEMP_S) -> list[str]:
+    def sweep_temp(self, prefix: str = "", *, older_than_s: float = STALE_TEMP_S) -> builtins.list[str]:
         """Remove temporary files (``.NAME.XXXX.tmp``) that a killed writer left; returns their keys.
 
         Only files not modified for ``older_than_s`` are removed, so a write in progress in
@@ -157,6 +158,6 @@ class LocalBackend:
                 continue
         return removed
 
-    def delete(self, keys: list[str]) -> None:
+    def delete(self, keys: Sequence[str]) -> None:
         for key in keys:
             self._path(key).unlink(missing_ok=True)

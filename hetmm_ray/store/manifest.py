@@ -52,6 +52,9 @@ class VersionRecord:
     # a tiled product's ``meta["tiles"]`` (hetmm_ray/tiled.py: grid, layers, each position's settings
     # and calibration); None for an untiled one
     tiles: Mapping[str, Any] | None = None
+    # the bank's frames' content digests, in bank order (what names the out-of-fold scores' frames,
+    # core/good_outliers.py); empty where a manifest holds none
+    image_digests: tuple[str, ...] = ()
 
     @classmethod
     def parse(cls, manifest: Mapping[str, Any]) -> VersionRecord:
@@ -76,6 +79,7 @@ class VersionRecord:
             sheets_auto=meta.get("sheets_auto") if selected else None,
             migrated_from=meta.get("migrated_from"),
             tiles=meta.get("tiles"),
+            image_digests=tuple(str(d) for d in manifest.get("image_digests") or ()),
         )
 
     @property

@@ -12,7 +12,7 @@ number of times, then reported as :class:`StoreUnavailable`.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any, BinaryIO
 
 from .base import StoreConflict, StoreError, StoreUnavailable
@@ -27,7 +27,7 @@ _SESSION_LOCK = threading.Lock()
 
 
 def _client(**kwargs: Any) -> Any:
-    """An S3 client from one shared boto3 session (a session costs ~0.2 s of CPU to build;
+    """An S3 client from one shared boto3 session (a session is costly to build;
     sessions are not thread-safe, clients are, so clients are made under a lock)."""
     global _SESSION
     with _SESSION_LOCK:
@@ -177,7 +177,7 @@ class S3Backend:
                 return
             token = {"ContinuationToken": r["NextContinuationToken"]}
 
-    def delete(self, keys: list[str]) -> None:
+    def delete(self, keys: Sequence[str]) -> None:
         for i in range(0, len(keys), 1000):
             objects = [{"Key": self._key(k)} for k in keys[i : i + 1000]]
             self._call("delete", self.client.delete_objects, Bucket=self.bucket, Delete={"Objects": objects})

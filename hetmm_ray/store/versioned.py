@@ -21,7 +21,7 @@ reuses the parent's chunk objects and uploads only the new images.
 
 Manifest formats (``"format"``):
 
-- 1 (before issue 14; read, never written): each chunk object holds every layer's rows of an
+- 1 (the first format; read, never written): each chunk object holds every layer's rows of an
   image range, and one selection object holds every layer's indices/centres. Reading one layer
   reads them all. (tests/store_format1.py writes it, to test reading and migrating old stores.)
 - 2 (written now): one chunk object per (layer, image range), each ref carrying ``"layer"``,
@@ -36,7 +36,7 @@ writers expect (they ignore ``moves/``, and a writer that rewrites HEAD cannot d
 and appending needs no read-modify-write on S3. A crash between the swap and the record loses
 that one record (the move itself stands); a failed swap records nothing.
 
-Candidates (issue 23): ``put(..., candidate=True)`` (and ``republish``) writes the version
+Candidates: ``put(..., candidate=True)`` (and ``republish``) writes the version
 exactly as a publish does (objects, then the create-only manifest) and then swaps HEAD, by the
 same compare-and-swap, to one that lists it under ``"candidates"`` with its ``version`` and
 ``history`` unchanged: readers that follow HEAD never see it. :meth:`VersionedStore.promote`
@@ -68,7 +68,7 @@ from torch import Tensor
 
 from ..config import ConfigError, stored_config
 from ..core.scoring import Calibration, calibration_json
-from ..core.templates import TemplateSet
+from ..core.templates import TemplateMeta, TemplateSet
 from .base import Backend, ProductNotFound, StoreConflict, StoreCorrupt, StoreError, check_product_name
 from .layout import LayerData, layer_chunks, read_layer, selection_refs
 from .layout import tensors_from as _tensors_from
@@ -93,7 +93,7 @@ def _canonical(manifest: dict[str, Any]) -> bytes:
 
 
 def _candidates(head: dict[str, Any]) -> list[int]:
-    """HEAD's candidate versions (issue 23; absent in a HEAD without any, and in older stores)."""
+    """HEAD's candidate versions (absent in a HEAD without any, and in older stores)."""
     return [int(v) for v in head.get("candidates", [])]
 
 
@@ -214,7 +214,7 @@ class VersionedStore:
             weights_id=m["weights_id"],
             image_digests=tuple(m["image_digests"]),
             calibration=Calibration.from_json(cal),
-            meta={**m.get("meta", {}), "version": version, "parent": m.get("parent")},
+            meta=TemplateMeta({**m.get("meta", {}), "version": version, "parent": m.get("parent")}),
             **selection,
         )
 
@@ -245,7 +245,8 @@ class VersionedStore:
         check_product_name(product)
         self.sweep_temp(product)  # what a writer killed mid-object left behind
         found = self._head(product)
-        head, etag = (found[0], found[1]) if found else ({"version": 0, "history": []}, None)
+        head: dict[str, Any] = found[0] if found else {"version": 0, "history": []}
+        etag = found[1] if found else None
         if expect_head is not None and int(head["version"]) != expect_head:
             raise StoreConflict(f"{product}: head is v{head['version']}, not v{expect_head}; reload and retry")
         self._refuse_during_cleanup(product, head)
@@ -375,7 +376,7 @@ class VersionedStore:
             return {"product": product, "from_version": head, "version": head, "format": m["format"], "migrated": False}
         ts = self.get(product, head)
         meta = {k: v for k, v in ts.meta.items() if k not in ("version", "parent")}
-        ts = replace(ts, meta={**meta, "migrated_from": {"version": head, "format": m["format"]}})
+        ts = replace(ts, meta=TemplateMeta({**meta, "migrated_from": {"version": head, "format": m["format"]}}))
         version = self.put(product, ts, expect_head=head)
         out = {"product": product, "from_version": head, "version": version, "format": FORMAT}
         return {**out, "migrated": True}
@@ -433,7 +434,7 @@ class VersionedStore:
             out.append(move)
         return sorted(out, key=lambda m: m["time"])
 
-    # --- candidates (issue 23) -----------------------------------------------------------
+    # --- candidates ----------------------------------------------------------------------
     def candidates(self, product: str) -> list[int]:
         """The product's candidate versions, oldest first: stored and verified, not head."""
         return _candidates(self._require_head(product)[0])

@@ -1,4 +1,4 @@
-"""Acceptance runs (issue 38, item 5): whole features checked at the size their issues state, moved
+"""Acceptance runs: whole features checked at the size their issues state, moved
 here from benchmarks/ with the conditions those scripts printed turned into asserts.
 
 Long, so not in ``make test`` (tests/unit and tests/integration), and skipped unless selected with

@@ -1,4 +1,4 @@
-"""Issue 23's compare acceptance on a real product (no Ray, the CLI in process); was benchmarks/compare_check.py.
+"""``hetmm compare`` on a real product, end to end (no Ray, the CLI in process).
 
 On ``../shared/data/battery_weld`` (MVTec layout): v1 fitted on the first half of ``train/good``
 (sorted by name), a candidate ``hetmm update --candidate`` with all of them, then ``hetmm compare

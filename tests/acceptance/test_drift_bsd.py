@@ -1,5 +1,4 @@
-"""Real slow change through the service's drift alarms: ``bsd_pitting`` in capture-time order (issue
-23); was benchmarks/drift_bsd.py.
+"""Real slow change through the service's drift alarms: ``bsd_pitting`` in capture-time order.
 
 The frames' names carry their capture time (``01_<yymmddhhmmss>_...``; ../shared/data/README.md).
 Over the whole range (28 Aug to 7 Sep 2020, every frame of train/ and test/):
@@ -14,10 +13,10 @@ Over the whole range (28 Aug to 7 Sep 2020, every frame of train/ and test/):
    capture time of the last frame sent.
 
 Asserted: every frame scored, every read saw every frame sent, the record answers ``GET /drift``, and
-(full size) every window ends in ``drift``: the line's slow change and the pitting (BENCHMARKS.md,
-"Drift alarms and the record under a crash"). Printed: the state of each window over capture time and,
-per capture day, the frames, the pitted ones, the flagged share and the good frames' score quantiles
-against the out-of-fold ones. Saved to ``HETMM_ACCEPTANCE_OUT`` (else the test's temporary folder):
+(full size) every window ends in ``drift``: the line's slow change and the pitting
+(docs/performance.md). Printed: the state of each window over capture time and, per capture day, the
+frames, the pitted ones, the flagged share and the good frames' score quantiles against the
+out-of-fold ones. Saved to ``HETMM_ACCEPTANCE_OUT`` (else the test's temporary folder):
 ``drift-bsd.png`` (the chart, ``drift_chart.py``) and ``drift-bsd.json`` (the raw points and frames).
 Quick (``HETMM_ACCEPTANCE_QUICK=1``): 40 templates, 60 later frames, 128 canvas, 5 folds.
 """

@@ -1,8 +1,8 @@
-"""Drift alarms on a synthetic line (issue 23, item 4): a stable line, then a camera change; was
+"""Drift alarms on a synthetic line: a stable line, then a camera change; was
 benchmarks/drift_check.py.
 
 A synthetic product is fitted on 200 good images (the default backbone, packaged ImageNet weights, at
-64 px: the size BENCHMARKS.md's run used; ALL; far rule 1 %); fresh good parts are then scored in
+64 px: the size docs/performance.md's run used; ALL; far rule 1 %); fresh good parts are then scored in
 process (``HETMM.predict``, batches of 32) and fed, in order, to the service's drift monitor
 (``record/monitor.py`` with ``ServiceConfig``'s default ``drift_*`` settings), evaluated every 50
 parts (the service evaluates at most once a second):

@@ -1,4 +1,4 @@
-"""The acceptance runs of ``hetmm inspect`` (issue 24): every image once, from S3 on a 3-node cluster,
+"""The acceptance runs of ``hetmm inspect``: every image once, from S3 on a 3-node cluster,
 through a killed worker node, and through SIGINT and a restart; were benchmarks/bench_inspect.py's
 ``cluster`` and ``sigint`` phases (its ``throughput`` and ``memory`` phases are
 ``benchmarks/bench_archive.py inspect``).
@@ -7,7 +7,7 @@ Images: ``benchmarks.common.archive_images``: bottle and battery_weld of ../shar
 re-encoded as JPEG at a side that varies with the index (every file distinct), 1 % corrupt (truncated
 or not an image); synthetic gears without ../shared. The product: fitted on 30 bottle train images with
 mobilenet_v2's real weights (a synthetic product without ../shared) at a 64-px canvas (the counts do not
-depend on it; BENCHMARKS.md's count run used it).
+depend on it; docs/performance.md's count run used it).
 
 1. **cluster**: the images in a moto S3 bucket (moto's server in a subprocess), ``inspect_archive`` from
    the bucket to Parquet in the bucket on a ``ray.cluster_utils.Cluster`` of 3 nodes: every image once

@@ -1,4 +1,4 @@
-"""The inspection record under a crash (issue 23, item 3's acceptance); was benchmarks/record_crash_check.py.
+"""The inspection record under a crash.
 
 Predictions over HTTP from 4 clients, the ingress killed with SIGKILL once half of them are answered,
 Serve restarts it, the stream goes on; then every answered prediction is looked up in the record.

@@ -1,5 +1,5 @@
 """How ``features.safetensors`` and ``replayed.json`` / ``replayed_maps.safetensors`` beside a stored
-product (tests/data/pre22/, tests/data/pre_whole_view/) were made (issue 41): run once with the code
+product (tests/data/pre22/, tests/data/pre_whole_view/) were made: run once with the code
 that wrote the store (its make_store.py names the commit), never by the test suite:
 
     git archive 8c31f0d hetmm_ray | tar -x -C /tmp/pre22

@@ -1,4 +1,4 @@
-"""Candidate versions and compare on the command line (issue 23), end to end on a tiny synthetic
+"""Candidate versions and compare on the command line, end to end on a tiny synthetic
 product, in process (no Ray): ``--candidate`` on a publishing command leaves HEAD alone,
 ``hetmm compare`` lists the flips that scoring each version with ``hetmm predict`` gives,
 ``promote`` moves HEAD (recorded), ``discard`` drops a candidate; mistakes are one-line errors."""

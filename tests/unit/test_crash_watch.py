@@ -1,4 +1,4 @@
-"""tests/crash_watch.py: a test process that dies says which test it died in (issue 41). Each case
+"""tests/crash_watch.py: a test process that dies says which test it died in. Each case
 runs a small pytest session in a subprocess with the plugin, as ``make test`` runs the suite."""
 
 from __future__ import annotations

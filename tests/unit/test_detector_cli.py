@@ -251,7 +251,7 @@ def test_save_load_gives_identical_scores(fitted, images, tmp_path):
         assert fitted.save(store, "gear") == 1
         loaded = load_detector(store, "gear")
         assert loaded.version == 1
-        # the product's settings; run-time ones (device, batch_size) are this host's (issue 10)
+        # the product's settings; run-time ones (device, batch_size) are this host's
         assert loaded.config.stored_dict() == fitted.config.stored_dict()
         after = loaded.predict(good + bad)
         np.testing.assert_array_equal(after.scores, before.scores)

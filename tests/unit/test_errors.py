@@ -3,7 +3,7 @@
 Each class found under ``hetmm_ray`` is raised (1) inside a real ``hetmm`` command run through
 ``cli.main``: one line ``hetmm: error: <message>`` and exit status 2, never "unexpected"; and
 (2) through the ingress's mapping to its HTTP answer: the table's status, its code and the
-``{"error": {"code", "message"}}`` body. Before issue 10 the HTTP side answered 500 for
+``{"error": {"code", "message"}}`` body. The HTTP side once answered 500 for
 WeightsError and DatasetError, and the CLI called SourceError "unexpected".
 """
 
@@ -49,7 +49,7 @@ def _expected(cls: type[HetmmError]) -> tuple[int, str]:
 
 def test_the_table_knows_every_class_and_nothing_else() -> None:
     names = {c.__name__ for c in CLASSES}
-    # the ten classes issue 10 counted, and the ones that were already HTTP/CLI-only
+    # the ten classes first counted, and the ones that were already HTTP/CLI-only
     assert {"ConfigError", "ImageError", "SourceError", "DatasetError", "WeightsError", "StoreError"} <= names
     assert {"ProductNotFound", "StoreConflict", "TemplateError", "ClusterUnavailable"} <= names
     assert names == set(ERRORS) - {"HetmmError"}, "ERRORS lists a class that no longer exists, or misses one"
@@ -118,7 +118,7 @@ def test_other_exceptions_stay_internal() -> None:
 
 def test_a_failed_job_is_answered_through_the_table() -> None:
     """A create that loses the race for a product name fails its job with StoreConflict: the waiting
-    request answers 409 ``conflict`` (the table's), not 422 ``job_failed`` (before issue 26)."""
+    request answers 409 ``conflict`` (the table's), not 422 ``job_failed`` (as it once did)."""
     import asyncio
 
     from hetmm_ray.distributed.jobs import JobBoard

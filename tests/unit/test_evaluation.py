@@ -85,7 +85,7 @@ def test_sample_order_and_masks_are_unchanged_for_a_masked_set(tmp_path: Path):
 
 @pytest.mark.parametrize("tiles", [None, "[2,2]"], ids=["one canvas", "tiled"])
 def test_streamed_evaluation_equals_one_pass_over_all_frames(tmp_path: Path, monkeypatch, tiles):
-    """Issue 40: ``evaluate`` scores the test frames a chunk at a time and reduces each map as it comes;
+    """``evaluate`` scores the test frames a chunk at a time and reduces each map as it comes;
     every figure (timings aside) is the one a single pass over all frames holding every map gives,
     computed here the slow obvious way from one ``predict`` of all test frames."""
     from hetmm_ray import evaluation

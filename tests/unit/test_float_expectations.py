@@ -1,5 +1,5 @@
 """No test compares a float that passed through a CPU kernel with a value written on one machine,
-bit for bit (issue 41): a structure test over the tests' source.
+bit for bit: a structure test over the tests' source.
 
 What it reads as "bit for bit": an ``==`` / ``!=`` whose side takes ``.hex()`` of a float, or
 hashes an array's bytes (``sha256(... .tobytes())``), and a float literal of five or more
@@ -122,7 +122,7 @@ def test_no_test_compares_a_kernels_float_exactly():
 
 
 def test_the_scan_flags_what_the_old_stored_product_tests_did():
-    """The lines the stored-product tests had before issue 41 (they failed on another CPU)."""
+    """The lines the stored-product tests once had (they failed on another CPU)."""
     old = """
 def test_old(pred, expected):
     assert [float(s).hex() for s in pred.scores] == expected["scores"]

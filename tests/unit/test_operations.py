@@ -1,4 +1,4 @@
-"""The product operations written once (hetmm_ray/operations.py, issue 38 item 2), in process on a tiny
+"""The product operations written once (hetmm_ray/operations.py), in process on a tiny
 synthetic product, one canvas and tiled alike: what each stores, live or as a candidate, what a
 retried update does, and the refusals that come before any work."""
 

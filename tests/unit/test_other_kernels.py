@@ -1,4 +1,4 @@
-"""The stored-product tests under another CPU's kernels (issue 41).
+"""The stored-product tests under another CPU's kernels.
 
 Another CPU runs the backbone and ATMM in other vector kernels (AVX-512 where this project's CI has
 AVX2), which changes float32 results in their last bits. Torch can be told to use its plain

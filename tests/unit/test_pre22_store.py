@@ -1,4 +1,4 @@
-"""A product stored before issue 22 (no tiles, no region: tests/data/pre22/, written by the code of
+"""A product stored by older code (no tiles, no region: tests/data/pre22/, written by the code of
 commit 8c31f0d, see its make_store.py) loads with today's code as the same untiled product, reads
 back its templates and calibration exactly, rewrites nothing, and scores as that code scored it:
 exactly where no CPU kernel is involved, to stated tolerances where one is (tests/stored_products.py

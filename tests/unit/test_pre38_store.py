@@ -1,4 +1,4 @@
-"""Products stored before one detector interface (issue 38: tests/data/pre38/, written by the code of
+"""Products stored before one detector interface (tests/data/pre38/, written by the code of
 commit f686468, see its make_store.py) load with today's single loader as the detector they were,
 read back exactly, rewrite nothing, and score as that code scored them: a frame on one canvas (a
 fit, a version under a region, a compressed candidate) and a tiled product with the whole view (a

@@ -1,4 +1,4 @@
-"""``hetmm predict`` takes its frames a chunk at a time (issue 40): every record (score, verdict,
+"""``hetmm predict`` takes its frames a chunk at a time: every record (score, verdict,
 threshold) and heat-map equals what one chunk holding every frame gives; a bad file among them is
 skipped without losing the others."""
 

@@ -1,4 +1,4 @@
-"""Raw camera frames (issue 39, item 5): read as the same pixels a lossless encoding gives, refused
+"""Raw camera frames: read as the same pixels a lossless encoding gives, refused
 clearly and before anything is allocated when they are not what they say."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Typed records at the process seams (issue 10): one calibration conversion, the registry's
+"""Typed records at the process seams: one calibration conversion, the registry's
 snapshot built the same from a template set and from its stored manifest, and the product
 descriptions' JSON exactly the keys the HTTP API has always sent."""
 
@@ -16,7 +16,7 @@ from hetmm_ray.distributed.registry import _snapshot
 from hetmm_ray.records import ProductDescription, ProductSnapshot, UnreadableProduct
 from hetmm_ray.store import open_store
 
-# The keys of one GET /v1/products entry, in the order the registry has sent them (README).
+# The keys of one GET /v1/products entry, in the order the registry has sent them (the HTTP reference).
 DESCRIPTION_KEYS = [
     "product",
     "version",
@@ -33,9 +33,10 @@ DESCRIPTION_KEYS = [
     "rule_target",
     "estimated_false_alarm_rate",
     "created",
-    "region",  # issue 22: whether it has an inspection region, and its tile grid
+    "region",  # whether it has an inspection region, and its tile grid
     "tiles",
     "threshold_warning",  # why the threshold may flag few defects (OperatingPoint.warning), or None
+    "false_alarm_estimate",  # the estimate's interval and the good scores above (FalseAlarmEstimate), or None
 ]
 
 

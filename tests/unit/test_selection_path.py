@@ -1,4 +1,4 @@
-"""One selection path (issue 10): ``core.pts.select_layer`` is what the detector's fit
+"""One selection path: ``core.pts.select_layer`` is what the detector's fit
 pipeline, the registry's create and the shards' hot update all run; only where PTS executes
 differs. Checked against slow obvious implementations of each kind, and the three callers
 against each other on the same bank.

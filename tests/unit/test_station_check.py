@@ -1,4 +1,4 @@
-"""``hetmm station check``: a line file's problems, one line each, found without starting anything (issue 39)."""
+"""``hetmm station check``: a line file's problems, one line each, found without starting anything."""
 
 from __future__ import annotations
 

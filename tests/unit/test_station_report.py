@@ -23,21 +23,25 @@ def fake_runner(results: list[PartResult], queue: int = 0) -> SimpleNamespace:
         station=SimpleNamespace(head=SimpleNamespace(name="s1", product="p")),
         state="degraded" if queue else "ok",
         queue=[None] * queue,
-        counts=Counter(r.verdict for r in results),
+        counts=Counter(r.outcome for r in results),
         recent=results,
     )
 
 
-def result(part: str, verdict: str, latency: float, version: int | None = 2) -> PartResult:
-    score = None if verdict in ("timeout", "error") else 0.1
-    return PartResult("s1", part, verdict, score, 0.2, "p", version, latency, f"/in/{part}.png")
+def result(part: str, outcome: str, latency: float, version: int | None = 2) -> PartResult:
+    """A part of ``outcome``: a verdict (scored, score 0.1 against 0.2), or the status timeout / error."""
+    common = {"station": "s1", "part_id": part, "product": "p", "latency_ms": latency, "frame": f"/in/{part}.png"}
+    if outcome in ("timeout", "error"):
+        return PartResult(**common, status=outcome)
+    scored = {"score": 0.1, "threshold": 0.2, "is_anomaly": outcome == "reject", "version": version}
+    return PartResult(**common, status="scored", verdict=outcome, **scored)
 
 
 def test_the_report_says_state_queue_parts_last_and_latency_of_final_results() -> None:
-    results = [result(f"a{i}", "good", 10.0 * (i + 1)) for i in range(9)] + [result("a9", "timeout", 5000, None)]
+    results = [result(f"a{i}", "ok", 10.0 * (i + 1)) for i in range(9)] + [result("a9", "timeout", 5000, None)]
     body = station_report(fake_runner(results, queue=2), 2.0)
-    assert body["state"] == "degraded" and body["queue"] == 2 and body["parts"] == {"good": 9, "timeout": 1}
-    assert body["last"] == {"part_id": "a9", "verdict": "timeout", "score": None, "late": False}
+    assert body["state"] == "degraded" and body["queue"] == 2 and body["parts"] == {"ok": 9, "timeout": 1}
+    assert body["last"] == {"part_id": "a9", "status": "timeout", "verdict": None, "score": None, "late": False}
     assert body["version"] == 2  # the last result that has one
     assert body["latency_ms"]["p50"] == 50.0  # over final results only: the timeout's 5 s is not a latency
     assert body["latency_ms"]["p99"] <= 90.0

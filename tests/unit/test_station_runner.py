@@ -1,4 +1,4 @@
-"""A station in one process (issue 39, its first part): a watched folder, the product scored in process,
+"""A station in one process: a watched folder, the product scored in process,
 results to a CSV log; complete files only, the deadline, a hot update seen by the next part."""
 
 from __future__ import annotations
@@ -89,7 +89,8 @@ def test_a_folder_station_scores_each_new_file_once_as_the_detector_does(tmp_pat
         # The same process and batch size: equal but for the CSV's float text (a batch of three
         # would differ by ~1e-6: the backbone's kernels depend on the batch).
         assert float(r["score"]) == pytest.approx(score, rel=1e-9)
-        assert r["verdict"] == ("anomaly" if flagged else "good") and r["version"] == "1" and r["late"] == "False"
+        assert r["verdict"] == ("reject" if flagged else "ok") and r["version"] == "1" and r["late"] == "False"
+        assert (r["status"], r["is_anomaly"], r["record_version"]) == ("scored", str(flagged), "1"), r
     assert sorted(p.name for p in (tmp_path / "done").iterdir()) == ["part-0.png", "part-1.png", "part-2.png"]
     assert not list((tmp_path / "in").iterdir())
 
@@ -153,9 +154,13 @@ def test_a_part_past_its_deadline_is_published_as_timeout_then_its_result_follow
     (tmp_path / "in" / "late.png").write_bytes(png(part.good(20)))
     wait_for(runner, 2)
     first, second = rows(tmp_path / "s1.csv")
-    assert (first["part_id"], first["verdict"], first["score"]) == ("late", "timeout", "")
+    assert (first["part_id"], first["status"], first["verdict"], first["score"]) == ("late", "timeout", "", "")
     assert 50 <= float(first["latency_ms"]) < float(second["latency_ms"])
-    assert second["verdict"] in ("good", "anomaly") and second["late"] == "True" and float(second["latency_ms"]) >= 500
+    assert (
+        second["verdict"] in ("ok", "review", "reject")
+        and second["late"] == "True"
+        and float(second["latency_ms"]) >= 500
+    )
     runner.close()
 
 
@@ -166,7 +171,7 @@ def test_a_frame_the_service_cannot_score_is_an_error_result_and_the_station_goe
     (tmp_path / "in" / "b-good.png").write_bytes(png(part.good(21)))
     wait_for(runner, 2)
     broken, good = rows(tmp_path / "s1.csv")
-    assert broken["verdict"] == "error" and broken["error"] and good["verdict"] in ("good", "anomaly")
+    assert broken["status"] == "error" and broken["error"] and good["verdict"] in ("ok", "review", "reject")
     runner.close()
 
 
@@ -203,7 +208,7 @@ def test_station_run_stops_on_sigterm_and_counts_its_parts(tmp_path: Path, part)
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err[-2000:]
-    assert "s1 one: " in out and ("s1: 1 good" in out or "s1: 1 anomaly" in out), out
+    assert "s1 one: " in out and any(f"s1: 1 {v}" in out for v in ("ok", "review", "reject")), out
     assert np.isfinite(float(rows(log)[0]["score"]))
 
 
@@ -229,12 +234,12 @@ def test_parts_wait_on_disk_while_the_service_is_away_and_are_scored_late_in_ord
         (tmp_path / "in" / f"{name}.png").write_bytes(png(part.good(50 + int(name[1]))))
     wait_for(runner, 4)
     logged = rows(tmp_path / "s1.csv")
-    assert [(r["part_id"], r["verdict"]) for r in logged[:3]] == [
+    assert [(r["part_id"], r["status"]) for r in logged[:3]] == [
         ("q1", "timeout"),
         ("q2", "timeout"),
         ("q3", "timeout"),
     ]
-    assert logged[3]["part_id"] == "q4" and logged[3]["verdict"] == "error" and "queue.max_parts" in logged[3]["error"]
+    assert logged[3]["part_id"] == "q4" and logged[3]["status"] == "error" and "queue.max_parts" in logged[3]["error"]
     assert len(runner.queue) == 3 and len(list(runner.queue.folder.glob("*.json"))) == 3
     assert (tmp_path / "in" / "q4.png").exists()  # refused: its file stays
     assert sorted(p.name for p in (tmp_path / "done").iterdir()) == ["q1.png", "q2.png", "q3.png"]  # safe on disk
@@ -249,7 +254,7 @@ def test_parts_wait_on_disk_while_the_service_is_away_and_are_scored_late_in_ord
         assert time.monotonic() < end, "the queue did not drain"
         time.sleep(0.02)
     late = rows(tmp_path / "s1.csv")[4:]
-    assert [(r["part_id"], r["verdict"] in ("good", "anomaly"), r["late"]) for r in late] == [
+    assert [(r["part_id"], r["verdict"] in ("ok", "review", "reject"), r["late"]) for r in late] == [
         ("q1", True, "True"),
         ("q2", True, "True"),
         ("q3", True, "True"),
@@ -302,7 +307,8 @@ def test_metrics_say_parts_queue_latency_and_state_over_http(tmp_path: Path, par
         (tmp_path / "in" / "m1.png").write_bytes(png(part.good(70)))
         wait_for(runner, 1)
         seen = scrape()
-        assert seen[("hetmm_station_parts_total", (("station", "s1"), ("verdict", "timeout")))] == 1
+        timeouts = ("hetmm_station_parts_total", (("station", "s1"), ("status", "timeout"), ("verdict", "")))
+        assert seen[timeouts] == 1
         assert seen[("hetmm_station_queue_depth", (("station", "s1"),))] == 1
         assert seen[("hetmm_station_state", (("state", "degraded"), ("station", "s1")))] == 1
         assert seen[("hetmm_station_state", (("state", "ok"), ("station", "s1")))] == 0
@@ -311,7 +317,8 @@ def test_metrics_say_parts_queue_latency_and_state_over_http(tmp_path: Path, par
         wait_for(runner, 2)
         seen = scrape()
         scored = sum(
-            seen.get(("hetmm_station_parts_total", (("station", "s1"), ("verdict", v))), 0) for v in ("good", "anomaly")
+            seen.get(("hetmm_station_parts_total", (("station", "s1"), ("status", "scored"), ("verdict", v))), 0)
+            for v in ("ok", "review", "reject")
         )
         assert scored == 1 and seen[("hetmm_station_queue_depth", (("station", "s1"),))] == 0
         assert seen[("hetmm_station_state", (("state", "ok"), ("station", "s1")))] == 1
@@ -388,7 +395,7 @@ def test_the_sinks_show_degraded_while_parts_wait_then_ok_then_offline(tmp_path:
     assert sink.states == ["degraded", "ok", "offline"]
 
 
-# --- a station killed between its steps (issue 39: nothing lost, nothing twice) ---------------------
+# --- a station killed between its steps (nothing lost, nothing twice) ---------------------
 def mqtt_line(tmp_path: Path) -> Path:
     """A folder station whose MQTT sink names a broker that is not there: its results wait in the
     sink's on-disk outbox (what a killed station finds at its next start)."""
@@ -415,7 +422,7 @@ def test_a_station_killed_after_publishing_lets_the_frame_go_at_restart_without_
         (tmp_path / "in" / f"{name}.png").write_bytes(png(part.good(60 + int(name[1]))))
     wait_for(runner, 2)
     first = rows(tmp_path / "s1.csv")
-    assert [(r["part_id"], r["verdict"] in ("good", "anomaly")) for r in first] == [("k1", True), ("k2", True)]
+    assert [(r["part_id"], r["verdict"] in ("ok", "review", "reject")) for r in first] == [("k1", True), ("k2", True)]
     unsent = outbox_of(runner).unsent()
     assert [json.loads(p.payload)["part_id"] for p in unsent] == ["k1", "k2"]  # on disk until the broker has them
     runner.close()
@@ -468,7 +475,9 @@ def test_a_queued_part_whose_result_was_out_before_a_kill_leaves_the_queue_unsco
     runner._retry_at = 0.0
     with pytest.raises(Killed):
         runner.drain()
-    assert [(r["part_id"], r["verdict"] in ("good", "anomaly"), r["late"]) for r in rows(tmp_path / "s1.csv")] == [
+    assert [
+        (r["part_id"], r["verdict"] in ("ok", "review", "reject"), r["late"]) for r in rows(tmp_path / "s1.csv")
+    ] == [
         ("q1", False, "False"),
         ("q1", True, "True"),
     ]
@@ -493,7 +502,7 @@ def test_the_counter_goes_on_after_a_restart(tmp_path: Path, part) -> None:
 
 
 def test_files_written_slowly_or_renamed_into_place_are_each_scored_once_whole(tmp_path: Path, part) -> None:
-    """Issue 39's acceptance: a camera PC writing files slowly (in pieces, straight into the folder)
+    """A camera PC writing files slowly (in pieces, straight into the folder)
     and others written beside it then renamed into place, while the station runs: every file is
     scored once, and from its whole bytes (its score is the detector's score of the whole image)."""
     store = fit(tmp_path, part)
@@ -540,7 +549,7 @@ def test_files_written_slowly_or_renamed_into_place_are_each_scored_once_whole(t
     detector = load_detector(store, "p", 1, progress=False)
     for r in logged:  # one image at a time, as the station scores them (the same batch of one)
         expected = float(detector.predict([images[r["part_id"]]]).scores[0])
-        assert r["verdict"] in ("good", "anomaly") and float(r["score"]) == pytest.approx(expected, rel=1e-6), r
+        assert r["verdict"] in ("ok", "review", "reject") and float(r["score"]) == pytest.approx(expected, rel=1e-6), r
     runner.close()
 
 
@@ -558,5 +567,5 @@ def test_an_unknown_product_is_an_error_result_and_the_other_station_goes_on(tmp
         runner.close()
     (known,) = rows(tmp_path / "s-known.csv")
     (unknown,) = rows(tmp_path / "s-unknown.csv")
-    assert known["verdict"] in ("good", "anomaly")
-    assert unknown["verdict"] == "error" and "no-such-product" in unknown["error"], unknown
+    assert known["verdict"] in ("ok", "review", "reject")
+    assert unknown["status"] == "error" and "no-such-product" in unknown["error"], unknown

@@ -1,4 +1,4 @@
-"""The webhook sink against a real HTTP server on 127.0.0.1 (issue 39): every result POSTed as the
+"""The webhook sink against a real HTTP server on 127.0.0.1: every result POSTed as the
 documented JSON, in order; retryable answers retried with backoff; a refusal given up loudly."""
 
 from __future__ import annotations
@@ -53,7 +53,19 @@ def receiver(request) -> Iterator[Receiver]:
 
 
 def result(part: str) -> PartResult:
-    return PartResult("s1", part, "good", 0.01, 0.02, "p", 3, 12.5, f"/in/{part}.png")
+    return PartResult(
+        station="s1",
+        part_id=part,
+        status="scored",
+        product="p",
+        latency_ms=12.5,
+        frame=f"/in/{part}.png",
+        score=0.01,
+        threshold=0.02,
+        is_anomaly=False,
+        verdict="ok",
+        version=3,
+    )
 
 
 @pytest.mark.parametrize("receiver", [[503, 429, 500]], indirect=True)

@@ -143,7 +143,7 @@ def test_importing_detector_and_core_loads_no_ray() -> None:
 
 def test_docstrings_cite_the_shipped_spec() -> None:
     """The method's spec ships in docs/ and every citation in the code points at a real section
-    (issue 10: 21 docstrings cited ALGORITHM.md / DESIGN.md, files not in the repository)."""
+    (21 docstrings cited ALGORITHM.md / DESIGN.md, files not in the repository)."""
     import re
 
     docs = PACKAGE.parent / "docs"
@@ -163,7 +163,7 @@ def test_docstrings_cite_the_shipped_spec() -> None:
 def test_only_the_store_reads_raw_manifests() -> None:
     """A stored version is read outside ``store/`` through its typed record (``store.record``:
     store/manifest.py), never as the manifest dict (``store.manifest(...)``), so one parser
-    decides what a manifest means (issue 26: cli, registry and console indexed it by hand)."""
+    decides what a manifest means (cli, registry and console indexed it by hand)."""
     raw = {
         name: sorted(
             node.lineno

@@ -1,4 +1,4 @@
-"""Issue 15: the fast CPU path equals the slow obvious one.
+"""The fast CPU path equals the slow obvious one.
 
 - BN folding (core/fuse.py) leaves every network's output equal to the unfolded one (1e-5, fp32);
 - the overlapped input pipeline (hetmm_ray/pipeline.py) gives bit-identical scores and maps;

@@ -1,7 +1,8 @@
 """Plain helpers of the gRPC service (no Ray): result dicts as messages, and peers.
 
-Exact semantics: :func:`result_message` turns one image's result as the HTTP answer holds it into a
-``Result`` (``heatmap_png`` base64 -> bytes; rule fields that are None left unset);
+Exact semantics: :func:`result_message` turns one image's result as the HTTP answer holds it (the result record of
+hetmm_ray/result.py, with ``name`` and ``timing``) into a ``Result`` (``heatmap_png`` base64 -> bytes;
+rule fields and ``review_threshold`` that are None left unset);
 :func:`peer_is_loopback` reads a gRPC peer string (``ipv4:127.0.0.1:5000``, ``ipv6:[::1]:5000``,
 ``unix:...``; grpc may percent-encode the brackets) and :func:`host_is_loopback` a configured host name or address;
 :func:`metadata_value` reads one key of a call's metadata (case-insensitive; ``""`` when absent);
@@ -9,6 +10,7 @@ Exact semantics: :func:`result_message` turns one image's result as the HTTP ans
 and details ``"<code>: <message>"``; :data:`METRIC_ROUTES` names each Inspection method's route in the
 ingress's request metrics (``hetmm_requests_total``), for the replicas and the stand-in alike;
 :data:`RULE_FIELDS` are a ``Result``'s optional rule fields (set only when the rule has them);
+:func:`record_of` is a ``Result`` read back as the result record (what a client keeps);
 :func:`upload_of` reads an ``Image`` as what the replica decodes (its encoded ``data``, or its ``raw``
 frame as a ``RawFrame``: one of the two, or 400 ``bad_image``) and :func:`image_message` is the
 client's way back.
@@ -25,6 +27,7 @@ import grpc
 
 from ...data.raw_frame import RawFrame
 from ...errors import Refused, grpc_code
+from ...result import RECORD_FIELDS, RULE_FIELDS
 from . import inspection_pb2 as pb
 
 __all__ = [
@@ -35,6 +38,7 @@ __all__ = [
     "image_message",
     "metadata_value",
     "peer_is_loopback",
+    "record_of",
     "refuse",
     "result_message",
     "upload_of",
@@ -43,7 +47,6 @@ __all__ = [
 METRIC_ROUTES = {"Predict": "grpc_predict", "ListProducts": "grpc_list_products", "Health": "grpc_health"}
 Observed = tuple[str, list[tuple[str, bytes | RawFrame]], list[dict[str, Any]]]
 """A gRPC prediction as a replica forwards it to the ingress: (product, uploads, results)."""
-RULE_FIELDS = ("threshold_rule", "rule_target", "estimated_false_alarm_rate")  # a Result's optional rule fields
 
 
 def metadata_value(grpc_context: Any, key: str) -> str:
@@ -88,16 +91,25 @@ def result_message(result: dict[str, Any]) -> pb.Result:
         score=result["score"],
         threshold=result["threshold"],
         is_anomaly=result["is_anomaly"],
+        verdict=result["verdict"],
+        record_version=result["record_version"],
         version=result["version"],
         timing=pb.Timing(**{k: timing[k] for k in pb.Timing.DESCRIPTOR.fields_by_name if k in timing}),
     )
-    for key in RULE_FIELDS:
+    for key in (*RULE_FIELDS, "review_threshold"):
         if result.get(key) is not None:
             setattr(msg, key, result[key])
     if "heatmap_png" in result:
         msg.heatmap_png = base64.b64decode(result["heatmap_png"])
         msg.heatmap_scale.CopyFrom(pb.HeatmapScale(**result["heatmap_scale"]))
     return msg
+
+
+def record_of(result: pb.Result) -> dict[str, Any]:
+    """The result record (hetmm_ray/result.py ``RECORD_FIELDS``) a ``Result`` message carries; an
+    optional field left unset is None."""
+    optional = {*RULE_FIELDS, "review_threshold"}
+    return {k: (getattr(result, k) if k not in optional or result.HasField(k) else None) for k in RECORD_FIELDS}
 
 
 def upload_of(image: pb.Image) -> bytes | RawFrame:

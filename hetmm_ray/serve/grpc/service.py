@@ -40,8 +40,10 @@ Exact semantics:
 - Result fields are the HTTP answer's (``score``, ``threshold``, ``is_anomaly``, the rule fields,
   ``version``, ``timing``; ``heatmap_png`` as PNG bytes, not base64). ``timing.total_ms`` is measured
   in the replica (decode, queue and score; there is no hop to time), ``transfer_ms`` is absent. With
-  a ``threshold`` override ``is_anomaly`` is ``score > threshold`` (the detector's rule) and
-  ``threshold_rule`` is ``"override"``, without ``rule_target`` or ``estimated_false_alarm_rate``.
+  a ``threshold`` override ``is_anomaly`` is ``score > threshold`` (the detector's rule), the verdict
+  follows it (``result.rejudged``) and ``threshold_rule`` is ``"override"``, without ``rule_target`` or
+  ``estimated_false_alarm_rate``. The fields are the one result record's (hetmm_ray/result.py,
+  docs/result-record.md): ``record_version``, ``verdict`` and ``review_threshold`` as HTTP's.
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ from ray import serve
 from ...config import HTTP_APP_NAME, ServiceConfig
 from ...data.raw_frame import RawFrame
 from ...errors import Refused
+from ...result import rejudged
 from ...store import StoreError, check_product_name
 from ..answers import classify
 from ..canvas import decode_to_canvas
@@ -261,8 +264,6 @@ class InspectionDetector(Detector.func_or_class):  # type: ignore[name-defined,m
             r["name"] = name
             r["timing"]["total_ms"] = total_ms
             r["timing"]["decode_ms"] = decode_ms
-            if override is not None:
-                r.update(threshold=override, is_anomaly=r["score"] > override, threshold_rule="override")
-                r.pop("rule_target", None)
-                r.pop("estimated_false_alarm_rate", None)
+        if override is not None:  # the records judged again (result.rejudged); what was observed stays
+            results = [rejudged(r, threshold=override) for r in results]
         return pb.PredictReply(product=product, version=version, results=[result_message(r) for r in results])

@@ -155,7 +155,7 @@ function legend(threshold, scale) {
 // r: a prediction result; imageSrc: URL of the inspected image; heatSrc: URL of its heat-map;
 // imageBytes(): resolves to a Blob of the image (to teach with).
 function resultCard(product, r, imageSrc, heatSrc, imageBytes) {
-  // the review band (issue 23): a part between the review threshold and the threshold is "REVIEW"
+  // the review band: a part between the review threshold and the threshold is "REVIEW"
   const review = r.verdict === "review";
   const verdict = r.is_anomaly ? "FLAGGED" : review ? "REVIEW" : "pass";
   const timing = r.timing ? `${fmt(r.timing.total_ms ?? r.timing.score_ms, 1)} ms` : "";
@@ -317,6 +317,25 @@ function histogram(data, previews) {
   return svg;
 }
 
+// Beside the histogram: the far rule at a few rates (threshold, good frames above, estimate and its
+// interval, recall on the labelled defects) and the good frames whose out-of-fold score stands apart.
+function renderRatesAndOutliers(data) {
+  const rows = (data.rates || []).map((r) => el("tr", { "data-testid": "rate-row", "data-rate": String(r.rate) },
+    el("td", { text: pct(r.rate, 0) }), el("td", { text: fmt(r.threshold) }),
+    el("td", { text: `${r.good_above} of ${r.n_good}` }),
+    el("td", { text: `${pct(r.estimate.rate, 2)} (${pct(r.estimate.low, 2)}-${pct(r.estimate.high, 2)})` }),
+    el("td", { text: r.defective ? `${pct(r.recall)} (${r.defective_flagged} of ${r.defective})` : "no labelled defects" })));
+  $("rate-table-body").replaceChildren(...rows);
+  const o = data.outliers;
+  const lines = [];
+  if (o && o.cut !== null) {
+    lines.push(`Good frames standing apart (${o.rule}: above ${fmt(o.cut)}): ${o.frames.length} of ${o.n_scores}.`);
+    o.frames.forEach((f) => lines.push(`frame ${f.index} (${f.digest.slice(0, 12)}): ${fmt(f.score)}`));
+    if (o.frames.length) lines.push(`Threshold (${o.threshold_rule}) ${fmt(o.threshold)} with them, ${fmt(o.threshold_without)} without them; drop them with hetmm drop.`);
+  }
+  $("outliers").replaceChildren(...lines.map((t) => el("div", { text: t, "data-testid": "outlier-line" })));
+}
+
 async function renderCalibration() {
   const product = state.product;
   const rate = farRate(Number($("far").value));
@@ -328,7 +347,10 @@ async function renderCalibration() {
   if (pv.far) previews.push({ threshold: pv.far.threshold, label: `far ${pct(rate, 2)}`, colour: "#a05000", testid: "preview-line" });
   if (lab) previews.push({ threshold: lab.threshold, label: "labelled recall rule", colour: "#7030a0", testid: "preview-labelled-line" });
   $("histogram").replaceChildren(histogram(data, previews));
-  const lines = [`In force at v${data.version}: threshold ${fmt(data.threshold)} (${data.threshold_rule}), estimated false alarms ${pct(data.estimated_false_alarm_rate, 2)}.`];
+  renderRatesAndOutliers(data);
+  const est = data.false_alarm_estimate;
+  const band = est ? ` (95% interval ${pct(est.low, 2)}-${pct(est.high, 2)}; ${est.above} of ${est.n} out-of-fold good scores above)` : "";
+  const lines = [`In force at v${data.version}: threshold ${fmt(data.threshold)} (${data.threshold_rule}), estimated false alarms ${pct(data.estimated_false_alarm_rate, 2)}${band}.`];
   if (pv.far) lines.push(`far rule at ${pct(rate, 2)}: threshold ${fmt(pv.far.threshold)}; recall on ${pv.far.defective} labelled defects ${pct(pv.far.recall)}, labelled good parts flagged ${pct(pv.far.good_flagged)}.`);
   if (lab) lines.push(`labelled recall rule at ${pct(rate, 2)}: threshold ${fmt(lab.threshold)}; recall ${pct(lab.recall)}, labelled good parts flagged ${pct(lab.good_flagged)}, estimated false alarms on good parts ${pct(lab.estimated, 2)}.`);
   else lines.push("The labelled recall rule needs labelled good parts and confirmed defects (teach from Inspect or Recent).");
@@ -404,7 +426,7 @@ async function renderVersions() {
   await renderCandidates(product);
 }
 
-// --- Candidates (issue 23): stored beside the head; compare, then promote or discard ------------
+// --- Candidates: stored beside the head; compare, then promote or discard -----------------------
 async function renderCandidates(product) {
   const data = await api("GET", `/v1/products/${enc(product)}/candidates`);
   const rows = data.candidates.map((c) => el("tr", { "data-testid": "candidate-row", "data-version": c.version },
@@ -703,7 +725,7 @@ async function loadStoredRegion(product, shapes) {
 }
 
 
-// --- Drift (issue 23): flagged share over time with the expected band, the live windows -----
+// --- Drift: flagged share over time with the expected band, the live windows ------------------
 function driftChart(data) {
   const W = 720, H = 240, pad = 36;
   const pts = data.points.map((p) => ({ t: p.time ?? (p.start + p.end) / 2, t0: p.start, t1: p.end, share: p.flagged_share ?? p.windows?.[Object.keys(p.windows)[0]]?.flagged_share,
@@ -758,14 +780,14 @@ let stationsTimer = null;
 
 function stationRow(s) {
   const shown = s.silent ? "silent" : s.state;
-  const last = s.last ? `${s.last.part_id}: ${s.last.verdict}${s.last.late ? " (late)" : ""}` : "–";
+  const last = s.last ? `${s.last.part_id}: ${s.last.verdict || s.last.status}${s.last.late ? " (late)" : ""}` : "–";
   const latency = s.latency_ms ? `${s.latency_ms.p50.toFixed(0)} / ${s.latency_ms.p99.toFixed(0)} ms` : "–";
   return el("tr", { "data-station": `${s.line}/${s.station}` },
     el("td", { text: s.line }), el("td", { text: s.station }),
     el("td", { text: s.version ? `${s.product} v${s.version}` : s.product }),
     el("td", { text: s.silent ? `silent (said ${s.state})` : s.state, class: `station-state ${shown}`, "data-testid": "station-state" }),
     el("td", { text: String(s.queue), class: s.queue ? "warn" : null }),
-    ...["good", "anomaly", "timeout", "error"].map((v) => el("td", { text: String(s.parts[v] || 0) })),
+    ...["ok", "review", "reject", "timeout", "error"].map((v) => el("td", { text: String(s.parts[v] || 0) })),
     el("td", { text: last }), el("td", { text: latency }), el("td", { text: `${s.seen_s.toFixed(0)} s ago` }));
 }
 

@@ -1,4 +1,4 @@
-"""How tests/data/pre22/ was made: run once with the code as it was before issue 22 (commit 8c31f0d,
+"""How tests/data/pre22/ was made: run once with the code as it was before tiles and regions (commit 8c31f0d,
 ``git archive 8c31f0d hetmm_ray | tar -x -C /tmp/pre22``), never by the test suite:
 
     PYTHONPATH=/tmp/pre22 python tests/data/pre22/make_store.py tests/data/pre22

@@ -1,4 +1,4 @@
-"""How tests/data/pre38/{plain,tiled}/ were made (issue 38: one detector interface): run once with the
+"""How tests/data/pre38/{plain,tiled}/ were made (one detector interface): run once with the
 code as it was before it (commit f686468, ``git archive f686468 hetmm_ray | tar -x -C /tmp/pre38``),
 never by the test suite:
 

@@ -1,5 +1,5 @@
 """``hetmm compare --on-ray``: two versions compared over a folder as the ``hetmm inspect`` job
-(issue 24 item 4) give the same flips, flagged counts, thresholds and score shift as the one-process
+ give the same flips, flagged counts, thresholds and score shift as the one-process
 compare on the same images; unreadable files are counted and left out. Both ways the job runs: one
 pass scoring each decoded batch with both versions (same canvas), and a pass per version joined on
 path (the candidate fits images to another canvas)."""

@@ -1,5 +1,5 @@
-"""``hetmm inspect --since/--until``: SOURCE is the product's inspection record (issue 24 item 1, issue
-23's record): every image the record kept in the range is one row, its path the kept object's URI in
+"""``hetmm inspect --since/--until``: SOURCE is the product's inspection record:
+every image the record kept in the range is one row, its path the kept object's URI in
 the store, its score equal to ``hetmm predict``'s on the same image; images outside the range are not
 scored."""
 

@@ -89,7 +89,7 @@ def test_a_failed_update_leaves_the_old_version_everywhere(product) -> None:
     assert all(ray.get(s.info.remote())["images"] == 6 for s in shards.values())
 
     open_store(uri).put("gear", det.templates)  # another writer moves the head behind the registry's back
-    # The store is the truth (issue 11): the update builds on the head the other writer made
+    # The store is the truth: the update builds on the head the other writer made
     # (v2) instead of failing with StoreConflict; only a publish racing its own CAS conflicts.
     assert ray.get(registry.update.remote("gear", feats, digests)) == 3
     final = open_store(uri).get("gear")
@@ -152,7 +152,7 @@ def test_cluster_fit_equals_single_process_fit(product) -> None:
 
 
 def test_cluster_fit_takes_paths(product, tmp_path: Path) -> None:
-    """Issue 10: paths are a documented input, also with the Ray steps (it raised
+    """Paths are a documented input, also with the Ray steps (it raised
     ``ImageError(... got PosixPath)``); the bank equals the in-process fit's."""
     from helpers import png
 
@@ -215,7 +215,7 @@ def test_a_restarted_registry_recovers_its_state_from_the_store(product) -> None
 
 
 def test_hot_update_of_an_all_templates_product_with_default_sheets(tmp_path: Path) -> None:
-    """``kind: all`` with ``sheets: auto`` in its config (the default before issue 40): an update must not
+    """``kind: all`` with ``sheets: auto`` in its config (an older default): an update must not
     hand it to PTS."""
     config = DetectorConfig(
         backbone=BackboneConfig(name="resnet18", weights="random", image_size=SIZE),

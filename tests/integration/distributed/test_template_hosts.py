@@ -1,4 +1,4 @@
-"""Template hosts on a real 3-node Ray cluster (``ray.cluster_utils.Cluster``; issue 14).
+"""Template hosts on a real 3-node Ray cluster (``ray.cluster_utils.Cluster``).
 
 The registry runs 3 host actors (SPREAD: one per node) holding the (product, layer)
 shards of several small products by the rendezvous rule. Then a host is killed for good

@@ -1,4 +1,4 @@
-"""Issue 25, autoscaling shown working: detector replicas 1 -> >= 3 -> 1 under load over real HTTP.
+"""Autoscaling shown working: detector replicas 1 -> >= 3 -> 1 under load over real HTTP.
 
 A local Ray with 8 logical CPUs on however many cores there are (the Detector asks 0.5 CPU, so
 four replicas fit whatever the machine). The Detector runs deploy.yaml's options, autoscaling

@@ -11,7 +11,7 @@ below the threshold of the new version.
 Missing browser or Playwright: the module is skipped with the reason, except under
 ``CI=true`` where it fails (``.ci/run`` installs chromium with apt-get).
 
-Screenshots of the main views go to ``out/ui/`` (linked from the README); the time to
+Screenshots of the main views go to ``out/ui/`` (docs/service.md, "Console"); the time to
 first render with 20 products and 500 recent predictions goes to ``out/ui/timings.json``.
 
 Every test sets up what it needs and runs alone or in any subset (``-k``): the module builds
@@ -753,7 +753,7 @@ def test_tiled_product_inspected_and_taught_in_the_console(
 def test_drift_view_draws_the_flagged_share_and_the_live_windows(
     page: Any, api: httpx.Client, fresh_product: str
 ) -> None:
-    """The Drift view (issue 23) after parts were scored: the chart (one SVG, a point per bucket with
+    """The Drift view after parts were scored: the chart (one SVG, a point per bucket with
     parts) and one row per live window, each with a state; both read from GET .../drift."""
     for i in range(6):
         score(api, GEAR.good(300 + i), fresh_product)
@@ -770,7 +770,7 @@ def test_drift_view_draws_the_flagged_share_and_the_live_windows(
 
 
 def test_stations_view_shows_what_a_running_station_reports(page: Any, api: httpx.Client, tmp_path: Path) -> None:
-    """Issue 39: the console shows the stations. A real station (a watched folder scored in process on
+    """The console shows the stations. A real station (a watched folder scored in process on
     a store of its own) reports itself to this service every 0.5 s through ``ConsoleReporter`` with the
     admin token; the Stations view shows its state, parts and last part, then ``offline`` once it
     stops, and a station that stops reporting shows silent. A report without the token is a 401, a
@@ -820,8 +820,9 @@ def test_stations_view_shows_what_a_running_station_reports(page: Any, api: http
         until(page, f"() => (document.querySelector(\"{row}\") || {{}}).innerText?.includes('P-2')")
         cells = page.eval_on_selector_all(f"{row} td", "tds => tds.map(td => td.innerText)")
         assert cells[:4] == ["press-3", "cam1", "cam v1", "ok"], cells
-        assert sum(int(c) for c in cells[5:9]) == 3 and cells[4] == "0", cells  # 3 parts, none waiting
-        assert cells[9].startswith("P-2: ") and cells[10].endswith(" ms"), cells
+        # 3 parts by outcome (ok, review, reject, timeout, error), none waiting
+        assert sum(int(c) for c in cells[5:10]) == 3 and cells[4] == "0", cells
+        assert cells[10].startswith("P-2: ") and cells[11].endswith(" ms"), cells
         shot(page, "stations")
     finally:
         reporter.stop()  # the last report says offline

@@ -1,4 +1,4 @@
-"""The console's candidates (issue 23) in a real browser against a real service: the Versions view
+"""The console's candidates in a real browser against a real service: the Versions view
 lists a candidate, Compare shows its verdict flips as image pairs (the head's heat-map beside the
 candidate's), Discard drops one and Promote makes one head. Reuses the console suite's service,
 browser and page (tests/integration/serve/test_console.py: skipped the same way without a browser);

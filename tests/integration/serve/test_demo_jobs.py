@@ -1,4 +1,4 @@
-"""Issue 10's demo defect: a ``?wait=true`` call answered 202 (the job still running on a slow machine)
+"""A demo defect, kept fixed: a ``?wait=true`` call answered 202 (the job still running on a slow machine)
 was read as finished, and the demo printed ``vNone`` and failed its predictions. ``_finished_job``
 now polls ``GET /v1/jobs/{id}`` until the job ends. Checked against a real HTTP server on 127.0.0.1
 that answers like the service does when the wait runs out."""

@@ -1,9 +1,9 @@
-"""Issue 25, gRPC: hetmm.v1.Inspection on Serve's real gRPC proxy (127.0.0.1), beside HTTP.
+"""gRPC: hetmm.v1.Inspection on Serve's real gRPC proxy (127.0.0.1), beside HTTP.
 
 The service runs with an admin token (an env variable of this module's own) on loopback, small
 limits (1 MiB of images, 3 images per request) and a tiny synthetic product. ``Predict`` must give
 the HTTP answer for the same image (heat-map included); every bad input gets the gRPC code of its
-HTTP status (``errors.GRPC_CODES``, README's table) and the stable code in its details, and the
+HTTP status (``errors.GRPC_CODES``, the gRPC reference's table) and the stable code in its details, and the
 service keeps serving after each.
 """
 

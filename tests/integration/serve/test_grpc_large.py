@@ -1,4 +1,4 @@
-"""A gRPC Predict carrying more than 4 MiB of images (issue 25).
+"""A gRPC Predict carrying more than 4 MiB of images.
 
 Serve's gRPC proxy hands the request to the replica over the replica's own gRPC server, whose
 message limit is 4 MiB unless ``RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH`` says otherwise

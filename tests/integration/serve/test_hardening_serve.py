@@ -1,4 +1,4 @@
-"""Issue 11 against the running service: real Serve over HTTP on 127.0.0.1, real stores.
+"""Hardening, against the running service: real Serve over HTTP on 127.0.0.1, real stores.
 
 A hostile client (cross-origin pages, deep JSON, NaN settings, slow bodies, sources
 outside what the operator allowed, endpoints of its choosing) and a careless one
@@ -284,7 +284,7 @@ def test_a_slow_body_is_a_json_408_within_the_body_timeout(service: str) -> None
 
 
 def test_a_non_numeric_content_length_is_a_400(service: str, client: httpx.Client) -> None:
-    """Answered by Serve's uvicorn before the application runs (plain text; see the README)."""
+    """Answered by Serve's uvicorn before the application runs (plain text; see docs/service.md)."""
     _, answer = raw_exchange(
         service, b"POST /v1/products/p0/predict HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n", wait_s=5
     )
@@ -417,7 +417,7 @@ SLOW = 300
 DISCONNECTING = 30
 
 
-ARRIVAL_S = 2.0  # the slow clients connect spread over this long (all at once: see the report of issue 11)
+ARRIVAL_S = 2.0  # the slow clients connect spread over this long, not all at once
 
 
 async def _slow_client(

@@ -1,4 +1,4 @@
-"""The inspection record, the review band and the drift alarms over real HTTP (issue 23).
+"""The inspection record, the review band and the drift alarms over real HTTP.
 
 A real service (deploy.yaml's application through ``start_service``, real Ray Serve, a local store)
 with ``record: true``: predictions land in the store's Parquet record with the verdict the response

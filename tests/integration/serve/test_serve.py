@@ -303,8 +303,8 @@ def test_create_over_http_reports_progress_and_serves(client: httpx.Client, stor
 
 def test_a_create_that_loses_the_race_for_a_name_is_a_409_conflict(client: httpx.Client) -> None:
     """Two creates of one new name at once: both pass the name check, both jobs run, one publishes
-    and the other's job fails with StoreConflict. The waiting loser answers the README's 409
-    ``conflict`` (before issue 26: 422 ``job_failed``)."""
+    and the other's job fails with StoreConflict. The waiting loser answers docs/service.md's 409
+    ``conflict``, not 422 ``job_failed``."""
     cfg = json.dumps(config().to_dict())
 
     def create(seed: int) -> httpx.Response:
@@ -440,7 +440,7 @@ def test_deploy_yaml_is_a_valid_serve_config_for_this_application(tmp_path: Path
     from hetmm_ray.serve.app import DEPLOY_YAML, build_app, load_deploy_config
 
     config = load_deploy_config(DEPLOY_YAML)
-    app, grpc_app = config["applications"]  # HTTP, and the gRPC endpoint's (issue 25)
+    app, grpc_app = config["applications"]  # HTTP, and the gRPC endpoint's
     assert grpc_app["name"] == "hetmm-grpc" and grpc_app["import_path"] == "hetmm_ray.serve.grpc.app:build_grpc_app"
     assert app["import_path"] == "hetmm_ray.serve.app:build_app"
     assert len(inspect.signature(build_app).parameters) == 1  # Serve's rule for application builders
@@ -494,7 +494,7 @@ def _heatmap(result: dict) -> np.ndarray:
 
 
 def test_a_heatmap_does_not_depend_on_its_batch(client: httpx.Client, store: str) -> None:
-    """Issue 10: the colour scale was the batch's peak, so a good image sent beside a defective
+    """The colour scale was once the batch's peak, so a good image sent beside a defective
     one came back cooler than the same image alone. Now each image has its own scale, the same
     as the CLI's (``visualize.heatmap_range``: 0 to 2x the threshold)."""
     from hetmm_ray.data.decode import resize_to_geometry
@@ -518,7 +518,7 @@ def test_a_heatmap_does_not_depend_on_its_batch(client: httpx.Client, store: str
 
 
 def test_batches_count_images_not_requests(client: httpx.Client) -> None:
-    """Issue 10: ``max_batch_size`` (8 here) counted requests, so a batch could hold 8 requests of
+    """``max_batch_size`` (8 here) once counted requests, so a batch could hold 8 requests of
     3 images. Now it counts images; a request larger than a batch is a batch of its own."""
     three = [("images", (f"im{i}.png", png(gear(1).good(80 + i)), "image/png")) for i in range(3)]
 

@@ -189,7 +189,7 @@ def _job_end(client: httpx.Client, r: httpx.Response) -> dict:
 
 @pytest.mark.parametrize("fitted_by", ["cli", "pre-issue-38 cli"])
 def test_a_cli_fitted_product_updated_over_http_with_the_same_images(client, service_info, tmp_path, fitted_by):
-    """Issue 38 item 3: an image's digest is its decoded frame's on every path, so the good images a
+    """An image's digest is its decoded frame's on every path, so the good images a
     product was fitted with by ``hetmm fit`` are recognised by ``POST .../normals`` (the bank stays,
     the head stays), and the CLI's threshold is the in-process API's on the same files. A product
     stored by the older CLI (canvas digests: frames resized before hashing) is recognised too.

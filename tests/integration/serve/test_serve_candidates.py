@@ -1,4 +1,4 @@
-"""Candidate versions over real HTTP (issue 23; Ray Serve on 127.0.0.1, on a local store and on S3
+"""Candidate versions over real HTTP (Ray Serve on 127.0.0.1, on a local store and on S3
 through a moto server): a hot update
 published as a candidate leaves HEAD, and what the replicas serve, at the previous version; the
 compare job lists the flips that scoring each version alone gives; promote moves HEAD and the

@@ -287,7 +287,7 @@ def test_auto_tiles_are_resolved_from_the_uploaded_frames(service) -> None:
 
 
 def test_tiled_candidate_and_compare(service, product) -> None:
-    """Issue 23: a tiled product's hot update published as a candidate leaves the head serving, its
+    """A tiled product's hot update published as a candidate leaves the head serving, its
     (tile, layer) shards loaded on the template hosts beside the head's (on the same hosts); the
     compare job scores whole frames with both versions as the in-process detectors do; promote makes
     the loaded shards the head's (none read again) and the replica serves it."""

@@ -1,6 +1,6 @@
 """The MQTT sink against a real Mosquitto broker the test starts (Debian's ``mosquitto``; ``.ci/run``
 installs it): every result as the documented JSON at QoS 1, the retained station state, and every
-result delivered after a broker restart (issue 39).
+result delivered after a broker restart.
 
 Without ``mosquitto`` the module skips, except under ``CI=true`` where it fails."""
 
@@ -82,7 +82,7 @@ def test_results_reach_a_subscriber_at_qos1_and_survive_a_broker_restart(tmp_pat
             logged = list(csv.DictReader(f))
         for got, row in zip(sub.results(), logged, strict=True):
             assert tuple(got) == FIELDS  # the documented keys, in order
-            assert got["part_id"] == row["part_id"] and got["verdict"] == row["verdict"] in ("good", "anomaly")
+            assert got["part_id"] == row["part_id"] and got["verdict"] == row["verdict"] in ("ok", "review", "reject")
             assert got["score"] == float(row["score"]) and got["version"] == 1 and got["product"] == "p"
 
         watcher = Subscriber(broker.port, [f"{TOPIC}/state"], client_id="state-watch", clean=True)
@@ -152,7 +152,7 @@ def test_an_mqtt_trigger_names_the_part_and_brings_its_frame(tmp_path: Path, bro
         with (tmp_path / "s1.csv").open(newline="") as f:
             logged = list(csv.DictReader(f))
         assert [r["part_id"] for r in logged] == ["P-100", "P-101"]  # the trigger's part ids, in order
-        assert all(r["verdict"] in ("good", "anomaly") for r in logged)
+        assert all(r["verdict"] in ("ok", "review", "reject") for r in logged)
     finally:
         runner.close()
 
@@ -160,7 +160,7 @@ def test_an_mqtt_trigger_names_the_part_and_brings_its_frame(tmp_path: Path, bro
 def test_a_broker_refusing_the_login_is_said_and_the_other_station_goes_on(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Issue 39's bad input: one station logs in with a wrong password, the other with the right
+    """A bad login: one station logs in with a wrong password, the other with the right
     one. The refusal is one line on stderr naming the broker and its reason and the station shows
     degraded (its results wait); the other station's results reach the broker."""
     broker = Broker(tmp_path, users={"line": "right-password"})

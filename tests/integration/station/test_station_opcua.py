@@ -1,5 +1,5 @@
 """The OPC UA sink: the station as an OPC UA server, read and triggered by a real asyncua client over
-TCP on 127.0.0.1 (issue 39)."""
+TCP on 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -29,7 +29,18 @@ async def read_station(url: str, station: str, *, trigger: bool = False) -> dict
     async with Client(url=url, timeout=30) as client:
         idx = await client.get_namespace_index(NAMESPACE)
         node = await client.nodes.objects.get_child([f"{idx}:{station}"])
-        names = ("PartId", "Verdict", "Score", "Threshold", "Version", "Late", "Counter", "State", "LastResult")
+        names = (
+            "PartId",
+            "Status",
+            "Verdict",
+            "Score",
+            "Threshold",
+            "Version",
+            "Late",
+            "Counter",
+            "State",
+            "LastResult",
+        )
         values = {n: await (await node.get_child([f"{idx}:{n}"])).read_value() for n in names}
         if trigger:
             values["trigger"] = await node.call_method(f"{idx}:Trigger")
@@ -62,6 +73,7 @@ def test_a_plc_reads_each_stations_last_result_and_calls_trigger(tmp_path: Path)
         two = asyncio.run(read_station(url, "s2"))
         last = runners[0].recent[-1]
         assert (one["PartId"], one["Verdict"], one["Counter"], one["State"]) == ("b", last.verdict, 2, "ok")
+        assert one["Status"] == last.status == "scored" and last.verdict in ("ok", "review", "reject")
         assert one["Score"] == last.score and one["Version"] == 1 and one["Late"] is False
         assert json.loads(one["LastResult"]) == last.to_dict()
         assert one["trigger"] == 1  # Trigger counts the triggers asked for

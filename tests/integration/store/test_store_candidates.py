@@ -1,4 +1,4 @@
-"""Candidate versions in the store (issue 23): stored and verified, not head, until promoted.
+"""Candidate versions in the store: stored and verified, not head, until promoted.
 
 Runs on a local folder and on S3 (moto server), like test_store.py. Checks: a candidate leaves
 HEAD's version and history alone (every other reader still gets the old head), several may exist,

@@ -1,4 +1,4 @@
-"""Issue 11, item 1: the service follows the store when someone else writes it.
+"""The service follows the store when someone else writes it.
 
 A running service (real Serve over HTTP on 127.0.0.1) and a second writer, the
 ``hetmm`` CLI, on the same store: a local folder and a bucket on the moto S3

@@ -1,4 +1,4 @@
-"""Per-layer store layout (issue 14): one layer of one version is read without the others.
+"""Per-layer store layout: one layer of one version is read without the others.
 
 Locally and on a real HTTP S3 endpoint (moto server), as tests/integration/store/test_store.py. The bytes and
 objects a read fetches are counted by a thin wrapper over the real backend (it forwards
@@ -85,7 +85,7 @@ def test_one_layer_is_read_without_the_others(location) -> None:
 def test_old_layout_stays_readable_and_migrates(location, capsys: pytest.CaptureFixture[str]) -> None:
     base = make_set(6, seed=2, k=2)
     grown = grow(base, 2, seed=5)
-    store = open_store(location)  # a store written before issue 14:
+    store = open_store(location)  # a store written in format 1:
     assert put_format1(store, "p", base) == 1 and put_format1(store, "p", grown) == 2
     m2 = store.manifest("p", 2)
     assert m2["format"] == 1 and "layer" not in m2["chunks"][0]

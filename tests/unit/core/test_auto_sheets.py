@@ -150,7 +150,7 @@ def test_choose_falls_back_to_all_and_respects_a_budget():
 
 
 def cost(k: int) -> float:
-    """A deterministic cost model: ATMM ms per image affine in the sheets (BENCHMARKS.md)."""
+    """A deterministic cost model: ATMM ms per image affine in the sheets (docs/performance.md)."""
     return 3.8 + 0.246 * k
 
 
@@ -197,7 +197,7 @@ def test_scaled_ms():
 
 
 def test_sheets_setting_is_validated():
-    assert TemplateConfig().sheets == 200  # the cover default (issue 40)
+    assert TemplateConfig().sheets == 200  # the cover default
     assert TemplateConfig(sheets="auto").sheets == "auto"
     assert TemplateConfig(sheets=7).sheets == 7
     for bad in ("many", 0, True, 2.5):

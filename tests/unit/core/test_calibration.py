@@ -87,7 +87,7 @@ def test_false_alarm_rate_inverts_threshold_and_is_monotone():
         if tail.regime(r) == "parametric" and t > tail.floor:  # on the floor: the rate where the curve meets it
             assert est == pytest.approx(r, rel=1e-6)
     assert tail.false_alarm_rate(1e9) == pytest.approx(1e-6)
-    assert tail.false_alarm_rate(-1.0) == 0.5
+    assert tail.false_alarm_rate(-1.0) == 1.0  # below every good score: every good part is flagged
 
 
 def test_a_few_unusual_training_images_barely_move_the_threshold():

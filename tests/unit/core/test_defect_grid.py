@@ -1,4 +1,4 @@
-"""``geometry.min_defect_px`` (issue 40): ``tiles: auto`` picks the grid from the smallest defect to find
+"""``geometry.min_defect_px``: ``tiles: auto`` picks the grid from the smallest defect to find
 and the backbone's finest tap, says why, says when a defect is too small for any grid, and refuses a
 grid past the limit; without it, the scale rule stays."""
 

@@ -1,4 +1,4 @@
-"""Issue 15: the CPU fast path's two runtimes equal the plain ones.
+"""The CPU fast path's two runtimes equal the plain ones.
 
 - OpenVINO's backbone (core/openvino_runtime.py) gives torch's features to 1e-5 (relative), for
   torchvision and timm networks, pre-ReLU residual taps, any batch size and canvas shape;
@@ -210,7 +210,7 @@ print(done.stdout.decode().strip())
     assert done.stdout.strip().endswith("ok")
 
 
-# --- exit: no OpenVINO inference outlives the runtime (issue 41) -----------------------------------
+# --- exit: no OpenVINO inference outlives the runtime -----------------------------------
 EXIT_WITH_A_THREAD_INFERRING = """
 import threading
 import torch
@@ -267,7 +267,7 @@ def test_inference_is_refused_once_the_models_are_released(model_cache: Path, mo
 def test_another_thread_asking_to_infer_at_exit_is_parked_not_ended(model_cache: Path, monkeypatch) -> None:
     """The exit hook returns only once a thread still inferring has come back and been parked: a
     thread that ran on into torch code while the interpreter finalizes is ended by CPython inside a
-    C++ frame (std::terminate, issue 41); one blocked on a lock is not."""
+    C++ frame (std::terminate); one blocked on a lock is not."""
     import threading
 
     fast, _ = _pair("resnet18")

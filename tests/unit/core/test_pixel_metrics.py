@@ -1,4 +1,4 @@
-"""Pixel AUROC and PRO added one image at a time (core/pixel_metrics.py, issue 40) against the exact
+"""Pixel AUROC and PRO added one image at a time (core/pixel_metrics.py) against the exact
 metrics of the whole set (core/metrics.py, the slow obvious computation): equal while every pixel is
 kept, within the stated bound once binned, with and without an inspection region."""
 

@@ -76,7 +76,7 @@ def test_warm_set_pins_a_quiet_product_and_spreads_a_hot_one() -> None:
 
 
 def test_warm_set_renames_its_aliases_while_hot(monkeypatch) -> None:
-    """Issue 25: aliases rotate every rotate_s so replicas added by autoscaling get a share (a name no
+    """Aliases rotate every rotate_s so replicas added by autoscaling get a share (a name no
     replica holds goes to the replicas with the fewest models); the product's own id stays."""
     import hetmm_ray.serve.warm_set as warm_set
 

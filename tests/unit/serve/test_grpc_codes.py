@@ -1,8 +1,8 @@
-"""Issue 25, gRPC without Ray: the error table's gRPC codes, README's table, the generated modules.
+"""gRPC without Ray: the error table's gRPC codes, the gRPC reference's table, the generated modules.
 
 Every HTTP status the project answers (``errors.ERRORS`` and every ``Refused(<status>, ...)`` in
-the package) has a gRPC code in ``errors.GRPC_CODES``, a real ``grpc.StatusCode``; README's gRPC
-table states exactly that mapping; the committed ``inspection_pb2*.py`` are what
+the package) has a gRPC code in ``errors.GRPC_CODES``, a real ``grpc.StatusCode``; the generated gRPC
+reference (``hetmm_ray/reference.py``) states exactly that mapping; the committed ``inspection_pb2*.py`` are what
 ``python -m hetmm_ray.serve.grpc.protoc`` makes of the ``.proto``.
 """
 
@@ -33,8 +33,10 @@ def test_every_status_the_project_answers_has_a_grpc_code() -> None:
     assert grpc_code(404) == "NOT_FOUND" and grpc_code(599) == "INTERNAL"
 
 
-def test_readme_table_is_the_mapping() -> None:
-    text = (REPO / "README.md").read_text()
+def test_the_grpc_reference_table_is_the_mapping() -> None:
+    from hetmm_ray.reference import grpc_reference
+
+    text = grpc_reference()
     head = text.index("| HTTP | gRPC status |")
     rows = {}
     for line in text[head:].splitlines()[2:]:
@@ -97,6 +99,9 @@ def test_result_message_keeps_the_http_fields() -> None:
         "score": 1.5,
         "threshold": 1.0,
         "is_anomaly": True,
+        "verdict": "reject",
+        "review_threshold": None,
+        "record_version": 1,
         "threshold_rule": "far",
         "rule_target": 0.01,
         "estimated_false_alarm_rate": None,
@@ -109,6 +114,12 @@ def test_result_message_keeps_the_http_fields() -> None:
     assert (msg.name, msg.score, msg.threshold, msg.is_anomaly, msg.version) == ("a.png", 1.5, 1.0, True, 3)
     assert msg.threshold_rule == "far" and msg.rule_target == 0.01 and not msg.HasField("estimated_false_alarm_rate")
     assert msg.heatmap_png == b"PNGDATA" and msg.heatmap_scale.vmax == 2.0 and msg.timing.replica == "r"
+    # the result record's own fields, and the record read back from the message (record_of)
+    assert (msg.verdict, msg.record_version, msg.HasField("review_threshold")) == ("reject", 1, False)
+    from hetmm_ray.result import RECORD_FIELDS
+    from hetmm_ray.serve.grpc.messages import record_of
+
+    assert record_of(msg) == {k: result[k] for k in RECORD_FIELDS}
 
 
 def test_deploy_yaml_serves_the_grpc_application() -> None:

@@ -1,4 +1,4 @@
-"""The ingress's shape (issue 10): routes are plain methods under one timing/error decorator,
+"""The ingress's shape: routes are plain methods under one timing/error decorator,
 nothing reads a request's private body or asks Serve's controller through private names, and
 the bind the open-bind check uses is the one the application is started with."""
 
@@ -14,7 +14,7 @@ from hetmm_ray.config import ConfigError, ServiceConfig
 from hetmm_ray.serve import ingress
 
 SOURCE = Path(ingress.__file__).read_text()
-# Every route has the same shape now (issue 16's DELETE route included since the merge).
+# Every route has the same shape now (the DELETE route included).
 NOT_YET: set[str] = set()
 
 
@@ -41,7 +41,7 @@ def test_routes_have_no_nested_handlers_and_share_one_decorator() -> None:
     assert {k: v for k, v in nested.items() if v and k not in NOT_YET} == {}
     timed = {name for name, node in routes.items() if any("timed(" in ast.unparse(d) for d in node.decorator_list)}
     # untimed: liveness, the metrics themselves and the console's static page
-    assert timed == set(routes) - NOT_YET - {"healthz", "metrics", "ui_redirect", "ui_index", "ui_file"}
+    assert timed == set(routes) - NOT_YET - {"healthz", "metrics_page", "ui_redirect", "ui_index", "ui_file"}
     assert {"recent_items", "versions", "add_label", "calibration"} <= timed  # the console's routes too
 
 

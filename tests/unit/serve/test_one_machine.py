@@ -1,8 +1,8 @@
 """``one_machine_detector``: a Detector's options when ``start_service`` starts Ray on this machine.
 
 deploy.yaml's Detector autoscales replicas of half a CPU for a cluster. On one machine the service
-runs one replica per application whose torch threads are the machine's usable cores (BENCHMARKS.md,
-issue 25, session 17), keeping deploy.yaml's other settings; a caller that sets the scaling keeps
+runs one replica per application whose torch threads are the machine's usable cores
+(docs/performance.md), keeping deploy.yaml's other settings; a caller that sets the scaling keeps
 its own and deploy.yaml's threads; a stated non-zero ``threads`` is kept.
 """
 

@@ -27,12 +27,12 @@ def test_every_setting_is_read_by_ray_serve() -> None:
 
 
 def test_the_lean_settings_issue_25() -> None:
-    # Serve's CPU per request and while idle (issue 25): logs to Serve's files only, a slower
+    # Serve's CPU per request and while idle: logs to Serve's files only, a slower
     # control loop, router and user code on the replica's own loop. Values Serve parses as such.
     assert SERVE_ENVIRONMENT["RAY_SERVE_LOG_TO_STDERR"] == "0"
     assert SERVE_ENVIRONMENT["RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP"] == "0"
     assert SERVE_ENVIRONMENT["RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD"] == "0"
     assert 0.1 < float(SERVE_ENVIRONMENT["RAY_SERVE_CONTROL_LOOP_INTERVAL_S"]) <= 1.0
-    # a starting proxy is given 30 s, not 5, before Serve kills it (a loaded 2-core machine, session 14)
+    # a starting proxy is given 30 s, not 5, before Serve kills it (a loaded 2-core machine)
     assert float(SERVE_ENVIRONMENT["RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S"]) >= 30
     assert all(isinstance(v, str) for v in SERVE_ENVIRONMENT.values())  # an environment holds strings

@@ -10,7 +10,7 @@ from hetmm_ray.serve.stations import SILENT_AFTER, StationBoard, parse_report
 
 
 def report(**extra: object) -> dict:
-    return {"product": "bottle", "state": "ok", "queue": 0, "parts": {"good": 3}, "every_s": 2.0, **extra}
+    return {"product": "bottle", "state": "ok", "queue": 0, "parts": {"ok": 3}, "every_s": 2.0, **extra}
 
 
 class Clock:
@@ -25,14 +25,14 @@ def test_a_report_is_listed_with_every_verdict_and_how_long_ago() -> None:
     clock = Clock()
     board = StationBoard(clock=clock)
     board.report("press-3", "s2", report(state="degraded", queue=4))
-    last = {"part_id": "P-7", "verdict": "anomaly", "score": 0.5, "late": True}
+    last = {"part_id": "P-7", "status": "scored", "verdict": "reject", "score": 0.5, "late": True}
     board.report("press-3", "s1", report(last=last, latency_ms={"p50": 40, "p99": 90.5}, version=3))
     board.report("assembly", "cam", report(state="offline"))
     clock.now += 1.5
     listed = board.listing()
     assert [(s["line"], s["station"]) for s in listed] == [("assembly", "cam"), ("press-3", "s1"), ("press-3", "s2")]
     s1 = listed[1]
-    assert s1["parts"] == {"good": 3, "anomaly": 0, "timeout": 0, "error": 0}
+    assert s1["parts"] == {"ok": 3, "review": 0, "reject": 0, "timeout": 0, "error": 0}
     assert s1["last"] == last and s1["latency_ms"] == {"p50": 40.0, "p99": 90.5} and s1["version"] == 3
     assert s1["seen_s"] == 1.5 and not s1["silent"]
     assert listed[2]["state"] == "degraded" and listed[2]["queue"] == 4
@@ -62,6 +62,17 @@ def test_the_board_is_bounded_and_forgets_the_longest_silent_first() -> None:
     assert [s["station"] for s in board.listing()] == ["a", "c", "d"]
 
 
+def test_a_report_of_a_station_running_older_code_is_read_in_the_one_vocabulary() -> None:
+    """An older station says good / anomaly / timeout / error: read as the verdicts ok / reject and the
+    statuses timeout / error (hetmm_ray/result.py)."""
+    old = report(parts={"good": 2, "anomaly": 1, "timeout": 1}, last={"part_id": "P-1", "verdict": "anomaly"})
+    got = parse_report(old)
+    assert got["parts"] == {"ok": 2, "review": 0, "reject": 1, "timeout": 1, "error": 0}
+    assert (got["last"]["status"], got["last"]["verdict"]) == ("scored", "reject")
+    late = parse_report(report(last={"part_id": "P-2", "verdict": "timeout", "score": None}))["last"]
+    assert (late["status"], late["verdict"]) == ("timeout", None)
+
+
 @pytest.mark.parametrize(
     ("body", "field"),
     [
@@ -69,13 +80,16 @@ def test_the_board_is_bounded_and_forgets_the_longest_silent_first() -> None:
         (report(queue=-1), "queue"),
         (report(queue=True), "queue"),
         (report(parts={"bad": 1}), "parts"),
-        (report(parts={"good": 1.5}), "parts.good"),
+        (report(parts={"ok": 1.5}), "parts.ok"),
         (report(every_s=0.1), "every_s"),
         (report(every_s="2"), "every_s"),
         (report(product=""), "product"),
         (report(product="x" * 300), "product"),
         (report(last={"part_id": "a", "verdict": "maybe"}), "last.verdict"),
-        (report(last={"part_id": "a", "verdict": "good", "extra": 1}), "last"),
+        (report(last={"part_id": "a", "status": "timeout", "verdict": "ok"}), "last.verdict"),
+        (report(last={"part_id": "a", "status": "scored"}), "last.verdict"),
+        (report(last={"part_id": "a", "status": "late"}), "last.status"),
+        (report(last={"part_id": "a", "verdict": "ok", "extra": 1}), "last"),
         (report(latency_ms={"p50": "fast"}), "latency_ms.p50"),
         (report(colour="red"), "colour"),
     ],

@@ -28,8 +28,8 @@ def test_tiles_field_refusals_are_400(given) -> None:
     [
         (None, None, {}),
         ("2x2", None, {"tiles": [2, 2]}),
-        (None, 4, {"tiles": "auto", "min_defect_px": 4}),  # the grid picked from the defect
-        (None, " 6 ", {"tiles": "auto", "min_defect_px": 6}),  # a form field's text
+        (None, 4, {"min_defect_px": 4}),  # as given: the fit's rule picks the grid from it (choose_geometry)
+        (None, " 6 ", {"min_defect_px": 6}),  # a form field's text
         ("auto", "8", {"tiles": "auto", "min_defect_px": 8}),
         ("3x1", 8, {"tiles": [3, 1], "min_defect_px": 8}),  # a given grid stays given
     ],

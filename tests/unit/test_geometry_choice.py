@@ -1,0 +1,132 @@
+"""The fit's one geometry rule (``tiled.choose_geometry``). ``geometry.min_defect_px`` means the same
+on every path: set through the CLI's ``--set``, a ``--config`` file, the Python API or an HTTP
+create's field, it gives the same stored product; a grid it contradicts is refused; a fit says in
+one line what it chose and why. ``geometry.canvas: "aspect"``: an elongated frame's canvas."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from hetmm_ray import operations
+from hetmm_ray.cli import main
+from hetmm_ray.config import ConfigError, DetectorConfig
+from hetmm_ray.core.tiles import defect_grid
+from hetmm_ray.data.synthetic import SyntheticProduct
+from hetmm_ray.serve import bodies
+from hetmm_ray.store import open_store
+from hetmm_ray.tiled import choose_geometry
+
+SMALL = {
+    "backbone": {"name": "resnet18", "weights": "random", "image_size": 32},
+    "threshold": {"folds": 2},
+    "geometry": {"tile_overlap": 0},
+    "device": "cpu",
+}
+FLAGS = ["--backbone", "resnet18", "--weights", "random", "--device", "cpu", "--set", "backbone.image_size=32"]
+FLAGS += ["--set", "threshold.folds=2", "--set", "geometry.tile_overlap=0"]
+
+
+@pytest.fixture
+def frames(tmp_path: Path) -> list[Path]:
+    part = SyntheticProduct(seed=1, size=128)
+    folder = tmp_path / "good"
+    folder.mkdir()
+    for i in range(3):
+        Image.fromarray(part.good(i)).save(folder / f"{i}.png")
+    return sorted(folder.glob("*.png"))
+
+
+def _stored(store_dir: Path) -> tuple[dict, dict[str, torch.Tensor], list[float]]:
+    store = open_store(store_dir)
+    record, ts = store.record("p", 1), store.get("p", 1)
+    return record.config.stored_dict(), dict(ts.bank), list(ts.calibration.scores)
+
+
+def _same(a: tuple, b: tuple) -> None:
+    assert a[0] == b[0]
+    assert a[1].keys() == b[1].keys() and all(torch.equal(a[1][k], b[1][k]) for k in a[1])
+    assert np.allclose(a[2], b[2])
+
+
+def test_every_path_gives_the_same_stored_product(tmp_path: Path, frames: list[Path], capsys) -> None:
+    # 8 px at stride 4: up to 2 frame px per canvas px, so 128-px frames on a 32-px canvas need 2 x 2 tiles
+    assert defect_grid(128, 128, 32, 0, min_defect_px=8, stride=4)[:2] == (2, 2)
+    folder = str(frames[0].parent)
+    assert main(["fit", folder, "--product", "p", "--store", str(tmp_path / "cli"), *FLAGS,
+                 "--set", "geometry.min_defect_px=8"]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    assert "tiles auto: 2 x 2, a 8-px defect spans at least one 4-px feature cell at up to 2.00" in out
+    cli = _stored(tmp_path / "cli")
+    assert cli[0]["geometry"]["tiles"] == [2, 2] and cli[0]["geometry"]["min_defect_px"] == 8
+
+    config_file = tmp_path / "product.json"
+    config_file.write_text(json.dumps({**SMALL, "geometry": {"tile_overlap": 0, "min_defect_px": 8}}))
+    assert main(["fit", folder, "--product", "p", "--store", str(tmp_path / "file"), "--config", str(config_file)]) == 0
+    _same(_stored(tmp_path / "file"), cli)
+
+    api = DetectorConfig.from_dict(SMALL).replace(**{"geometry.min_defect_px": 8})
+    operations.fit(open_store(tmp_path / "api"), "p", api, frames)
+    _same(_stored(tmp_path / "api"), cli)
+
+    # an HTTP create (and the console's form) hands its field over as given, then the same rule
+    http = {**SMALL, "geometry": {**SMALL["geometry"], **bodies.geometry_fields(None, "8")}}
+    chosen = choose_geometry(DetectorConfig.from_dict(http), frames).config
+    assert chosen.stored_dict() == cli[0]
+
+
+def test_the_rule_is_idempotent_and_refuses_a_grid_it_contradicts(frames: list[Path]) -> None:
+    base = DetectorConfig.from_dict(SMALL)
+    assert choose_geometry(base, frames) == (base, None, None)  # nothing asked: nothing chosen
+    chosen = choose_geometry(base.replace(**{"geometry.min_defect_px": 8}), frames)
+    assert chosen.tiles == (2, 2) and "8-px defect" in chosen.why
+    again = choose_geometry(chosen.config, frames)  # a resolved (stored) configuration stays as it is
+    assert again.config == chosen.config
+    same_as_auto = choose_geometry(base.replace(**{"geometry.min_defect_px": 8, "geometry.tiles": "auto"}), frames)
+    assert same_as_auto.config == chosen.config
+    with pytest.raises(ConfigError, match=r"tiles 3 x 1 and min_defect_px 8 ask for different grids.*picks 2 x 2"):
+        choose_geometry(base.replace(**{"geometry.min_defect_px": 8, "geometry.tiles": [3, 1]}), frames)
+    # a defect large enough for the whole frame on one canvas: untiled, and the setting is still stored
+    one = choose_geometry(base.replace(**{"geometry.min_defect_px": 16}), frames)
+    assert one.tiles == (1, 1) and not one.config.geometry.tiled
+    assert one.config.stored_dict()["geometry"]["min_defect_px"] == 16
+    assert "geometry" not in base.stored_dict()  # untiled products without it are stored as before
+
+
+# --- geometry.canvas: "aspect" -----------------------------------------------------------------
+def test_the_aspect_canvas_gives_an_elongated_frame_the_squares_pixels() -> None:
+    tall = [np.zeros((1250, 500, 3), np.uint8)]
+    base = DetectorConfig().replace(**{"geometry.canvas": "aspect"})
+    chosen = choose_geometry(base, tall)
+    assert chosen.config.backbone.image_size == round(256 * 2.5**0.5) == 405
+    assert chosen.config.geometry.canvas == "fixed" and chosen.why is None  # no grid asked
+    assert "a 500 x 1250 frame gets 162 x 405 canvas px (0.32 per frame px; 102 x 256 at 256)" in chosen.describe()
+    assert 162 * 405 <= 256 * 256 * 1.01  # within the pixel budget
+    assert choose_geometry(chosen.config, tall) == (chosen.config, None, None)  # resolved: resolves to itself
+    square = choose_geometry(base, [np.zeros((300, 300, 3), np.uint8)])
+    assert square.config.backbone.image_size == 256  # a square frame: today's canvas
+    with pytest.raises(ConfigError, match="letterbox"):
+        choose_geometry(base.replace(**{"backbone.geometry": "squash"}), tall)
+    with pytest.raises(ConfigError, match="canvas mode"):
+        DetectorConfig.from_dict({"geometry": {"canvas": "wide"}})
+    # today's products: no canvas key written, and one stored without it reads as "fixed"
+    assert "canvas" not in DetectorConfig().replace(**{"geometry.tiles": [2, 2]}).stored_dict()["geometry"]
+    assert DetectorConfig.from_dict({"geometry": {"tiles": [2, 2]}}).geometry.canvas == "fixed"
+
+
+def test_an_aspect_fit_stores_its_canvas_and_scores_at_the_frames_aspect(tmp_path: Path) -> None:
+    part = SyntheticProduct(seed=2, size=160)
+    frames = [np.ascontiguousarray(part.good(i)[:, 48:112]) for i in range(3)]  # 160 x 64
+    config = DetectorConfig.from_dict({**SMALL, "geometry": {"canvas": "aspect"}})
+    store = open_store(tmp_path / "s")
+    out = operations.fit(store, "p", config, frames)
+    stored = store.record("p", 1).config
+    assert stored.backbone.image_size == round(32 * 2.5**0.5) == 51 and stored.geometry.canvas == "fixed"
+    assert "geometry" not in stored.stored_dict()  # an untiled letterbox product, as today's are stored
+    pred = out.detector.predict(frames[:1])
+    assert np.asarray(pred.maps[0]).shape == (51, 20)  # the content at the frame's aspect, 51 x round(64 * 51 / 160)
