@@ -119,3 +119,14 @@ TINY_CONFIG = {
     "threshold": {"folds": 2},
     "device": "cpu",
 }
+
+
+def tiny_cli_flags(size: int = 32) -> list[str]:
+    """``hetmm`` flags for a tiny random resnet18 on a ``size``-px canvas: seconds per fit or evaluate
+    (for tests of what a command does, not of its figures)."""
+    return [
+        "--backbone", "resnet18", "--weights", "random", "--device", "cpu",
+        "--set", f"backbone.image_size={size}", "--set", 'backbone.layers=["layer2","layer3"]',
+        "--set", "scoring.forward_windows=[3,3]", "--set", "scoring.backward_windows=[3,3]",
+        "--set", "scoring.alphas=[0.5,0.5]", "--set", "scoring.layer_weights=[1,1]",
+    ]  # fmt: skip

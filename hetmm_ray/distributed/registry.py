@@ -30,7 +30,8 @@ layer), named by its bank key ``tile<p>/<layer>``; its create, hot update, regio
 calibration jobs run one in-process detector (``detectors.load_detector``) in a task each and
 publish like any other version (the shards reload from the store; after a hot update they append
 the new frames' rows in place and take the task's selection instead, :meth:`ProductRegistry._adopted_in_place`);
-the far rule at a new rate is refused (409).
+the far rule at a new rate is accepted and moves the frame threshold only (the stored tile scales
+stay: :meth:`ProductRegistry.start_far_rule`).
 
 Hot update, in order (docs/design.md): the shards append the new features and
 re-select their tiny sets (PTS fanned out as tasks) -> the template set is

@@ -8,19 +8,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import tiny_cli_flags
 
 from hetmm_ray.cli import main
 from hetmm_ray.data.mvtec import DatasetError, MVTecCategory
 from hetmm_ray.data.synthetic import write_mvtec_layout
 
 SIZE = 32
-# A tiny random resnet18 on a 32-px canvas: seconds per evaluate (the figures are not the point).
-FLAGS = [
-    "--backbone", "resnet18", "--weights", "random", "--device", "cpu",
-    "--set", f"backbone.image_size={SIZE}", "--set", 'backbone.layers=["layer2","layer3"]',
-    "--set", "scoring.forward_windows=[3,3]", "--set", "scoring.backward_windows=[3,3]",
-    "--set", "scoring.alphas=[0.5,0.5]", "--set", "scoring.layer_weights=[1,1]",
-]  # fmt: skip
+FLAGS = tiny_cli_flags(SIZE)
 
 
 def _layout(root: Path, *, masks: bool = True) -> Path:

@@ -11,7 +11,6 @@ in a browser and every picture must load (skipped with the reason otherwise).
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 from html.parser import HTMLParser
@@ -19,6 +18,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from browser import launch, missing_browser
+from helpers import tiny_cli_flags
 from PIL import Image
 
 from hetmm_ray.cli import main
@@ -29,13 +30,7 @@ from hetmm_ray.report.collect import GALLERY_KINDS, ReportCollector
 from hetmm_ray.visualize import MASK_OUTLINE_RGB, draw_overlay, heatmap_overlay, heatmap_range, mask_outline
 
 SIZE = 32
-FLAGS = [
-    "--backbone", "resnet18", "--weights", "random", "--device", "cpu",
-    "--set", f"backbone.image_size={SIZE}", "--set", 'backbone.layers=["layer2","layer3"]',
-    "--set", "scoring.forward_windows=[3,3]", "--set", "scoring.backward_windows=[3,3]",
-    "--set", "scoring.alphas=[0.5,0.5]", "--set", "scoring.layer_weights=[1,1]",
-]  # fmt: skip
-CHROMIUM = os.environ.get("HETMM_CHROMIUM", "/usr/bin/chromium")
+FLAGS = tiny_cli_flags(SIZE)
 
 
 def slow_auroc(scores: list[float], positive: list[bool]) -> float:
@@ -160,15 +155,14 @@ def test_the_report_changes_no_figure(evaluated, tmp_path: Path):
 
 
 def test_the_page_opens_in_chromium(evaluated):
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        pytest.skip("playwright is not installed")
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"no chromium at {CHROMIUM} (apt-get install chromium)")
+    missing = missing_browser()
+    if missing is not None:
+        pytest.skip(missing)
+    from playwright.sync_api import sync_playwright
+
     report = evaluated[3]
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox", "--disable-gpu"])
+        browser = launch(p)
         try:
             page = browser.new_page()
             page.goto((report / "index.html").as_uri(), wait_until="load")

@@ -24,29 +24,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from browser import launch, skip_without_browser
 from helpers import REPO
 
 from hetmm_ray.config import BackboneConfig, ServiceConfig
 
-CHROMIUM = os.environ.get("HETMM_CHROMIUM", "/usr/bin/chromium")  # the console tests' variable
 BUILD_S = 600  # mkdocs imports the service's app to generate the HTTP reference: slow on a loaded machine
 PAGE_WAIT_MS = 60_000
 
 
-def _missing_browser() -> str | None:
-    """What is missing to drive a browser, or None."""
-    try:
-        import playwright.sync_api  # noqa: F401
-    except ImportError:
-        return "playwright is not installed (pip install -c constraints.txt playwright)"
-    if not Path(CHROMIUM).exists():
-        return f"no chromium at {CHROMIUM} (apt-get install chromium)"
-    return None
-
-
-MISSING = _missing_browser()
-if MISSING is not None and os.environ.get("CI") != "true":
-    pytest.skip(MISSING, allow_module_level=True)
+MISSING = skip_without_browser()
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -99,7 +86,7 @@ def page(url: str) -> Iterator[Any]:
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox", "--disable-gpu"])
+        browser = launch(p)
         context = browser.new_context(viewport={"width": 1280, "height": 900})
         context.set_default_timeout(PAGE_WAIT_MS)
         tab = context.new_page()

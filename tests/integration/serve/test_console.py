@@ -33,6 +33,7 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
+from browser import launch, skip_without_browser
 from helpers import REPO, free_port, png
 
 from hetmm_ray.config import BackboneConfig, DetectorConfig, TemplateConfig, ThresholdConfig
@@ -42,7 +43,6 @@ from hetmm_ray.store import open_store
 
 pytestmark = pytest.mark.usefixtures("local_ray")
 
-CHROMIUM = os.environ.get("HETMM_CHROMIUM", "/usr/bin/chromium")
 SHOTS = REPO / "out" / "ui"
 TOKEN_ENV = "HETMM_CONSOLE_TEST_TOKEN"
 TOKEN = "console-token-81d3"
@@ -64,20 +64,7 @@ JOB_WAIT_S = 300.0  # a hot update or calibration job (a fit of new images on th
 _console: list[str] = []  # the page's console errors (a Content-Security-Policy violation would be one)
 
 
-def _missing_browser() -> str | None:
-    """What is missing to drive a browser, or None."""
-    try:
-        import playwright.sync_api  # noqa: F401
-    except ImportError:
-        return "playwright is not installed (pip install -c constraints.txt playwright)"
-    if not Path(CHROMIUM).exists():
-        return f"no chromium at {CHROMIUM} (apt-get install chromium)"
-    return None
-
-
-MISSING = _missing_browser()
-if MISSING is not None and os.environ.get("CI") != "true":
-    pytest.skip(MISSING, allow_module_level=True)  # at import: Ray and the service never start
+MISSING = skip_without_browser()  # at import: Ray and the service never start
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -150,7 +137,7 @@ def browser(service: str) -> Iterator[Any]:
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox", "--disable-gpu"])
+        b = launch(p)
         yield b
         b.close()
 
