@@ -21,10 +21,12 @@ import ray
 from helpers import free_port, png
 from PIL import Image
 
+from hetmm_ray.config import DetectorConfig
 from hetmm_ray.data.synthetic import DEFECT_KINDS, SyntheticProduct
 from hetmm_ray.detectors import load_detector
 from hetmm_ray.distributed import get_registry
 from hetmm_ray.store import open_store
+from hetmm_ray.tiled import choose_geometry
 
 pytestmark = pytest.mark.usefixtures("local_ray")
 
@@ -284,6 +286,28 @@ def test_auto_tiles_are_resolved_from_the_uploaded_frames(service) -> None:
     assert job["sheets"] == 4 and job["estimated_ms_per_frame"] > 0, job
     rec = store.record("autoone")
     assert rec.config.geometry.tiles == (1, 1) and not any(k.startswith("tile") for k in rec.layers)
+
+
+def test_min_defect_px_alone_is_the_fits_one_rule_over_http(service, product) -> None:
+    """``min_defect_px`` in an HTTP create means what it means in ``hetmm fit --set``, a config file and
+    the API (tests/unit/test_geometry_choice.py): the stored product is ``tiled.choose_geometry`` of the
+    same settings on the same frames, tiled where the defect size asks for it and stored as given where
+    it does not; a grid it contradicts is refused (400) and creates nothing."""
+    client, store = service["client"], open_store(service["store"])
+    frames = [product.good(i) for i in range(6)]  # what create() uploads
+    for name, px in (("defect8", 8), ("defect16", 16)):
+        r = create(client, name, product, min_defect_px=str(px))
+        assert r.status_code == 200, r.text
+        want = choose_geometry(DetectorConfig.from_dict(SMALL).replace(**{"geometry.min_defect_px": px}), frames)
+        got = store.record(name).config
+        assert got.stored_dict() == want.config.stored_dict()
+        assert got.geometry.min_defect_px == px
+    assert store.record("defect8").config.geometry.tiles != (1, 1)  # alone, it tiles
+    assert store.record("defect16").config.geometry.tiles == (1, 1)
+    r = create(client, "defectgrid", product, tiles="2x2", min_defect_px="16")
+    assert r.status_code == 400 and r.json()["error"]["code"] == "bad_config", r.text
+    assert "ask for different grids" in r.json()["error"]["message"], r.text
+    assert "defectgrid" not in store.products()
 
 
 def test_tiled_candidate_and_compare(service, product) -> None:
