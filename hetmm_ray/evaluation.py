@@ -8,7 +8,8 @@ summaries; ``pixel_auroc`` and ``pro`` are then ``None`` (JSON ``null``) and the
 
 Every test image is also one row of :attr:`EvaluationResult.images` (JSON ``images``), in the
 evaluation's order: ``path``, ``defect_type`` (``good`` or the defect type's folder), ``score``
-(the image score as computed, unrounded) and ``is_anomaly`` (the verdict at the threshold); the
+(the image score as computed, unrounded), ``is_anomaly`` (score above the threshold) and ``verdict``
+(the result record's word, ``ok | review | reject``, with the product's review band: result.py); the
 image AUROC is exactly ``core.metrics.image_auroc`` of the rows' scores against ``defect_type !=
 "good"``. With a :class:`~hetmm_ray.report.collect.ReportCollector` (``evaluate --report``) each
 frame is also offered to it as it is scored, and the PRO curve handed to it at the end.
@@ -30,11 +31,13 @@ from .config import STREAM_FRAMES, DetectorConfig
 from .core.calibration import best_f1_cut, labelled_cuts, recall_cut
 from .core.metrics import image_auroc, pro_area
 from .core.pixel_metrics import PixelMetrics
+from .core.review import verdict as verdict_word_of
 from .data.decode import decode_image, resize_to_geometry
 from .data.mvtec import MVTecCategory, Sample
 from .detectors import new_detector
 from .interface import Detector
 from .report.collect import ReportCollector
+from .result import review_threshold_of
 
 __all__ = ["EvaluationResult", "evaluate", "load_images"]
 
@@ -85,7 +88,7 @@ class EvaluationResult:
     # Why the threshold may flag few defects (core/scoring.OperatingPoint.warning); None (and left
     # out of the JSON, which stays as it was) when it lies among the good images' scores.
     threshold_warning: str | None = None
-    # One row per test image (module docstring): path, defect_type, score, is_anomaly.
+    # One row per test image (module docstring): path, defect_type, score, is_anomaly, verdict.
     images: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
@@ -204,6 +207,8 @@ def evaluate(
     chunk = det.frames_per_pass * max(1, STREAM_FRAMES // det.frames_per_pass)
     scores: list[float] = []
     flagged: list[bool] = []
+    words: list[str] = []  # the result record's verdict of each row (result.py), the review band included
+    review = review_threshold_of(det)
     elapsed = 0.0
     for i in range(0, len(samples), chunk):
         part = samples[i : i + chunk]
@@ -212,6 +217,7 @@ def evaluate(
         elapsed += time.perf_counter() - t0
         scores.extend(pred.scores.tolist())
         flagged.extend(bool(v) for v in pred.is_anomaly)
+        words.extend(verdict_word_of(float(x), float(pred.threshold), review) for x in pred.scores)
         if pixels is not None or report is not None:
             regions = pred.regions if pred.regions is not None else [None] * len(part)
             for k, (s, m, r) in enumerate(zip(part, pred.maps, regions, strict=True)):
@@ -276,8 +282,8 @@ def evaluate(
         recall_at_5pct_false_alarms=100 * recall_cut(cuts, 0.05).recall,
         threshold_warning=None if op is None else op.warning(),
         images=[
-            {"path": str(s.path), "defect_type": s.defect_type, "score": score, "is_anomaly": flag}
-            for s, score, flag in zip(samples, scores, flagged, strict=True)
+            {"path": str(s.path), "defect_type": s.defect_type, "score": score, "is_anomaly": flag, "verdict": word}
+            for s, score, flag, word in zip(samples, scores, flagged, words, strict=True)
         ],
         score_summary={
             "out-of-fold train": score_summary(cal.scores if cal else []),

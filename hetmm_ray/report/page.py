@@ -87,7 +87,7 @@ def _entry_html(n: int, entry: GalleryEntry, gallery: Path) -> str:
     frame = save_png(entry.frame, gallery / f"{n:03d}-frame.png").name
     overlay = save_png(entry.overlay, gallery / f"{n:03d}-overlay.png").name
     error = entry.kind in ("false alarm", "miss")
-    verdict = "ANOMALY" if entry.is_anomaly else "ok"
+    verdict = "reject" if entry.is_anomaly else "ok"  # the result record's words (result.py)
     name = Path(entry.path).name
     return (
         f'<div class="entry{" error" if error else ""}" data-kind="{html.escape(entry.kind)}">'

@@ -112,6 +112,7 @@ def test_the_rows_reproduce_the_printed_auroc(evaluated):
     # the verdicts are the threshold's, and the counts are the rows'
     for r in rows:
         assert r["is_anomaly"] == (r["score"] > result["threshold"])
+        assert r["verdict"] == ("reject" if r["is_anomaly"] else "ok")  # the record's words; no review band here
     assert result["false_positives"] == sum(r["is_anomaly"] and not p for r, p in zip(rows, positive, strict=True))
     assert result["false_negatives"] == sum(not r["is_anomaly"] and p for r, p in zip(rows, positive, strict=True))
 
