@@ -31,13 +31,12 @@ from .config import STREAM_FRAMES, DetectorConfig
 from .core.calibration import best_f1_cut, labelled_cuts, recall_cut
 from .core.metrics import image_auroc, pro_area
 from .core.pixel_metrics import PixelMetrics
-from .core.review import verdict as verdict_word_of
 from .data.decode import decode_image, resize_to_geometry
 from .data.mvtec import MVTecCategory, Sample
 from .detectors import new_detector
 from .interface import Detector
 from .report.collect import ReportCollector
-from .result import review_threshold_of
+from .result import result_records, review_threshold_of
 
 __all__ = ["EvaluationResult", "evaluate", "load_images"]
 
@@ -217,7 +216,7 @@ def evaluate(
         elapsed += time.perf_counter() - t0
         scores.extend(pred.scores.tolist())
         flagged.extend(bool(v) for v in pred.is_anomaly)
-        words.extend(verdict_word_of(float(x), float(pred.threshold), review) for x in pred.scores)
+        words.extend(r["verdict"] for r in result_records(pred, review_threshold=review))
         if pixels is not None or report is not None:
             regions = pred.regions if pred.regions is not None else [None] * len(part)
             for k, (s, m, r) in enumerate(zip(part, pred.maps, regions, strict=True)):

@@ -190,7 +190,6 @@ class ServiceConfig(Settings):
             "writer is served within about twice this plus the load time."
         ),
     )
-    # Longest time to receive a request body; a slower client gets a JSON 408 and its slot back.
     body_timeout_s: float = setting(
         60.0,
         Range(0.5, 600.0),

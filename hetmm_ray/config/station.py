@@ -115,7 +115,6 @@ class ServiceTarget(Settings):
         Check(_text, "must name a store (a folder or s3:// URI)"),
         description="Score in this process from a store (a folder or `s3://` URI): one PC, no service.",
     )
-    # How long one scoring call may take before the part is queued and retried (not the deadline).
     timeout_ms: int = setting(
         5000,
         Range(1, 600_000, int),
