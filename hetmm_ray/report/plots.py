@@ -84,6 +84,16 @@ def score_histogram(
     return _save(fig, path)
 
 
+def _save_unit_curve(fig: Any, ax: Any, path: Path, xlabel: str, ylabel: str) -> Path:
+    """A curve on the unit square (rates against rates), labelled, legend low right, saved."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1.02)
+    ax.legend(loc="lower right", fontsize=9)
+    return _save(fig, path)
+
+
 def roc_points(scores: Sequence[float], labels: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
     """(fpr, tpr) from the highest score down, from (0, 0); equal scores cross together."""
     s = np.asarray(scores, dtype=np.float64)
@@ -101,12 +111,9 @@ def roc_curve_png(path: Path, scores: Sequence[float], labels: Sequence[int], *,
     fpr, tpr = roc_points(scores, labels)
     ax.plot(fpr, tpr, color="#1f618d", linewidth=1.8, label=f"image ROC (AUROC {auroc_percent:.1f})")
     ax.plot([0, 1], [0, 1], color="#aaaaaa", linestyle=":", linewidth=1)
-    ax.set_xlabel("false-positive rate (good images flagged)")
-    ax.set_ylabel("true-positive rate (defective images flagged)")
-    ax.set_xlim(0, 1)
-    ax.set_ylim(0, 1.02)
-    ax.legend(loc="lower right", fontsize=9)
-    return _save(fig, path)
+    return _save_unit_curve(
+        fig, ax, path, "false-positive rate (good images flagged)", "true-positive rate (defective images flagged)"
+    )
 
 
 def pro_curve_png(path: Path, fpr: np.ndarray, pro: np.ndarray, *, fpr_limit: float, pro_percent: float) -> Path:
@@ -119,9 +126,4 @@ def pro_curve_png(path: Path, fpr: np.ndarray, pro: np.ndarray, *, fpr_limit: fl
         label=f"per-region overlap (PRO {pro_percent:.1f} to FPR {fpr_limit:g})",
     )
     ax.axvline(fpr_limit, color="#555555", linestyle=":", linewidth=1.2)
-    ax.set_xlabel("pixel false-positive rate")
-    ax.set_ylabel("per-region overlap")
-    ax.set_xlim(0, 1)
-    ax.set_ylim(0, 1.02)
-    ax.legend(loc="lower right", fontsize=9)
-    return _save(fig, path)
+    return _save_unit_curve(fig, ax, path, "pixel false-positive rate", "per-region overlap")
