@@ -213,3 +213,14 @@ def test_ray_compat_names_the_supported_versions_when_a_symbol_moved() -> None:
     with pytest.raises(ImportError, match="add_port_to_grpc_server_moved"):
         compat._symbol("ray.serve._private.replica", "add_port_to_grpc_server_moved")
     assert hasattr(compat.serve_replica_module(), "add_port_to_grpc_server")  # the installed Ray is supported
+
+
+def test_test_modules_have_unique_basenames() -> None:
+    """pytest's default import mode keys a test module by its file name: two ``test_x.py`` in
+    different folders stop the whole run at collection, but only when both are collected together."""
+    seen: dict[str, list[str]] = {}
+    for f in sorted((REPO / "tests").rglob("test_*.py")):
+        seen.setdefault(f.name, []).append(str(f.relative_to(REPO)))
+    clashes = {name: paths for name, paths in seen.items() if len(paths) > 1}
+    assert len(seen) > 50
+    assert not clashes, f"rename one of each: {clashes}"
