@@ -180,7 +180,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
             Path(args.report).mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise CLIError(f"--report {args.report}: cannot create the folder ({exc})") from None
-        collector = ReportCollector()
+        collector = ReportCollector(args.report)
     result, det, _ = evaluate(args.data, config, progress=True, report=collector)
     print(result.table())
     if collector is not None:

@@ -17,7 +17,6 @@ __all__ = [
     "BACKBONE_RUNTIMES",
     "MODEL_CACHE_ENV",
     "PTS_CHUNK_PIXELS",
-    "REPORT_GALLERY_ERRORS",
     "REPORT_GALLERY_NEAR",
     "REPORT_THUMBNAIL_PX",
     "STREAM_FRAMES",
@@ -35,13 +34,10 @@ the whole set (the memory model is in docs/operations.md, "Memory")."""
 
 
 # --- hetmm evaluate --report ------------------------------------------------------
-REPORT_GALLERY_ERRORS = 32
-"""Most false alarms, and most missed defects, the report's gallery shows (the worst first: the
-highest-scoring good frames flagged, the lowest-scoring defects passed); the report says how many
-there were in all. Bounds the thumbnails held while the frames stream."""
 REPORT_GALLERY_NEAR = 8
 """Good frames passed with the highest scores, and defects caught with the lowest, the gallery
-shows beside the errors: the frames closest to the threshold on the right side of it."""
+shows beside the errors (every false alarm and every missed defect): the frames closest to the
+threshold on the right side of it."""
 REPORT_THUMBNAIL_PX = 320
 """Size of the report gallery's pictures (the frame and its overlay): the area of a square of this
 side, the aspect kept, the long side at most twice this (``report.collect.thumbnail``)."""

@@ -15,14 +15,15 @@ a browser with nothing else, every picture a PNG beside it):
   drawn in.
 - **Gallery**: every false alarm (good frames flagged, highest score first) and every missed defect
   (defective frames passed, lowest score first), then the good frames passed with the highest
-  scores and the defects caught with the lowest; at most ``REPORT_GALLERY_ERRORS`` of each error
-  kind and ``REPORT_GALLERY_NEAR`` of each near kind (the page says how many there were in all).
+  scores and the defects caught with the lowest, at most ``REPORT_GALLERY_NEAR`` of each of these
+  two (the page says how many there were in all).
   Each entry: the frame as the detector saw it, and :func:`hetmm_ray.visualize.draw_overlay`
   (heat-map, region, mask outline), both the area of a ``REPORT_THUMBNAIL_PX`` square, with its
   path, type, score and verdict.
 - **Memory**: :class:`hetmm_ray.report.collect.ReportCollector` sees the frames as ``evaluate``
-  streams them and keeps only the bounded heaps of gallery thumbnails (drawn when a frame enters
-  one), never the maps or the frames.
+  streams them and writes each kept entry's thumbnails to ``DIR/gallery/`` at once: what stays in
+  memory is a path and a score per error and the near kinds' bounded heaps, never a map, a frame
+  or a thumbnail.
 
 This package's ``__init__`` imports nothing: ``evaluation`` imports ``report.collect``, and
 ``report.page`` imports ``evaluation``.

@@ -1,10 +1,9 @@
 """The report page: ``DIR/index.html``, its figures and its gallery (package docstring).
 
-Exact semantics of :func:`write_report`: ``DIR`` is created if absent; ``index.html``,
-``histogram.png``, ``roc.png`` and (with masks) ``pro.png`` are written over any earlier ones, and
-``DIR/gallery/`` is emptied of PNGs and filled with two per entry (``NNN-frame.png``,
-``NNN-overlay.png``, numbered in the page's order). The page refers to nothing outside ``DIR`` and
-loads no script, font or style from anywhere: it opens offline.
+Exact semantics of :func:`write_report`: ``DIR`` is the collector's (whose ``DIR/gallery/`` holds
+two PNGs per kept entry, written as the frames came); ``index.html``, ``histogram.png``,
+``roc.png`` and (with masks) ``pro.png`` are written over any earlier ones. The page refers to
+nothing outside ``DIR`` and loads no script, font or style from anywhere: it opens offline.
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ from pathlib import Path
 from ..config import HEATMAP_VMAX_OVER_THRESHOLD
 from ..core.calibration import TailModel
 from ..evaluation import EvaluationResult
-from ..visualize import MASK_OUTLINE_RGB, save_png
+from ..visualize import MASK_OUTLINE_RGB
 from .collect import GALLERY_KINDS, GalleryEntry, ReportCollector
 from .plots import pro_curve_png, roc_curve_png, score_histogram
 
@@ -83,9 +82,8 @@ def _operating_rows(result: EvaluationResult) -> list[tuple[str, str]]:
     ]
 
 
-def _entry_html(n: int, entry: GalleryEntry, gallery: Path) -> str:
-    frame = save_png(entry.frame, gallery / f"{n:03d}-frame.png").name
-    overlay = save_png(entry.overlay, gallery / f"{n:03d}-overlay.png").name
+def _entry_html(entry: GalleryEntry) -> str:
+    frame, overlay = entry.frame_file, entry.overlay_file
     error = entry.kind in ("false alarm", "miss")
     verdict = "reject" if entry.is_anomaly else "ok"  # the result record's words (result.py)
     name = Path(entry.path).name
@@ -98,8 +96,8 @@ def _entry_html(n: int, entry: GalleryEntry, gallery: Path) -> str:
     )
 
 
-def _gallery_html(collector: ReportCollector, gallery: Path) -> str:
-    parts, n = [], 0
+def _gallery_html(collector: ReportCollector) -> str:
+    parts = []
     for kind in GALLERY_KINDS:
         title, sub = _TITLES[kind]
         kept, total = collector.entries(kind), collector.counts[kind]
@@ -108,10 +106,7 @@ def _gallery_html(collector: ReportCollector, gallery: Path) -> str:
         if not kept:
             parts.append('<p class="none">none</p>')
             continue
-        items = []
-        for entry in kept:
-            items.append(_entry_html(n, entry, gallery))
-            n += 1
+        items = [_entry_html(entry) for entry in kept]
         parts.append(f'<div class="gallery" data-kind="{html.escape(kind)}">{"".join(items)}</div>')
     return "\n".join(parts)
 
@@ -128,10 +123,8 @@ def write_report(
     ``train_scores``: the out-of-fold good training scores the threshold rule read (the ``far``
     rule's tail model is drawn from them on the histogram)."""
     out = Path(directory)
-    gallery = out / "gallery"
-    gallery.mkdir(parents=True, exist_ok=True)
-    for old in gallery.glob("*.png"):
-        old.unlink()
+    if out.resolve() != collector.directory.resolve():
+        raise ValueError(f"the report goes where its gallery is: {collector.directory}, not {out}")
     by_class: dict[str, list[float]] = {"good": []}
     for row in result.images:
         by_class.setdefault(row["defect_type"], []).append(float(row["score"]))
@@ -172,7 +165,7 @@ def write_report(
 <p class="sub">Each frame as the detector saw it, and its heat-map (0 to {HEATMAP_VMAX_OVER_THRESHOLD:g}x the
 threshold, the colour scale every picture of this product uses) with the ground-truth outline in
 <b style="color:{outline}">magenta</b>.</p>
-{_gallery_html(collector, gallery)}
+{_gallery_html(collector)}
 </body></html>
 """
     index = out / "index.html"

@@ -174,13 +174,16 @@ def test_the_page_opens_in_chromium(evaluated):
             browser.close()
 
 
-def test_the_gallery_keeps_what_a_full_sort_keeps():
+def test_the_gallery_keeps_every_error_and_what_a_full_sort_keeps_near(tmp_path: Path):
     rng = np.random.default_rng(3)
     n = 200
     labels = rng.integers(0, 2, n)
     scores = np.round(rng.random(n), 2)  # ties on purpose: the earlier frame wins them
     threshold = 0.5
-    collector = ReportCollector(errors=5, near=3, thumbnail_px=16)
+    (tmp_path / "gallery").mkdir()
+    (tmp_path / "gallery" / "stale.png").write_bytes(b"old")  # an earlier report's picture goes
+    collector = ReportCollector(tmp_path, near=3, thumbnail_px=16)
+    assert not (tmp_path / "gallery" / "stale.png").exists()
     drawn = []
     amap = np.zeros((4, 4), dtype=np.float32)
     for i in range(n):
@@ -195,16 +198,25 @@ def test_the_gallery_keeps_what_a_full_sort_keeps():
         "miss": [i for i in range(n) if labels[i] == 1 and scores[i] <= threshold],
         "defect near": [i for i in range(n) if labels[i] == 1 and scores[i] > threshold],
     }
+    files = set()
     for kind in GALLERY_KINDS:
         good = kind in ("false alarm", "good near")
-        # the slow way: all of the kind, worst first, ties in arrival order
-        expected = sorted(kinds[kind], key=lambda i: (-scores[i] if good else scores[i], i))[: collector.caps[kind]]
+        # the slow way: all of the kind, worst first, ties in arrival order; every error, 3 near
+        expected = sorted(kinds[kind], key=lambda i: (-scores[i] if good else scores[i], i))
+        if kind in ("good near", "defect near"):
+            expected = expected[:3]
         kept = collector.entries(kind)
         assert [e.path for e in kept] == [f"f{i}" for i in expected], kind
         assert collector.counts[kind] == len(kinds[kind])
         for e in kept:
-            assert e.frame.shape == (13, 20, 3) and e.overlay.shape == e.frame.shape  # 8 x 12 to about 16 x 16
-    assert len(drawn) < n / 2  # frames are drawn only when they enter a heap
+            for name in (e.frame_file, e.overlay_file):
+                with Image.open(tmp_path / "gallery" / name) as im:
+                    assert im.size == (20, 13)  # 8 x 12 to about 16 x 16, the aspect kept
+                files.add(name)
+    # what was pushed out of a near heap left no file behind
+    assert {p.name for p in (tmp_path / "gallery").glob("*.png")} == files
+    errors = len(kinds["false alarm"]) + len(kinds["miss"])
+    assert errors > 20 and len(drawn) < errors + n / 4  # the near kinds draw only what enters a heap
 
 
 def _slow_outline(inside: np.ndarray) -> np.ndarray:
