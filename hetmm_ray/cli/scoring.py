@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..config import DTYPES, GRPC_CLIENT_WAIT_S, STREAM_FRAMES, check_number
 from ..config.archive import ACTOR_CPUS, ACTOR_THREADS, BLOCK_IMAGES, SCORE_BATCH
@@ -25,6 +25,9 @@ from .common import (
     _write_json,
 )
 from .service import _predict_grpc
+
+if TYPE_CHECKING:
+    from ..store import Store
 
 
 # --- predict ---------------------------------------------------------------------------
@@ -189,13 +192,40 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         cal = det.calibration
         index = write_report(args.report, result, collector, train_scores=cal.scores if cal else ())
         print(f"written {index}")
+    unstored = None
     if args.store:
-        version = det.save(_open(args), args.product or result.category)
-        print(f"published templates as {args.product or result.category} v{version} in {args.store}")
+        store = _open(args)
+        product = args.product or result.category
+        version = det.save(store, product)
+        print(f"published templates as {product} v{version} in {args.store}")
+        if collector is not None:  # the report, as the product's latest (store/reports.py)
+            unstored = _store_report(store, product, version, args.report)
     if args.json:
         _write_json(args.json, result.to_json())
         print(f"written {args.json}")
+    if unstored is not None:
+        raise CLIError(f"published v{version}, but the report was not stored: {unstored}")
     return 0
+
+
+def _store_report(store: Store, product: str, version: int, directory: str) -> str | None:
+    """Store the report in ``directory`` as ``product``'s latest, tagged ``version``; None once stored,
+    else why not (a store error: the templates are published either way)."""
+    from ..store import StoreError
+    from ..store.reports import collect_report
+
+    try:
+        files, left_out = collect_report(directory)
+        record = store.put_report(product, files, version=version)
+    except StoreError as exc:
+        return str(exc)
+    print(f"stored the report as {product}'s latest (v{version}, {len(files)} files, {record.size} bytes)")
+    for ref in left_out:
+        print(
+            f"hetmm: the stored report leaves out {ref!r} (a report holds only its own .html/.png files)",
+            file=sys.stderr,
+        )
+    return None
 
 
 # --- inspect ---------------------------------------------------------------------------

@@ -588,6 +588,39 @@ class Ingress(InspectionStandIn):  # gRPC calls that reach it are refused clearl
         await self._require_product(product)
         return await self.console.calibration(product, false_alarm_rate)
 
+    @app.get("/v1/products/{product}/report")
+    @timed("report")
+    async def report(self, product: str, request: Request) -> Response:
+        """The product's latest evaluation report (``hetmm evaluate --store --report``), described:
+        ``{"product", "report": {"version", "created", "files", "bytes", "url"}}``, ``"report": null``
+        without one. Its page is at ``url``."""
+        await self._require_product(product)
+        return await self.console.report(product)
+
+    @app.get("/v1/products/{product}/report/")
+    @timed("report")
+    async def report_page(self, product: str, request: Request) -> Response:
+        """The latest evaluation report's page (HTML, read-only: no script runs under its
+        Content-Security-Policy). 404 ``not_found`` without a report."""
+        await self._require_product(product)
+        return await self.console.report_file(product)
+
+    @app.get("/v1/products/{product}/report/{name}")
+    @timed("report")
+    async def report_file(self, product: str, name: str, request: Request) -> Response:
+        """A file of the latest evaluation report (``histogram.png``, ``roc.png``...). 404
+        ``not_found`` for a name the report does not hold."""
+        await self._require_product(product)
+        return await self.console.report_file(product, name)
+
+    @app.get("/v1/products/{product}/report/{folder}/{name}")
+    @timed("report")
+    async def report_folder_file(self, product: str, folder: str, name: str, request: Request) -> Response:
+        """A file in a folder of the latest evaluation report (the gallery's, ``gallery/NNN-frame.png``).
+        404 ``not_found`` for a name the report does not hold."""
+        await self._require_product(product)
+        return await self.console.report_file(product, f"{folder}/{name}")
+
     @app.put("/v1/stations/{line}/{station}")
     @timed("stations")
     async def station_report(self, line: str, station: str, request: Request) -> Response:

@@ -34,7 +34,17 @@ DELETE ``/v1/products/{p}/labels/{id}``                  admin: forget a label
 GET    ``/v1/products/{p}/calibration[?false_alarm_rate]`` out-of-fold good scores, labelled scores
                                                          at the head, and a preview for a rate
 GET    ``/v1/products/{p}/drift[?hours&buckets]``        the drift chart (serve/inspections.py)
+GET    ``/v1/products/{p}/report``                       the latest evaluation report, described
+                                                         (``{"report": null}`` without one)
+GET    ``/v1/products/{p}/report/``                      its page (``index.html``), read-only
+GET    ``/v1/products/{p}/report/{file}``                one of its PNGs; ``.../report/{folder}/{file}``:
+                                                         one in a folder (``gallery/...``)
 ====== ================================================ ======================================
+
+The evaluation report is the one ``hetmm evaluate --store --report`` stored (store/reports.py):
+its files are served as stored, each checked against its sha256, only the names its index lists
+(anything else, or no report, is 404 ``not_found``), the page under :data:`_REPORT_HEADERS` (no
+script may run, images and styles only from the page itself).
 """
 
 from __future__ import annotations
@@ -52,8 +62,9 @@ from ..core.calibration import check_rate
 from ..core.scoring import Calibration
 from ..data.decode import decode_image
 from ..errors import Refused
-from ..store import StoreError, VersionedStore, VersionRecord
+from ..store import ProductNotFound, StoreError, VersionedStore, VersionRecord
 from ..store.labels import LABELS, LabelSet
+from ..store.reports import INDEX, media_type
 from .bodies import FarRuleBody
 from .inspections import DriftCollector, Inspections
 from .recent import RecentItem, RecentPredictions, image_media_type
@@ -68,6 +79,14 @@ _PAGE_HEADERS = {
     "Content-Security-Policy": "default-src 'self'; img-src 'self' data: blob:; style-src 'self'; "
     "script-src 'self'; connect-src 'self'; frame-ancestors 'none'",
     "X-Content-Type-Options": "nosniff",
+    "Cache-Control": "no-cache",
+}
+# The stored evaluation report: a static page with inline styles and its own PNGs, no script at all.
+_REPORT_HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; img-src 'self'; style-src 'unsafe-inline'; "
+    "base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
     "Cache-Control": "no-cache",
 }
 MAX_VERSIONS_SHOWN = 50
@@ -240,6 +259,21 @@ class Console:
         if not (0 < hours <= 24 * 366) or not (1 <= buckets <= 2000):
             raise Refused(400, "bad_request", "hours: in (0, 8784]; buckets: in [1, 2000]")
         return JSONResponse(await asyncio.to_thread(self.inspections.chart, product, hours, buckets))
+
+    # --- the latest evaluation report (store/reports.py) ---------------------------------------
+    async def report(self, product: str) -> Response:
+        """``{"product", "report": null | {"version", "created", "files", "bytes", "url"}}``."""
+        record = await asyncio.to_thread(self.store.latest_report, product)
+        body = None if record is None else {**record.to_json(), "url": f"/v1/products/{product}/report/"}
+        return JSONResponse({"product": product, "report": body})
+
+    async def report_file(self, product: str, name: str = INDEX) -> Response:
+        """A file of the latest report, as stored; 404 ``not_found`` for no report or a name outside it."""
+        try:
+            data = await asyncio.to_thread(self.store.get_report_file, product, name)
+        except ProductNotFound as exc:
+            raise Refused(404, "not_found", f"{exc} (hetmm evaluate --store --report stores one)") from None
+        return Response(data, media_type=media_type(name), headers=_REPORT_HEADERS)
 
     # --- versions -------------------------------------------------------------------------------
     async def versions(self, product: str) -> Response:

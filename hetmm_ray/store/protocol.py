@@ -10,6 +10,7 @@ helpers (``store/layout.py``) take the class, whose private members they share.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -17,6 +18,7 @@ if TYPE_CHECKING:
     from .base import Backend
     from .layout import LayerData
     from .manifest import VersionRecord
+    from .reports import ReportRecord
 
 
 class Store(Protocol):
@@ -46,6 +48,10 @@ class Store(Protocol):
 
     def head_and_candidates(self, product: str) -> tuple[int, list[int]]: ...
 
+    def latest_report(self, product: str) -> ReportRecord | None: ...
+
+    def get_report_file(self, product: str, name: str) -> bytes: ...
+
     # --- writing -------------------------------------------------------------------------
     def put(
         self, product: str, template_set: TemplateSet, *, expect_head: int | None = None, candidate: bool = False
@@ -72,5 +78,7 @@ class Store(Protocol):
     def migrate(self, product: str) -> dict[str, Any]: ...
 
     def repair(self, product: str) -> dict[str, Any]: ...
+
+    def put_report(self, product: str, files: Mapping[str, bytes], *, version: int) -> ReportRecord: ...
 
     def delete_product(self, product: str) -> None: ...

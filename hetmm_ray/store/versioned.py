@@ -7,6 +7,7 @@ Layout under a product::
     <product>/HEAD                          {"version": n, "history": [kept versions],
                                              "candidates": [versions]} (candidates optional), written last
     <product>/moves/<time_ns>.json          one HEAD move that published nothing (rollback, repair)
+    <product>/report/                       the latest evaluation report (store/reports.py)
 
 Publishing writes data objects, then the manifest (create-only: it claims the
 version number), then swaps HEAD with compare-and-swap on the ETag it read. A
@@ -59,6 +60,7 @@ import io
 import json
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -73,6 +75,7 @@ from .base import Backend, ProductNotFound, StoreConflict, StoreCorrupt, StoreEr
 from .layout import LayerData, layer_chunks, read_layer, selection_refs
 from .layout import tensors_from as _tensors_from
 from .manifest import VersionRecord
+from .reports import ReportRecord, get_report_file, latest_report, put_report
 
 __all__ = ["VersionedStore"]
 
@@ -583,8 +586,27 @@ class VersionedStore:
         self._record_move(product, "repair", None if found is None else int(found[0]["version"]), version)
         return {"version": version, "history": history, "rebuilt": True, "swept": swept}
 
+    # --- the latest evaluation report (store/reports.py) --------------------------------------
+    def put_report(self, product: str, files: Mapping[str, bytes], *, version: int) -> ReportRecord:
+        """Store ``files`` (name -> bytes: ``index.html`` and its PNGs, ``reports.collect_report``) as
+        ``product``'s latest report, tagged with ``version`` and the time now; it replaces the earlier
+        one. ProductNotFound unless ``version`` is a stored version of ``product``; StoreError for a
+        name or size the report rules refuse (store/reports.py), before anything is written."""
+        self.manifest(product, version)
+        return put_report(self.backend, product, files, version=version)
+
+    def latest_report(self, product: str) -> ReportRecord | None:
+        """``product``'s latest evaluation report (its version, time and files), or None."""
+        return latest_report(self.backend, product)
+
+    def get_report_file(self, product: str, name: str) -> bytes:
+        """File ``name`` of ``product``'s latest report, checked against its recorded sha256.
+        ProductNotFound without a report, or for a name outside its files."""
+        return get_report_file(self.backend, product, name)
+
     def delete_product(self, product: str) -> None:
-        """Remove a product: its head first (it disappears at once), then every object."""
+        """Remove a product: its head first (it disappears at once), then every object (its
+        labels, record and report included)."""
         try:
             self._require_head(product)
         except StoreCorrupt:

@@ -113,7 +113,7 @@ async function loadProducts() {
   select.replaceChildren(...names.map((n) => el("option", { value: n, selected: n === state.product, text: n })));
 }
 
-function renderProducts() {
+async function renderProducts() {
   const rows = state.products.map((p) => {
     const c = state.counts[p.product] || { scored: 0, flagged: 0, flagged_share: null };
     const rule = p.threshold_rule ? `${p.threshold_rule}${p.threshold_rule === "far" ? ` ${pct(p.rule_target, 2)}` : ""}` : "–";
@@ -128,6 +128,21 @@ function renderProducts() {
       el("td", { text: String(c.scored) }), el("td", { text: c.scored ? `${c.flagged} (${pct(c.flagged_share)})` : "–" }));
   });
   $("products-body").replaceChildren(...rows);
+  await renderReportLink(state.product);
+}
+
+// The selected product's latest evaluation report (hetmm evaluate --store --report), when it has one:
+// a link to the page the service serves read-only.
+async function renderReportLink(product) {
+  const box = $("product-report");
+  if (!product) { box.replaceChildren(); return; }
+  let report;
+  try { ({ report } = await api("GET", `/v1/products/${enc(product)}/report`)); } catch (exc) { showError(exc, box); return; }
+  if (product !== state.product) return; // another product was selected meanwhile
+  box.replaceChildren(report
+    ? el("a", { href: report.url, target: "_blank", rel: "noopener", "data-testid": "report-link",
+      text: `Latest evaluation report (v${report.version}, ${when(report.created)})` })
+    : el("span", { class: "hint", text: `${product}: no evaluation report stored (hetmm evaluate --store --report)` }));
 }
 
 function selectProduct(name) {

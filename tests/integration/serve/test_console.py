@@ -692,6 +692,41 @@ def test_static_files_and_unknown_ui_path(api: httpx.Client) -> None:
     assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
 
 
+def test_products_view_links_the_latest_evaluation_report(
+    page: Any, api: httpx.Client, store: str, fresh_product: str
+) -> None:
+    """A product with a stored report (store/reports.py; what ``hetmm evaluate --store --report``
+    stores) shows the link in the Products view, and the link opens the page with its pictures."""
+    from stored_reports import report
+
+    use_product(page, PRODUCT)  # no report: no link, a hint instead
+    until(page, "() => document.getElementById('product-report').textContent.includes('no evaluation report')")
+    assert page.locator("[data-testid=report-link]").count() == 0
+    record = open_store(store).put_report(fresh_product, report(40), version=1)
+    use_product(page, fresh_product)
+    link = page.locator("[data-testid=report-link]")
+    link.wait_for()
+    assert link.inner_text().startswith("Latest evaluation report (v1, ")
+    assert link.get_attribute("href") == f"/v1/products/{fresh_product}/report/"
+    errors: list[str] = []
+
+    def keep(m: Any) -> None:
+        if m.type == "error" and m.page is not page:
+            errors.append(m.text)
+
+    page.context.on("console", keep)
+    with page.context.expect_page() as opened:
+        link.click()
+    shown = opened.value
+    shown.wait_for_load_state("load")
+    assert shown.url.endswith(f"/v1/products/{fresh_product}/report/")
+    sizes = shown.evaluate("() => [...document.images].map((i) => i.complete ? i.naturalWidth : -1)")
+    assert len(sizes) == len(record.files) - 1 and all(w == 4 for w in sizes), sizes  # every PNG loaded
+    shown.close()
+    page.context.remove_listener("console", keep)
+    assert errors == []  # its inline style and its PNGs within the report's Content-Security-Policy
+
+
 def test_tiled_product_inspected_and_taught_in_the_console(
     page: Any, api: httpx.Client, store: str, tmp_path: Path
 ) -> None:
