@@ -135,7 +135,10 @@ def main() -> None:
             hetmm = str(tree / ".venv" / "bin" / "hetmm")
             store = root / f"store-{len(rows)}"
             fit = [hetmm, "fit", str(sets[tests[0]] / "train" / "good"), "--product", "p", "--store", str(store)]
-            subprocess.run([*fit, "--set", "geometry.tiles=auto"], cwd=tree, check=True, capture_output=True)
+            if "predict" in commands:
+                done = subprocess.run([*fit, "--set", "geometry.tiles=auto"], cwd=tree, capture_output=True, text=True)
+                if done.returncode != 0:
+                    raise SystemExit(f"{' '.join(fit)} failed ({done.returncode}):\n{done.stderr[-3000:]}")
             for command in commands:
                 base = None
                 for n in tests:

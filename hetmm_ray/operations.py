@@ -8,8 +8,10 @@ Exact semantics (every operation works on any product, tiled or not: ``interface
   mode, else the product's ``publish`` setting, else ``default``). ``expect_head``: the version the
   operation started from; another writer in between makes it fail (``StoreConflict``) instead of
   losing that writer's version.
-- :func:`fit`: a new product's detector fitted on ``frames`` (``tiles: auto`` resolved from them),
-  stored as v1 (always live: a first version is HEAD).
+- :func:`fit`: a new product's detector fitted on ``frames`` (its geometry resolved from them by
+  ``tiled.choose_geometry``), stored as v1 (always live: a first version is HEAD) with what that
+  rule chose and why in ``meta["geometry_choice"]`` (``GeometryChoice.to_json``; none when nothing
+  was chosen).
 - :func:`update`: frames added to HEAD's bank (those already held skipped and counted); with
   nothing new, nothing is stored (``Outcome.changed`` False, ``version`` stays HEAD).
 - :func:`compress`: a version's selection made again (PTS or a baseline), recalibrated.
@@ -43,6 +45,7 @@ from .core.templates import TemplateSet
 from .detectors import check_region, load_detector, new_detector
 from .interface import Detector
 from .scorer import ImageInput
+from .tiled import choose_geometry
 
 if TYPE_CHECKING:
     from .store.protocol import Store
@@ -104,16 +107,18 @@ def fit(
     on_start: Callable[[Detector], None] | None = None,
     **options: Any,
 ) -> Outcome:
-    """A new product from good ``frames``, stored as its first version (``options``: ``progress=``,
+    """A new product from good ``frames``, stored as its first version with what the geometry rule
+    chose (``tiled.choose_geometry``; ``GeometryChoice.stored_with``) (``options``: ``progress=``,
     ``steps=``; ``on_start``: called with the detector before the long work, e.g. to say its cost)."""
     if len(frames) < 2:
         raise ValueError(f"fit needs at least 2 good images, got {len(frames)}")
-    det = new_detector(config, frames, **options)
+    choice = choose_geometry(config, frames)
+    det = new_detector(choice.config, **options)
     if on_start is not None:
         on_start(det)
     start = time.perf_counter()
     det.fit(frames)
-    version = det.save(store, product)
+    version = det.version = int(store.put(product, choice.stored_with(det.template_set())))
     return Outcome(
         product,
         version,

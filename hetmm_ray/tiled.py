@@ -52,7 +52,6 @@ with :meth:`TiledHETMM.serving` over those shards.
 
 from __future__ import annotations
 
-import io
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
@@ -61,7 +60,6 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Self
 
 import numpy as np
 import torch
-from PIL import Image
 from torch import Tensor
 from tqdm.auto import tqdm
 
@@ -74,6 +72,7 @@ from .core.region import TilePart, check_visible, map_mask, raster, tile_regions
 from .core.scoring import Calibration, OperatingPoint, calibration_json, content_maps, image_scores, operating_point
 from .core.templates import TemplateError, TemplateMeta, TemplateSet, unseen_positions
 from .core.tiles import AUTO_MAX_SCALE, Tile, cut, defect_grid, grid_of, stitch, tile_grid
+from .data.decode import image_shape
 from .detector import HETMM
 from .frame_cost import FrameCost
 from .interface import Detector, Layout
@@ -88,6 +87,7 @@ __all__ = [
     "TiledHETMM",
     "TiledPrediction",
     "auto_tiles",
+    "check_resolved",
     "choose_geometry",
     "frame_shape",
     "region_parts",
@@ -101,8 +101,7 @@ def frame_shape(x: ImageInput) -> tuple[int, int]:
     if isinstance(x, np.ndarray):
         return int(x.shape[0]), int(x.shape[1])
     if isinstance(x, str | Path | bytes):
-        with Image.open(io.BytesIO(x) if isinstance(x, bytes) else x) as im:
-            return im.height, im.width
+        return image_shape(x)  # decode_image's errors, before any work
     return as_rgb(x).shape[:2]  # type: ignore[return-value]
 
 
@@ -126,6 +125,21 @@ class GeometryChoice(NamedTuple):
         parts = [] if self.why is None else [f"tiles auto: {self.tiles[0]} x {self.tiles[1]}, {self.why}"]
         return "; ".join([*parts, *([self.canvas_why] if self.canvas_why else [])])
 
+    def to_json(self) -> dict[str, Any] | None:
+        """What was chosen, as a create job's record (``tiles_auto``) and the fitted version's manifest
+        (``meta["geometry_choice"]``) keep it: ``tiles`` (the grid), ``why`` (None when only the canvas
+        was chosen) and ``canvas`` (only when it was chosen); None when nothing was chosen."""
+        if self.why is None and self.canvas_why is None:
+            return None
+        chosen: dict[str, Any] = {"tiles": list(self.tiles), "why": self.why}
+        return chosen if self.canvas_why is None else {**chosen, "canvas": self.canvas_why}
+
+    def stored_with(self, ts: TemplateSet) -> TemplateSet:
+        """``ts`` with :meth:`to_json` as its ``meta["geometry_choice"]``: how every fit path stores its
+        choice with the version it publishes (``ts`` as it is when nothing was chosen)."""
+        chosen = self.to_json()
+        return ts if chosen is None else replace(ts, meta=ts.meta.with_(geometry_choice=chosen))
+
 
 def choose_geometry(config: DetectorConfig, frames: Sequence[ImageInput]) -> GeometryChoice:
     """The one rule of every fit path (CLI, Python API, HTTP create, console) for how frames reach the
@@ -138,17 +152,20 @@ def choose_geometry(config: DetectorConfig, frames: Sequence[ImageInput]) -> Geo
       size picks for these frames (a configuration this rule resolved before, as a stored product's),
       else refused (ConfigError): the two settings ask for different grids and one would be ignored.
     - ``tiles: "auto"`` alone: at most ``AUTO_MAX_SCALE`` frame px per canvas px (``core.tiles.auto_grid``).
-    - Then ``geometry.canvas: "aspect"`` (letterbox only, else refused): ``backbone.image_size`` ``S``
-      becomes ``round(S * sqrt(long / short))`` of the frame (of the largest tile, when tiled), so its
-      content gets about ``S**2`` canvas pixels instead of ``S**2 * short / long``; the grid above is
-      chosen at ``S``. Resolved to ``"fixed"`` with the new size, so a resolved configuration
-      resolves to itself.
+    - Then ``geometry.canvas: "aspect"`` (the default): on a letterboxed canvas
+      ``backbone.image_size`` ``S`` becomes ``round(S * sqrt(long / short))`` of the frame (of the
+      largest tile, when tiled), so its content gets about ``S**2`` canvas pixels instead of
+      ``S**2 * short / long``; the grid above is chosen at ``S``, and with ``min_defect_px`` chosen
+      again at the raised size, which stays (the canvas its tiles get; a given grid other than
+      ``[1, 1]`` must be that one, else refused as above). A square frame keeps ``S``, and so
+      does ``backbone.geometry: squash``, whose content fills the canvas already. Resolved to
+      ``"fixed"`` with the size, so a resolved configuration resolves to itself.
     - None of these: ``config`` as it is, nothing chosen.
 
     A grid of more than ``TILE_GRID_MAX`` tiles per axis is refused (ConfigError)."""
     g = config.geometry
-    if g.min_defect_px is None and g.tiles != "auto" and g.canvas == "fixed":
-        return GeometryChoice(config, None)
+    if g.min_defect_px is None and g.tiles != "auto" and (g.canvas == "fixed" or config.backbone.geometry == "squash"):
+        return GeometryChoice(config.replace(**{"geometry.canvas": "fixed"}), None)
     shapes = [frame_shape(x) for x in frames]
     if not shapes:
         raise ConfigError("geometry: tiles, min_defect_px and canvas are chosen from the training frames; none given")
@@ -156,8 +173,18 @@ def choose_geometry(config: DetectorConfig, frames: Sequence[ImageInput]) -> Geo
     config, why = _chosen_grid(config, h, w)
     if config.geometry.canvas != "aspect":
         return GeometryChoice(config, why)
-    config, canvas_why = _aspect_canvas(config, h, w)
-    return GeometryChoice(config, why, canvas_why)
+    resolved, canvas_why = _aspect_canvas(config, h, w)
+    size = resolved.backbone.image_size
+    if g.min_defect_px is not None and size != config.backbone.image_size:
+        # the defect's grid again on the canvas its tiles get, so that a resolved configuration resolves to itself
+        regrid, why = _chosen_grid(resolved.replace(**{"geometry.tiles": "auto"}), h, w)
+        grid = GeometryChoice(regrid, why).tiles
+        if grid != config.geometry.tiles:
+            if g.tiles not in ("auto", (1, 1)):
+                raise _different_grids(g, grid, h, w)
+            _, canvas_why = _aspect_canvas(config.replace(**{"geometry.tiles": list(grid)}), h, w, size)
+            resolved = regrid
+    return GeometryChoice(resolved, why, canvas_why)
 
 
 def _chosen_grid(config: DetectorConfig, h: int, w: int) -> tuple[DetectorConfig, str | None]:
@@ -178,25 +205,33 @@ def _chosen_grid(config: DetectorConfig, h: int, w: int) -> tuple[DetectorConfig
         )
     grid = (chosen.rows, chosen.cols)
     if g.tiles not in ("auto", (1, 1)) and tuple(g.tiles) != grid:
-        raise ConfigError(
-            f"geometry: tiles {g.tiles[0]} x {g.tiles[1]} and min_defect_px {g.min_defect_px} ask for different "
-            f"grids (a {g.min_defect_px}-px defect in a {w} x {h} frame picks {grid[0]} x {grid[1]}); give one of them"
-        )
+        raise _different_grids(g, grid, h, w)
     return replace(config, geometry=replace(g, tiles=grid)), chosen.why
 
 
-def _aspect_canvas(config: DetectorConfig, h: int, w: int) -> tuple[DetectorConfig, str]:
+def _different_grids(g: GeometryConfig, grid: Sequence[int], h: int, w: int) -> ConfigError:
+    return ConfigError(
+        f"geometry: tiles {g.tiles[0]} x {g.tiles[1]} and min_defect_px {g.min_defect_px} ask for different "
+        f"grids (a {g.min_defect_px}-px defect in a {w} x {h} frame picks {grid[0]} x {grid[1]}); give one of them"
+    )
+
+
+def _aspect_canvas(
+    config: DetectorConfig, h: int, w: int, size: int | None = None
+) -> tuple[DetectorConfig, str | None]:
+    """``config`` on the canvas ``geometry.canvas: "aspect"`` gives its frame or largest tile, and the
+    line saying so; ``size``: that canvas side as already chosen, for the line only."""
     g, bb = config.geometry, config.backbone
-    if bb.geometry != "letterbox":
-        raise ConfigError(
-            f"geometry.canvas 'aspect' keeps the frame's aspect on a letterboxed canvas; backbone.geometry is "
-            f"{bb.geometry!r}: set it to 'letterbox', or geometry.canvas to 'fixed'"
-        )
+    if bb.geometry != "letterbox":  # squash: the content fills the canvas, there is nothing to raise
+        return config.replace(**{"geometry.canvas": "fixed"}), None
     what = "frame"
     if g.tiled:
         tiles = tile_grid(h, w, [int(v) for v in g.tiles], g.tile_overlap)  # resolved: never "auto" here
         h, w, what = max(t.height for t in tiles), max(t.width for t in tiles), "tile"
-    size = round(bb.image_size * (max(h, w) / min(h, w)) ** 0.5)
+    if size is None:
+        size = round(bb.image_size * (max(h, w) / min(h, w)) ** 0.5)
+    if size == bb.image_size:  # square enough: the canvas as it is, nothing chosen
+        return config.replace(**{"geometry.canvas": "fixed"}), None
     resolved = config.replace(**{"backbone.image_size": size, "geometry.canvas": "fixed"})
     before, after = resized_shape(h, w, bb.image_size, "letterbox"), resized_shape(h, w, size, "letterbox")
     why = (
@@ -204,6 +239,27 @@ def _aspect_canvas(config: DetectorConfig, h: int, w: int) -> tuple[DetectorConf
         f"({after[0] / h:.2f} per frame px; {before[1]} x {before[0]} at {bb.image_size})"
     )
     return resolved, why
+
+
+def check_resolved(config: DetectorConfig, frames: Sequence[ImageInput]) -> None:
+    """ConfigError when ``config`` asks :func:`choose_geometry` for a grid (``geometry.min_defect_px``
+    or ``tiles: "auto"``) and its grid or canvas size is not what the rule resolves for ``frames``. A
+    tiled detector built directly (``TiledHETMM(config)``) fits its configuration as given, so such a
+    setting would be ignored there: :meth:`TiledHETMM.fit` refuses it instead (``detectors.new_detector``
+    and ``operations.fit`` resolve it first; a configuration they resolved passes)."""
+    g = config.geometry
+    if g.min_defect_px is None and g.tiles != "auto":
+        return
+    chosen = choose_geometry(config, frames)
+    size = config.backbone.image_size
+    if g.tiles == "auto" or chosen.tiles != tuple(g.tiles) or chosen.config.backbone.image_size != size:
+        asked = "tiles auto" if g.min_defect_px is None else f"geometry.min_defect_px {g.min_defect_px}"
+        given = "auto" if g.tiles == "auto" else f"{g.tiles[0]} x {g.tiles[1]}"
+        raise ConfigError(
+            f"{asked}: for these frames the fit's rule chooses {chosen.describe()}, and this detector fits its "
+            f"configuration as given (tiles {given}, image_size {size}); fit with detectors.new_detector(config, "
+            "frames) or operations.fit, which resolve it"
+        )
 
 
 def resolve_tiles(config: DetectorConfig, frames: Sequence[ImageInput]) -> DetectorConfig:
@@ -481,6 +537,7 @@ class TiledHETMM(Detector):
         """One template set and one calibration per tile position from good frames; the frame calibration."""
         if len(frames) < 2:
             raise ValueError(f"fit needs at least 2 good images, got {len(frames)}")
+        check_resolved(self.config, frames)
         self._measure_cost(frames[0])
         feats, boxes, digests, shapes = self._extract(frames, "fit: tile features")
         sets = []

@@ -185,8 +185,6 @@ class DetectorConfig(Settings):
             data["threshold"].get("review_false_alarm_rate") is None
         ):  # no review band: stored as before the band existed
             data["threshold"].pop("review_false_alarm_rate", None)
-        if data["geometry"].get("canvas") == "fixed":  # the default: the dict every product had before it
-            del data["geometry"]["canvas"]
         if data["publish"] is None:  # the surface's default: the dict of a product stored before publish existed
             del data["publish"]
         return data
@@ -196,7 +194,8 @@ class DetectorConfig(Settings):
         (``geometry`` only for a tiled product or one whose geometry was chosen from
         ``min_defect_px``: other untiled manifests are what they always were, whatever overlap an
         untiled configuration names)."""
-        out = {k: v for k, v in self.to_dict().items() if k not in RUN_TIME_SETTINGS}
+        out = {k: v for k, v in self.product_only().to_dict().items() if k not in RUN_TIME_SETTINGS}
+        del out["geometry"]["canvas"]  # always "fixed" in a product: the dict products always had
         if out["geometry"].get("min_defect_px") is None:  # unset: written as products were before it
             del out["geometry"]["min_defect_px"]
             if not self.geometry.tiled:
@@ -212,8 +211,12 @@ class DetectorConfig(Settings):
         return None if self.geometry.tiled else (self.backbone.image_size, self.backbone.geometry)
 
     def product_only(self) -> DetectorConfig:
-        """This configuration with every run-time setting at its default: the product as stored."""
+        """This configuration with every run-time setting at its default and its canvas ``fixed`` (a
+        built product's canvas is its ``image_size``; ``aspect`` is a fit's choice, made once): the
+        product as stored."""
         defaults: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(DetectorConfig) if is_run_time(f)}
+        if self.geometry.canvas != "fixed":
+            defaults["geometry"] = dataclasses.replace(self.geometry, canvas="fixed")
         same = all(getattr(self, k) == v for k, v in defaults.items())
         return self if same else dataclasses.replace(self, **defaults)
 
@@ -241,7 +244,8 @@ def stored_config(data: dict[str, Any]) -> DetectorConfig:
     Settings added after a product was stored take the value that reproduces how it was
     built, not today's default: ``backbone.geometry`` missing means ``squash``; a missing
     ``geometry`` section means one tile (its default, the frame itself); a ``geometry`` section
-    without ``tile_whole_view`` means none (tiled products stored before the whole view). The
+    without ``tile_whole_view`` means none (tiled products stored before the whole view); no
+    ``geometry.canvas`` means ``fixed`` (a fit resolves the canvas, and stores only the size). The
     :data:`RUN_TIME_SETTINGS` an older manifest may hold are ignored (this host's defaults
     apply: a product compressed on a GPU host loads on a CPU-only one). Settings that no longer
     exist (:data:`~.product.RETIRED_SETTINGS`, e.g. ``templates.auto_max_rel_diff``) are dropped.
@@ -255,6 +259,9 @@ def stored_config(data: dict[str, Any]) -> DetectorConfig:
         data = {**data, "backbone": {**data["backbone"], "geometry": "squash"}}
     if isinstance(data, dict) and isinstance(data.get("geometry"), dict) and "tile_whole_view" not in data["geometry"]:
         data = {**data, "geometry": {**data["geometry"], "tile_whole_view": False}}  # tiled before the whole view
+    if isinstance(data, dict) and (not isinstance(data.get("geometry"), dict) or "canvas" not in data["geometry"]):
+        # a stored product's canvas was resolved by its fit (or predates the setting): never chosen again
+        data = {**data, "geometry": {**(data.get("geometry") or {}), "canvas": "fixed"}}
     return DetectorConfig.from_dict(data)
 
 

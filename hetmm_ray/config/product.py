@@ -570,12 +570,13 @@ class GeometryConfig(Settings):
     # "aspect": the canvas side raised so an elongated frame's content gets the square's pixel count
     # instead of a letterboxed strip of it (tiled.choose_geometry); the pad cells still cost compute.
     canvas: str = setting(
-        "fixed",
+        "aspect",
         OneOf(CANVAS_MODES, "canvas mode"),
         description=(
-            "`fixed`: a square canvas of `backbone.image_size`, an elongated frame letterboxed into it. `aspect`: a "
-            "fit raises `backbone.image_size` so the frame at its own aspect gets about `image_size` squared canvas "
-            "pixels, and stores the size it chose."
+            "`aspect`: a fit raises `backbone.image_size` so the frame (or tile) at its own aspect gets about "
+            "`image_size` squared canvas pixels on the letterboxed canvas, and stores the size it chose (a square "
+            "frame, or `backbone.geometry: squash`, keeps `image_size`). `fixed`: a square canvas of "
+            "`backbone.image_size`, an elongated frame letterboxed into a strip of it."
         ),
     )
 

@@ -65,6 +65,7 @@ __all__ = [
     "ACCEPTED_FORMATS",
     "ImageError",
     "decode_image",
+    "image_shape",
     "images_to_tensor",
     "load_image",
     "pillow_only",
@@ -274,6 +275,39 @@ def _to_rgb(im: Image.Image, source: str) -> np.ndarray:
 
 
 # --- public API ---------------------------------------------------------------
+def _read(data: bytes | str | os.PathLike, source: str | None, max_bytes: int, caller: str) -> tuple[bytes, str]:
+    """The encoded bytes of ``data`` and the name its errors use."""
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        src = source if source is not None else "<upload>"
+        raw = bytes(data)
+        _check_byte_count(len(raw), src, max_bytes)
+        return raw, src
+    if isinstance(data, (str, os.PathLike)):
+        path = Path(data)
+        src = source if source is not None else str(path)
+        return _read_path(path, src, max_bytes), src
+    raise TypeError(f"{caller}: expected bytes or a path, got {type(data).__name__}")
+
+
+def image_shape(
+    data: bytes | str | os.PathLike,
+    *,
+    source: str | None = None,
+    max_bytes: int = MAX_IMAGE_BYTES,
+    max_pixels: int = MAX_IMAGE_PIXELS,
+    min_side: int = MIN_IMAGE_SIDE,
+) -> tuple[int, int]:
+    """``(height, width)`` of an encoded image from its header, no pixel decoded: the checks and the
+    :class:`ImageError` of :func:`decode_image` for everything a header can show."""
+    raw, src = _read(data, source, max_bytes, "image_shape")
+    im = _open_header(raw, src)
+    try:
+        _check_dimensions(im.size, src, max_pixels, min_side)
+        return im.size[1], im.size[0]
+    finally:
+        im.close()
+
+
 def decode_image(
     data: bytes | str | os.PathLike,
     *,
@@ -289,17 +323,7 @@ def decode_image(
     missing, empty, too large, not PNG/JPEG/BMP/TIFF, of absurd dimensions,
     truncated/corrupt, or in an unsupported pixel mode (see the module docstring).
     """
-    if isinstance(data, (bytes, bytearray, memoryview)):
-        src = source if source is not None else "<upload>"
-        raw = bytes(data)
-        _check_byte_count(len(raw), src, max_bytes)
-    elif isinstance(data, (str, os.PathLike)):
-        path = Path(data)
-        src = source if source is not None else str(path)
-        raw = _read_path(path, src, max_bytes)
-    else:
-        raise TypeError(f"decode_image: expected bytes or a path, got {type(data).__name__}")
-
+    raw, src = _read(data, source, max_bytes, "decode_image")
     im = _open_header(raw, src)
     try:
         _check_dimensions(im.size, src, max_pixels, min_side)

@@ -73,6 +73,7 @@ from .store_watch import follow_store
 
 if TYPE_CHECKING:
     from ..fitting import FitPipeline
+    from ..tiled import GeometryChoice
 
 __all__ = ["REGISTRY_NAME", "ProductRegistry", "get_registry", "region_preview", "registry_name"]
 
@@ -413,8 +414,11 @@ class ProductRegistry(JobStarters):
         features: dict[str, np.ndarray],
         digests: list[str],
         progress: JobProgress | None = None,
+        *,
+        geometry: GeometryChoice | None = None,
     ) -> int:
-        """A new product from good images' features: select its tiny set, calibrate, publish v1."""
+        """A new product from good images' features: select its tiny set, calibrate, publish v1 (with what
+        the geometry rule chose, ``geometry``: ``GeometryChoice.stored_with``)."""
         check_product_name(product)
         cfg = DetectorConfig.from_dict(config)
         async with self._lock(product):
@@ -426,6 +430,8 @@ class ProductRegistry(JobStarters):
                 partial(pipeline.fit_features, weights_id=weights_id, config=cfg), _features_to_bank(features), digests
             )
             note_outliers(progress, ts)
+            if geometry is not None:
+                ts = geometry.stored_with(ts)
             if progress is not None:
                 progress.stage("publish")
             version = await asyncio.to_thread(self.store.put, product, ts, expect_head=0)

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from ..fitting import FitPipeline
     from ..store.manifest import VersionRecord
     from ..store.protocol import Store
+    from ..tiled import GeometryChoice
 
 __all__ = ["COMPARE_MAX_MAPS", "JobStarters", "region_preview"]
 
@@ -81,6 +82,8 @@ class JobStarters:
             features: dict[str, np.ndarray],
             digests: list[str],
             progress: JobProgress | None = None,
+            *,
+            geometry: GeometryChoice | None = None,
         ) -> int: ...
 
         async def update(
@@ -134,32 +137,31 @@ class JobStarters:
             raise StoreConflict(f"product {product!r} already exists; add images with .../normals")
         from ..tiled import choose_geometry
 
-        # The fit's one rule (tiles auto, min_defect_px -> a grid; 1 x 1: untiled), and why for the job's record
+        # The fit's one rule (tiles auto, min_defect_px -> a grid; 1 x 1: untiled), and why for the job's
+        # record and the version's manifest (GeometryChoice.stored_with)
         choice = await asyncio.to_thread(choose_geometry, cfg, images)
         cfg = choice.config
-        note = {}
-        if choice.why is not None or choice.canvas_why is not None:
-            chosen = {"tiles": list(choice.tiles), "why": choice.why}
-            note = {"tiles_auto": chosen if choice.canvas_why is None else {**chosen, "canvas": choice.canvas_why}}
+        chosen = choice.to_json()
+        note = {} if chosen is None else {"tiles_auto": chosen}
         if whole_frames(cfg):
-            return self.jobs.start("create", product, partial(self._create_in_task, product, cfg, images, note))
+            return self.jobs.start("create", product, partial(self._create_in_task, product, choice, images, note))
 
         async def work(progress: JobProgress) -> int:
             progress.note(**note)
             features, digests = await self._extract(cfg, images, progress, estimate=True)  # the cost, as tiled
-            return await self.create(product, cfg.to_dict(), features, digests, progress)
+            return await self.create(product, cfg.to_dict(), features, digests, progress, geometry=choice)
 
         return self.jobs.start("create", product, work)
 
     async def _create_in_task(
-        self, product: str, cfg: DetectorConfig, images: list[bytes], note: dict[str, Any], progress: JobProgress
+        self, product: str, choice: GeometryChoice, images: list[bytes], note: dict[str, Any], progress: JobProgress
     ) -> int:
         """A product fit as one detector in a task (:func:`~.registry_tasks.fit_in_task`), published as v1; its shards
         are its bank's objects ((tile position, layer) for a tiled one), placed over the template hosts."""
         progress.note(**note)
         progress.stage("tile features and fit", len(images))
         me = ray.get_runtime_context().current_actor
-        ts = await fit_in_task.remote(cfg.to_dict(), images, me, progress.job_id)
+        ts = choice.stored_with(await fit_in_task.remote(choice.config.to_dict(), images, me, progress.job_id))
         note_outliers(progress, ts)
         async with self._lock(product):
             progress.stage("publish")

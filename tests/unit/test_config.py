@@ -514,6 +514,7 @@ def test_geometry_defaults_and_values() -> None:
 
     g = DetectorConfig().geometry
     assert g == GeometryConfig() and g.tiles == (1, 1) and g.tile_overlap == 32 and not g.tiled
+    assert g.canvas == "aspect"  # a fit chooses the canvas from its frames
     c = DetectorConfig().replace(**{"geometry.tiles": [2, 3], "geometry.tile_overlap": 0.25})
     assert c.geometry.tiles == (2, 3) and c.geometry.tiled and c.geometry.tile_overlap == 0.25
     assert DetectorConfig().replace(**{"geometry.tiles": "auto"}).geometry.tiles == "auto"
@@ -522,6 +523,7 @@ def test_geometry_defaults_and_values() -> None:
         "tile_overlap": 0.25,
         "tile_whole_view": True,
         "min_defect_px": None,
+        "canvas": "aspect",
     }
     # stored as products were before min_defect_px existed while it is unset
     assert c.stored_dict()["geometry"] == {"tiles": [2, 3], "tile_overlap": 0.25, "tile_whole_view": True}
@@ -559,12 +561,14 @@ def test_default_geometry_is_never_stored_and_old_manifests_read_as_one_tile() -
     assert "geometry" not in DetectorConfig().stored_dict()
     assert "geometry" not in DetectorConfig().replace(**{"geometry.tile_overlap": 8}).stored_dict()  # untiled
     old = DetectorConfig().stored_dict()  # what every manifest before tiles and regions holds
-    assert stored_config(old) == DetectorConfig()
+    # a stored product's canvas is its image_size: "fixed", never chosen again
+    fixed = DetectorConfig().replace(**{"geometry.canvas": "fixed"})
+    assert stored_config(old) == DetectorConfig().product_only() == fixed
     tiled = DetectorConfig().replace(**{"geometry.tiles": [2, 2]})
     assert tiled.stored_dict()["geometry"] == {"tiles": [2, 2], "tile_overlap": 32, "tile_whole_view": True}
-    assert stored_config(tiled.stored_dict()) == tiled
+    assert stored_config(tiled.stored_dict()) == tiled.product_only()
     before = {**tiled.stored_dict(), "geometry": {"tiles": [2, 2], "tile_overlap": 32}}  # stored before the whole view
-    assert stored_config(before) == tiled.replace(**{"geometry.tile_whole_view": False})
+    assert stored_config(before) == tiled.product_only().replace(**{"geometry.tile_whole_view": False})
 
 
 def test_service_takes_tiled_products() -> None:

@@ -16,6 +16,7 @@ from PIL import Image
 from hetmm_ray import operations
 from hetmm_ray.cli import main
 from hetmm_ray.config import ConfigError, DetectorConfig
+from hetmm_ray.config.detector import stored_config
 from hetmm_ray.core.tiles import defect_grid
 from hetmm_ray.data.synthetic import SyntheticProduct
 from hetmm_ray.serve import bodies
@@ -82,7 +83,9 @@ def test_every_path_gives_the_same_stored_product(tmp_path: Path, frames: list[P
 
 def test_the_rule_is_idempotent_and_refuses_a_grid_it_contradicts(frames: list[Path]) -> None:
     base = DetectorConfig.from_dict(SMALL)
-    assert choose_geometry(base, frames) == (base, None, None)  # nothing asked: nothing chosen
+    fixed = base.replace(**{"geometry.canvas": "fixed"})
+    assert base.geometry.canvas == "aspect"  # the default
+    assert choose_geometry(base, frames) == (fixed, None, None)  # square frames, no grid asked: nothing chosen
     chosen = choose_geometry(base.replace(**{"geometry.min_defect_px": 8}), frames)
     assert chosen.tiles == (2, 2) and "8-px defect" in chosen.why
     again = choose_geometry(chosen.config, frames)  # a resolved (stored) configuration stays as it is
@@ -110,13 +113,18 @@ def test_the_aspect_canvas_gives_an_elongated_frame_the_squares_pixels() -> None
     assert choose_geometry(chosen.config, tall) == (chosen.config, None, None)  # resolved: resolves to itself
     square = choose_geometry(base, [np.zeros((300, 300, 3), np.uint8)])
     assert square.config.backbone.image_size == 256  # a square frame: today's canvas
-    with pytest.raises(ConfigError, match="letterbox"):
-        choose_geometry(base.replace(**{"backbone.geometry": "squash"}), tall)
+    # squash fills the canvas with the frame already: the canvas stays, and nothing is said to be chosen
+    squashed = base.replace(**{"backbone.geometry": "squash"})
+    assert choose_geometry(squashed, tall) == (squashed.replace(**{"geometry.canvas": "fixed"}), None, None)
     with pytest.raises(ConfigError, match="canvas mode"):
         DetectorConfig.from_dict({"geometry": {"canvas": "wide"}})
-    # today's products: no canvas key written, and one stored without it reads as "fixed"
-    assert "canvas" not in DetectorConfig().replace(**{"geometry.tiles": [2, 2]}).stored_dict()["geometry"]
-    assert DetectorConfig.from_dict({"geometry": {"tiles": [2, 2]}}).geometry.canvas == "fixed"
+    # a fitted product: no canvas key written, and one stored without it reads as "fixed", never chosen again
+    resolved = DetectorConfig().replace(**{"geometry.tiles": [2, 2], "geometry.canvas": "fixed"})
+    assert "canvas" not in resolved.stored_dict()["geometry"]
+    assert stored_config({"geometry": {"tiles": [2, 2]}}).geometry.canvas == "fixed"
+    assert stored_config({"backbone": {"image_size": 405}}).geometry.canvas == "fixed"
+    assert DetectorConfig.from_dict({"geometry": {"tiles": [2, 2]}}).geometry.canvas == "aspect"  # a user's file
+    assert DetectorConfig().replace(**{"geometry.canvas": "fixed"}).replace(batch_size=3).geometry.canvas == "fixed"
 
 
 def test_an_aspect_fit_stores_its_canvas_and_scores_at_the_frames_aspect(tmp_path: Path) -> None:

@@ -181,7 +181,7 @@ def test_the_retired_raw_tolerance_is_dropped_from_stored_configs_and_refused_el
     old["templates"] = {k: v for k, v in old["templates"].items() if k != "auto_max_norm_diff"} | {
         "auto_max_rel_diff": 0.05
     }
-    assert stored_config(old) == DetectorConfig()
+    assert stored_config(old) == DetectorConfig().product_only()
     with pytest.raises(ConfigError, match=r"auto_max_rel_diff.*did you mean 'auto_max_norm_diff'"):
         DetectorConfig.from_dict(old)
 
