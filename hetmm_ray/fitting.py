@@ -12,6 +12,9 @@ the service's registry publishes it).
   content digest) are skipped; the rest are appended (``meta.image_boxes`` kept only when every
   image's box is known), then :meth:`~FitPipeline.refit`. Nothing new: None.
 - :meth:`FitPipeline.compress`: the same bank under another ``templates`` selection, refit.
+- :meth:`FitPipeline.without`: the bank without the frames a drop list names (every copy of a
+  digest, or a repeat group's later copies only: ``core.good_outliers.drop_positions``), through
+  :meth:`~FitPipeline.without_positions` (the one removal: by bank index), then refit.
 - :meth:`FitPipeline.refit` = :meth:`~FitPipeline.calibrated` of :meth:`~FitPipeline.selected`.
   ``selected`` dispatches on the set's own ``config.templates``: ``kind: all`` clears the
   selection; ``sheets: auto`` measures K (``core/auto_sheets.py``; the result's config holds the
@@ -46,6 +49,7 @@ from .core.calibration import OutOfFold, fold_plan
 from .core.cover import cover_folds
 from .core.device import TORCH_DTYPES, image_digest
 from .core.geometry import Box, boxes_from_features
+from .core.good_outliers import drop_positions
 from .core.pts import select_layers
 from .core.region import check_visible
 from .core.scoring import Calibration
@@ -241,14 +245,21 @@ class FitPipeline:
         return ts.appended(feats, tuple(digests), meta=meta), keep
 
     def without(self, ts: TemplateSet, digests: Sequence[str]) -> TemplateSet:
-        """``ts`` with the bank frames of ``digests`` removed (selection reset), refit: what a fit on
-        the other frames would store, their features reused (``hetmm drop``). A digest the bank does
-        not hold, or dropping all but one frame, is a ValueError before anything changes."""
-        gone = set(digests)
-        missing = sorted(gone - set(ts.image_digests))
-        if missing:
-            raise ValueError(f"the bank holds no frame with digest {', '.join(missing)}")
-        keep = [i for i, d in enumerate(ts.image_digests) if d not in gone]
+        """``ts`` without the bank frames the drop list ``digests`` names (every copy of a digest;
+        only the later copies of a ``LaterCopies`` one: ``core.good_outliers.drop_positions``),
+        :meth:`without_positions`. A digest naming no frame, or dropping all but one frame, is a
+        ValueError before anything changes."""
+        return self.without_positions(ts, drop_positions(ts.image_digests, digests))
+
+    def without_positions(self, ts: TemplateSet, positions: Sequence[int]) -> TemplateSet:
+        """``ts`` with the bank frames at ``positions`` removed (selection reset), refit: what a fit on
+        the other frames would store, their features reused (``hetmm drop``). A position outside the
+        bank, or dropping all but one frame, is a ValueError before anything changes."""
+        gone = set(positions)
+        outside = sorted(i for i in gone if not 0 <= i < ts.n_images)
+        if outside:
+            raise ValueError(f"the bank of {ts.n_images} frames has no position {', '.join(map(str, outside))}")
+        keep = [i for i in range(ts.n_images) if i not in gone]
         if len(keep) < 2:
             raise ValueError(f"dropping {len(gone)} of {ts.n_images} frames leaves {len(keep)}: a product needs 2")
         boxes = ts.meta.image_boxes

@@ -21,9 +21,11 @@ Exact semantics (every operation works on any product, tiled or not: ``interface
   and out-of-fold scores (``VersionedStore.republish``: nothing recomputed).
 - :func:`calibrate_labelled`: a version's threshold chosen on labelled images
   (``validation.calibrate_with_labels``).
-- :func:`drop`: good frames removed from HEAD's bank by content digest, re-selected and
-  recalibrated, published with HEAD expected (never done unasked: :func:`good_outliers` only names
-  the frames standing apart, ``core/good_outliers.py``).
+- :func:`drop`: good frames removed from HEAD's bank by content digest (every copy), and with
+  ``repeats`` the later copies of each frame the bank holds more than once (the first copy kept:
+  ``core.good_outliers.repeated_frames``), re-selected and recalibrated, published with HEAD
+  expected (never done unasked: :func:`good_outliers` only names the frames standing apart and
+  the repeated ones, ``core/good_outliers.py``).
 
 Promote and discard are the store's own (``VersionedStore.promote`` / ``discard``). The service's
 registry runs the same detector calls in its tasks (``distributed/registry_tasks.py``) and publishes
@@ -38,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .config import OUTLIER_MADS, DetectorConfig, publishes_candidate
-from .core.good_outliers import OutlierReport, outlier_report
+from .core.good_outliers import LaterCopies, OutlierReport, outlier_report, repeated_frames
 from .core.region import check_region_change
 from .core.scoring import OperatingPoint
 from .core.templates import TemplateSet
@@ -254,27 +256,39 @@ def drop(
     product: str,
     digests: Sequence[str] | Callable[[tuple[str, ...]], Sequence[str]],
     *,
+    repeats: bool = False,
     mode: str | None = None,
     **options: Any,
 ) -> Outcome:
-    """HEAD without the good frames of ``digests`` (module docstring; a callable: given HEAD's bank
-    digests, returns those to drop, e.g. names resolved against them); ValueError for a digest
-    HEAD's bank does not hold or for leaving fewer than 2 frames, before anything is written.
-    ``Outcome.record``: the dropped digests and the threshold before and after."""
+    """HEAD without the good frames of ``digests`` (every copy of each; module docstring; a
+    callable: given HEAD's bank digests, returns those to drop, e.g. names resolved against them)
+    and, with ``repeats``, without the later copies of each repeated frame (the first copy kept).
+    ValueError, before anything is written: nothing named, a digest HEAD's bank does not hold,
+    ``repeats`` on a bank that holds no frame twice, or leaving fewer than 2 frames.
+    ``Outcome.record``: the dropped digests (every copy), the repeat groups whose later copies were
+    dropped (``digest``, the bank ``indices``, the first kept), the frames left and the threshold
+    before and after."""
     head = store.head(product)
     det = load_detector(store, product, head, **options)
+    held = tuple(det.image_digests)
     if callable(digests):
-        digests = digests(tuple(det.image_digests))
-    if not digests:
+        digests = digests(held)
+    named = list(dict.fromkeys(str(d) for d in digests))
+    groups = [g for g in repeated_frames(held) if g.digest not in named] if repeats else []
+    if repeats and not groups:
+        whole = "every frame it holds twice is named to drop whole" if repeated_frames(held) else "no frame twice"
+        raise ValueError(f"v{head}'s bank of {len(held)} frames holds {whole}: --repeats has no later copy to drop")
+    if not named and not groups:
         raise ValueError("name at least one frame to drop")
     before = det.operating_point()
     start = time.perf_counter()
-    det.drop(list(digests))
+    det.drop([*named, *(LaterCopies(g.digest) for g in groups)])
     seconds = time.perf_counter() - start
     new, candidate = publish(store, product, det.template_set(), mode=mode, expect_head=head)
     after = det.operating_point()
     record = {
-        "dropped": sorted(set(digests)),
+        "dropped": sorted(named),
+        "repeats": [{"digest": g.digest, "indices": list(g.indices)} for g in groups],
         "images": det.n_images,
         "threshold_before": None if before is None else before.threshold,
         "threshold_after": None if after is None else after.threshold,

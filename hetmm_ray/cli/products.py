@@ -75,16 +75,16 @@ def cmd_fit(args: argparse.Namespace) -> int:
     )
     if config.region is not None:
         print(f"region {_describe_region(config.region)}{layout.region_note()}")
-    # a fit's bank holds the frames in the order given (duplicates too), so each digest has its file's name
-    digests = out.detector.image_digests
-    names = dict(zip(digests, map(str, paths), strict=False)) if len(paths) == out.detector.n_images else {}
-    _print_calibration_facts(out.detector, names)
+    # a fit's bank holds the frames in the order given (repeats too), so bank frame i is file i
+    frame_names = list(map(str, paths)) if len(paths) == out.detector.n_images else None
+    _print_calibration_facts(out.detector, args.product, frame_names)
     return 0
 
 
-def _print_calibration_facts(det: Any, names: dict[str, str]) -> None:
+def _print_calibration_facts(det: Any, product: str, frame_names: list[str] | None = None) -> None:
     """After a fit, an update or a drop: the far rule at ``RATE_CHOICES`` (threshold, good frames
-    above, estimate with its interval) and the good frames standing apart (``core/good_outliers.py``)."""
+    above, estimate with its interval), the good frames standing apart and the frames held more than
+    once (``core/good_outliers.py``), by file name (``frame_names``, bank order) where known."""
     from .. import operations
     from ..core.calibration import describe_rate_choices, rate_choices
 
@@ -94,7 +94,7 @@ def _print_calibration_facts(det: Any, names: dict[str, str]) -> None:
     print(describe_rate_choices([c.to_json() for c in rate_choices(cal.scores, RATE_CHOICES)]))
     report = operations.good_outliers(det)
     if report is not None:
-        print(report.describe(names))
+        print(report.describe(frame_names=frame_names, product=product))
 
 
 def _sheets_text(tc: Any, n_images: int) -> str:
@@ -140,7 +140,7 @@ def cmd_update(args: argparse.Namespace) -> int:
         f"product {args.product}: version {out.version} (from v{out.base}) with {out.added} more good images, "
         f"{det.n_images} in all{tiles}; threshold {_describe_operating_point(out.operating_point)}"
     )
-    _print_calibration_facts(det, {})
+    _print_calibration_facts(det, args.product)
     return 0
 
 
@@ -152,10 +152,16 @@ def add_drop(sub: Subcommands) -> None:
     )
     p.add_argument(
         "frames",
-        nargs="+",
+        nargs="*",
         metavar="NAME",
         help="an image file (its decoded frame's content digest) or a digest, or its first 8+ hex digits, "
-        "as hetmm fit / update print for the frames standing apart",
+        "as hetmm fit / update print for the frames standing apart: every copy of it is dropped",
+    )
+    p.add_argument(
+        "--repeats",
+        action="store_true",
+        help="also drop the later copies of every frame the bank holds more than once (the first copy kept), "
+        "as hetmm fit / update print them",
     )
     p.add_argument("--product", required=True)
     _add_store_flags(p)
@@ -166,6 +172,8 @@ def add_drop(sub: Subcommands) -> None:
 def cmd_drop(args: argparse.Namespace) -> int:
     from .. import operations
 
+    if not args.frames and not args.repeats:
+        raise CLIError("drop: name at least one frame (NAME...), or give --repeats")
     store = _open(args)
     names: dict[str, str] = {}
 
@@ -175,22 +183,37 @@ def cmd_drop(args: argparse.Namespace) -> int:
         return digests
 
     try:
-        out = operations.drop(store, args.product, resolve, mode=getattr(args, "publish", None), progress=True)
+        out = operations.drop(
+            store, args.product, resolve, repeats=args.repeats, mode=getattr(args, "publish", None), progress=True
+        )
     except ValueError as exc:
         raise CLIError(str(exc)) from None
     det = out.detector
     assert det is not None
     if out.candidate:
         _announce_candidate(args, store, out.version)
-    assert out.record is not None
-    shown = ", ".join(names[d] for d in out.record["dropped"])
+    assert out.record is not None and out.base is not None
+    parts = [names[d] for d in out.record["dropped"]]
+    parts += [_later_copies(g["digest"], g["indices"], out.base) for g in out.record["repeats"]]
+    count = len(out.record["dropped"]) + sum(len(g["indices"]) - 1 for g in out.record["repeats"])
     print(
-        f"product {args.product}: version {out.version} (from v{out.base}) without {len(names)} good frame(s) "
-        f"({shown}), {det.n_images} in all; threshold {_describe_operating_point(out.before)} -> "
+        f"product {args.product}: version {out.version} (from v{out.base}) without {count} good frame(s) "
+        f"({', '.join(parts)}), {det.n_images} in all; threshold {_describe_operating_point(out.before)} -> "
         f"{_describe_operating_point(out.operating_point)}"
     )
-    _print_calibration_facts(det, {})
+    _print_calibration_facts(det, args.product)
     return 0
+
+
+def _later_copies(digest: str, indices: list[int], base: int) -> str:
+    """``the later copy of 3f2a9c01b2d4 (v1's bank frame 24; frame 20 kept)``: a repeat group's dropped copies."""
+    later = indices[1:]
+    copies = "copy" if len(later) == 1 else "copies"
+    frames = "frame" if len(later) == 1 else "frames"
+    return (
+        f"the later {copies} of {digest[:12]} (v{base}'s bank {frames} {', '.join(map(str, later))}; "
+        f"frame {indices[0]} kept)"
+    )
 
 
 def _resolve_frames(frames: list[str], held: tuple[str, ...]) -> tuple[list[str], dict[str, str]]:

@@ -439,8 +439,9 @@ def _recorded_item(product: str, row: dict[str, Any]) -> dict[str, Any]:
 def _calibration_facts(rec: Any, digests: list[str] | None, labelled: list[dict[str, Any]]) -> dict[str, Any]:
     """``rates``: the far rule at ``RATE_CHOICES`` on the out-of-fold scores, with the labelled
     defects' recall at each (``core.calibration.rate_choices``); ``outliers``: the good frames of the
-    bank (``digests``, the manifest's) standing apart and the threshold with and without them
-    (``core/good_outliers.py``), None where the stored scores are not this bank's fold plan's."""
+    bank (``digests``, the manifest's) standing apart, the frames it holds more than once, and the
+    threshold with and without each (``core/good_outliers.py``), None where the stored scores are
+    not this bank's fold plan's."""
     from ..config import OUTLIER_MADS, RATE_CHOICES
     from ..core.calibration import rate_choices
 

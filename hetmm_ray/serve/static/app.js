@@ -333,7 +333,8 @@ function histogram(data, previews) {
 }
 
 // Beside the histogram: the far rule at a few rates (threshold, good frames above, estimate and its
-// interval, recall on the labelled defects) and the good frames whose out-of-fold score stands apart.
+// interval, recall on the labelled defects), the good frames whose out-of-fold score stands apart and
+// the good frames held more than once.
 function renderRatesAndOutliers(data) {
   const rows = (data.rates || []).map((r) => el("tr", { "data-testid": "rate-row", "data-rate": String(r.rate) },
     el("td", { text: pct(r.rate, 0) }), el("td", { text: fmt(r.threshold) }),
@@ -347,6 +348,16 @@ function renderRatesAndOutliers(data) {
     lines.push(`Good frames standing apart (${o.rule}: above ${fmt(o.cut)}): ${o.frames.length} of ${o.n_scores}.`);
     o.frames.forEach((f) => lines.push(`frame ${f.index} (${f.digest.slice(0, 12)}): ${fmt(f.score)}`));
     if (o.frames.length) lines.push(`Threshold (${o.threshold_rule}) ${fmt(o.threshold)} with them, ${fmt(o.threshold_without)} without them; drop them with hetmm drop.`);
+  }
+  // Frames the bank holds more than once (same content): each copy's fold holds its twin, so its score is near 0.
+  if (o && o.repeats && o.repeats.length) {
+    lines.push(`Good frames held more than once (same content; the first copy is the one kept): ${o.repeats.length}.`);
+    o.repeats.forEach((g) => {
+      const scores = g.scores.map((s) => (s === null ? "no score" : fmt(s))).join(", ");
+      const why = g.twin_in_bank ? " (each copy's fold holds another copy)" : "";
+      lines.push(`frames ${g.indices.join(" = ")} (${g.digest.slice(0, 12)}): out-of-fold ${scores}${why}`);
+    });
+    lines.push(`Threshold (${o.threshold_rule}) ${fmt(o.threshold)} with them, ${fmt(o.threshold_without_repeats)} without the later copies; drop them with hetmm drop --repeats.`);
   }
   $("outliers").replaceChildren(...lines.map((t) => el("div", { text: t, "data-testid": "outlier-line" })));
 }
