@@ -44,6 +44,20 @@ with it, after ``discard`` (``--discards`` times) and after ``promote``; one syn
 (random resnet18-shaped features, ``--images`` images at ``--image-size``, ALL; each candidate adds
 ``--extra``). Memory only, no timings.
 
+``tiled-create``: a tiled product's create on a ``ray.cluster_utils.Cluster`` of ``--nodes`` nodes of
+``--cpus-per-node`` CPUs each (default: 1 node, then 2, of 1 CPU), the same frames: ``--frames``
+synthetic surface frames of ``--size`` px (``data/surface.py``'s ``write_surface_layout``, PNG bytes),
+``--tiles`` (``RxC`` or ``auto``, resolved by ``tiled.choose_geometry``), ``--backbone`` with
+``--weights`` at ``backbone.image_size`` ``--image-size``, the product's other defaults unless given.
+Each run is what the service's tiled create runs before it publishes: the frame-batch feature tasks
+(``extract.extract_tiles_ray``, ``TASK_CPUS`` each, SPREAD), then the fit task from their results
+(``registry_tasks.fit_tiles_task``, PTS fanned out); the time of each part and the whole (wall, from
+the first task submitted to the template set back). Before the timed runs of a cluster, one untimed
+extraction of a frame per task slot starts every node's workers and builds their backbones, as a
+running service has them. Prints the median of ``--runs`` runs per cluster, the ratio of each
+cluster's total to the first's, and whether every cluster fitted the same product; ``--json``
+writes it all.
+
     python benchmarks/bench_cluster.py autoscale                 # the profile above
     python benchmarks/bench_cluster.py autoscale --heavy-s 20 --clients 4 --images 2 --light-max-s 60
     python benchmarks/bench_cluster.py one-machine
@@ -51,6 +65,8 @@ with it, after ``discard`` (``--discards`` times) and after ``promote``; one syn
     python benchmarks/bench_cluster.py scale --products 10 100 1000 --serve --json scale.json
     python benchmarks/bench_cluster.py candidate-memory --discards 6
     python benchmarks/bench_cluster.py candidate-memory --images 8 --extra 4 --image-size 32   # a quick check
+    python benchmarks/bench_cluster.py tiled-create --frames 32 --json tiled-create.json
+    python benchmarks/bench_cluster.py tiled-create --frames 4 --size 160 --image-size 48 --backbone resnet18  # a check
 """
 
 from __future__ import annotations
@@ -851,12 +867,161 @@ def candidate_memory(args: argparse.Namespace) -> None:
     print(f"after the last discard vs before: held {change:+.1%}, host RSS {rss:+.1%}")
 
 
+# --- tiled-create ----------------------------------------------------------------------------------------------
+def tiled_frames(args: argparse.Namespace) -> list[bytes]:
+    """``--frames`` synthetic surface frames of ``--size`` px as PNG bytes (the same on every run)."""
+    from hetmm_ray.data.surface import write_surface_layout
+
+    root = Path(tempfile.mkdtemp(prefix="bench-tiled-"))
+    write_surface_layout(
+        root, height=args.size, width=args.size, n_train=args.frames, n_test_good=0, n_test_per_defect=0, masks=False
+    )
+    return [f.read_bytes() for f in sorted((root / "train" / "good").glob("*.png"))]
+
+
+def tiled_config(args: argparse.Namespace, images: list[bytes]) -> Any:
+    """The product's configuration as the create job resolves it (``tiled.choose_geometry``)."""
+    from hetmm_ray.config import DetectorConfig
+    from hetmm_ray.tiled import choose_geometry
+
+    tiles: Any = "auto" if args.tiles == "auto" else [int(v) for v in args.tiles.lower().split("x")]
+    changes: dict[str, Any] = {
+        "backbone.name": args.backbone,
+        "backbone.weights": args.weights,
+        "backbone.image_size": args.image_size,
+        "geometry.tiles": tiles,
+        "device": "cpu",
+    }
+    for key, value in (("templates.kind", args.kind), ("templates.sheets", args.sheets)):
+        if value is not None:
+            changes[key] = value
+    choice = choose_geometry(DetectorConfig().replace(**changes), images)
+    if not choice.config.geometry.tiled:
+        raise SystemExit(f"tiled-create: {args.tiles} tiles at {args.size} px resolve to one canvas; choose others")
+    return choice.config
+
+
+def tiled_run(config: Any, images: list[bytes]) -> tuple[dict[str, float], Any, list[str]]:
+    """One tiled create's feature tasks then fit task: seconds of each and in all, the template set,
+    and the node each feature batch ran on."""
+    import ray
+
+    from hetmm_ray.config import TASK_CPUS
+    from hetmm_ray.distributed.extract import extract_tiles_ray
+    from hetmm_ray.distributed.registry_tasks import fit_tiles_task
+
+    start = time.perf_counter()
+    batches = extract_tiles_ray(config, images, num_cpus=TASK_CPUS)
+    extracted = time.perf_counter()
+    ts = ray.get(fit_tiles_task.remote(config.to_dict(), batches.refs, images[0], None, None))
+    done = time.perf_counter()
+    return {"features_s": extracted - start, "fit_s": done - extracted, "total_s": done - start}, ts, batches.nodes
+
+
+def same_product(a: Any, b: Any) -> bool:
+    import torch
+
+    return (
+        a.image_digests == b.image_digests
+        and a.calibration == b.calibration
+        and a.meta["tiles"]["scales"] == b.meta["tiles"]["scales"]
+        and set(a.bank) == set(b.bank)
+        and all(torch.equal(a.bank[k], b.bank[k]) and torch.equal(a.templates(k), b.templates(k)) for k in a.bank)
+    )
+
+
+def tiled_create(args: argparse.Namespace) -> None:
+    import ray
+    from ray.cluster_utils import Cluster
+
+    from hetmm_ray.config import TASK_CPUS
+    from hetmm_ray.distributed import connect, shutdown_ray
+    from hetmm_ray.distributed.extract import extract_tiles_ray, tile_frames_per_pass
+
+    images = tiled_frames(args)
+    config = tiled_config(args, images)
+    grid = list(config.geometry.tiles)
+    print(
+        f"{len(images)} frames of {args.size} px, tiles {grid[0]} x {grid[1]}, {config.backbone.name} "
+        f"({config.backbone.weights}) at {config.backbone.image_size} px, {config.templates.kind} "
+        f"{config.templates.sheets} sheets, {tile_frames_per_pass(config)} frames per feature task; "
+        f"{os.cpu_count()} cores on this machine",
+        flush=True,
+    )
+    results: dict[str, Any] = {"args": vars(args), "cpu_count": os.cpu_count(), "tiles": grid, "clusters": []}
+    first: Any = None
+    try:
+        for nodes in args.nodes:
+            cluster = Cluster(
+                initialize_head=True, head_node_args={"num_cpus": args.cpus_per_node, "include_dashboard": False}
+            )
+            for _ in range(1, nodes):
+                cluster.add_node(num_cpus=args.cpus_per_node)
+            cluster.wait_for_nodes()
+            connect(cluster.address)
+            try:
+                slots = max(1, int(nodes * args.cpus_per_node / TASK_CPUS))
+                warm = (images * slots)[: slots * tile_frames_per_pass(config)]
+                extract_tiles_ray(config, warm, num_cpus=TASK_CPUS).gathered()  # every node's workers started
+                runs, same, spread = [], True, Counter()
+                for _ in range(args.runs):
+                    times, ts, where = tiled_run(config, images)
+                    runs.append(times)
+                    spread.update(where)
+                    first = ts if first is None else first
+                    same = same and same_product(ts, first)
+                    print(
+                        f"  {nodes} node(s) x {args.cpus_per_node} CPU: features {times['features_s']:.1f} s, "
+                        f"fit {times['fit_s']:.1f} s, total {times['total_s']:.1f} s",
+                        flush=True,
+                    )
+                alive = len([n for n in ray.nodes() if n["Alive"]])
+            finally:
+                shutdown_ray()
+                cluster.shutdown()
+            median = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+            results["clusters"].append(
+                {
+                    "nodes": nodes,
+                    "alive_nodes": alive,
+                    "cpus_per_node": args.cpus_per_node,
+                    "runs": runs,
+                    "median": median,
+                    "batches_per_node": sorted(spread.values()),
+                    "same_product_as_first": same,
+                }
+            )
+    finally:
+        base = results["clusters"][0]["median"]["total_s"] if results["clusters"] else None
+        for c in results["clusters"]:
+            c["ratio_to_first"] = c["median"]["total_s"] / base if base else None
+        if args.json:
+            Path(args.json).write_text(json.dumps(results, indent=2))
+    rows = [
+        [
+            f"{c['nodes']} x {c['cpus_per_node']}",
+            f"{c['median']['features_s']:.1f}",
+            f"{c['median']['fit_s']:.1f}",
+            f"{c['median']['total_s']:.1f}",
+            f"{c['ratio_to_first']:.2f}",
+            " / ".join(str(n) for n in c["batches_per_node"]),
+            "yes" if c["same_product_as_first"] else "NO",
+        ]
+        for c in results["clusters"]
+    ]
+    print()
+    print(f"tiled create, median of {args.runs} run(s) per cluster, {os.cpu_count()} cores shared with other work")
+    headers = ["nodes x CPUs", "features s", "fit s", "total s", "total / first", "batches per node", "same product"]
+    print(table(headers, rows))
+
+
 COMMANDS = {
     "autoscale": autoscale,
     "one-machine": one_machine,
     "replicas": replicas,
     "scale": scale,
     "candidate-memory": candidate_memory,
+    "tiled-create": tiled_create,
 }
 
 
@@ -913,6 +1078,19 @@ def main() -> None:
     p.add_argument("--image-size", type=int, default=128)
     p.add_argument("--hosts", type=int, default=1)
     p.add_argument("--discards", type=int, default=2, help="candidates loaded and discarded before the promoted one")
+    p = sub.add_parser("tiled-create", help="a tiled product's create on 1 node, then 2 (1 CPU each), same frames")
+    p.add_argument("--frames", type=int, default=32)
+    p.add_argument("--size", type=int, default=1024, help="frame side, px")
+    p.add_argument("--tiles", default="2x2", help="RxC or auto")
+    p.add_argument("--backbone", default="efficientnet_lite0")
+    p.add_argument("--weights", default="random")
+    p.add_argument("--image-size", type=int, default=256)
+    p.add_argument("--kind", default=None, help="templates.kind (default: the product default)")
+    p.add_argument("--sheets", type=int, default=None, help="templates.sheets (default: the product default)")
+    p.add_argument("--nodes", nargs="+", type=int, default=[1, 2], help="cluster sizes, in order")
+    p.add_argument("--cpus-per-node", type=int, default=1)
+    p.add_argument("--runs", type=int, default=1, help="timed runs per cluster (the median is reported)")
+    p.add_argument("--json", help="write the measurements here")
     args = parser.parse_args()
     COMMANDS[args.command](args)
 

@@ -43,6 +43,14 @@ Exact semantics:
   (:meth:`~hetmm_ray.fitting.FitPipeline.grown`, then refit), frames already held skipped, and the
   scales and frame calibration are recomputed: the product a fit on the old frames followed by the
   new ones gives.
+- **Extraction apart from the fit.** :meth:`TiledHETMM.fit` is :meth:`TiledHETMM.extract_tiles`
+  (every position's bank features of the frames, as plain arrays: :class:`TileFeatures`) then
+  :meth:`TiledHETMM.fit_extracted` on them; :meth:`TiledHETMM.update` is the same extraction then
+  :meth:`TiledHETMM.update_extracted`. A frame's features depend on its backbone group only
+  (frames ``[k * G, (k + 1) * G)``, ``G`` = ``frames_per_pass``), so extractions of consecutive
+  slices starting at multiples of ``G``, run anywhere (the service: one Ray task per slice) and
+  joined in order (:meth:`TileFeatures.gathered`), fit exactly the product one call on every
+  frame fits.
 - **Another region** (:meth:`TiledHETMM.with_region`): every position keeps its templates and is
   recalibrated under its part of the new region.
 
@@ -84,6 +92,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "GeometryChoice",
+    "TileFeatures",
     "TiledHETMM",
     "TiledPrediction",
     "auto_tiles",
@@ -281,6 +290,58 @@ class TiledPrediction(Prediction):
 
     tile_scores: np.ndarray | None = None
     tiles: int = 1
+
+
+@dataclass(frozen=True)
+class TileFeatures:
+    """Every position's bank features of some frames, as plain arrays (:meth:`TiledHETMM.extract_tiles`
+    makes it, :meth:`TiledHETMM.fit_extracted` and :meth:`TiledHETMM.update_extracted` take it;
+    picklable, so a Ray task returns it):
+
+    - ``feats``: layer -> ``(N * P, C, h, w)`` numpy in the product's ``bank_dtype`` (``bfloat16``
+      as float32 holding the same values: numpy has none), frame-major and position-minor (``P``
+      positions: the tiles row-major, then the whole view when the product has one): row ``i * P + p``
+      is position ``p`` of frame ``i``;
+    - ``boxes``: each row's canvas box (None: ``backbone.geometry: squash``);
+    - ``digests``, ``shapes``: each frame's digest (``core.device.image_digest`` of the frame as
+      decoded) and its ``(height, width)``."""
+
+    feats: dict[str, np.ndarray]
+    boxes: list[Box] | None
+    digests: list[str]
+    shapes: list[tuple[int, int]]
+
+    @property
+    def n_frames(self) -> int:
+        return len(self.digests)
+
+    @classmethod
+    def gathered(cls, parts: Sequence[TileFeatures]) -> TileFeatures:
+        """The frames of ``parts`` in their order as one (fresh arrays: ``np.concatenate``); a
+        ValueError for no parts or parts of different layers."""
+        if not parts:
+            raise ValueError("no tile features to gather")
+        layers = list(parts[0].feats)
+        if any(list(part.feats) != layers for part in parts):
+            raise ValueError(f"tile features of different layers: {[list(part.feats) for part in parts]}")
+        no_boxes = any(part.boxes is None for part in parts)
+        return cls(
+            feats={k: np.concatenate([part.feats[k] for part in parts]) for k in layers},
+            boxes=None if no_boxes else [b for part in parts for b in part.boxes or ()],
+            digests=[d for part in parts for d in part.digests],
+            shapes=[s for part in parts for s in part.shapes],
+        )
+
+
+def _bank_numpy(v: Tensor) -> np.ndarray:
+    """A CPU bank tensor as numpy: ``bfloat16`` widened to float32 (exact; numpy has no bfloat16)."""
+    return (v.float() if v.dtype == torch.bfloat16 else v).numpy()
+
+
+def _sized(shape: tuple[int, int]) -> np.ndarray:
+    """A stand-in frame of ``shape`` for the geometry rule, which reads frame sizes only (no memory:
+    a broadcast view)."""
+    return np.broadcast_to(np.zeros((1, 1, 3), dtype=np.uint8), (shape[0], shape[1], 3))
 
 
 class _PositionReport:
@@ -507,24 +568,46 @@ class TiledHETMM(Detector):
         for det in self.dets:
             det.pipeline.cost = cost
 
-    def _extract(
-        self, frames: Sequence[ImageInput], desc: str
-    ) -> tuple[dict[str, Tensor], list[Box] | None, list[str], set[tuple[int, int]]]:
-        """Bank features of every tile of ``frames`` (frame-major, position-minor: position ``p`` every
-        ``T`` rows), their canvas boxes, the frames' digests and their (height, width) sizes."""
+    def extract_tiles(self, frames: Sequence[ImageInput], desc: str = "tile features") -> TileFeatures:
+        """Bank features of every position of ``frames`` (:class:`TileFeatures`): each frame's tiles
+        cut (and the whole frame, with a whole view), the frames decoded and put through the backbone
+        ``frames_per_pass`` at a time (module docstring, "Batching"), each group's features moved to
+        the CPU in ``bank_dtype`` as it comes. Reads no templates: any detector of the product's
+        configuration gives the same (module docstring, "Extraction apart from the fit")."""
+        if len(frames) == 0:
+            raise ValueError("no frames given")
         parts: dict[str, list[Tensor]] = {}
         boxes: list[Box] | None = None if self.config.backbone.geometry == "squash" else []
         digests: list[str] = []
-        shapes: set[tuple[int, int]] = set()
+        shapes: list[tuple[int, int]] = []
         for decoded in self._groups(frames, desc):
             digests.extend(image_digest(x) for x in decoded)
-            shapes.update((x.shape[0], x.shape[1]) for x in decoded)
+            shapes.extend((int(x.shape[0]), int(x.shape[1])) for x in decoded)
             feats, b, _ = self.tile_features(decoded, bank=True)
             if boxes is not None and b is not None:
                 boxes.extend(b)
             for k, v in feats.items():
                 parts.setdefault(k, []).append(v)
-        return {k: torch.cat(v) for k, v in parts.items()}, boxes, digests, shapes
+        return TileFeatures({k: _bank_numpy(torch.cat(v)) for k, v in parts.items()}, boxes, digests, shapes)
+
+    def _bank(self, extracted: TileFeatures) -> dict[str, Tensor]:
+        """``extracted``'s features as bank tensors (``bank_dtype``), refused (ValueError) unless they
+        hold this product's positions of each frame; a read-only array (one from Ray's object store)
+        is copied first."""
+        n, rows = extracted.n_frames, extracted.n_frames * self.n_positions
+        if len(extracted.shapes) != n:
+            raise ValueError(f"tile features of {n} frames (digests) hold {len(extracted.shapes)} frame sizes")
+        held = {f"rows of {k}": v.shape[0] for k, v in extracted.feats.items()}
+        if extracted.boxes is not None:
+            held["boxes"] = len(extracted.boxes)
+        for what, count in held.items():
+            if count != rows:
+                raise ValueError(
+                    f"tile features of {n} frames hold {count} {what}; {self.n_positions} positions per frame "
+                    f"need {rows}"
+                )
+        dtype = TORCH_DTYPES[self.config.bank_dtype]
+        return {k: torch.from_numpy(v if v.flags.writeable else v.copy()).to(dtype) for k, v in extracted.feats.items()}
 
     def _position(
         self, feats: dict[str, Tensor], boxes: list[Box] | None, p: int
@@ -534,21 +617,37 @@ class TiledHETMM(Detector):
         return {k: v[p::t].contiguous() for k, v in feats.items()}, None if boxes is None else boxes[p::t]
 
     def fit(self, frames: Sequence[ImageInput]) -> Self:
-        """One template set and one calibration per tile position from good frames; the frame calibration."""
+        """One template set and one calibration per tile position from good frames; the frame calibration:
+        :meth:`extract_tiles` of ``frames``, then :meth:`fit_extracted` (the configuration refused
+        first, before any work, as there)."""
         if len(frames) < 2:
             raise ValueError(f"fit needs at least 2 good images, got {len(frames)}")
         check_resolved(self.config, frames)
-        self._measure_cost(frames[0])
-        feats, boxes, digests, shapes = self._extract(frames, "fit: tile features")
+        return self.fit_extracted(self.extract_tiles(frames, "fit: tile features"), frames[0])
+
+    def fit_extracted(self, extracted: TileFeatures, cost_frame: ImageInput) -> Self:
+        """The fit of the frames ``extracted`` holds (:meth:`extract_tiles` of them, or slices of them
+        gathered in order): each position's template set and calibration
+        (:meth:`FitPipeline.fit_features` on its rows), the scales, the frame calibration and the
+        training frame size (the largest); exactly what :meth:`fit` on those frames gives.
+        ``cost_frame``: the frame ``sheets: auto``'s time budget is measured on (the first; read only
+        with ``templates.auto_max_ms_per_image``). Refused: fewer than 2 frames, features not of
+        this product's positions (ValueError), a grid or canvas the geometry rule does not resolve
+        for these frame sizes (:func:`check_resolved`, ConfigError)."""
+        if extracted.n_frames < 2:
+            raise ValueError(f"fit needs at least 2 good images, got {extracted.n_frames}")
+        check_resolved(self.config, [_sized(s) for s in sorted(set(extracted.shapes))])
+        feats = self._bank(extracted)
+        self._measure_cost(cost_frame)
         sets = []
         for p, det in enumerate(self.dets):
-            pos, pos_boxes = self._position(feats, boxes, p)
+            pos, pos_boxes = self._position(feats, extracted.boxes, p)
             ts = det.pipeline.fit_features(
-                pos, digests, weights_id=self.backbone.weights_id, config=det.config, boxes=pos_boxes
+                pos, extracted.digests, weights_id=self.backbone.weights_id, config=det.config, boxes=pos_boxes
             )
             sets.append(ts)
-        self.frame = max(shapes)
-        self._install(sets, tuple(digests))
+        self.frame = max(extracted.shapes)
+        self._install(sets, tuple(extracted.digests))
         return self
 
     def update(self, frames: Sequence[ImageInput]) -> Self:
@@ -556,27 +655,43 @@ class TiledHETMM(Detector):
         (:meth:`FitPipeline.grown` then :meth:`FitPipeline.refit`, as :meth:`HETMM.update` does for an
         untiled product); the scales and the frame calibration are recomputed. So the result equals a
         fit on the old frames followed by the new ones (same banks, same folds, same scores).
+        :meth:`extract_tiles` of ``frames``, then :meth:`update_extracted`.
 
         Frames already held (same content digest as a held frame or an earlier new one) are skipped:
         a retried update changes nothing; ``self.skipped_duplicates`` says how many were skipped.
         The version becomes None (unsaved) when anything was added."""
-        if not self.scales:
-            raise RuntimeError("this detector has no templates yet: call fit() or load() first")
-        feats, boxes, digests, shapes = self._extract(frames, "update: tile features")
-        keep = unseen_positions(self.frame_digests, digests)
-        self.skipped_duplicates = len(digests) - len(keep)
+        self._require_fitted()
+        return self.update_extracted(self.extract_tiles(frames, "update: tile features"), frames)
+
+    def update_extracted(self, extracted: TileFeatures, frames: Sequence[ImageInput]) -> Self:
+        """:meth:`update` from the new frames' features (:meth:`extract_tiles` of them, or slices
+        gathered in order): the same skipping, growth, selection and calibration, so exactly what
+        :meth:`update` on those frames gives. ``frames``: those frames in the same order (encoded
+        bytes will do); only the first new one is read, for ``sheets: auto``'s time budget, and
+        only with ``templates.auto_max_ms_per_image``. Refused (ValueError): ``frames`` not one per
+        extracted frame, features not of this product's positions."""
+        self._require_fitted()
+        if len(frames) != extracted.n_frames:
+            raise ValueError(f"tile features of {extracted.n_frames} frames, {len(frames)} frames given")
+        feats = self._bank(extracted)
+        keep = unseen_positions(self.frame_digests, extracted.digests)
+        self.skipped_duplicates = extracted.n_frames - len(keep)
         if not keep:
             return self
         self._measure_cost(frames[keep[0]])
         sets = []
         for p, det in enumerate(self.dets):
-            pos, pos_boxes = self._position(feats, boxes, p)
-            grown, kept = det.pipeline.grown(det.scorer.require_templates(), pos, digests, pos_boxes)
+            pos, pos_boxes = self._position(feats, extracted.boxes, p)
+            grown, kept = det.pipeline.grown(det.scorer.require_templates(), pos, extracted.digests, pos_boxes)
             assert grown is not None and kept == keep  # every position holds the same frames' digests
             sets.append(det.pipeline.refit(grown))
-        self.frame = max([*shapes, *([self.frame] if self.frame else [])])
+        self.frame = max([*extracted.shapes, *([self.frame] if self.frame else [])])
         self._install(sets, sets[0].image_digests)
         return self
+
+    def _require_fitted(self) -> None:
+        if not self.scales:
+            raise RuntimeError("this detector has no templates yet: call fit() or load() first")
 
     def drop(self, digests: Sequence[str]) -> Self:
         """Every position's bank without the frames of ``digests``, re-selected and recalibrated

@@ -10,13 +10,24 @@ calls) on the same worker only pay for the forward pass.
 The result equals :meth:`hetmm_ray.detector.HETMM.extract` with ``bank=True``
 in one process: the same decoding, the same digests, the same batches through
 the same code, reassembled in input order.
+
+A tiled product's frames go the same way (:func:`extract_tiles_ray`): frame batches as
+tasks, each of whole backbone groups (``frames_per_pass`` frames, hetmm_ray/tiled.py
+"Extraction apart from the fit"), the task cutting its frames' tiles and extracting
+every position (:meth:`~hetmm_ray.tiled.TiledHETMM.extract_tiles`), placed with Ray's
+SPREAD strategy so every node of a cluster takes batches. Their results stay in the
+object store (:class:`TileBatches`: the refs in input order, the node each batch ran
+on) for the fit that gathers them, so they never pass through the caller; gathered,
+they equal the one-process extraction of every frame.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import ray
@@ -29,8 +40,10 @@ from .runtime import use_assigned_cpus
 
 if TYPE_CHECKING:
     from ..core.backbone import Backbone
+    from ..interface import Layout
+    from ..tiled import TiledHETMM, TileFeatures
 
-__all__ = ["extract_features_ray"]
+__all__ = ["TileBatches", "extract_features_ray", "extract_tiles_ray", "tile_frames_per_pass"]
 
 ImageItem = bytes | np.ndarray
 """Encoded image bytes, or a decoded RGB uint8 array (H, W, 3)."""
@@ -181,7 +194,7 @@ def extract_features_ray(
     return layers, digests
 
 
-def _get(ref: ray.ObjectRef) -> tuple[dict[str, np.ndarray], list[str], float | None, list[str] | None]:
+def _get(ref: ray.ObjectRef) -> Any:
     """``ray.get``, with the task's own error (an :class:`ImageError` names its image) raised as is."""
     try:
         return ray.get(ref)
@@ -189,3 +202,132 @@ def _get(ref: ray.ObjectRef) -> tuple[dict[str, np.ndarray], list[str], float | 
         if isinstance(exc.cause, ImageError):
             raise exc.cause from None
         raise
+
+
+# --- a tiled product's frames ------------------------------------------------------------
+
+
+def tile_frames_per_pass(config: DetectorConfig) -> int:
+    """Frames a tiled product puts through the backbone together (``TiledHETMM.frames_per_pass``:
+    ``max(1, batch_size // tiles)``), from its settings alone."""
+    rows, cols = (int(v) for v in config.geometry.tiles)
+    return max(1, config.batch_size // (rows * cols))
+
+
+@functools.lru_cache(maxsize=2)
+def _tiled(config_json: str) -> TiledHETMM:
+    # One detector per product configuration in a worker, keyed by its JSON (a region makes the
+    # configuration unhashable): its backbone is built on the first batch and kept for the next.
+    from ..tiled import TiledHETMM  # torchvision: only in processes that extract
+
+    return TiledHETMM(DetectorConfig.from_dict(json.loads(config_json)))
+
+
+@ray.remote(num_returns=2)
+def _extract_tiles_batch(
+    config: DetectorConfig,
+    start: int,
+    items: list[ImageItem],
+    use_gpu: bool,
+    estimate: tuple[int, int, int] | None = None,
+) -> tuple[dict[str, Any], TileFeatures]:
+    """One frame batch's :class:`~hetmm_ray.tiled.TileFeatures` (the second return, left in the object
+    store), and what the caller reads at once (the first): the node it ran on, its frames and, with
+    ``estimate`` (frames trained on, largest height, largest width), the estimated ms per frame of
+    its first frame against the sheets such a fit keeps and the layout of a frame of that size."""
+    use_assigned_cpus()
+    # A CPU-only task must not grab a GPU it was not given, whatever config.device says.
+    device = config.device if use_gpu else "cpu"
+    det = _tiled(json.dumps(config.replace(device=device).to_dict(), sort_keys=True))
+    decoded = [_decode(x, start + i) for i, x in enumerate(items)]
+    extracted = det.extract_tiles(decoded)
+    info: dict[str, Any] = {"node": ray.get_runtime_context().get_node_id(), "frames": len(decoded)}
+    if estimate is not None:
+        n_train, height, width = estimate
+        info["ms"] = det.estimate_ms_per_frame(decoded[0], n_train)
+        info["layout"] = det.layout(height, width)
+    return info, extracted
+
+
+@dataclass(frozen=True)
+class TileBatches:
+    """A tiled extraction's batches once every task has finished: ``refs``, each batch's
+    :class:`~hetmm_ray.tiled.TileFeatures` in the object store, in input order; ``nodes``, the node
+    id each of them ran on (``ray.get_runtime_context().get_node_id()``), in the same order."""
+
+    refs: list[ray.ObjectRef]
+    nodes: list[str]
+
+    def gathered(self) -> TileFeatures:
+        """Every batch fetched and joined in input order (``TileFeatures.gathered``)."""
+        from ..tiled import TileFeatures
+
+        return TileFeatures.gathered(ray.get(self.refs))
+
+
+def extract_tiles_ray(
+    config: DetectorConfig,
+    images: Sequence[bytes | np.ndarray],
+    *,
+    frames_per_task: int | None = None,
+    num_cpus: float = 1,
+    num_gpus: float = 0,
+    progress: Callable[[int, int], None] | None = None,
+    estimate_for: tuple[int, int] | None = None,
+    on_estimate: Callable[[float, Layout], None] | None = None,
+) -> TileBatches:
+    """Every position's bank features of a tiled product's frames (``config``: its resolved
+    configuration) as frame-batch Ray tasks (module docstring), waited for; returns their
+    :class:`TileBatches`, whose :meth:`~TileBatches.gathered` equals
+    ``TiledHETMM(config).extract_tiles(images)`` in one process (same decoding, digests, groups and
+    code; the features in ``bank_dtype``, ``bfloat16`` as float32).
+
+    ``images``: encoded bytes (decoded inside the tasks: bytes travel, not pixels) or RGB ``uint8``
+    arrays. ``frames_per_task``: frames per task, a multiple of :func:`tile_frames_per_pass` (the
+    default: one backbone group), else a ValueError before any task. Each task gets ``num_cpus``
+    CPUs (its torch threads) and ``num_gpus`` GPUs (``> 0`` runs it on ``config.device``), placed with
+    the SPREAD strategy. ``progress(done_frames, total_frames)`` is called as batches finish. With
+    ``on_estimate`` and ``estimate_for`` (the largest frame's height and width), the first batch's
+    task also measures ``Detector.estimate_ms_per_frame`` of its first frame for a fit on all
+    ``images`` and that size's ``Detector.layout``, and ``on_estimate(ms, layout)`` is called when
+    that batch is back.
+
+    Raises :class:`~hetmm_ray.data.decode.ImageError` naming a failed image by its index, as
+    :func:`extract_features_ray` does; the tasks still running are cancelled. Connects to Ray if
+    not yet connected."""
+    if len(images) == 0:
+        raise ValueError("no images given")
+    group = tile_frames_per_pass(config)
+    bs = frames_per_task or group
+    if bs < 1 or bs % group:
+        raise ValueError(f"frames_per_task must be a positive multiple of {group} (frames per backbone pass), got {bs}")
+    if not ray.is_initialized():
+        from .runtime import connect
+
+        connect()
+    total = len(images)
+    task = _extract_tiles_batch.options(num_cpus=num_cpus, num_gpus=num_gpus, scheduling_strategy="SPREAD")
+    asked = None if on_estimate is None or estimate_for is None else (total, *estimate_for)
+    infos, refs = {}, []
+    for s in range(0, total, bs):
+        info, feats = task.remote(config, s, list(images[s : s + bs]), num_gpus > 0, asked if s == 0 else None)
+        infos[info] = s
+        refs.append(feats)
+    nodes: dict[int, str] = {}
+    pending, done = list(infos), 0
+    try:
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1)
+            for ref in ready:
+                got = _get(ref)
+                nodes[infos[ref]] = got["node"]
+                if "ms" in got and on_estimate is not None:
+                    on_estimate(got["ms"], got["layout"])
+                done += got["frames"]
+                if progress is not None:
+                    progress(done, total)
+    except BaseException:
+        for ref in pending:  # no point finishing the rest of a failed extraction
+            ray.cancel(ref)
+        raise
+    return TileBatches(refs, [nodes[s] for s in sorted(nodes)])

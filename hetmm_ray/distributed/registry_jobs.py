@@ -25,18 +25,21 @@ from ..store import StoreConflict, check_product_name
 from .jobs import JobProgress
 from .registry_tasks import (
     compare_task,
-    fit_in_task,
+    fit_line,
+    fit_tiles_task,
     labelled_calibration,
-    update_in_task,
+    update_tiles_task,
     whole_frames,
     with_region_in_task,
 )
 
 if TYPE_CHECKING:
     from ..fitting import FitPipeline
+    from ..interface import Layout
     from ..store.manifest import VersionRecord
     from ..store.protocol import Store
     from ..tiled import GeometryChoice
+    from .extract import TileBatches
 
 __all__ = ["COMPARE_MAX_MAPS", "JobStarters", "region_preview"]
 
@@ -144,7 +147,7 @@ class JobStarters:
         chosen = choice.to_json()
         note = {} if chosen is None else {"tiles_auto": chosen}
         if whole_frames(cfg):
-            return self.jobs.start("create", product, partial(self._create_in_task, product, choice, images, note))
+            return self.jobs.start("create", product, partial(self._create_tiled, product, choice, images, note))
 
         async def work(progress: JobProgress) -> int:
             progress.note(**note)
@@ -153,15 +156,63 @@ class JobStarters:
 
         return self.jobs.start("create", product, work)
 
-    async def _create_in_task(
+    async def _tile_batches(
+        self, config: DetectorConfig, images: list[bytes], progress: JobProgress, *, estimate: bool = False
+    ) -> tuple[TileBatches, str | None]:
+        """A tiled product's tile features of ``images`` as frame-batch tasks over the cluster
+        (``extract.extract_tiles_ray``; the job's ``features`` stage counts frames as batches finish),
+        left in the object store for the fit task. ``estimate``: the first task also measures the
+        estimated ms per frame and the layout of the largest frame (its size from the headers),
+        noted in the job's record (``tiles``, ``tile_px``, ``sheets``, ``estimated_ms_per_frame``);
+        returns the fit stage's line then (:func:`~.registry_tasks.fit_line`), else None."""
+        from ..tiled import frame_shape
+        from .extract import extract_tiles_ray
+
+        progress.stage("features", len(images))
+        sheets = config.templates.sheets_of(len(images))
+        line: list[str] = []
+
+        def note(ms: float, layout: Layout) -> None:
+            progress.note(
+                tiles=[layout.rows, layout.cols],
+                tile_px=[layout.tile_height, layout.tile_width],
+                sheets=sheets,
+                estimated_ms_per_frame=round(ms, 1),
+            )
+            line.append(fit_line(layout, sheets, ms))
+
+        largest = None
+        if estimate:
+            shapes = await asyncio.to_thread(lambda: [frame_shape(x) for x in images])  # headers only
+            largest = (max(h for h, _ in shapes), max(w for _, w in shapes))
+        batches = await asyncio.to_thread(
+            partial(
+                extract_tiles_ray,
+                num_cpus=TASK_CPUS,
+                progress=progress,
+                estimate_for=largest,
+                on_estimate=note if estimate else None,
+            ),
+            config,
+            images,
+        )
+        return batches, (line[0] if line else None)
+
+    async def _create_tiled(
         self, product: str, choice: GeometryChoice, images: list[bytes], note: dict[str, Any], progress: JobProgress
     ) -> int:
-        """A product fit as one detector in a task (:func:`~.registry_tasks.fit_in_task`), published as v1; its shards
-        are its bank's objects ((tile position, layer) for a tiled one), placed over the template hosts."""
+        """A tiled product's create: its frames' tile features as frame-batch tasks across the cluster
+        (:meth:`_tile_batches`), then every position fit from them in one task
+        (:func:`~.registry_tasks.fit_tiles_task`, PTS fanned out), published as v1; its shards are
+        its (tile position, layer) objects, placed over the template hosts."""
         progress.note(**note)
-        progress.stage("tile features and fit", len(images))
+        cfg = choice.config
+        batches, line = await self._tile_batches(cfg, images, progress, estimate=True)
+        progress.stage(line or "fit", len(images))
         me = ray.get_runtime_context().current_actor
-        ts = choice.stored_with(await fit_in_task.remote(choice.config.to_dict(), images, me, progress.job_id))
+        ts = await fit_tiles_task.remote(cfg.to_dict(), batches.refs, images[0], me, progress.job_id)
+        del batches  # the features' objects are freed here, not after the publish
+        ts = choice.stored_with(ts)
         note_outliers(progress, ts)
         async with self._lock(product):
             progress.stage("publish")
@@ -359,16 +410,21 @@ class JobStarters:
     async def _update_via_task(
         self, product: str, images: list[bytes], progress: JobProgress, candidate: bool = False
     ) -> int:
-        """Hot update as one detector in a task: ``Detector.update`` on the head
-        (:func:`~.registry_tasks.update_in_task`: every position grown, re-selected and recalibrated), published with
-        ``expect_head``; its (tile, layer) shards grow in place (:meth:`_adopted_in_place`), or load
-        the new head from the store (a candidate: the shards keep the head). Frames already held
-        are skipped (``skipped_duplicates``); with nothing new the head stays. A failure publishes nothing."""
+        """A tiled product's hot update: the new frames' tile features as frame-batch tasks across the
+        cluster (:meth:`_tile_batches`, the head's settings), then ``TiledHETMM.update_extracted`` on
+        the head in one task (:func:`~.registry_tasks.update_tiles_task`: every position grown,
+        re-selected and recalibrated), published with ``expect_head``; its (tile, layer) shards grow
+        in place (:meth:`_adopted_in_place`), or load the new head from the store (a candidate: the
+        shards keep the head). Frames already held are skipped (``skipped_duplicates``); with nothing
+        new the head stays. A failure publishes nothing."""
         async with self._lock(product):
             head = await asyncio.to_thread(self.store.head, product)
-            progress.stage("tile features, select and calibrate", len(images))
+            cfg = (await asyncio.to_thread(self.store.record, product, head)).config
             progress.note(candidate=candidate)
-            ts, added = await update_in_task.remote(self.store_uri, product, head, images)
+            batches, _ = await self._tile_batches(cfg, images, progress)
+            progress.stage("select and calibrate", len(images))
+            ts, added = await update_tiles_task.remote(self.store_uri, product, head, batches.refs, images)
+            del batches  # the features' objects are freed here, not after the publish
             progress.note(skipped_duplicates=len(images) - added, added_images=added)
             if ts is None:
                 if product not in self.shards or self.versions.get(product) != head:

@@ -1,10 +1,13 @@
 """The registry's task bodies (``distributed/registry.py``): each job's long work as a Ray task on a
-full CPU, over one detector (``detectors.load_detector`` / ``new_detector``) or the compare of two
+full CPU, over one detector (``detectors.load_detector``, ``tiled.TiledHETMM``) or the compare of two
 versions. The actor starts them and publishes what they return; nothing here holds state.
 
-- :func:`fit_in_task`, :func:`update_in_task`, :func:`with_region_in_task`: a product's create, hot
-  update and region change as one detector in a task (a tiled product's path: its tiles are cut from
-  whole frames in one process; :func:`whole_frames` says which products take it).
+- :func:`fit_tiles_task`, :func:`update_tiles_task`: a tiled product's create and hot update from
+  its frames' tile features, which frame-batch tasks extracted across the cluster first
+  (``extract.extract_tiles_ray``): one detector in a task gathers them, in input order, and fits or
+  grows every position (``TiledHETMM.fit_extracted`` / ``update_extracted``), PTS fanned out.
+- :func:`with_region_in_task`: a tiled product's region change as one detector in a task.
+  :func:`whole_frames` says which products take these paths.
 - :func:`labelled_calibration`: labelled validation (``validation.calibrate_with_labels``).
 - :func:`compare_task`: ``compare.compare_versions`` as JSON for a compare job's record.
 """
@@ -12,7 +15,7 @@ versions. The actor starts them and publishes what they return; nothing here hol
 from __future__ import annotations
 
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 
@@ -24,12 +27,16 @@ from .pts_fanout import pts_indices_ray
 from .runtime import use_assigned_cpus
 from .steps import JobReport
 
+if TYPE_CHECKING:
+    from ..interface import Layout
+
 __all__ = [
     "COMPARE_MAP_SIZE",
     "compare_task",
-    "fit_in_task",
+    "fit_line",
+    "fit_tiles_task",
     "labelled_calibration",
-    "update_in_task",
+    "update_tiles_task",
     "whole_frames",
     "with_region_in_task",
 ]
@@ -80,11 +87,11 @@ def compare_task(
 
 
 def whole_frames(config: DetectorConfig) -> bool:
-    """Whether a product's create, hot update and region jobs run as one detector in a task (the
-    ``*_in_task`` functions), not on the sharded path. The one kind check of this module: a tiled
-    product's tiles are cut from whole frames in one process, while a frame on one canvas is
-    extracted as image-batch tasks across the cluster and grows its layer shards in place (its
-    features never need the whole frame together)."""
+    """Whether a product's create, hot update and region jobs take the tiled path (a frame's tiles
+    cut where its frame is: whole frames go into the feature tasks, each task extracts every
+    position of its frames, and one detector in a task fits or grows every position from them, or
+    recalibrates them under another region), not the sharded path of a frame on one canvas (its
+    features extracted as image-batch tasks, its layer shards grown in place)."""
     return config.geometry.tiled
 
 
@@ -93,51 +100,48 @@ def _fanned_out_pts() -> FitSteps:
     return FitSteps(pts=partial(pts_indices_ray, num_cpus=TASK_CPUS))
 
 
+def fit_line(layout: Layout, sheets: int, ms: float) -> str:
+    """A tiled create's fit stage in its job's record: ``fit 2 x 2 tiles (68 x 68 px), 4 sheets per
+    tile, about 12 ms per frame``."""
+    return (
+        f"fit {layout.rows} x {layout.cols} tiles ({layout.tile_height} x {layout.tile_width} px), "
+        f"{sheets} sheets{layout.per_tile}, about {ms:.0f} ms per frame"
+    )
+
+
 @ray.remote(num_cpus=TASK_CPUS)
-def fit_in_task(config: dict[str, Any], images: list[bytes], registry: Any, job_id: str | None) -> TemplateSet:
-    """A product fit as one detector (``detectors.new_detector``) in one task on a full CPU: every
-    frame decoded, its canvases (a tiled product's tiles of several frames together) through the
-    backbone, each position's selection with PTS fanned out as pixel-chunk tasks. Before the long
-    work it reports the layout, the sheets per position and the estimated ms per frame to the job."""
-    from ..data.decode import decode_image
-    from ..detectors import new_detector
+def fit_tiles_task(
+    config: dict[str, Any], batches: list[ray.ObjectRef], cost_image: bytes, registry: Any, job_id: str | None
+) -> TemplateSet:
+    """A tiled product's fit in one task from its frames' tile features: ``batches``, the frame batches'
+    ``TileFeatures`` refs in input order (``extract.TileBatches.refs``), gathered here
+    (``TileFeatures.gathered``), then ``TiledHETMM.fit_extracted`` with each position's PTS fanned
+    out as pixel-chunk tasks; ``cost_image``: the first frame, encoded (``sheets: auto``'s time
+    budget is measured on it). Each position's stages go to the job (``job_id``) through ``registry``.
+    Returns the unsaved template set: what ``TiledHETMM(config).fit(frames)`` gives."""
+    from ..tiled import TiledHETMM, TileFeatures
 
     use_assigned_cpus()
-    cfg = DetectorConfig.from_dict(config)
-    frames = [decode_image(data) for data in images]
-    det = new_detector(cfg, frames, steps=_fanned_out_pts())
-    report = None if job_id is None else JobReport(registry, job_id)
-    if report is not None:
-        det.report_to(report)
-        layout = det.layout(max(f.shape[0] for f in frames), max(f.shape[1] for f in frames))
-        sheets = cfg.templates.sheets_of(len(frames))
-        ms = det.estimate_ms_per_frame(frames[0], len(frames))
-        facts = {
-            "tiles": [layout.rows, layout.cols],
-            "tile_px": [layout.tile_height, layout.tile_width],
-            "sheets": sheets,
-            "estimated_ms_per_frame": round(ms, 1),
-        }
-        ray.get(registry.job_note.remote(job_id, facts))
-        report.stage(
-            f"fit {layout.rows} x {layout.cols} tiles ({layout.tile_height} x {layout.tile_width} px), "
-            f"{sheets} sheets{layout.per_tile}, about {ms:.0f} ms per frame",
-            len(frames),
-        )
-    det.fit(frames)
+    det = TiledHETMM(DetectorConfig.from_dict(config), steps=_fanned_out_pts())
+    if job_id is not None:
+        det.report_to(JobReport(registry, job_id))
+    det.fit_extracted(TileFeatures.gathered(ray.get(batches)), cost_image)
     return det.template_set()
 
 
 @ray.remote(num_cpus=TASK_CPUS)
-def update_in_task(store_uri: str, product: str, version: int, images: list[bytes]) -> tuple[TemplateSet | None, int]:
-    """``Detector.update`` of ``product`` at ``version`` with encoded good frames, in a task (PTS fanned
-    out): the new template set (None when every frame was already held) and how many frames it added."""
-    from ..data.decode import decode_image
-    from ..detectors import load_detector
+def update_tiles_task(
+    store_uri: str, product: str, version: int, batches: list[ray.ObjectRef], images: list[bytes]
+) -> tuple[TemplateSet | None, int]:
+    """``TiledHETMM.update_extracted`` of ``product`` at ``version`` in a task (PTS fanned out), from
+    the new frames' tile features (``batches`` as in :func:`fit_tiles_task`) and the encoded frames
+    (only the first new one is read: ``sheets: auto``'s budget): the new template set (None when
+    every frame was already held) and how many frames it added."""
+    from ..tiled import TiledHETMM, TileFeatures
 
     use_assigned_cpus()
-    det = load_detector(open_store(store_uri), product, version, steps=_fanned_out_pts())
-    det.update([decode_image(data) for data in images])
+    det = TiledHETMM.from_store(open_store(store_uri), product, version, steps=_fanned_out_pts())
+    det.update_extracted(TileFeatures.gathered(ray.get(batches)), images)
     added = len(images) - det.skipped_duplicates
     return (det.template_set() if added else None), added
 
