@@ -50,12 +50,12 @@ synthetic surface frames of ``--size`` px (``data/surface.py``'s ``write_surface
 ``--tiles`` (``RxC`` or ``auto``, resolved by ``tiled.choose_geometry``), ``--backbone`` with
 ``--weights`` at ``backbone.image_size`` ``--image-size``, the product's other defaults unless given.
 Each run is what the service's tiled create runs before it publishes: the frame-batch feature tasks
-(``extract.extract_tiles_ray``, ``TASK_CPUS`` each, SPREAD), then the fit task from their results
-(``registry_tasks.fit_tiles_task``, PTS fanned out); the time of each part and the whole (wall, from
-the first task submitted to the template set back). Before the timed runs of a cluster, one untimed
-extraction of a frame per task slot starts every node's workers and builds their backbones, as a
-running service has them. Prints the median of ``--runs`` runs per cluster, the ratio of each
-cluster's total to the first's, and whether every cluster fitted the same product; ``--json``
+(``extract.extract_tiles_ray``, ``--task-cpus`` each, default ``TASK_CPUS``, SPREAD), then the fit task
+from their results (``registry_tasks.fit_tiles_task``, PTS fanned out); the time of each part and the
+whole (wall, from the first task submitted to the template set back). Before the timed runs of a
+cluster, one untimed extraction of a frame per task slot starts every node's workers and builds their
+backbones, as a running service has them. Prints the median of ``--runs`` runs per cluster, the ratio of
+each cluster's total to the first's, and whether every cluster fitted the same product; ``--json``
 writes it all.
 
     python benchmarks/bench_cluster.py autoscale                 # the profile above
@@ -66,6 +66,7 @@ writes it all.
     python benchmarks/bench_cluster.py candidate-memory --discards 6
     python benchmarks/bench_cluster.py candidate-memory --images 8 --extra 4 --image-size 32   # a quick check
     python benchmarks/bench_cluster.py tiled-create --frames 32 --json tiled-create.json
+    python benchmarks/bench_cluster.py tiled-create --frames 32 --task-cpus 1 --runs 3   # 2 cores: a task per core
     python benchmarks/bench_cluster.py tiled-create --frames 4 --size 160 --image-size 48 --backbone resnet18  # a check
 """
 
@@ -901,17 +902,16 @@ def tiled_config(args: argparse.Namespace, images: list[bytes]) -> Any:
     return choice.config
 
 
-def tiled_run(config: Any, images: list[bytes]) -> tuple[dict[str, float], Any, list[str]]:
-    """One tiled create's feature tasks then fit task: seconds of each and in all, the template set,
-    and the node each feature batch ran on."""
+def tiled_run(config: Any, images: list[bytes], task_cpus: float) -> tuple[dict[str, float], Any, list[str]]:
+    """One tiled create's feature tasks (``task_cpus`` each) then fit task: seconds of each and in
+    all, the template set, and the node each feature batch ran on."""
     import ray
 
-    from hetmm_ray.config import TASK_CPUS
     from hetmm_ray.distributed.extract import extract_tiles_ray
     from hetmm_ray.distributed.registry_tasks import fit_tiles_task
 
     start = time.perf_counter()
-    batches = extract_tiles_ray(config, images, num_cpus=TASK_CPUS)
+    batches = extract_tiles_ray(config, images, num_cpus=task_cpus)
     extracted = time.perf_counter()
     ts = ray.get(fit_tiles_task.remote(config.to_dict(), batches.refs, images[0], None, None))
     done = time.perf_counter()
@@ -960,12 +960,13 @@ def tiled_create(args: argparse.Namespace) -> None:
             cluster.wait_for_nodes()
             connect(cluster.address)
             try:
-                slots = max(1, int(nodes * args.cpus_per_node / TASK_CPUS))
+                task_cpus = TASK_CPUS if args.task_cpus is None else args.task_cpus
+                slots = max(1, int(nodes * args.cpus_per_node / task_cpus))
                 warm = (images * slots)[: slots * tile_frames_per_pass(config)]
-                extract_tiles_ray(config, warm, num_cpus=TASK_CPUS).gathered()  # every node's workers started
+                extract_tiles_ray(config, warm, num_cpus=task_cpus).gathered()  # every node's workers started
                 runs, same, spread = [], True, Counter()
                 for _ in range(args.runs):
-                    times, ts, where = tiled_run(config, images)
+                    times, ts, where = tiled_run(config, images, task_cpus)
                     runs.append(times)
                     spread.update(where)
                     first = ts if first is None else first
@@ -1089,6 +1090,10 @@ def main() -> None:
     p.add_argument("--sheets", type=int, default=None, help="templates.sheets (default: the product default)")
     p.add_argument("--nodes", nargs="+", type=int, default=[1, 2], help="cluster sizes, in order")
     p.add_argument("--cpus-per-node", type=int, default=1)
+    p.add_argument(
+        "--task-cpus", type=float, default=None,
+        help="CPUs each feature task asks (default config.TASK_CPUS; 1 on a machine with as many cores as node CPUs)",
+    )  # fmt: skip
     p.add_argument("--runs", type=int, default=1, help="timed runs per cluster (the median is reported)")
     p.add_argument("--json", help="write the measurements here")
     args = parser.parse_args()
