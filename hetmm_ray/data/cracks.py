@@ -18,9 +18,10 @@ What it models (sizes in frame pixels, never a fraction of the frame; determinis
   every direction, as an annotator draws a band around a crack thinner than the band.
 - **Benign marks**: :func:`marked_goods` picks ``mark_rate`` (2 %) of the good training frames,
   at least one, and as many of the good test frames (at least one), evenly spread; each of them
-  carries a stain: a soft ellipse ``mark_px`` across (20-40), ``mark_contrast`` (10-20) grey
+  carries a stain: a soft ellipse ``mark_px`` across (20-40), ``mark_contrast`` (40-60) grey
   levels brighter or darker, at a random place. It is a good part's normal variation, not a
-  defect: never in a mask, never in a defective frame.
+  defect: never in a mask, never in a defective frame; stronger than a crack, so a marked good
+  frame scores above the cracks, as the marks of a real line's good set can.
 
 :func:`write_crack_layout` writes the MVTec layout (``train/good``, ``test/good``,
 ``test/crack``, ``ground_truth/crack/<stem>_mask.png``) that ``hetmm evaluate --data DIR`` reads.
@@ -57,7 +58,7 @@ class CrackDefects:
     turn_deg: float = 8.0
     mask_margin_px: int = 2
     mark_px: tuple[float, float] = (20.0, 40.0)
-    mark_contrast: tuple[float, float] = (10.0, 20.0)
+    mark_contrast: tuple[float, float] = (40.0, 60.0)
 
     def __post_init__(self) -> None:
         for name in ("width_px", "length_px", "contrast", "mark_px", "mark_contrast"):
