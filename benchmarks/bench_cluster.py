@@ -47,7 +47,7 @@ with it, after ``discard`` (``--discards`` times) and after ``promote``; one syn
 ``tiled-create``: a tiled product's create on a ``ray.cluster_utils.Cluster`` of ``--nodes`` nodes of
 ``--cpus-per-node`` CPUs each (default: 1 node, then 2, of 1 CPU), the same frames: ``--frames``
 synthetic surface frames of ``--size`` px (``data/surface.py``'s ``write_surface_layout``, PNG bytes),
-``--tiles`` (``RxC`` or ``auto``, resolved by ``tiled.choose_geometry``), ``--backbone`` with
+``--tiles`` (``RxC`` or ``auto``, resolved by ``geometry_rule.choose_geometry``), ``--backbone`` with
 ``--weights`` at ``backbone.image_size`` ``--image-size``, the product's other defaults unless given.
 Each run is what the service's tiled create runs before it publishes: the frame-batch feature tasks
 (``extract.extract_tiles_ray``, ``--task-cpus`` each, default ``TASK_CPUS``, SPREAD), then the fit task
@@ -881,9 +881,9 @@ def tiled_frames(args: argparse.Namespace) -> list[bytes]:
 
 
 def tiled_config(args: argparse.Namespace, images: list[bytes]) -> Any:
-    """The product's configuration as the create job resolves it (``tiled.choose_geometry``)."""
+    """The product's configuration as the create job resolves it (``geometry_rule.choose_geometry``)."""
     from hetmm_ray.config import DetectorConfig
-    from hetmm_ray.tiled import choose_geometry
+    from hetmm_ray.geometry_rule import choose_geometry
 
     tiles: Any = "auto" if args.tiles == "auto" else [int(v) for v in args.tiles.lower().split("x")]
     changes: dict[str, Any] = {

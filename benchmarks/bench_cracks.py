@@ -7,7 +7,7 @@ levels darker, ``--mark-rate`` of the good frames with a benign stain; ``--train
 frames, ``--test-good`` good and ``--test-cracked`` cracked test frames, ``--seed``), then runs
 ``hetmm evaluate --data DIR --json ...`` once per ``--runs`` entry (``defaults``: no setting; else
 ``KEY=JSON`` pairs separated by ``;``, each passed as ``--set KEY=JSON``), one run at a time, as a
-user runs it. Printed per run: the fit's geometry line (what ``tiled.choose_geometry``, the fit's
+user runs it. Printed per run: the fit's geometry line (what ``geometry_rule.choose_geometry``, the fit's
 one rule, chooses for the frames and why, as ``hetmm fit`` prints it), image AUROC, pixel AUROC,
 the share of cracked parts flagged at the threshold (the far rule at its configured rate, 1 % by
 default) and of good parts, the threshold and the estimated false-alarm rate, and the
@@ -34,7 +34,7 @@ from common import table
 
 from hetmm_ray.config import DetectorConfig
 from hetmm_ray.data.cracks import CrackDefects, write_crack_layout
-from hetmm_ray.tiled import choose_geometry
+from hetmm_ray.geometry_rule import choose_geometry
 
 
 def settings_of(run: str) -> dict[str, Any]:

@@ -18,7 +18,7 @@ import numpy as np
 from torch import Tensor
 
 from . import persistence
-from .config import DetectorConfig, TemplateConfig
+from .config import ConfigError, DetectorConfig, TemplateConfig
 from .core.backbone import Backbone
 from .core.calibration import OutOfFold
 from .core.region import check_visible
@@ -27,6 +27,7 @@ from .core.templates import TemplateError, TemplateSet
 from .data.decode import resize_to_geometry
 from .fitting import FitPipeline
 from .frame_cost import FrameCost
+from .geometry_rule import choose_geometry
 from .interface import Detector, Layout
 from .pipeline import keep_memory_mapped
 from .scorer import ImageInput, Prediction, Scorer, as_rgb
@@ -105,8 +106,25 @@ class HETMM(Detector):
 
     # --- the fit pipeline (fitting.py) and persistence (persistence.py) ----------------------
     def fit(self, images: Sequence[ImageInput]) -> Self:
-        """Build the template set from good images, select the tiny set, calibrate the threshold."""
-        self.scorer.install(self.pipeline.fit(images))
+        """Build the template set from good images, select the tiny set, calibrate the threshold.
+
+        The geometry is resolved from the images first, by the rule of every fit path
+        (``geometry_rule.choose_geometry``): ``geometry.canvas: "aspect"`` (the default) gives an
+        elongated frame the canvas size of its aspect, and what was chosen is stored with the
+        template set (``meta["geometry_choice"]``). A configuration the rule resolves to tiles
+        (``min_defect_px``, ``tiles: "auto"``) is refused (ConfigError) before any work: this
+        detector is one canvas, and ``detectors.new_detector(config, images)`` builds the tiled one.
+        """
+        choice = choose_geometry(self.config, images)
+        if choice.tiles != (1, 1):
+            raise ConfigError(
+                f"geometry: for these frames the fit's rule chooses {choice.describe()}, and HETMM is one canvas; "
+                "fit with detectors.new_detector(config, frames), which builds the tiled detector"
+            )
+        if choice.config.backbone.image_size != self.config.backbone.image_size:
+            self.scorer.backbone_for(choice.config)
+        self.config = choice.config
+        self.scorer.install(choice.stored_with(self.pipeline.fit(images)))
         return self
 
     def update(self, images: Sequence[ImageInput]) -> Self:

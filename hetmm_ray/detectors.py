@@ -4,7 +4,7 @@
 Exact semantics:
 
 - :func:`new_detector` ``(config, frames)``: a detector to fit. ``geometry.tiles: auto`` is resolved
-  from ``frames`` (their headers; ``tiled.resolve_tiles``); a grid of 1 x 1 is the frame on one
+  from ``frames`` (their headers; ``geometry_rule.resolve_tiles``); a grid of 1 x 1 is the frame on one
   canvas, any other grid the tiled detector.
 - :func:`load_detector` ``(store, product, version)``: the stored version as the detector its stored
   configuration names; ``options`` are ``progress=``, ``steps=``, ``map_size=`` (a tiled product's
@@ -28,9 +28,10 @@ from .core.region import check_visible
 from .core.scoring import Calibration
 from .core.templates import TemplateError
 from .detector import HETMM
+from .geometry_rule import resolve_tiles
 from .interface import Detector
 from .scorer import ImageInput
-from .tiled import TiledHETMM, region_parts, resolve_tiles
+from .tiled import TiledHETMM, region_parts
 
 if TYPE_CHECKING:
     from .store.protocol import Store

@@ -9,7 +9,7 @@ Exact semantics (every operation works on any product, tiled or not: ``interface
   operation started from; another writer in between makes it fail (``StoreConflict``) instead of
   losing that writer's version.
 - :func:`fit`: a new product's detector fitted on ``frames`` (its geometry resolved from them by
-  ``tiled.choose_geometry``), stored as v1 (always live: a first version is HEAD) with what that
+  ``geometry_rule.choose_geometry``), stored as v1 (always live: a first version is HEAD) with what that
   rule chose and why in ``meta["geometry_choice"]`` (``GeometryChoice.to_json``; none when nothing
   was chosen).
 - :func:`update`: frames added to HEAD's bank (those already held skipped and counted); with
@@ -45,9 +45,9 @@ from .core.region import check_region_change
 from .core.scoring import OperatingPoint
 from .core.templates import TemplateSet
 from .detectors import check_region, load_detector, new_detector
+from .geometry_rule import choose_geometry
 from .interface import Detector
 from .scorer import ImageInput
-from .tiled import choose_geometry
 
 if TYPE_CHECKING:
     from .store.protocol import Store
@@ -110,7 +110,7 @@ def fit(
     **options: Any,
 ) -> Outcome:
     """A new product from good ``frames``, stored as its first version with what the geometry rule
-    chose (``tiled.choose_geometry``; ``GeometryChoice.stored_with``) (``options``: ``progress=``,
+    chose (``geometry_rule.choose_geometry``; ``GeometryChoice.stored_with``) (``options``: ``progress=``,
     ``steps=``; ``on_start``: called with the detector before the long work, e.g. to say its cost)."""
     if len(frames) < 2:
         raise ValueError(f"fit needs at least 2 good images, got {len(frames)}")

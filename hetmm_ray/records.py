@@ -126,7 +126,7 @@ class JobRecord(TypedDict, total=False):
     # the first feature-extraction task with its backbone), when that task's batch is back
     tiles: list[int]
     tile_px: list[int]
-    # create whose geometry a rule chose (tiled.choose_geometry: geometry.min_defect_px alone or with
+    # create whose geometry a rule chose (geometry_rule.choose_geometry: geometry.min_defect_px alone or with
     # tiles "auto", tiles "auto" alone, or geometry.canvas "aspect"): "tiles", the grid, and "why" (from
     # min_defect_px and the backbone's finest tap, or the scale rule; None when only the canvas was
     # chosen), plus "canvas", the canvas line, only with geometry.canvas "aspect"

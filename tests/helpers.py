@@ -83,6 +83,20 @@ def until(condition: Callable[[], Any], what: str, timeout: float = 180.0, every
         time.sleep(every_s)
 
 
+def finished_job(client: Any, started: Any, headers: dict[str, str], timeout: float = 300.0) -> dict[str, Any]:
+    """The job an admin request's ``started`` response answered (an ``httpx`` response), once it
+    succeeded: ``?wait=true`` answers 202 while the job still runs, so poll ``GET /v1/jobs/{id}``."""
+    assert started.status_code in (200, 202), started.text
+    job = started.json()["job"]
+    deadline = time.monotonic() + timeout
+    while job["state"] == "running":
+        assert time.monotonic() < deadline, f"job still running after {timeout:.0f} s: {job}"
+        time.sleep(0.5)
+        job = client.get(f"/v1/jobs/{job['id']}", headers=headers).json()["job"]
+    assert job["state"] == "succeeded", job
+    return job
+
+
 def tiled_served(ts: Any, backbone: Any, version: int, config: Any = None) -> Any:
     """A replica's ``TiledHETMM.serving`` over a stored tiled set's (position, layer) shards, each handing
     out its tiny set (``ts.templates(key)``) as the template hosts do; ``config`` instead of the set's own."""

@@ -163,6 +163,7 @@ def cmd_region(args: argparse.Namespace) -> int:
         _announce_candidate(args, store, out.version)
     print(
         f"product {args.product}: version {out.version} (from v{out.base}) region {_describe_region(region)}; "
-        f"threshold {_describe_operating_point(out.before)} -> {_describe_operating_point(out.operating_point)}"
+        f"threshold {_describe_operating_point(out.before, warn=False)} -> "
+        f"{_describe_operating_point(out.operating_point)}"
     )
     return 0

@@ -264,14 +264,16 @@ def _short_operating_point(op: Any) -> str:
     return "none" if op is None else f"{op.threshold:.4f} {_rule_text(op)}"
 
 
-def _describe_operating_point(op: Any) -> str:
+def _describe_operating_point(op: Any, *, warn: bool = True) -> str:
     """``0.4321 (rule far 1%, estimated false alarms 1.08% (95% interval 0.09-2.57%; 2 of 278 out-of-fold
-    good scores above))``; ``none`` before calibration."""
+    good scores above))``; ``none`` before calibration. ``warn``: the point's warning (a threshold far
+    above every good score) on a line of its own after it; False for a point that is no longer the
+    product's (a ``before -> after`` line warns about the after only)."""
     if op is None:
         return "none (not calibrated)"
     est = f"{100 * op.false_alarm_rate:.2f}%" if op.estimate is None else op.estimate.describe()
     text = f"{op.threshold:.4f} (rule {_rule_text(op)}, estimated false alarms {est})"
-    warning = op.warning()  # a threshold far above every good score: say so where it is shown
+    warning = op.warning() if warn else None
     return text if warning is None else f"{text}\nwarning: {warning}"
 
 

@@ -41,7 +41,7 @@ def add_fit(sub: Subcommands) -> None:
 
 def cmd_fit(args: argparse.Namespace) -> int:
     from .. import operations
-    from ..tiled import choose_geometry, frame_shape
+    from ..geometry_rule import choose_geometry, frame_shape
 
     config = _config_from(args)
     paths = [p for p, _ in _image_paths(args.images)]
@@ -198,7 +198,8 @@ def cmd_drop(args: argparse.Namespace) -> int:
     count = len(out.record["dropped"]) + sum(len(g["indices"]) - 1 for g in out.record["repeats"])
     print(
         f"product {args.product}: version {out.version} (from v{out.base}) without {count} good frame(s) "
-        f"({', '.join(parts)}), {det.n_images} in all; threshold {_describe_operating_point(out.before)} -> "
+        f"({', '.join(parts)}), {det.n_images} in all; "
+        f"threshold {_describe_operating_point(out.before, warn=False)} -> "
         f"{_describe_operating_point(out.operating_point)}"
     )
     _print_calibration_facts(det, args.product)

@@ -200,7 +200,7 @@ class DetectorConfig(Settings):
             del out["geometry"]["min_defect_px"]
             if not self.geometry.tiled:
                 del out["geometry"]
-        # else kept, untiled too: the fit chose the geometry from it (tiled.choose_geometry)
+        # else kept, untiled too: the fit chose the geometry from it (geometry_rule.choose_geometry)
         return out
 
     @property

@@ -500,14 +500,14 @@ def _is_overlap(value: object) -> bool:
 @dataclass(frozen=True, kw_only=True)
 class GeometryConfig(Settings):
     """How a frame reaches the backbone: cut into tiles (core/tiles.py) or not, and the canvas each
-    frame or tile gets. A fit resolves these from its training frames (``tiled.choose_geometry``).
+    frame or tile gets. A fit resolves these from its training frames (``geometry_rule.choose_geometry``).
 
     ``tiles``: ``[rows, cols]`` (each 1-64) or ``"auto"``: the fewest tiles that keep a tile's side at
     most ``core.tiles.AUTO_MAX_SCALE`` (2) frame pixels per canvas pixel, 1 x 1 for a frame that fits
     the canvas; a fit resolves ``"auto"`` from its training frames and stores the grid it chose.
     ``min_defect_px`` (frame pixels, optional): the smallest defect to find; with ``tiles`` ``"auto"``
     or at its default the grid is chosen from it and the backbone's finest tap instead
-    (``core.tiles.defect_grid``; a given grid it contradicts is refused: ``tiled.choose_geometry``,
+    (``core.tiles.defect_grid``; a given grid it contradicts is refused: ``geometry_rule.choose_geometry``,
     the one rule of every fit path). ``canvas``: ``"fixed"`` (the default), the canvas is
     ``backbone.image_size`` square, an elongated frame letterboxed into it; ``"aspect"``, a fit
     raises ``backbone.image_size`` so that the frame (a tile, when tiled) at its own aspect gets about
@@ -568,7 +568,7 @@ class GeometryConfig(Settings):
         ),
     )
     # "aspect": the canvas side raised so an elongated frame's content gets the square's pixel count
-    # instead of a letterboxed strip of it (tiled.choose_geometry); the pad cells still cost compute.
+    # instead of a letterboxed strip of it (geometry_rule.choose_geometry); the pad cells still cost compute.
     canvas: str = setting(
         "aspect",
         OneOf(CANVAS_MODES, "canvas mode"),

@@ -153,9 +153,8 @@ class OperatingPoint:
 
         Then the rule put it where no good image ever scored: the far rule's tail model, with too
         few images for its rank to exist (``calibration.empirical_min_images``), or a large
-        ``sigmas``; every defect scoring between the good images and the threshold passes (battery_weld,
-        37 welds at far 1 %: 3.0x, none of 93 defects flagged). The threshold stands; this says so and
-        what would change it. Labelled thresholds (``validation``) are not judged."""
+        ``sigmas``; every defect scoring between the good images and the threshold passes. The
+        threshold stands; this says so and what would change it. Labelled thresholds (``validation``) are not judged."""
         highest = self.highest_good
         if highest is None or highest <= 0 or self.threshold <= THRESHOLD_WARN_OVER_HIGHEST * highest:
             return None

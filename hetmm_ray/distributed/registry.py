@@ -73,7 +73,7 @@ from .store_watch import follow_store
 
 if TYPE_CHECKING:
     from ..fitting import FitPipeline
-    from ..tiled import GeometryChoice
+    from ..geometry_rule import GeometryChoice
 
 __all__ = ["REGISTRY_NAME", "ProductRegistry", "get_registry", "region_preview", "registry_name"]
 

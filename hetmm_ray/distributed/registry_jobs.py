@@ -35,10 +35,10 @@ from .registry_tasks import (
 
 if TYPE_CHECKING:
     from ..fitting import FitPipeline
+    from ..geometry_rule import GeometryChoice
     from ..interface import Layout
     from ..store.manifest import VersionRecord
     from ..store.protocol import Store
-    from ..tiled import GeometryChoice
     from .extract import TileBatches
 
 __all__ = ["COMPARE_MAX_MAPS", "JobStarters", "region_preview"]
@@ -138,7 +138,7 @@ class JobStarters:
         cfg = DetectorConfig.from_dict(config)
         if product in await asyncio.to_thread(self.store.products):
             raise StoreConflict(f"product {product!r} already exists; add images with .../normals")
-        from ..tiled import choose_geometry
+        from ..geometry_rule import choose_geometry
 
         # The fit's one rule (tiles auto, min_defect_px -> a grid; 1 x 1: untiled), and why for the job's
         # record and the version's manifest (GeometryChoice.stored_with)
@@ -165,7 +165,7 @@ class JobStarters:
         estimated ms per frame and the layout of the largest frame (its size from the headers),
         noted in the job's record (``tiles``, ``tile_px``, ``sheets``, ``estimated_ms_per_frame``);
         returns the fit stage's line then (:func:`~.registry_tasks.fit_line`), else None."""
-        from ..tiled import frame_shape
+        from ..geometry_rule import frame_shape
         from .extract import extract_tiles_ray
 
         progress.stage("features", len(images))

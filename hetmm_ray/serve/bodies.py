@@ -312,7 +312,7 @@ def tiles_field(given: Any) -> dict[str, Any]:
 def geometry_fields(tiles: Any, min_defect_px: Any) -> dict[str, Any]:
     """A create request's ``tiles`` (:func:`tiles_field`) and ``min_defect_px`` (frame pixels: an int, or
     its text in a form field) as ``geometry`` settings, as given: what they mean is the fit's one rule
-    (``tiled.choose_geometry``), as on every other path. Values are checked with the product's configuration."""
+    (``geometry_rule.choose_geometry``), as on every other path. Values are checked with the product's configuration."""
     out = {} if tiles is None else tiles_field(tiles)
     if min_defect_px is not None:
         if isinstance(min_defect_px, str):

@@ -1,4 +1,4 @@
-"""The fit's one geometry rule (``tiled.choose_geometry``). ``geometry.min_defect_px`` means the same
+"""The fit's one geometry rule (``geometry_rule.choose_geometry``). ``geometry.min_defect_px`` means the same
 on every path: set through the CLI's ``--set``, a ``--config`` file, the Python API or an HTTP
 create's field, it gives the same stored product; a grid it contradicts is refused; a fit says in
 one line what it chose and why. ``geometry.canvas: "aspect"``: an elongated frame's canvas."""
@@ -19,9 +19,9 @@ from hetmm_ray.config import ConfigError, DetectorConfig
 from hetmm_ray.config.detector import stored_config
 from hetmm_ray.core.tiles import defect_grid
 from hetmm_ray.data.synthetic import SyntheticProduct
+from hetmm_ray.geometry_rule import choose_geometry
 from hetmm_ray.serve import bodies
 from hetmm_ray.store import open_store
-from hetmm_ray.tiled import choose_geometry
 
 SMALL = {
     "backbone": {"name": "resnet18", "weights": "random", "image_size": 32},
@@ -138,3 +138,40 @@ def test_an_aspect_fit_stores_its_canvas_and_scores_at_the_frames_aspect(tmp_pat
     assert "geometry" not in stored.stored_dict()  # an untiled letterbox product, as today's are stored
     pred = out.detector.predict(frames[:1])
     assert np.asarray(pred.maps[0]).shape == (51, 20)  # the content at the frame's aspect, 51 x round(64 * 51 / 160)
+
+
+def test_the_direct_api_resolves_the_canvas_and_refuses_what_would_tile(tmp_path: Path) -> None:
+    from hetmm_ray import HETMM
+
+    part = SyntheticProduct(seed=2, size=160)
+    frames = [np.ascontiguousarray(part.good(i)[:, 48:112]) for i in range(3)]  # 160 x 64
+    config = DetectorConfig.from_dict({**SMALL, "geometry": {"canvas": "aspect"}})
+    direct = HETMM(config).fit(frames)
+    assert direct.config.backbone.image_size == 51 and direct.config.geometry.canvas == "fixed"
+    assert direct.template_set().meta["geometry_choice"]["canvas"].startswith("canvas aspect: image_size 51")
+    via_operations = operations.fit(open_store(tmp_path / "s"), "p", config, frames).detector
+    assert direct.template_set().config == via_operations.template_set().config
+    assert np.allclose(direct.predict(frames[:1]).scores, via_operations.predict(frames[:1]).scores, atol=1e-6)
+    # a grid asked for (8-px defects: 2 x 1 tiles of these frames) cannot act on one canvas: refused first
+    tiling = config.replace(**{"geometry.min_defect_px": 8})
+    assert choose_geometry(tiling, frames).tiles != (1, 1)
+    with pytest.raises(ConfigError, match="HETMM is one canvas"):
+        HETMM(tiling).fit(frames)
+
+
+@pytest.mark.parametrize("geometry", [{"min_defect_px": 8, "tile_overlap": 0}, {"canvas": "aspect"}])
+def test_every_later_version_keeps_what_the_fit_chose(tmp_path: Path, geometry: dict) -> None:
+    part = SyntheticProduct(seed=1, size=128)
+    frames = [part.good(i) for i in range(4)]
+    if "canvas" in geometry:  # an elongated frame: the canvas is what is chosen
+        frames = [np.ascontiguousarray(f[:, 40:90]) for f in frames]
+    store = open_store(tmp_path / "s")
+    operations.fit(store, "p", DetectorConfig.from_dict({**SMALL, "geometry": geometry}), frames[:3])
+    chosen = store.get("p", 1).meta["geometry_choice"]
+    assert chosen["tiles"] == ([2, 2] if "min_defect_px" in geometry else [1, 1])
+    operations.update(store, "p", frames[3:])
+    h, w = frames[0].shape[:2]
+    region = {"size": [h, w], "include": [], "exclude": [{"rect": [0, 0, 4, 4]}]}
+    operations.set_region(store, "p", region)
+    assert store.head("p") == 3
+    assert [store.get("p", v).meta["geometry_choice"] for v in (2, 3)] == [chosen, chosen]

@@ -119,6 +119,7 @@ DETECTOR = [
     "hetmm_ray.scorer",
     "hetmm_ray.steps",
     "hetmm_ray.tiled",
+    "hetmm_ray.geometry_rule",
 ]
 PURE = sorted(m for m in MODULES if m.startswith("hetmm_ray.core")) + DETECTOR
 

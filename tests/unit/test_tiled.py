@@ -18,8 +18,9 @@ from hetmm_ray.core.tiles import cut, stitch, tile_grid
 from hetmm_ray.data.synthetic import DEFECT_KINDS, SyntheticProduct
 from hetmm_ray.detector import HETMM
 from hetmm_ray.detectors import load_detector
+from hetmm_ray.geometry_rule import resolve_tiles
 from hetmm_ray.store import open_store
-from hetmm_ray.tiled import TiledHETMM, resolve_tiles
+from hetmm_ray.tiled import TiledHETMM
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -34,7 +34,7 @@ import httpx
 import numpy as np
 import pytest
 from browser import launch, skip_without_browser
-from helpers import REPO, free_port, png
+from helpers import REPO, finished_job, free_port, png
 
 from hetmm_ray.config import BackboneConfig, DetectorConfig, TemplateConfig, ThresholdConfig
 from hetmm_ray.data.synthetic import SyntheticProduct
@@ -251,16 +251,8 @@ def teach_good_by_api(api: httpx.Client, product: str, image: np.ndarray) -> Non
 
 
 def finished(api: httpx.Client, started: httpx.Response) -> dict[str, Any]:
-    """The job ``started`` answered, once it succeeded (``?wait=true`` answers 202 while it still runs)."""
-    assert started.status_code in (200, 202), started.text
-    job = started.json()["job"]
-    deadline = time.monotonic() + JOB_WAIT_S
-    while job["state"] == "running":
-        assert time.monotonic() < deadline, f"job still running after {JOB_WAIT_S} s: {job}"
-        time.sleep(0.5)
-        job = api.get(f"/v1/jobs/{job['id']}", headers=ADMIN).json()["job"]
-    assert job["state"] == "succeeded", job
-    return job
+    """The job ``started`` answered, once it succeeded (``helpers.finished_job``)."""
+    return finished_job(api, started, ADMIN, JOB_WAIT_S)
 
 
 def label_by_api(api: httpx.Client, product: str, image: np.ndarray, label: str) -> None:

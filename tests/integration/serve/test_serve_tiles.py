@@ -18,15 +18,15 @@ import httpx
 import numpy as np
 import pytest
 import ray
-from helpers import free_port, png
+from helpers import finished_job, free_port, png
 from PIL import Image
 
 from hetmm_ray.config import DetectorConfig
 from hetmm_ray.data.synthetic import DEFECT_KINDS, SyntheticProduct
 from hetmm_ray.detectors import load_detector
 from hetmm_ray.distributed import get_registry
+from hetmm_ray.geometry_rule import choose_geometry
 from hetmm_ray.store import open_store
-from hetmm_ray.tiled import choose_geometry
 
 pytestmark = pytest.mark.usefixtures("local_ray")
 
@@ -290,7 +290,7 @@ def test_auto_tiles_are_resolved_from_the_uploaded_frames(service) -> None:
 
 def test_min_defect_px_alone_is_the_fits_one_rule_over_http(service, product) -> None:
     """``min_defect_px`` in an HTTP create means what it means in ``hetmm fit --set``, a config file and
-    the API (tests/unit/test_geometry_choice.py): the stored product is ``tiled.choose_geometry`` of the
+    the API (tests/unit/test_geometry_choice.py): the stored product is ``geometry_rule.choose_geometry`` of the
     same settings on the same frames, tiled where the defect size asks for it and stored as given where
     it does not; a grid it contradicts is refused (400) and creates nothing."""
     client, store = service["client"], open_store(service["store"])
@@ -367,3 +367,72 @@ def _held_where(registry: Any, product: str, version: int, *, candidate: bool) -
         if (row["product"], row["version"], row["candidate"]) == (product, version, candidate)
         for layer in row["layers"]
     }
+
+
+@pytest.mark.parametrize("tiles", [None, [2, 2]], ids=["canvas", "tiled"])
+def test_the_cli_and_http_give_the_same_heads_at_every_step(service, product, tmp_path, tiles) -> None:
+    """The same images and settings through ``hetmm`` on one store and through HTTP on the service's:
+    create, a hot update of 4 images, a region, the far rule at 5 %; after each step both heads hold
+    the same images and threshold and score the same probe frames (one operation, one path)."""
+    from hetmm_ray.cli import main
+
+    client, name = service["client"], f"same-{'tiled' if tiles else 'canvas'}"
+    config = {**SMALL, "geometry": {**SMALL["geometry"], **({"tiles": tiles} if tiles else {})}}
+    config_file = tmp_path / "config.json"
+    config_file.write_text(json.dumps(config))
+    cli_store = str(tmp_path / "cli-store")
+
+    def written(folder: str, frames: list[np.ndarray]) -> list[tuple[str, bytes]]:
+        (tmp_path / folder).mkdir()
+        out = [(f"{folder}{i}.png", png(f)) for i, f in enumerate(frames)]
+        for file, data in out:
+            (tmp_path / folder / file).write_bytes(data)
+        return out
+
+    def uploads(files: list[tuple[str, bytes]]) -> list[tuple[str, tuple[str, bytes, str]]]:
+        return [("images", (file, data, "image/png")) for file, data in files]
+
+    probes = _frames(product)
+
+    def same_heads(version: int) -> None:
+        stores = open_store(cli_store), open_store(service["store"])
+        assert [s.head(name) for s in stores] == [version, version]
+        records = [s.record(name, version) for s in stores]
+        assert records[0].images == records[1].images
+        points = [r.operating_point() for r in records]
+        assert points[0].rule == points[1].rule
+        assert points[0].threshold == pytest.approx(points[1].threshold, rel=1e-6)
+        cli_det, http_det = (load_detector(s, name, device="cpu") for s in stores)
+        assert cli_det.config.geometry.tiles == http_det.config.geometry.tiles == tuple(tiles or (1, 1))
+        np.testing.assert_allclose(cli_det.predict(probes).scores, http_det.predict(probes).scores, atol=1e-5)
+
+    good = written("good", [product.good(i) for i in range(6)])
+    assert (
+        main(["fit", str(tmp_path / "good"), "--product", name, "--store", cli_store, "--config", str(config_file)])
+        == 0
+    )
+    r = client.post(
+        f"/v1/products/{name}?wait=true", files=uploads(good), data={"config": json.dumps(config)}, headers=ADMIN
+    )
+    finished_job(client, r, ADMIN)
+    same_heads(1)
+
+    new = written("new", [product.good(i) for i in range(50, 54)])
+    assert main(["update", str(tmp_path / "new"), "--product", name, "--store", cli_store]) == 0
+    r = client.post(f"/v1/products/{name}/normals?wait=true", files=uploads(new), headers=ADMIN)
+    assert finished_job(client, r, ADMIN)["added_images"] == 4
+    same_heads(2)
+
+    region = {"size": [FRAME, FRAME], "include": [], "exclude": [{"rect": [0, 0, 48, 40]}]}
+    (tmp_path / "region.json").write_text(json.dumps(region))
+    assert main(["region", "--product", name, "--region", str(tmp_path / "region.json"), "--store", cli_store]) == 0
+    finished_job(
+        client, client.put(f"/v1/products/{name}/region?wait=true", json={"region": region}, headers=ADMIN), ADMIN
+    )
+    same_heads(3)
+
+    assert main(["calibrate", "--product", name, "--far", "0.05", "--store", cli_store]) == 0
+    body = {"rule": "far", "false_alarm_rate": 0.05}
+    finished_job(client, client.post(f"/v1/products/{name}/calibrate?wait=true", json=body, headers=ADMIN), ADMIN)
+    same_heads(4)
+    assert open_store(cli_store).record(name, 4).config.threshold.false_alarm_rate == 0.05

@@ -42,7 +42,7 @@ def config(geometry: str, **changes) -> DetectorConfig:
         threshold=ThresholdConfig(max_images=6, folds=2),
         batch_size=4,
         device="cpu",
-    )
+    ).replace(**{"geometry.canvas": "fixed"})  # the letterbox on this canvas as given, whatever the aspect
     return c.replace(**changes) if changes else c
 
 

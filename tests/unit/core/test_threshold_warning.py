@@ -67,6 +67,8 @@ def test_the_warning_says_how_far_why_and_what_to_do() -> None:
     # shown with the operating point wherever the CLI prints one, on a line of its own
     first, second = _describe_operating_point(op).split("\n")
     assert first.startswith(f"{op.threshold:.4f} (rule far 1%") and second == f"warning: {text}"
+    # a point that is no longer the product's (the "before" of a before -> after line) is shown without it
+    assert _describe_operating_point(op, warn=False) == first
 
 
 def test_no_warning_for_labelled_thresholds_or_without_scores() -> None:
