@@ -125,7 +125,10 @@ def _chosen_grid(config: DetectorConfig, h: int, w: int) -> tuple[DetectorConfig
     if g.min_defect_px is None:
         if g.tiles != "auto":
             return config, None
-        rows, cols = grid_of("auto", h, w, bb.image_size, g.tile_overlap)
+        try:
+            rows, cols = grid_of("auto", h, w, bb.image_size, g.tile_overlap)
+        except ValueError as exc:  # the settings ask for a grid no frame of this size has
+            raise ConfigError(f"geometry: tiles auto for a {w} x {h} frame: {exc}") from exc
         why = f"at most {AUTO_MAX_SCALE:g} frame px per canvas px (no geometry.min_defect_px)"
         return replace(config, geometry=replace(g, tiles=(rows, cols))), why
     stride = min(tap_stride(bb.name, tap) for tap in bb.taps)

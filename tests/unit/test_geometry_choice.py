@@ -175,3 +175,10 @@ def test_every_later_version_keeps_what_the_fit_chose(tmp_path: Path, geometry: 
     operations.set_region(store, "p", region)
     assert store.head("p") == 3
     assert [store.get("p", v).meta["geometry_choice"] for v in (2, 3)] == [chosen, chosen]
+
+
+def test_tiles_auto_with_an_overlap_no_grid_can_keep_is_a_config_error() -> None:
+    # tiles never shrink below their overlap: 200 px of it on a 32-px canvas (at most 64 px a tile)
+    config = DetectorConfig.from_dict({**SMALL, "geometry": {"tiles": "auto", "tile_overlap": 200}})
+    with pytest.raises(ConfigError, match="tiles auto for a 500 x 1250 frame: no grid keeps"):
+        choose_geometry(config, [np.zeros((1250, 500, 3), np.uint8)])
