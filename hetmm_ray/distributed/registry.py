@@ -26,12 +26,14 @@ Three modules: this one (the actor: hosts, shards, publishing, following the sto
 ``registry_tasks.py`` (the jobs' long work as tasks, over one detector).
 
 A tiled product (``geometry.tiles``, hetmm_ray/tiled.py) has one shard per (tile position,
-layer), named by its bank key ``tile<p>/<layer>``; its create, hot update, region and labelled
-calibration jobs run one in-process detector (``detectors.load_detector``) in a task each and
-publish like any other version (the shards reload from the store; after a hot update they append
-the new frames' rows in place and take the task's selection instead, :meth:`ProductRegistry._adopted_in_place`);
-the far rule at a new rate is accepted and moves the frame threshold only (the stored tile scales
-stay: :meth:`ProductRegistry.start_far_rule`).
+layer), named by its bank key ``tile<p>/<layer>``; its create and hot update extract the frames'
+tile features as frame-batch tasks over the cluster (``extract.extract_tiles_ray``) and fit or grow
+every position from them in one task, and publish like any other version (the shards reload from
+the store; after a hot update they append the new frames' rows in place and take the task's
+selection instead, :meth:`ProductRegistry._adopted_in_place`); the far rule at a new rate is
+accepted and moves the frame threshold only (the stored tile scales stay:
+:meth:`ProductRegistry.start_far_rule`). A region job, of any product, is ``Detector.with_region``
+in a task; labelled calibration scores the head in a task.
 
 Hot update, in order (docs/design.md): the shards append the new features and
 re-select their tiny sets (PTS fanned out as tasks) -> the template set is

@@ -291,15 +291,13 @@ class JobStarters:
         return version, cfg
 
     async def _under_region(
-        self, product: str, version: int, region: dict[str, Any] | None, progress: JobProgress
+        self, product: str, version: int, region: dict[str, Any] | None
     ) -> tuple[TemplateSet, TemplateSet]:
         """``version``'s template set, and the same set under ``region`` recalibrated (its out-of-fold
-        scores count the region's pixels only): the one computation of a region job and its preview."""
+        scores count the region's pixels only): the one computation of a region job and its preview,
+        ``Detector.with_region`` in a task (what ``hetmm region`` runs), whichever the product's kind."""
         base = await asyncio.to_thread(self.store.get, product, version)
-        if whole_frames(base.config):  # every position recalibrated under its part (Detector.with_region)
-            return base, await with_region_in_task.remote(self.store_uri, product, version, region)
-        ts = replace(base, config=replace(base.config, region=region))
-        return base, await asyncio.to_thread(self._pipeline(ts.config, progress).calibrated, ts)
+        return base, await with_region_in_task.remote(self.store_uri, product, version, region)
 
     async def start_region(
         self, product: str, region: dict[str, Any] | None, publish: str | None = None
@@ -316,7 +314,7 @@ class JobStarters:
             progress.stage("calibrate under the region")
             progress.note(candidate=candidate)
             async with self._lock(product):
-                _, calibrated = await self._under_region(product, version, region, progress)
+                _, calibrated = await self._under_region(product, version, region)
                 progress.stage("publish")
                 return await self._stored(product, partial(self.store.put, product, calibrated), version, candidate)
 
@@ -331,7 +329,7 @@ class JobStarters:
 
         async def work(progress: JobProgress) -> int:
             progress.stage("calibrate under the region")
-            base, proposed = await self._under_region(product, version, region, progress)
+            base, proposed = await self._under_region(product, version, region)
             progress.note(preview=region_preview(version, base, proposed))
             return version
 

@@ -6,8 +6,9 @@ versions. The actor starts them and publishes what they return; nothing here hol
   its frames' tile features, which frame-batch tasks extracted across the cluster first
   (``extract.extract_tiles_ray``): one detector in a task gathers them, in input order, and fits or
   grows every position (``TiledHETMM.fit_extracted`` / ``update_extracted``), PTS fanned out.
-- :func:`with_region_in_task`: a tiled product's region change as one detector in a task.
   :func:`whole_frames` says which products take these paths.
+- :func:`with_region_in_task`: any product's region change (``Detector.with_region``, what ``hetmm
+  region`` runs) as one detector in a task.
 - :func:`labelled_calibration`: labelled validation (``validation.calibrate_with_labels``).
 - :func:`compare_task`: ``compare.compare_versions`` as JSON for a compare job's record.
 """
@@ -87,11 +88,11 @@ def compare_task(
 
 
 def whole_frames(config: DetectorConfig) -> bool:
-    """Whether a product's create, hot update and region jobs take the tiled path (a frame's tiles
-    cut where its frame is: whole frames go into the feature tasks, each task extracts every
-    position of its frames, and one detector in a task fits or grows every position from them, or
-    recalibrates them under another region), not the sharded path of a frame on one canvas (its
-    features extracted as image-batch tasks, its layer shards grown in place)."""
+    """Whether a product's create and hot update jobs take the tiled path (a frame's tiles cut where
+    its frame is: whole frames go into the feature tasks, each task extracts every position of its
+    frames, and one detector in a task fits or grows every position from them), not the sharded
+    path of a frame on one canvas (its features extracted as image-batch tasks, its layer shards
+    grown in place)."""
     return config.geometry.tiled
 
 
