@@ -46,9 +46,7 @@ __all__ = ["JobReport", "ray_steps", "refits_ray", "select_folds_ray", "service_
 
 
 def ray_steps() -> FitSteps:
-    """The steps of a fit on the connected cluster (module docstring); a tiled product's positions
-    refit side by side, a task each (:func:`refits_ray`)."""
-    return FitSteps(extract=extract_features_ray, pts=pts_indices_ray, select_folds=select_folds_ray, refits=refits_ray)
+    return FitSteps(extract=extract_features_ray, pts=pts_indices_ray, select_folds=select_folds_ray)
 
 
 @ray.remote(num_cpus=TASK_CPUS)
