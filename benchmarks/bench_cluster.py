@@ -51,8 +51,7 @@ synthetic surface frames of ``--size`` px (``data/surface.py``'s ``write_surface
 ``--weights`` at ``backbone.image_size`` ``--image-size``, the product's other defaults unless given.
 Each run is what the service's tiled create runs before it publishes: the frame-batch feature tasks
 (``extract.extract_tiles_ray``, ``--task-cpus`` each, default ``TASK_CPUS``, SPREAD), then the fit task
-from their results (``registry_tasks.fit_tiles_task``: each position refit in a task of its own,
-spread over the nodes, PTS fanned out); the time of each part and the
+from their results (``registry_tasks.fit_tiles_task``, PTS fanned out); the time of each part and the
 whole (wall, from the first task submitted to the template set back). Before the timed runs of a
 cluster, one untimed extraction of a frame per task slot starts every node's workers and builds their
 backbones, as a running service has them. Prints the median of ``--runs`` runs per cluster, the ratio of

@@ -197,38 +197,17 @@ class FitPipeline:
         boxes: Sequence[Box] | None = None,
     ) -> TemplateSet:
         """:meth:`fit` from the images' bank features (layer -> (N, C, h, w)) and digests."""
-        return self.refit(self.unselected(feats, digests, weights_id=weights_id, config=config, boxes=boxes))
-
-    def unselected(
-        self,
-        feats: dict[str, Tensor],
-        digests: Sequence[str],
-        *,
-        weights_id: str,
-        config: DetectorConfig | None = None,
-        boxes: Sequence[Box] | None = None,
-    ) -> TemplateSet:
-        """The template set of the images' bank features before :meth:`refit` (no selection, no
-        calibration): what :meth:`fit_features` refits."""
         meta = TemplateMeta().with_(created=time.time())
         if boxes is not None:
             meta = meta.with_(image_boxes=boxes)
-        return TemplateSet(
+        ts = TemplateSet(
             bank=feats,
             config=config or self.scorer.config,
             weights_id=weights_id,
             image_digests=tuple(digests),
             meta=meta,
         )
-
-    def detached(self) -> FitPipeline:
-        """This pipeline's settings on a scorer of its own that holds nothing (no backbone, no
-        templates): what a refit needs, light enough to send to another process."""
-        out = FitPipeline(
-            Scorer(self.scorer.config), steps=self.steps, report=self.report, tiles=self.tiles, scored=self.scored
-        )
-        out.cost_crops, out.cost = self.cost_crops, self.cost
-        return out
+        return self.refit(ts)
 
     def update(self, ts: TemplateSet, images: Sequence[ImageInput]) -> tuple[TemplateSet | None, int]:
         """Hot update of ``ts`` with good images: (the refit set, or None when every image was

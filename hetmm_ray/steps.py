@@ -5,9 +5,8 @@ run somewhere else without the pipeline knowing where: ``FitSteps.extract`` buil
 bank of a list of images, ``FitSteps.pts`` runs PTS over one layer's bank, ``FitSteps.select``
 makes a fixed-K selection of every layer, ``FitSteps.select_folds`` makes the out-of-fold
 calibration's selections (one per fold, from the fold's kept images), ``FitSteps.auto_select``
-measures ``sheets: auto``, ``FitSteps.calibrate`` computes the out-of-fold calibration and
-``FitSteps.refits`` refits a tiled product's positions (each its own pipeline). Left at None,
-each runs in this process (the scorer's backbone; ``core.pts``; the pipeline's own methods).
+measures ``sheets: auto`` and ``FitSteps.calibrate`` computes the out-of-fold calibration.
+Left at None, each runs in this process (the scorer's backbone; ``core.pts``; the pipeline's own methods).
 ``hetmm_ray.distributed.steps.ray_steps()`` gives the Ray versions of extract and PTS (image
 batches and pixel chunks as tasks); the service's registry (``distributed/registry.py``) also
 selects on its template shards and calibrates in tasks. The single-process API never imports Ray.
@@ -25,9 +24,6 @@ Contracts (what an injected step must return, exactly as the in-process step wou
   templates.seed)``; ``progress`` counts folds. Indices point into the fold's kept bank.
 - ``auto_select(ts)`` -> ``FitPipeline.auto_selected(ts)``; ``calibrate(ts)`` -> ``ts`` with the
   calibration ``FitPipeline.calibrated`` computes in process.
-- ``refits(pairs)`` -> ``[pipeline.refit(ts) for ts, pipeline in pairs]``, in order: each pipeline's
-  settings (its configuration, ``tiles``, ``scored``, ``cost``, ``report``) are what counts, not
-  the process it lives in, so the pairs may be refit side by side anywhere.
 
 A :class:`Report` (the service's ``JobProgress``) hears each stage's name and its counts.
 """
@@ -45,7 +41,6 @@ from .config import DetectorConfig, TemplateConfig
 
 if TYPE_CHECKING:
     from .core.templates import TemplateSet
-    from .fitting import FitPipeline
 
 __all__ = [
     "ExtractStep",
@@ -53,7 +48,6 @@ __all__ = [
     "FoldSelectStep",
     "Progress",
     "PtsStep",
-    "RefitsStep",
     "Report",
     "SelectStep",
     "Selection",
@@ -98,10 +92,6 @@ class TemplateStep(Protocol):
     def __call__(self, ts: TemplateSet) -> TemplateSet: ...
 
 
-class RefitsStep(Protocol):
-    def __call__(self, pairs: Sequence[tuple[TemplateSet, FitPipeline]]) -> list[TemplateSet]: ...
-
-
 class Report(Protocol):
     """Hears a fit's progress: each stage's name and total, then done/total counts of it."""
 
@@ -119,4 +109,3 @@ class FitSteps:
     select_folds: FoldSelectStep | None = None
     auto_select: TemplateStep | None = None
     calibrate: TemplateStep | None = None
-    refits: RefitsStep | None = None

@@ -79,7 +79,6 @@ from .core.scoring import Calibration, OperatingPoint, calibration_json, content
 from .core.templates import TemplateError, TemplateMeta, TemplateSet, unseen_positions
 from .core.tiles import Tile, cut, stitch, tile_grid
 from .detector import HETMM
-from .fitting import FitPipeline
 from .frame_cost import FrameCost
 from .geometry_rule import check_resolved
 from .interface import Detector, Layout
@@ -455,14 +454,13 @@ class TiledHETMM(Detector):
         check_resolved(self.config, [_sized(s) for s in sorted(set(extracted.shapes))])
         feats = self._bank(extracted)
         self._measure_cost(cost_frame)
-        pairs = []
+        sets = []
         for p, det in enumerate(self.dets):
             pos, pos_boxes = self._position(feats, extracted.boxes, p)
-            ts = det.pipeline.unselected(
+            ts = det.pipeline.fit_features(
                 pos, extracted.digests, weights_id=self.backbone.weights_id, config=det.config, boxes=pos_boxes
             )
-            pairs.append((ts, det.pipeline))
-        sets = self._refits(pairs)
+            sets.append(ts)
         self.frame = max(extracted.shapes)
         self._install(sets, tuple(extracted.digests))
         return self
@@ -496,24 +494,15 @@ class TiledHETMM(Detector):
         if not keep:
             return self
         self._measure_cost(frames[keep[0]])
-        pairs = []
+        sets = []
         for p, det in enumerate(self.dets):
             pos, pos_boxes = self._position(feats, extracted.boxes, p)
             grown, kept = det.pipeline.grown(det.scorer.require_templates(), pos, extracted.digests, pos_boxes)
             assert grown is not None and kept == keep  # every position holds the same frames' digests
-            pairs.append((grown, det.pipeline))
-        sets = self._refits(pairs)
+            sets.append(det.pipeline.refit(grown))
         self.frame = max([*extracted.shapes, *([self.frame] if self.frame else [])])
         self._install(sets, sets[0].image_digests)
         return self
-
-    def _refits(self, pairs: list[tuple[TemplateSet, FitPipeline]]) -> list[TemplateSet]:
-        """Each position's set refit by its pipeline (selected, calibrated), in order: one after the
-        other here, or by the ``refits`` step (the service: side by side in tasks over the cluster)."""
-        step = self.dets[0].steps.refits  # every position's steps, given at construction
-        if step is None:
-            return [pipeline.refit(ts) for ts, pipeline in pairs]
-        return step([(ts, pipeline.detached()) for ts, pipeline in pairs])
 
     def _require_fitted(self) -> None:
         if not self.scales:

@@ -5,8 +5,7 @@ versions. The actor starts them and publishes what they return; nothing here hol
 - :func:`fit_tiles_task`, :func:`update_tiles_task`: a tiled product's create and hot update from
   its frames' tile features, which frame-batch tasks extracted across the cluster first
   (``extract.extract_tiles_ray``): one detector in a task gathers them, in input order, and fits or
-  grows every position (``TiledHETMM.fit_extracted`` / ``update_extracted``), each position refit
-  in a task of its own spread over the nodes (``steps.refits_ray``), PTS fanned out.
+  grows every position (``TiledHETMM.fit_extracted`` / ``update_extracted``), PTS fanned out.
   :func:`whole_frames` says which products take these paths.
 - :func:`with_region_in_task`: any product's region change (``Detector.with_region``, what ``hetmm
   region`` runs) as one detector in a task.
@@ -27,7 +26,7 @@ from ..steps import FitSteps
 from ..store import open_store
 from .pts_fanout import pts_indices_ray
 from .runtime import use_assigned_cpus
-from .steps import JobReport, refits_ray
+from .steps import JobReport
 
 if TYPE_CHECKING:
     from ..interface import Layout
@@ -98,9 +97,8 @@ def whole_frames(config: DetectorConfig) -> bool:
 
 
 def _fanned_out_pts() -> FitSteps:
-    """A tiled job's steps: each position refit in a task of its own, spread over the cluster
-    (``steps.refits_ray``), its PTS as pixel-chunk tasks of a full CPU each."""
-    return FitSteps(pts=partial(pts_indices_ray, num_cpus=TASK_CPUS), refits=refits_ray)
+    """A tiled job's steps: each position's PTS as pixel-chunk tasks of a full CPU each."""
+    return FitSteps(pts=partial(pts_indices_ray, num_cpus=TASK_CPUS))
 
 
 def fit_line(layout: Layout, sheets: int, ms: float) -> str:
@@ -118,8 +116,8 @@ def fit_tiles_task(
 ) -> TemplateSet:
     """A tiled product's fit in one task from its frames' tile features: ``batches``, the frame batches'
     ``TileFeatures`` refs in input order (``extract.TileBatches.refs``), gathered here
-    (``TileFeatures.gathered``), then ``TiledHETMM.fit_extracted`` with each position refit in a
-    task of its own (:func:`_fanned_out_pts`); ``cost_image``: the first frame, encoded (``sheets: auto``'s time
+    (``TileFeatures.gathered``), then ``TiledHETMM.fit_extracted`` with each position's PTS fanned
+    out as pixel-chunk tasks; ``cost_image``: the first frame, encoded (``sheets: auto``'s time
     budget is measured on it). Each position's stages go to the job (``job_id``) through ``registry``.
     Returns the unsaved template set: what ``TiledHETMM(config).fit(frames)`` gives."""
     from ..tiled import TiledHETMM, TileFeatures

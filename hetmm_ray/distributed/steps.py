@@ -10,8 +10,7 @@ The service's registry runs the same fit pipeline with :func:`service_steps`: PT
 tasks, ``sheets: auto`` and the out-of-fold calibration each in a task (the in-process pipeline
 there, reporting its progress to the job through :class:`JobReport`; its fold selections again
 one task per fold), and a hot update's fixed-K selection on the product's template shards
-(:func:`shard_select`). A tiled product's positions are refit side by side, one task each spread
-over the nodes (:func:`refits_ray`).
+(:func:`shard_select`).
 
 Why a task per fold: a compressed product's calibration makes ten selections (PTS on a
 large bank is slow, ten of them in a row much slower). In one process each selection already
@@ -42,7 +41,7 @@ from .runtime import as_completed, use_assigned_cpus
 if TYPE_CHECKING:
     from ..fitting import FitPipeline
 
-__all__ = ["JobReport", "ray_steps", "refits_ray", "select_folds_ray", "service_steps", "shard_select"]
+__all__ = ["JobReport", "ray_steps", "select_folds_ray", "service_steps", "shard_select"]
 
 
 def ray_steps() -> FitSteps:
@@ -116,19 +115,6 @@ def _auto_selected(ts: TemplateSet, report: JobReport | None = None) -> Template
     """``templates.sheets: auto`` (``FitPipeline.auto_selected``) in one task: the ladder's
     selections and out-of-fold scorings; the result's config holds the chosen K (hot updates keep it)."""
     return _task_pipeline(ts, report).auto_selected(ts)
-
-
-@ray.remote(num_cpus=TASK_CPUS, scheduling_strategy="SPREAD")
-def _refitted(ts: TemplateSet, pipeline: FitPipeline) -> TemplateSet:
-    """One ``pipeline.refit(ts)`` in a task on a full CPU."""
-    use_assigned_cpus()
-    return pipeline.refit(ts)
-
-
-def refits_ray(pairs: Sequence[tuple[TemplateSet, FitPipeline]]) -> list[TemplateSet]:
-    """The ``refits`` step (``steps.FitSteps``): one task per (set, pipeline) pair, spread over the
-    cluster's nodes, the results in order. Call from a thread that may wait on Ray."""
-    return ray.get([_refitted.remote(ts, pipeline) for ts, pipeline in pairs])
 
 
 def shard_select(

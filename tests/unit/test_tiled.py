@@ -324,28 +324,6 @@ def test_update_equals_a_fit_on_the_union(frames, selection):
     assert det.skipped_duplicates == 2 and det.calibration is before  # nothing new: nothing recomputed
 
 
-def test_a_refits_step_gets_every_position_detached_and_changes_nothing(frames):
-    """``FitSteps.refits`` (the service: a task per position): it is handed each position's set with a
-    pipeline that holds no backbone nor templates, and a fit and a hot update through it are the
-    products the positions refit one after the other give."""
-    from hetmm_ray.steps import FitSteps
-
-    train, test = frames
-    handed: list[int] = []
-
-    def refits(pairs):
-        assert all(p.scorer._backbone is None and p.scorer.templates is None for _, p in pairs)
-        handed.append(len(pairs))
-        return [pipeline.refit(ts) for ts, pipeline in reversed(pairs)][::-1]  # any order, results in order
-
-    c = config(**TILED, **{"templates.kind": "pts_o", "templates.sheets": 2})
-    stepped = TiledHETMM(c, steps=FitSteps(refits=refits)).fit(train[:4])
-    stepped.update(train[4:])
-    assert handed == [4, 4]
-    reference = TiledHETMM(c).fit(train[:4]).update(train[4:])
-    assert_same_tiled(stepped, reference, test)
-
-
 def test_cli_update_of_a_tiled_product(frames, tmp_path, capsys):
     from PIL import Image
 
