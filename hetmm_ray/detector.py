@@ -121,9 +121,7 @@ class HETMM(Detector):
                 f"geometry: for these frames the fit's rule chooses {choice.describe()}, and HETMM is one canvas; "
                 "fit with detectors.new_detector(config, frames), which builds the tiled detector"
             )
-        if choice.config.backbone.image_size != self.config.backbone.image_size:
-            self.scorer.backbone_for(choice.config)
-        self.config = choice.config
+        self.config = choice.config  # the backbone is the same at any canvas size (replicas share one)
         self.scorer.install(choice.stored_with(self.pipeline.fit(images)))
         return self
 

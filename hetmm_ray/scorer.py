@@ -133,12 +133,6 @@ class Scorer:
         """Share an already-built backbone (replicas: one per backbone, not per product)."""
         self._backbone = backbone
 
-    def backbone_for(self, config: DetectorConfig) -> None:
-        """Build the backbone again, on first use, when ``config``'s backbone settings differ from the
-        one built (a fit whose geometry rule chose another canvas size)."""
-        if self._backbone is not None and self._backbone.config != config.backbone:
-            self._backbone = None
-
     def install(self, ts: TemplateSet, version: int | None = None, *, config: DetectorConfig | None = None) -> None:
         """Score with ``ts`` from now on (``version``: its stored version, None if unsaved).
 
