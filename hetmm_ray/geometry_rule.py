@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .config import ConfigError, DetectorConfig, GeometryConfig
-from .config.product import TILE_GRID_MAX, tap_stride
+from .config.product import ASPECT_MAX_SCALE, TILE_GRID_MAX, tap_stride
 from .core.geometry import resized_shape
 from .core.templates import TemplateSet
 from .core.tiles import AUTO_MAX_SCALE, defect_grid, grid_of, tile_grid
@@ -86,9 +86,11 @@ def choose_geometry(config: DetectorConfig, frames: Sequence[ImageInput]) -> Geo
       else refused (ConfigError): the two settings ask for different grids and one would be ignored.
     - ``tiles: "auto"`` alone: at most ``AUTO_MAX_SCALE`` frame px per canvas px (``core.tiles.auto_grid``).
     - Then ``geometry.canvas: "aspect"`` (the default): on a letterboxed canvas
-      ``backbone.image_size`` ``S`` becomes ``round(S * sqrt(long / short))`` of the frame (of the
-      largest tile, when tiled), so its content gets about ``S**2`` canvas pixels instead of
-      ``S**2 * short / long``; the grid above is chosen at ``S``, and with ``min_defect_px`` chosen
+      ``backbone.image_size`` ``S`` becomes ``round(S * long / short)`` of the frame (of the largest
+      tile, when tiled), at most ``ASPECT_MAX_SCALE * S``, so the frame's short side gets ``S`` canvas
+      pixels, as a square frame's does: an elongated frame is scored at the resolution a square
+      product gives each square of it, not squeezed into a strip of one; the grid above is chosen
+      at ``S``, and with ``min_defect_px`` chosen
       again at the raised size, which stays (the canvas its tiles get; a given grid other than
       ``[1, 1]`` must be that one, else refused as above). A square frame keeps ``S``, and so
       does ``backbone.geometry: squash``, whose content fills the canvas already. Resolved to
@@ -165,7 +167,7 @@ def _aspect_canvas(
         tiles = tile_grid(h, w, [int(v) for v in g.tiles], g.tile_overlap)  # resolved: never "auto" here
         h, w, what = max(t.height for t in tiles), max(t.width for t in tiles), "tile"
     if size is None:
-        size = round(bb.image_size * (max(h, w) / min(h, w)) ** 0.5)
+        size = min(round(bb.image_size * max(h, w) / min(h, w)), ASPECT_MAX_SCALE * bb.image_size)
     if size == bb.image_size:  # square enough: the canvas as it is, nothing chosen
         return config.replace(**{"geometry.canvas": "fixed"}), None
     resolved = config.replace(**{"backbone.image_size": size, "geometry.canvas": "fixed"})

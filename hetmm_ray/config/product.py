@@ -478,6 +478,9 @@ RETIRED_SETTINGS: dict[tuple[str, str], str] = {
 
 # --- tiles: a separate section so products stored before it read unchanged -------------------------
 CANVAS_MODES = ("fixed", "aspect")  # geometry.canvas (GeometryConfig)
+# geometry.canvas "aspect": the raised canvas side at most this many times backbone.image_size (a
+# frame more elongated than that gets a strip of it; tiles are what such a frame needs).
+ASPECT_MAX_SCALE = 4
 TILE_GRID_MAX = 64  # rows or columns of a tile grid at most (64 x 64 tiles: far past any line camera)
 
 
@@ -567,16 +570,17 @@ class GeometryConfig(Settings):
             "contradicts is refused). Null: the 2 frame pixels per canvas pixel rule of `tiles: auto`."
         ),
     )
-    # "aspect": the canvas side raised so an elongated frame's content gets the square's pixel count
-    # instead of a letterboxed strip of it (geometry_rule.choose_geometry); the pad cells still cost compute.
+    # "aspect": the canvas side raised so an elongated frame's short side gets image_size canvas
+    # pixels, as a square frame's does, instead of a letterboxed strip (geometry_rule.choose_geometry).
     canvas: str = setting(
         "aspect",
         OneOf(CANVAS_MODES, "canvas mode"),
         description=(
-            "`aspect`: a fit raises `backbone.image_size` so the frame (or tile) at its own aspect gets about "
-            "`image_size` squared canvas pixels on the letterboxed canvas, and stores the size it chose (a square "
-            "frame, or `backbone.geometry: squash`, keeps `image_size`). `fixed`: a square canvas of "
-            "`backbone.image_size`, an elongated frame letterboxed into a strip of it."
+            "`aspect`: a fit raises `backbone.image_size` to `image_size x long / short` of the frame (or tile), "
+            f"at most {ASPECT_MAX_SCALE} x `image_size`, so its short side gets `image_size` canvas pixels as a "
+            "square frame's does, and stores the size it chose (a square frame, or `backbone.geometry: squash`, "
+            "keeps `image_size`). `fixed`: a square canvas of `backbone.image_size`, an elongated frame letterboxed "
+            "into a strip of it."
         ),
     )
 

@@ -33,6 +33,7 @@ __all__ = [
     "anomaly_maps",
     "atm_pair",
     "backward_atm",
+    "content_window",
     "default_chunk_bytes",
     "forward_atm",
     "fuse_layer_maps",
@@ -304,15 +305,47 @@ def anomaly_maps(
     (the backbone's input size); every layer map's pad cells take their nearest content cell's
     value before the upsample, so no pad value is interpolated into the content.
     """
+    if boxes is not None and canvas is None:
+        raise ValueError("anomaly_maps: boxes need the canvas size")
     layers = []
     for j, name in enumerate(query):
-        fwd, bwd = atm_pair(
-            query[name], templates_pm[name], forward_windows[j], backward_windows[j], chunk_bytes=chunk_bytes
-        )
-        layer = alphas[j] * fwd + (1 - alphas[j]) * bwd
-        if boxes is not None:
-            if canvas is None:
-                raise ValueError("anomaly_maps: boxes need the canvas size")
-            layer = replicate_into_padding(layer, cell_boxes(boxes, canvas, tuple(layer.shape[1:])))  # type: ignore[arg-type]
+        q, t_pm = query[name], templates_pm[name]
+        cells = None if boxes is None else cell_boxes(boxes, canvas, tuple(q.shape[2:]))  # type: ignore[arg-type]
+        p = max(forward_windows[j], backward_windows[j])
+        crop = None if cells is None else content_window(cells, tuple(q.shape[2:]), p // 2)  # type: ignore[arg-type]
+        if crop is None:
+            fwd, bwd = atm_pair(q, t_pm, forward_windows[j], backward_windows[j], chunk_bytes=chunk_bytes)
+            layer = alphas[j] * fwd + (1 - alphas[j]) * bwd
+        else:
+            (r0, r1), (c0, c1) = crop
+            w = q.shape[3]
+            pixels = torch.arange(r0, r1, device=t_pm.device)[:, None] * w + torch.arange(c0, c1, device=t_pm.device)
+            fwd, bwd = atm_pair(
+                q[:, :, r0:r1, c0:c1], t_pm[pixels.flatten()], forward_windows[j], backward_windows[j],
+                chunk_bytes=chunk_bytes,
+            )  # fmt: skip
+            layer = fwd.new_zeros((q.shape[0], *q.shape[2:]))
+            layer[:, r0:r1, c0:c1] = alphas[j] * fwd + (1 - alphas[j]) * bwd
+        if cells is not None:
+            layer = replicate_into_padding(layer, cells)  # every cell outside the window is a pad cell
         layers.append(layer)
     return fuse_layer_maps(layers, weights, size)
+
+
+def content_window(
+    cells: Sequence[Box], hw: tuple[int, int], margin: int
+) -> tuple[tuple[int, int], tuple[int, int]] | None:
+    """The rows ``[r0, r1)`` and columns ``[c0, c1)`` of a layer of ``hw`` cells that hold every
+    image's content cells (``cells``, from :func:`core.geometry.cell_boxes`) grown by ``margin``
+    (the widest window's radius) and clipped to the layer; None when that is the whole layer.
+
+    ATMM on that window alone is ATMM on the whole layer at every content cell: each window
+    around a content cell lies inside it (or leaves the layer exactly where the whole layer's
+    does), so only pad cells' values, which :func:`core.geometry.replicate_into_padding`
+    replaces, are not computed. A letterboxed elongated frame's pad is most of its canvas."""
+    h, w = hw
+    r0 = max(min(c.top for c in cells) - margin, 0)
+    r1 = min(max(c.top + c.height for c in cells) + margin, h)
+    c0 = max(min(c.left for c in cells) - margin, 0)
+    c1 = min(max(c.left + c.width for c in cells) + margin, w)
+    return None if (r0, r1, c0, c1) == (0, h, 0, w) else ((r0, r1), (c0, c1))

@@ -17,6 +17,7 @@ from hetmm_ray import operations
 from hetmm_ray.cli import main
 from hetmm_ray.config import ConfigError, DetectorConfig
 from hetmm_ray.config.detector import stored_config
+from hetmm_ray.config.product import ASPECT_MAX_SCALE
 from hetmm_ray.core.tiles import defect_grid
 from hetmm_ray.data.synthetic import SyntheticProduct
 from hetmm_ray.geometry_rule import choose_geometry
@@ -102,14 +103,16 @@ def test_the_rule_is_idempotent_and_refuses_a_grid_it_contradicts(frames: list[P
 
 
 # --- geometry.canvas: "aspect" -----------------------------------------------------------------
-def test_the_aspect_canvas_gives_an_elongated_frame_the_squares_pixels() -> None:
+def test_the_aspect_canvas_gives_an_elongated_frames_short_side_the_squares_pixels() -> None:
     tall = [np.zeros((1250, 500, 3), np.uint8)]
     base = DetectorConfig().replace(**{"geometry.canvas": "aspect"})
     chosen = choose_geometry(base, tall)
-    assert chosen.config.backbone.image_size == round(256 * 2.5**0.5) == 405
+    assert chosen.config.backbone.image_size == 256 * 1250 // 500 == 640
     assert chosen.config.geometry.canvas == "fixed" and chosen.why is None  # no grid asked
-    assert "a 500 x 1250 frame gets 162 x 405 canvas px (0.32 per frame px; 102 x 256 at 256)" in chosen.describe()
-    assert 162 * 405 <= 256 * 256 * 1.01  # within the pixel budget
+    assert "a 500 x 1250 frame gets 256 x 640 canvas px (0.51 per frame px; 102 x 256 at 256)" in chosen.describe()
+    # a frame more elongated than ASPECT_MAX_SCALE squares: the raised side stops there
+    strip = choose_geometry(base, [np.zeros((100, 2000, 3), np.uint8)])
+    assert strip.config.backbone.image_size == ASPECT_MAX_SCALE * 256 == 1024
     assert choose_geometry(chosen.config, tall) == (chosen.config, None, None)  # resolved: resolves to itself
     square = choose_geometry(base, [np.zeros((300, 300, 3), np.uint8)])
     assert square.config.backbone.image_size == 256  # a square frame: today's canvas
@@ -134,10 +137,10 @@ def test_an_aspect_fit_stores_its_canvas_and_scores_at_the_frames_aspect(tmp_pat
     store = open_store(tmp_path / "s")
     out = operations.fit(store, "p", config, frames)
     stored = store.record("p", 1).config
-    assert stored.backbone.image_size == round(32 * 2.5**0.5) == 51 and stored.geometry.canvas == "fixed"
+    assert stored.backbone.image_size == 32 * 160 // 64 == 80 and stored.geometry.canvas == "fixed"
     assert "geometry" not in stored.stored_dict()  # an untiled letterbox product, as today's are stored
     pred = out.detector.predict(frames[:1])
-    assert np.asarray(pred.maps[0]).shape == (51, 20)  # the content at the frame's aspect, 51 x round(64 * 51 / 160)
+    assert np.asarray(pred.maps[0]).shape == (80, 32)  # the content at the frame's aspect: its short side 32
 
 
 def test_the_direct_api_resolves_the_canvas_and_refuses_what_would_tile(tmp_path: Path) -> None:
@@ -147,8 +150,8 @@ def test_the_direct_api_resolves_the_canvas_and_refuses_what_would_tile(tmp_path
     frames = [np.ascontiguousarray(part.good(i)[:, 48:112]) for i in range(3)]  # 160 x 64
     config = DetectorConfig.from_dict({**SMALL, "geometry": {"canvas": "aspect"}})
     direct = HETMM(config).fit(frames)
-    assert direct.config.backbone.image_size == 51 and direct.config.geometry.canvas == "fixed"
-    assert direct.template_set().meta["geometry_choice"]["canvas"].startswith("canvas aspect: image_size 51")
+    assert direct.config.backbone.image_size == 80 and direct.config.geometry.canvas == "fixed"
+    assert direct.template_set().meta["geometry_choice"]["canvas"].startswith("canvas aspect: image_size 80")
     via_operations = operations.fit(open_store(tmp_path / "s"), "p", config, frames).detector
     assert direct.template_set().config == via_operations.template_set().config
     assert np.allclose(direct.predict(frames[:1]).scores, via_operations.predict(frames[:1]).scores, atol=1e-6)

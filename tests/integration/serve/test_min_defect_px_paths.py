@@ -11,7 +11,7 @@ store.
 Frames are 48 x 128 (a non-square frame, so the choice matters): a 16-px defect at resnet18's finest
 tap (``layer2``, stride 8) allows 2 frame px per canvas px, so on a 32-px canvas the 48-px height fits
 one row and the 128-px width needs two 64-px columns; each 64 x 48 tile then gets the aspect canvas
-``round(32 * sqrt(64 / 48)) = 37``. Tiny frames and a random backbone: CI is a loaded 2-core machine."""
+``round(32 * 64 / 48) = 43``. Tiny frames and a random backbone: CI is a loaded 2-core machine."""
 
 from __future__ import annotations
 
@@ -65,7 +65,7 @@ def _expected_geometry() -> tuple[tuple[int, int], int]:
     scale = PX / STRIDE  # frame px per canvas px that keep the defect one feature cell wide
     rows, cols = math.ceil(HEIGHT / (scale * CANVAS)), math.ceil(WIDTH / (scale * CANVAS))
     tile_h, tile_w = math.ceil(HEIGHT / rows), math.ceil(WIDTH / cols)
-    return (rows, cols), round(CANVAS * math.sqrt(max(tile_h, tile_w) / min(tile_h, tile_w)))
+    return (rows, cols), round(CANVAS * max(tile_h, tile_w) / min(tile_h, tile_w))
 
 
 @pytest.fixture(scope="module")
@@ -146,7 +146,7 @@ def test_min_defect_px_is_one_rule_on_every_create_path(
     service: dict[str, Any], frames: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     grid, canvas = _expected_geometry()
-    assert (grid, canvas) == ((1, 2), 37)  # the geometry matters here: neither untiled nor the square canvas
+    assert (grid, canvas) == ((1, 2), 43)  # the geometry matters here: neither untiled nor the square canvas
     stores = {k: tmp_path / k for k in ("cli_set", "cli_file", "api")}
 
     # CLI, --set

@@ -13,10 +13,12 @@ from hetmm_ray.core.atmm import (
     anomaly_maps,
     atm_pair,
     backward_atm,
+    content_window,
     forward_atm,
     fuse_layer_maps,
     pixel_major,
 )
+from hetmm_ray.core.geometry import Box, cell_boxes, replicate_into_padding, zero_padding
 
 
 def naive_forward(q: torch.Tensor, t: torch.Tensor, p: int) -> torch.Tensor:
@@ -168,6 +170,42 @@ def test_anomaly_maps_equal_naive_merge() -> None:
         s = s + (1 - alphas[j]) * naive_backward(q[n].double(), t[n].double(), bw[j])
         expected += weights[j] * F.interpolate(s[:, None], size=16, mode="bilinear", align_corners=True)[:, 0]
     torch.testing.assert_close(got.double(), expected, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize(
+    "boxes",
+    [
+        [Box(0, 10, 32, 12), Box(0, 10, 32, 12)],  # a tall frame's strip, the same in every image
+        [Box(0, 10, 32, 12), Box(4, 6, 24, 10)],  # two shapes in one batch: the window holds both
+        [Box(12, 0, 8, 32), Box(13, 0, 6, 32)],  # a wide strip, windows that reach the layer's edge
+    ],
+)
+def test_letterboxed_maps_on_the_content_window_equal_the_whole_layer(boxes: list[Box]) -> None:
+    # Only the content window (plus the widest window's radius) is matched; the whole layer,
+    # matched literally and its pad replicated, must give the same maps at every pixel.
+    canvas, sizes = 32, {"a": (16, 16), "b": (8, 8)}
+    q = zero_padding({n: unit(2, 6, *hw, seed=i).float() for i, (n, hw) in enumerate(sizes.items())}, boxes, canvas)
+    t_boxes = [boxes[0], boxes[-1], boxes[0]]
+    t = zero_padding(
+        {n: unit(3, 6, *hw, seed=9 + i).float() for i, (n, hw) in enumerate(sizes.items())}, t_boxes, canvas
+    )
+    fw, bw, alphas, weights = (5, 3), (3, 3), (0.3, 0.7), (1.0, 0.5)
+    assert all(content_window(cell_boxes(boxes, canvas, hw), hw, 2) is not None for hw in sizes.values())
+    got = anomaly_maps(
+        q, {n: pixel_major(v) for n, v in t.items()}, fw, bw, alphas, weights, canvas, boxes=boxes, canvas=canvas
+    )
+    layers = []
+    for j, (n, hw) in enumerate(sizes.items()):
+        s = alphas[j] * naive_forward(q[n].double(), t[n].double(), fw[j])
+        s = s + (1 - alphas[j]) * naive_backward(q[n].double(), t[n].double(), bw[j])
+        layers.append(replicate_into_padding(s.float(), cell_boxes(boxes, canvas, hw)))
+    torch.testing.assert_close(got, fuse_layer_maps(layers, weights, canvas), atol=1e-5, rtol=0)
+
+
+def test_the_content_window_is_none_for_a_full_layer() -> None:
+    assert content_window([Box(0, 0, 8, 8)], (8, 8), 2) is None
+    assert content_window([Box(1, 1, 6, 6)], (8, 8), 1) is None  # the margin reaches every edge
+    assert content_window([Box(1, 2, 3, 2)], (8, 8), 1) == ((0, 5), (1, 5))
 
 
 def test_fuse_corners_keep_values() -> None:
