@@ -22,7 +22,7 @@ and the varied-pose product: the same figures, the defaults and ``templates.kind
 ``folds`` (a compressed product's out-of-fold calibration): the varied product's bank (``--train``),
 then for each ``--runs`` selection the calibration's out-of-fold scores made twice, the fold
 selections one after another in this process and as one Ray task per fold
-(``distributed.steps.select_folds_ray``, a local Ray of this machine's CPUs): seconds of each, and
+(``distributed.ray_steps.select_folds_ray``, a local Ray of this machine's CPUs): seconds of each, and
 whether the scores agree. A machine of C cores runs the tasks C at a time, each on one core, where
 the in-process selection uses all C for each fold: the tasks pay only on a cluster.
 
@@ -133,8 +133,8 @@ def folds(args: argparse.Namespace) -> None:
     import ray
 
     from hetmm_ray.config import TemplateConfig
-    from hetmm_ray.distributed.steps import select_folds_ray
-    from hetmm_ray.steps import FitSteps
+    from hetmm_ray.distributed.ray_steps import select_folds_ray
+    from hetmm_ray.fit_steps import FitSteps
 
     with tempfile.TemporaryDirectory(prefix="bench-bank-") as tmp:
         data = varied(Path(tmp), args.train, 1, 1)

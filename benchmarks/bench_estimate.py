@@ -2,7 +2,7 @@
 own outliers (core/calibration.py "The estimate reported with a threshold", core/good_outliers.py).
 
 For each product of ``../shared/data`` named (``bottle``, ``battery_weld``, ``bsd_pitting``): a fit at
-the defaults on ``train/good`` (``detectors.new_detector``: the fit's own geometry rule), then for each
+the defaults on ``train/good`` (``detector_choice.new_detector``: the fit's own geometry rule), then for each
 far rate in ``--rates`` the threshold, its printed estimate with its stated interval
 (``TailModel.estimate``: Clopper-Pearson at ``ESTIMATE_CONFIDENCE`` from the ``m`` of ``n``
 out-of-fold scores above), and the measured share of ``test/good`` scoring above it (``k`` of ``N``).
@@ -63,7 +63,7 @@ def measure(name: str, root: Path, rates: list[float], drop: bool) -> dict[str, 
     from hetmm_ray.config import DetectorConfig
     from hetmm_ray.core.calibration import TailModel
     from hetmm_ray.core.device import image_digest
-    from hetmm_ray.detectors import new_detector
+    from hetmm_ray.detector_choice import new_detector
     from hetmm_ray.scorer import as_rgb
 
     train = [str(p) for p in _images(root / "train" / "good")]

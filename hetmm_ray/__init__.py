@@ -21,9 +21,9 @@ def __getattr__(name: str):  # lazy: `import hetmm_ray` stays cheap (no torch im
 
         return HETMM
     if name in ("load_detector", "new_detector"):
-        from . import detectors
+        from . import detector_choice
 
-        return getattr(detectors, name)
+        return getattr(detector_choice, name)
     if name == "Detector":
         from .interface import Detector
 

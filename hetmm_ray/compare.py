@@ -4,7 +4,7 @@
 Exact semantics of :func:`compare_versions`:
 
 - ``base`` (default: HEAD) and ``candidate`` are loaded from the store as they would serve
-  (``detectors.load_detector``: a tiled product as its :class:`~hetmm_ray.tiled.TiledHETMM`), and each
+  (``detector_choice.load_detector``: a tiled product as its :class:`~hetmm_ray.tiled.TiledHETMM`), and each
   image is scored by both, each under its own stored threshold rule (the same scores and verdicts
   ``hetmm predict --version`` gives). Images are decoded once and scored in chunks of
   :data:`CHUNK` (memory stays bounded; maps are kept only for flips).
@@ -162,7 +162,7 @@ def compare_versions(
     (``(name, RGB uint8 array)``); see the module docstring. With ``maps`` each flip carries
     ``heatmaps``: ``{"base": PNG bytes, "candidate": PNG bytes}``. ``map_size``: a tiled product's
     maps at most this long side (as the service's ``map_size``)."""
-    from .detectors import load_detector
+    from .detector_choice import load_detector
 
     if labels is not None and len(labels) != len(images):
         raise ValueError(f"{len(labels)} labels for {len(images)} images")

@@ -25,13 +25,13 @@ from .core.region import check_visible
 from .core.scoring import Calibration, OperatingPoint, operating_point
 from .core.templates import TemplateError, TemplateSet
 from .data.decode import resize_to_geometry
+from .fit_steps import FitSteps
 from .fitting import FitPipeline
 from .frame_cost import FrameCost
 from .geometry_rule import choose_geometry
 from .interface import Detector, Layout
 from .pipeline import keep_memory_mapped
 from .scorer import ImageInput, Prediction, Scorer, as_rgb
-from .steps import FitSteps
 
 if TYPE_CHECKING:
     from .store.protocol import Store
@@ -45,7 +45,7 @@ class HETMM(Detector):
     ``fit`` extracts the good images' features into the bank and calibrates the
     verdict threshold; ``predict`` scores new images; ``update`` adds good
     images without refitting the rest (hot update). ``save`` publishes to a
-    template store; ``detectors.load_detector`` loads any stored product.
+    template store; ``detector_choice.load_detector`` loads any stored product.
     """
 
     def __init__(
@@ -57,8 +57,8 @@ class HETMM(Detector):
         tiles: int = 1,
         scored: int | None = None,
     ) -> None:
-        """``steps``: where fit/update/compress extract features and run PTS (``hetmm_ray/steps.py``);
-        default in this process, ``hetmm_ray.distributed.steps.ray_steps()`` on a Ray cluster.
+        """``steps``: where fit/update/compress extract features and run PTS (``hetmm_ray/fit_steps.py``);
+        default in this process, ``hetmm_ray.distributed.ray_steps.ray_steps()`` on a Ray cluster.
         ``tiles`` / ``scored``: when this detector is one tile position of a tiled product
         (``tiled.py``), the positions per frame and how many of them are scored (None: all), so that
         ``sheets: auto``'s time budget is judged per frame with all its tiles."""
@@ -113,13 +113,13 @@ class HETMM(Detector):
         elongated frame the canvas size of its aspect, and what was chosen is stored with the
         template set (``meta["geometry_choice"]``). A configuration the rule resolves to tiles
         (``min_defect_px``, ``tiles: "auto"``) is refused (ConfigError) before any work: this
-        detector is one canvas, and ``detectors.new_detector(config, images)`` builds the tiled one.
+        detector is one canvas, and ``detector_choice.new_detector(config, images)`` builds the tiled one.
         """
         choice = choose_geometry(self.config, images)
         if choice.tiles != (1, 1):
             raise ConfigError(
                 f"geometry: for these frames the fit's rule chooses {choice.describe()}, and HETMM is one canvas; "
-                "fit with detectors.new_detector(config, frames), which builds the tiled detector"
+                "fit with detector_choice.new_detector(config, frames), which builds the tiled detector"
             )
         self.config = choice.config  # the backbone is the same at any canvas size (replicas share one)
         self.scorer.install(choice.stored_with(self.pipeline.fit(images)))
@@ -200,7 +200,7 @@ class HETMM(Detector):
     def from_store(cls, store: Store, product: str, version: int, **options: Any) -> Self:
         """An untiled product's detector from a stored template set (:func:`persistence.load`):
         ``progress=``, ``steps=``, and overrides of run-time settings (``device=``, ``dtype=``...).
-        :func:`hetmm_ray.detectors.load_detector` is the loader callers use (it chooses the class)."""
+        :func:`hetmm_ray.detector_choice.load_detector` is the loader callers use (it chooses the class)."""
         tiles = store.record(product, version).config.geometry.tiles
         if tiles != (1, 1):  # one set per tile position inside (hetmm_ray/tiled.py)
             raise TemplateError(f"product {product!r} v{version} is tiled ({tiles}): load it with load_detector")

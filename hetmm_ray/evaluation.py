@@ -33,7 +33,7 @@ from .core.metrics import image_auroc, pro_area
 from .core.pixel_metrics import PixelMetrics
 from .data.decode import decode_image, resize_to_geometry
 from .data.mvtec import MVTecCategory, Sample
-from .detectors import new_detector
+from .detector_choice import new_detector
 from .interface import Detector
 from .report.collect import ReportCollector
 from .result import result_records, review_threshold_of

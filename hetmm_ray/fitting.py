@@ -21,7 +21,7 @@ the service's registry publishes it).
   chosen K and ``meta.sheets_auto`` the ladder); a fixed K selects every layer (and drops a
   ladder: a K that was given has none to report).
 
-Where the work runs is injected (``hetmm_ray/steps.py``, ``FitSteps``): extraction, PTS, the
+Where the work runs is injected (``hetmm_ray/fit_steps.py``, ``FitSteps``): extraction, PTS, the
 fixed-K selection, the sheets-auto measurement and the calibration each default to this
 process and may run elsewhere (Ray tasks, the service's template shards) with the same results.
 Every stage reports progress: a tqdm bar when ``progress`` is on, and ``report`` (a job's
@@ -55,9 +55,9 @@ from .core.region import check_visible
 from .core.scoring import Calibration
 from .core.templates import SheetsAuto, TemplateMeta, TemplateSet, unseen_positions
 from .data.decode import canvas_digest
+from .fit_steps import FitSteps, Progress, Report, Selection
 from .frame_cost import FrameCost, blank_frame_crops, over_budget
 from .scorer import ImageInput, Scorer, as_rgb
-from .steps import FitSteps, Progress, Report, Selection
 
 __all__ = ["FitPipeline", "ImageInput"]
 

@@ -1,6 +1,6 @@
 """The fit's one geometry rule: how a product's training frames reach the backbone.
 
-Every fit path (``hetmm fit``, ``operations.fit``, ``detectors.new_detector``, ``HETMM.fit``, the
+Every fit path (``hetmm fit``, ``operations.fit``, ``detector_choice.new_detector``, ``HETMM.fit``, the
 service's create and the console's) calls :func:`choose_geometry` on the training frames, which
 reads their sizes from the headers only and resolves ``geometry.min_defect_px``, ``geometry.tiles:
 "auto"`` and ``geometry.canvas: "aspect"`` into a configuration that resolves to itself: a grid
@@ -183,7 +183,7 @@ def check_resolved(config: DetectorConfig, frames: Sequence[ImageInput]) -> None
     """ConfigError when ``config`` asks :func:`choose_geometry` for a grid (``geometry.min_defect_px``
     or ``tiles: "auto"``) and its grid or canvas size is not what the rule resolves for ``frames``. A
     tiled detector built directly (``TiledHETMM(config)``) fits its configuration as given, so such a
-    setting would be ignored there: :meth:`TiledHETMM.fit` refuses it instead (``detectors.new_detector``
+    setting would be ignored there: :meth:`TiledHETMM.fit` refuses it instead (``detector_choice.new_detector``
     and ``operations.fit`` resolve it first; a configuration they resolved passes)."""
     g = config.geometry
     if g.min_defect_px is None and g.tiles != "auto":
@@ -195,7 +195,7 @@ def check_resolved(config: DetectorConfig, frames: Sequence[ImageInput]) -> None
         given = "auto" if g.tiles == "auto" else f"{g.tiles[0]} x {g.tiles[1]}"
         raise ConfigError(
             f"{asked}: for these frames the fit's rule chooses {chosen.describe()}, and this detector fits its "
-            f"configuration as given (tiles {given}, image_size {size}); fit with detectors.new_detector(config, "
+            f"configuration as given (tiles {given}, image_size {size}); fit with detector_choice.new_detector(config, "
             "frames) or operations.fit, which resolve it"
         )
 

@@ -19,8 +19,8 @@ Exact semantics (both implementations hold them; ``detector.HETMM`` scores a fra
   ``calibration``: the verdict rule on the product's out-of-fold scores (a tiled product's are per
   frame).
 - ``template_set()`` is what a store holds for this detector (one set; a tiled product's positions
-  ride inside it), ``save(store, product)`` publishes it; ``hetmm_ray.detectors.load_detector`` is the
-  one loader and ``hetmm_ray.detectors.new_detector`` the one constructor (they are the only places
+  ride inside it), ``save(store, product)`` publishes it; ``hetmm_ray.detector_choice.load_detector`` is the
+  one loader and ``hetmm_ray.detector_choice.new_detector`` the one constructor (they are the only places
   that choose an implementation).
 - ``selections()``: each scored position's own template set (one for a frame on one canvas);
   ``layout(h, w)``: how an ``h x w`` frame is cut; ``frame_cost(frame)``: the measured cost model of

@@ -44,7 +44,7 @@ from .core.good_outliers import LaterCopies, OutlierReport, outlier_report, repe
 from .core.region import check_region_change
 from .core.scoring import OperatingPoint
 from .core.templates import TemplateSet
-from .detectors import check_region, load_detector, new_detector
+from .detector_choice import check_region, load_detector, new_detector
 from .geometry_rule import choose_geometry
 from .interface import Detector
 from .scorer import ImageInput

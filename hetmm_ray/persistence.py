@@ -19,8 +19,8 @@ from torch import Tensor
 
 from .config import DetectorConfig
 from .core.templates import TemplateError, TemplateMeta, TemplateSet
+from .fit_steps import FitSteps
 from .scorer import Scorer
-from .steps import FitSteps
 
 if TYPE_CHECKING:
     from .core.backbone import Backbone

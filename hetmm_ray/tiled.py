@@ -79,11 +79,11 @@ from .core.scoring import Calibration, OperatingPoint, calibration_json, content
 from .core.templates import TemplateError, TemplateMeta, TemplateSet, unseen_positions
 from .core.tiles import Tile, cut, stitch, tile_grid
 from .detector import HETMM
+from .fit_steps import FitSteps
 from .frame_cost import FrameCost
 from .geometry_rule import check_resolved
 from .interface import Detector, Layout
 from .scorer import ImageInput, Prediction, as_rgb
-from .steps import FitSteps
 
 if TYPE_CHECKING:
     from .store.protocol import Store
@@ -213,7 +213,7 @@ class TiledHETMM(Detector):
         backbone: Any = None,
         steps: FitSteps | None = None,
     ) -> None:
-        """``steps``: where each position's selection runs (``hetmm_ray/steps.py``: PTS as Ray tasks with
+        """``steps``: where each position's selection runs (``hetmm_ray/fit_steps.py``: PTS as Ray tasks with
         ``ray_steps()``, as ``--address`` gives); the tiles go through the one shared backbone here,
         whatever ``steps`` says."""
         if config.geometry.tiles == "auto":
@@ -732,7 +732,7 @@ class TiledHETMM(Detector):
     @classmethod
     def from_store(cls, store: Store, product: str, version: int, **options: Any) -> Self:
         """A stored tiled product's detector (:meth:`from_template_set`); callers use
-        :func:`hetmm_ray.detectors.load_detector`, which chooses the class."""
+        :func:`hetmm_ray.detector_choice.load_detector`, which chooses the class."""
         return cls.from_template_set(store.get(product, version), version, **options)
 
     @classmethod

@@ -8,7 +8,7 @@ Exact semantics:
   image_size, geometry)`` that ``hetmm predict`` applies (tiled products keep the whole frame: their
   detector cuts it). Any failure is the row's ``error``; the task never raises for a bad file.
 - :class:`DetectorActor` (an actor pool): loads the product's version once per actor, as ``hetmm
-  predict`` does (``detectors.load_detector`` over ``store.open_store``), with ``threads`` torch threads
+  predict`` does (``detector_choice.load_detector`` over ``store.open_store``), with ``threads`` torch threads
   (> 0), else :func:`actor_threads` of its node's CPUs and its reservation; each call is one ``predict`` on the batch's
   decoded images, so a row's score is ``hetmm predict``'s (scores do not depend on which images share
   a batch), and a row's result fields are the one result record's (``result.result_records``, with the
@@ -116,7 +116,7 @@ class DetectorActor:
     ) -> None:
         import ray
 
-        from ..detectors import load_detector
+        from ..detector_choice import load_detector
         from ..distributed.runtime import use_assigned_cpus
         from ..store import open_store
 

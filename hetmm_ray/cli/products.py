@@ -1,6 +1,6 @@
 """``hetmm fit``, ``update`` and ``compress``: a product's templates built from good images, grown
 with more, or compressed to a small selection (PTS), each published as a new version; tiled or
-not, one path (``detectors.new_detector`` / ``load_detector``: the ``interface.Detector`` calls).
+not, one path (``detector_choice.new_detector`` / ``load_detector``: the ``interface.Detector`` calls).
 Where the features and PTS run (here or as Ray tasks, ``--address``) is :func:`_steps`."""
 
 from __future__ import annotations
@@ -336,8 +336,8 @@ def _steps(args: argparse.Namespace) -> Any:
     backbone in this process either way; its positions' PTS runs as those tasks."""
     if not getattr(args, "address", None):
         return None
+    from ..distributed.ray_steps import ray_steps
     from ..distributed.runtime import connect
-    from ..distributed.steps import ray_steps
 
     connect(args.address)
     return ray_steps()

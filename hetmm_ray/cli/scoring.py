@@ -88,7 +88,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
     if args.sigmas is not None:
         check_number("threshold.sigmas", args.sigmas)  # before any work: NaN would pass every image
-    from ..detectors import load_detector
+    from ..detector_choice import load_detector
     from ..result import result_records, review_threshold_of
 
     overrides = {k: v for k, v in (("device", args.device), ("dtype", args.dtype)) if v}

@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
 from ..errors import describe
-from ..records import JobError, JobRecord
+from ..messages import JobError, JobRecord
 
 __all__ = ["JobBoard", "JobProgress"]
 

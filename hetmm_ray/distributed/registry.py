@@ -64,13 +64,13 @@ import torch
 
 from ..config import DetectorConfig, ServiceConfig, publishes_candidate
 from ..core.templates import TemplateSet
-from ..records import ProductDescription, ProductSnapshot, UnreadableProduct
+from ..messages import ProductDescription, ProductSnapshot, UnreadableProduct
 from ..store import ProductNotFound, StoreConflict, StoreError, VersionRecord, check_product_name, open_store
 from .hosts import HostPool
 from .jobs import JobBoard, JobProgress
+from .ray_steps import JobReport, service_steps
 from .registry_jobs import JobStarters, note_outliers, region_preview
 from .shard import ShardPlacement
-from .steps import JobReport, service_steps
 from .store_watch import follow_store
 
 if TYPE_CHECKING:
@@ -394,7 +394,7 @@ class ProductRegistry(JobStarters):
         return FitPipeline(Scorer(config), steps=service_steps(shards, report), report=progress)
 
     async def job_report(self, job_id: str, stage: str | None, done: int, total: int) -> None:
-        """Progress of a job's work running in a task (``distributed.steps.JobReport``): a new stage, or counts."""
+        """Progress of a job's work running in a task (``distributed.ray_steps.JobReport``): a new stage, or counts."""
         progress = self.jobs.progress_of(job_id)
         if progress is None:
             return

@@ -282,7 +282,7 @@ class JobStarters:
         for a region that counts no map pixel, and for a product on the ``validation`` rule (its
         labelled threshold was chosen under the old region)."""
         from ..core.region import check_region_change
-        from ..detectors import check_region
+        from ..detector_choice import check_region
 
         version = await self.head(product)  # ProductNotFound before any work starts
         cfg = (await asyncio.to_thread(self.store.record, product, version)).config

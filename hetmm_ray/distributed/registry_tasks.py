@@ -1,5 +1,5 @@
 """The registry's task bodies (``distributed/registry.py``): each job's long work as a Ray task on a
-full CPU, over one detector (``detectors.load_detector``, ``tiled.TiledHETMM``) or the compare of two
+full CPU, over one detector (``detector_choice.load_detector``, ``tiled.TiledHETMM``) or the compare of two
 versions. The actor starts them and publishes what they return; nothing here holds state.
 
 - :func:`fit_tiles_task`, :func:`update_tiles_task`: a tiled product's create and hot update from
@@ -22,11 +22,11 @@ import ray
 
 from ..config import TASK_CPUS, DetectorConfig
 from ..core.templates import TemplateSet
-from ..steps import FitSteps
+from ..fit_steps import FitSteps
 from ..store import open_store
 from .pts_fanout import pts_indices_ray
+from .ray_steps import JobReport
 from .runtime import use_assigned_cpus
-from .steps import JobReport
 
 if TYPE_CHECKING:
     from ..interface import Layout
@@ -52,7 +52,7 @@ def labelled_calibration(
     """Score labelled images with ``version`` and choose its validation threshold (hetmm_ray.validation;
     a tiled product at the frame level, its frames at their own resolution)."""
     from ..data.decode import decode_image
-    from ..detectors import load_detector
+    from ..detector_choice import load_detector
     from ..validation import calibrate_with_labels
 
     use_assigned_cpus()
@@ -151,7 +151,7 @@ def update_tiles_task(
 def with_region_in_task(store_uri: str, product: str, version: int, region: dict[str, Any] | None) -> TemplateSet:
     """``product`` at ``version`` under another region (``Detector.with_region``: the templates kept,
     every position recalibrated under its part), in a task; unsaved."""
-    from ..detectors import load_detector
+    from ..detector_choice import load_detector
 
     use_assigned_cpus()
     return load_detector(open_store(store_uri), product, version).with_region(region).template_set()

@@ -27,8 +27,8 @@ import numpy as np
 from ..core.device import usable_cores
 from ..data.decode import decode_image, resize_to_geometry
 from ..data.raw_frame import RawFrame
+from ..messages import ProductSnapshot
 from ..pipeline import load_batch
-from ..records import ProductSnapshot
 
 __all__ = ["CanvasCache", "decode_threads", "decode_to_canvas"]
 

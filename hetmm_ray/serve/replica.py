@@ -36,11 +36,11 @@ from ray import serve
 from ..config import BackboneConfig, ReplicaSettings
 from ..core.backbone import Backbone
 from ..core.templates import TemplateError
-from ..detectors import serving_detector
+from ..detector_choice import serving_detector
 from ..distributed.registry import get_registry
 from ..distributed.runtime import use_assigned_cpus
 from ..interface import Detector as ProductDetector
-from ..records import ProductSnapshot
+from ..messages import ProductSnapshot
 from ..result import result_records, review_threshold_of
 from ..visualize import draw_overlay, heatmap_range
 from .autoscaling import IMAGES_IN_FLIGHT
@@ -155,7 +155,7 @@ class Detector:
 
     def _build(self, snapshot: ProductSnapshot) -> ProductDetector:
         """A detector scoring against a published tiny set (never the full bank); a tiled product's
-        from its (tile position, layer) tiny sets (``detectors.serving_detector``)."""
+        from its (tile position, layer) tiny sets (``detector_choice.serving_detector``)."""
         config = snapshot.config.replace(device=self._device)
         tiny = {
             k: torch.from_numpy(np.array(v))

@@ -14,7 +14,7 @@ from PIL import Image
 
 from hetmm_ray.cli import main
 from hetmm_ray.data.synthetic import SyntheticProduct
-from hetmm_ray.detectors import load_detector
+from hetmm_ray.detector_choice import load_detector
 from hetmm_ray.store import open_store
 
 FLAGS = ["--backbone", "resnet18", "--weights", "random", "--device", "cpu", "--set", "backbone.image_size=64"]

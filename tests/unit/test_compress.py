@@ -18,7 +18,7 @@ from hetmm_ray.core.pts import pts_indices, select_layers
 from hetmm_ray.core.templates import TemplateSet
 from hetmm_ray.data.synthetic import SyntheticProduct, write_mvtec_layout
 from hetmm_ray.detector import HETMM
-from hetmm_ray.detectors import load_detector
+from hetmm_ray.detector_choice import load_detector
 from hetmm_ray.store import open_store
 
 SIZE = 64

@@ -19,7 +19,7 @@ from hetmm_ray.core.device import image_digest
 from hetmm_ray.core.good_outliers import calibration_order
 from hetmm_ray.data.synthetic import SyntheticProduct
 from hetmm_ray.detector import HETMM
-from hetmm_ray.detectors import load_detector
+from hetmm_ray.detector_choice import load_detector
 from hetmm_ray.store import open_store
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -10,7 +10,7 @@ from hetmm_ray import operations
 from hetmm_ray.config import ConfigError, DetectorConfig
 from hetmm_ray.data.synthetic import SyntheticProduct
 from hetmm_ray.detector import HETMM
-from hetmm_ray.detectors import load_detector
+from hetmm_ray.detector_choice import load_detector
 from hetmm_ray.store import StoreConflict, open_store
 from hetmm_ray.tiled import TiledHETMM
 

@@ -17,7 +17,7 @@ from stored_products import RUNTIMES, check_replayed, check_through_backbone, st
 
 from hetmm_ray.config import GeometryConfig
 from hetmm_ray.detector import HETMM
-from hetmm_ray.detectors import load_detector
+from hetmm_ray.detector_choice import load_detector
 from hetmm_ray.store import open_store
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

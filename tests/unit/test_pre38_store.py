@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 from stored_products import RUNTIMES, check_replayed, check_through_backbone, store_copy
 
 from hetmm_ray.detector import HETMM
-from hetmm_ray.detectors import load_detector
+from hetmm_ray.detector_choice import load_detector
 from hetmm_ray.interface import Detector
 from hetmm_ray.store import open_store
 from hetmm_ray.tiled import TiledHETMM

@@ -21,7 +21,7 @@ from hetmm_ray.core.scoring import _blurred_content, content_maps, gaussian_blur
 from hetmm_ray.core.templates import TemplateSet
 from hetmm_ray.data.synthetic import SyntheticProduct
 from hetmm_ray.detector import HETMM
-from hetmm_ray.detectors import load_detector
+from hetmm_ray.detector_choice import load_detector
 from hetmm_ray.store import open_store
 from hetmm_ray.visualize import heatmap_overlay
 

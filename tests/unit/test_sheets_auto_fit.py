@@ -13,7 +13,7 @@ from hetmm_ray.config import BackboneConfig, ConfigError, DetectorConfig, Templa
 from hetmm_ray.core.templates import TemplateSet
 from hetmm_ray.data.synthetic import SyntheticProduct
 from hetmm_ray.detector import HETMM
-from hetmm_ray.detectors import load_detector
+from hetmm_ray.detector_choice import load_detector
 from hetmm_ray.fitting import FitPipeline
 from hetmm_ray.frame_cost import TimeBudgetWarning
 from hetmm_ray.store import open_store

@@ -117,7 +117,7 @@ DETECTOR = [
     "hetmm_ray.fitting",
     "hetmm_ray.persistence",
     "hetmm_ray.scorer",
-    "hetmm_ray.steps",
+    "hetmm_ray.fit_steps",
     "hetmm_ray.tiled",
     "hetmm_ray.geometry_rule",
 ]

@@ -20,7 +20,7 @@ from hetmm_ray.core.calibration import TailModel
 from hetmm_ray.core.templates import TemplateError
 from hetmm_ray.data.synthetic import DEFECT_KINDS, SyntheticProduct
 from hetmm_ray.detector import HETMM
-from hetmm_ray.detectors import load_detector
+from hetmm_ray.detector_choice import load_detector
 from hetmm_ray.store import open_store
 from hetmm_ray.tiled import TiledHETMM
 

@@ -16,7 +16,7 @@ from archive_helpers import PRODUCT, bad_bytes, gear_images, read_rows
 from helpers import png
 
 from hetmm_ray.archive import FsSpec, JobOptions, inspect_archive
-from hetmm_ray.detectors import load_detector
+from hetmm_ray.detector_choice import load_detector
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -137,7 +137,7 @@ def test_a_killed_shard_comes_back_from_the_store_bit_for_bit(product) -> None:
 
 def test_cluster_fit_equals_single_process_fit(product) -> None:
     """``HETMM(steps=ray_steps())`` (features and PTS as Ray tasks, as with ``--address``) fits the same set."""
-    from hetmm_ray.distributed.steps import ray_steps
+    from hetmm_ray.distributed.ray_steps import ray_steps
 
     det = product[1]
     gear = SyntheticProduct(seed=0, size=SIZE)
@@ -156,7 +156,7 @@ def test_cluster_fit_takes_paths(product, tmp_path: Path) -> None:
     ``ImageError(... got PosixPath)``); the bank equals the in-process fit's."""
     from helpers import png
 
-    from hetmm_ray.distributed.steps import ray_steps
+    from hetmm_ray.distributed.ray_steps import ray_steps
 
     det = product[1]
     gear = SyntheticProduct(seed=0, size=SIZE)
@@ -304,7 +304,7 @@ class _Heard:
 
 def test_calibration_in_a_task_reports_its_progress_to_the_job(product) -> None:
     """The service's calibration task tells the job its stage and how many images are scored."""
-    from hetmm_ray.distributed.steps import JobReport, service_steps
+    from hetmm_ray.distributed.ray_steps import JobReport, service_steps
 
     _uri, det, _more = product
     heard = _Heard.remote()

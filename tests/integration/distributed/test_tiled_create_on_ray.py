@@ -21,7 +21,7 @@ from hetmm_ray.config import BackboneConfig, DetectorConfig, TemplateConfig, Thr
 from hetmm_ray.core.templates import TemplateSet
 from hetmm_ray.data.decode import ImageError
 from hetmm_ray.data.synthetic import SyntheticProduct
-from hetmm_ray.detectors import load_detector
+from hetmm_ray.detector_choice import load_detector
 from hetmm_ray.distributed import ProductRegistry
 from hetmm_ray.distributed.extract import extract_tiles_ray, tile_frames_per_pass
 from hetmm_ray.store import open_store

@@ -1,4 +1,4 @@
-"""A tiled product's fit, hot update and compress with each tile position's PTS as Ray tasks (``steps``,
+"""A tiled product's fit, hot update and compress with each tile position's PTS as Ray tasks (``fit_steps``,
 what ``hetmm fit/update/compress --address`` gives) equal the in-process ones, on a real local Ray."""
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from hetmm_ray.cli import main
 from hetmm_ray.config import BackboneConfig, DetectorConfig, TemplateConfig, ThresholdConfig
 from hetmm_ray.core.templates import TemplateSet
 from hetmm_ray.data.synthetic import SyntheticProduct
-from hetmm_ray.detectors import load_detector
+from hetmm_ray.detector_choice import load_detector
 from hetmm_ray.distributed.pts_fanout import pts_indices_ray
-from hetmm_ray.steps import FitSteps
+from hetmm_ray.fit_steps import FitSteps
 from hetmm_ray.store import open_store
 from hetmm_ray.tiled import TiledHETMM
 

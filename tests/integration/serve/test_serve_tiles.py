@@ -23,7 +23,7 @@ from PIL import Image
 
 from hetmm_ray.config import DetectorConfig
 from hetmm_ray.data.synthetic import DEFECT_KINDS, SyntheticProduct
-from hetmm_ray.detectors import load_detector
+from hetmm_ray.detector_choice import load_detector
 from hetmm_ray.distributed import get_registry
 from hetmm_ray.geometry_rule import choose_geometry
 from hetmm_ray.store import open_store

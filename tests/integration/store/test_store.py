@@ -36,7 +36,7 @@ from template_bytes import to_bytes
 from hetmm_ray.config import BackboneConfig, ConfigError, DetectorConfig, ScoringConfig, ThresholdConfig, stored_config
 from hetmm_ray.core.scoring import Calibration
 from hetmm_ray.core.templates import TemplateSet
-from hetmm_ray.detectors import load_detector
+from hetmm_ray.detector_choice import load_detector
 from hetmm_ray.store import (
     ProductNotFound,
     StoreConflict,

@@ -27,7 +27,7 @@ from hetmm_ray.core.efficientnet_lite import KeyMappingError, build_lite, timm_s
 from hetmm_ray.core.templates import TemplateError
 from hetmm_ray.data.synthetic import SyntheticProduct
 from hetmm_ray.detector import HETMM
-from hetmm_ray.detectors import load_detector
+from hetmm_ray.detector_choice import load_detector
 from hetmm_ray.store import StoreError, open_store
 
 LITES = ("efficientnet_lite0", "efficientnet_lite1", "efficientnet_lite2")

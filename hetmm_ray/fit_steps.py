@@ -7,7 +7,7 @@ makes a fixed-K selection of every layer, ``FitSteps.select_folds`` makes the ou
 calibration's selections (one per fold, from the fold's kept images), ``FitSteps.auto_select``
 measures ``sheets: auto`` and ``FitSteps.calibrate`` computes the out-of-fold calibration.
 Left at None, each runs in this process (the scorer's backbone; ``core.pts``; the pipeline's own methods).
-``hetmm_ray.distributed.steps.ray_steps()`` gives the Ray versions of extract and PTS (image
+``hetmm_ray.distributed.ray_steps.ray_steps()`` gives the Ray versions of extract and PTS (image
 batches and pixel chunks as tasks); the service's registry (``distributed/registry.py``) also
 selects on its template shards and calibrates in tasks. The single-process API never imports Ray.
 

@@ -13,7 +13,7 @@ from hetmm_ray.config import DetectorConfig, TemplateConfig
 from hetmm_ray.core.scoring import Calibration, calibration_json
 from hetmm_ray.core.templates import TemplateSet
 from hetmm_ray.distributed.registry import _snapshot
-from hetmm_ray.records import ProductDescription, ProductSnapshot, UnreadableProduct
+from hetmm_ray.messages import ProductDescription, ProductSnapshot, UnreadableProduct
 from hetmm_ray.store import open_store
 
 # The keys of one GET /v1/products entry, in the order the registry has sent them (the HTTP reference).

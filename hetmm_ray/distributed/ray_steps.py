@@ -1,4 +1,4 @@
-"""The Ray versions of a fit's injectable steps (``hetmm_ray/steps.py``).
+"""The Ray versions of a fit's injectable steps (``hetmm_ray/fit_steps.py``).
 
 ``HETMM(config, steps=ray_steps())`` extracts features as image-batch tasks
 (:func:`~hetmm_ray.distributed.extract.extract_features_ray`), runs PTS as pixel-chunk
@@ -33,7 +33,7 @@ import torch
 from ..config import TASK_CPUS, TemplateConfig
 from ..core.pts import select_layers
 from ..core.templates import TemplateSet
-from ..steps import FitSteps, Progress, Selection
+from ..fit_steps import FitSteps, Progress, Selection
 from .extract import extract_features_ray
 from .pts_fanout import pts_indices_ray
 from .runtime import as_completed, use_assigned_cpus
@@ -65,7 +65,7 @@ def select_folds_ray(
     *,
     progress: Progress | None = None,
 ) -> list[Selection]:
-    """The ``select_folds`` step (``hetmm_ray/steps.py``): every fold's selection as its own task,
+    """The ``select_folds`` step (``hetmm_ray/fit_steps.py``): every fold's selection as its own task,
     all at once, the bank put in the object store once. Needs a connected Ray."""
     ref = ray.put({k: v.detach().cpu() for k, v in bank.items()})  # any bank dtype (bfloat16 too)
     tc = templates
