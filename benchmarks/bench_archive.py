@@ -59,7 +59,7 @@ def compare(args: argparse.Namespace) -> None:
     from hetmm_ray.archive import JobOptions, score_rows
     from hetmm_ray.archive.compare_job import collect_sides, paired_sides
     from hetmm_ray.config import DetectorConfig
-    from hetmm_ray.detector import HETMM
+    from hetmm_ray.detection.detector import HETMM
     from hetmm_ray.distributed.runtime import connect
     from hetmm_ray.store import open_store
 

@@ -54,8 +54,8 @@ def query_features(device: torch.device, n_templates: int) -> tuple[dict, dict, 
         return q, t, "random unit features (../shared absent)"
     from hetmm_ray.config import BackboneConfig, DetectorConfig
     from hetmm_ray.data.mvtec import MVTecCategory
-    from hetmm_ray.detector import HETMM
-    from hetmm_ray.evaluation import load_images
+    from hetmm_ray.detection.detector import HETMM
+    from hetmm_ray.workflows.evaluation import load_images
 
     cat = MVTecCategory(BOTTLE)
     det = HETMM(DetectorConfig(backbone=BackboneConfig(name="mobilenet_v2", weights=str(MOBILENET_WEIGHTS))))
@@ -158,8 +158,8 @@ def sheet_features(batch: int, sheets: tuple[int, ...]) -> tuple[dict, dict[int,
     from hetmm_ray.config import BackboneConfig, DetectorConfig
     from hetmm_ray.core.pts import pts_indices, select_templates
     from hetmm_ray.data.mvtec import MVTecCategory
-    from hetmm_ray.detector import HETMM
-    from hetmm_ray.evaluation import load_images
+    from hetmm_ray.detection.detector import HETMM
+    from hetmm_ray.workflows.evaluation import load_images
 
     cat = MVTecCategory(BOTTLE)
     det = HETMM(DetectorConfig(backbone=BackboneConfig(name="mobilenet_v2", weights=str(MOBILENET_WEIGHTS))))

@@ -36,7 +36,7 @@ from common import MOBILENET_WEIGHTS, SHARED, describe, table
 from hetmm_ray.config import BackboneConfig, DetectorConfig, TemplateConfig
 from hetmm_ray.data.decode import images_to_tensor
 from hetmm_ray.data.mvtec import MVTecCategory
-from hetmm_ray.evaluation import evaluate, load_images
+from hetmm_ray.workflows.evaluation import evaluate, load_images
 
 DATASETS = {"bottle": SHARED / "data" / "mvtec_ad" / "bottle", "battery_weld": SHARED / "data" / "battery_weld"}
 BACKBONES = ("efficientnet_lite0", "efficientnet_lite1", "efficientnet_lite2", "mobilenet_v2")

@@ -59,8 +59,8 @@ from hetmm_ray.core.pts import select_layers
 from hetmm_ray.core.templates import TemplateSet
 from hetmm_ray.data.mvtec import MVTecCategory
 from hetmm_ray.data.synthetic import write_mvtec_layout
-from hetmm_ray.detector import HETMM
-from hetmm_ray.evaluation import evaluate, load_images
+from hetmm_ray.detection.detector import HETMM
+from hetmm_ray.workflows.evaluation import evaluate, load_images
 
 
 def varied(root: Path, n_train: int, n_good: int, per_defect: int, aspect: str = "square") -> Path:
@@ -133,8 +133,8 @@ def folds(args: argparse.Namespace) -> None:
     import ray
 
     from hetmm_ray.config import TemplateConfig
+    from hetmm_ray.detection.fit_steps import FitSteps
     from hetmm_ray.distributed.ray_steps import select_folds_ray
-    from hetmm_ray.fit_steps import FitSteps
 
     with tempfile.TemporaryDirectory(prefix="bench-bank-") as tmp:
         data = varied(Path(tmp), args.train, 1, 1)

@@ -435,7 +435,7 @@ def spread(store: str, args: argparse.Namespace) -> list[list[Any]]:
 
     from hetmm_ray.config import BackboneConfig, DetectorConfig, TemplateConfig, ThresholdConfig
     from hetmm_ray.data.synthetic import SyntheticProduct
-    from hetmm_ray.detector import HETMM
+    from hetmm_ray.detection.detector import HETMM
     from hetmm_ray.store import open_store
 
     config = DetectorConfig(
@@ -883,7 +883,7 @@ def tiled_frames(args: argparse.Namespace) -> list[bytes]:
 def tiled_config(args: argparse.Namespace, images: list[bytes]) -> Any:
     """The product's configuration as the create job resolves it (``geometry_rule.choose_geometry``)."""
     from hetmm_ray.config import DetectorConfig
-    from hetmm_ray.geometry_rule import choose_geometry
+    from hetmm_ray.detection.geometry_rule import choose_geometry
 
     tiles: Any = "auto" if args.tiles == "auto" else [int(v) for v in args.tiles.lower().split("x")]
     changes: dict[str, Any] = {

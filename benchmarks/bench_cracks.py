@@ -34,7 +34,7 @@ from common import table
 
 from hetmm_ray.config import DetectorConfig
 from hetmm_ray.data.cracks import CrackDefects, write_crack_layout
-from hetmm_ray.geometry_rule import choose_geometry
+from hetmm_ray.detection.geometry_rule import choose_geometry
 
 
 def settings_of(run: str) -> dict[str, Any]:

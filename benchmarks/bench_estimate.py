@@ -63,8 +63,8 @@ def measure(name: str, root: Path, rates: list[float], drop: bool) -> dict[str, 
     from hetmm_ray.config import DetectorConfig
     from hetmm_ray.core.calibration import TailModel
     from hetmm_ray.core.device import image_digest
-    from hetmm_ray.detector_choice import new_detector
-    from hetmm_ray.scorer import as_rgb
+    from hetmm_ray.detection.detector_choice import new_detector
+    from hetmm_ray.detection.scorer import as_rgb
 
     train = [str(p) for p in _images(root / "train" / "good")]
     test = [str(p) for p in _images(root / "test" / "good")]

@@ -42,7 +42,7 @@ from common import table
 from hetmm_ray.config import DetectorConfig
 from hetmm_ray.core.metrics import image_auroc
 from hetmm_ray.data.surface import SurfaceDefects, SyntheticSurface, write_surface_layout
-from hetmm_ray.detector_choice import new_detector
+from hetmm_ray.detection.detector_choice import new_detector
 
 ANGLE_BINS = ((0.0, 15.0), (15.0, 30.0), (30.0, 90.01))
 STRIDE2_TAP = {

@@ -76,7 +76,7 @@ def metrics_error(folders: list[Path]) -> None:
     from hetmm_ray.config import DetectorConfig
     from hetmm_ray.core.pixel_metrics import PixelMetrics
     from hetmm_ray.data.mvtec import MVTecCategory
-    from hetmm_ray.detector_choice import new_detector
+    from hetmm_ray.detection.detector_choice import new_detector
 
     rows = []
     for folder in folders:

@@ -71,13 +71,13 @@ from hetmm_ray.core.pts import (
 # --- local: one process against per-pixel scikit-learn ---------------------------------------------------
 def extract_features(source: str, backbone: str, n_images: int) -> tuple[dict[str, torch.Tensor], str]:
     from hetmm_ray.config import BackboneConfig, DetectorConfig
-    from hetmm_ray.detector import HETMM
+    from hetmm_ray.detection.detector import HETMM
 
     if source == "bottle":
         if not (BOTTLE.is_dir() and MOBILENET_WEIGHTS.is_file()):
             raise SystemExit("--features bottle needs ../shared (MVTec bottle and the mobilenet_v2 weights)")
         from hetmm_ray.data.mvtec import MVTecCategory
-        from hetmm_ray.evaluation import load_images
+        from hetmm_ray.workflows.evaluation import load_images
 
         backbone = "mobilenet_v2"
         paths = MVTecCategory(BOTTLE).train_paths()[:n_images]

@@ -37,7 +37,7 @@ from common import free_port, png_bytes, post_images, served, table
 
 from hetmm_ray.config import BackboneConfig, DetectorConfig, ServiceConfig, TemplateConfig, ThresholdConfig
 from hetmm_ray.data.synthetic import SyntheticProduct
-from hetmm_ray.detector import HETMM
+from hetmm_ray.detection.detector import HETMM
 from hetmm_ray.record.writer import InspectionRecorder, RecordSettings
 from hetmm_ray.store import open_store
 

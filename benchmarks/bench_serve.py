@@ -113,7 +113,7 @@ from common import (
     with_default_command,
 )
 
-from hetmm_ray.detector_choice import load_detector
+from hetmm_ray.detection.detector_choice import load_detector
 
 
 # --- paths: HTTP and gRPC vs in-process ----------------------------------------------------------------

@@ -77,9 +77,9 @@ from hetmm_ray.core.pts import select_layer, select_templates
 from hetmm_ray.core.scoring import gaussian_blur, image_scores
 from hetmm_ray.data.mvtec import MVTecCategory
 from hetmm_ray.data.synthetic import write_mvtec_layout
-from hetmm_ray.detector import HETMM
-from hetmm_ray.evaluation import evaluate, load_images
-from hetmm_ray.tiled import TiledHETMM
+from hetmm_ray.detection.detector import HETMM
+from hetmm_ray.detection.tiled import TiledHETMM
+from hetmm_ray.workflows.evaluation import evaluate, load_images
 
 KINDS = ("all", "ir", "pr", "pc_k", "pts_k", "pts_o")
 
@@ -366,7 +366,7 @@ def configs(args: argparse.Namespace) -> dict[str, DetectorConfig]:
 def test_features(det: Any, paths: list[Path]) -> list[tuple[Any, dict[str, torch.Tensor], Any]]:
     """(scorer, features, boxes) per tile position of ``paths``' frames (one entry untiled)."""
     if isinstance(det, TiledHETMM):
-        from hetmm_ray.scorer import as_rgb
+        from hetmm_ray.detection.scorer import as_rgb
 
         feats, boxes, _ = det.tile_features([as_rgb(p) for p in paths], bank=False)
         t = det.n_tiles
@@ -375,7 +375,7 @@ def test_features(det: Any, paths: list[Path]) -> list[tuple[Any, dict[str, torc
             rows = list(range(p, len(paths) * t, t))
             out.append((d.scorer, {k: v[rows] for k, v in feats.items()}, None if boxes is None else boxes[p::t]))
         return out
-    from hetmm_ray.evaluation import load_images
+    from hetmm_ray.workflows.evaluation import load_images
 
     bb = det.config.backbone
     images = load_images(paths, bb.image_size, geometry=bb.geometry)

@@ -57,7 +57,7 @@ from hetmm_ray.core.region import check_region_covers
 from hetmm_ray.core.scoring import image_scores
 from hetmm_ray.core.templates import TemplateSet
 from hetmm_ray.data.synthetic import DEFECT_KINDS, SyntheticProduct
-from hetmm_ray.detector import HETMM
+from hetmm_ray.detection.detector import HETMM
 
 # --- cost: out-of-fold calibration ----------------------------------------------------------------------------
 SHAPES = {"features.3": (24, 64, 64), "features.6": (32, 32, 32), "features.13": (96, 16, 16)}

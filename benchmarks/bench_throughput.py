@@ -92,7 +92,7 @@ def measure_mode(mode: str, backbones: list[str], sheets: list[int], n_images: i
     from hetmm_ray.config import BackboneConfig, DetectorConfig, TemplateConfig
     from hetmm_ray.core.backbone import Backbone
     from hetmm_ray.data.decode import pillow_only
-    from hetmm_ray.detector import HETMM
+    from hetmm_ray.detection.detector import HETMM
 
     images, source = encoded_images(n_images)
     if mode == "baseline":
@@ -184,7 +184,7 @@ def detector_with_random_bank(backbone: str, n_templates: int, device: str, dtyp
     import torch.nn.functional as F
 
     from hetmm_ray.config import BackboneConfig, DetectorConfig
-    from hetmm_ray.detector import HETMM
+    from hetmm_ray.detection.detector import HETMM
 
     config = DetectorConfig(
         backbone=BackboneConfig(name=backbone, weights="random"), device=device, dtype=dtype, batch_size=batch
@@ -227,7 +227,7 @@ def measure_neighbour(backbone: str, runs: int, threads: int, workers: int) -> f
     import torch.nn.functional as F
 
     from hetmm_ray.config import BackboneConfig, DetectorConfig, TemplateConfig
-    from hetmm_ray.detector import HETMM
+    from hetmm_ray.detection.detector import HETMM
 
     torch.set_num_threads(threads)
     config = DetectorConfig(

@@ -84,10 +84,10 @@ from hetmm_ray.config import DetectorConfig
 from hetmm_ray.core.backbone import Backbone
 from hetmm_ray.data.mvtec import MVTecCategory
 from hetmm_ray.data.surface import SurfaceDefects, SyntheticSurface, write_surface_layout
-from hetmm_ray.detector import HETMM
-from hetmm_ray.evaluation import EvaluationResult, evaluate
+from hetmm_ray.detection.detector import HETMM
+from hetmm_ray.detection.tiled import TiledHETMM
 from hetmm_ray.store import open_store
-from hetmm_ray.tiled import TiledHETMM
+from hetmm_ray.workflows.evaluation import EvaluationResult, evaluate
 
 
 # --- surface and data: one tile against a grid ------------------------------------------------------------

@@ -261,7 +261,7 @@ def publish(store: str, backbone: str, device: str = "auto") -> str:
     synthetic good images, random weights: speed does not depend on them), saved to ``store``."""
     from hetmm_ray.config import BackboneConfig, DetectorConfig, TemplateConfig, ThresholdConfig
     from hetmm_ray.data.synthetic import SyntheticProduct
-    from hetmm_ray.detector import HETMM
+    from hetmm_ray.detection.detector import HETMM
     from hetmm_ray.store import open_store
 
     config = DetectorConfig(
@@ -545,7 +545,7 @@ def fit_archive_product(store: str, image_size: int = 256) -> None:
     """:data:`ARCHIVE_PRODUCT` in ``store``: fitted on 30 bottle train images with mobilenet_v2's real
     weights (a synthetic gear product of random resnet18 weights at 64 px without ../shared)."""
     from hetmm_ray.config import BackboneConfig, DetectorConfig
-    from hetmm_ray.detector import HETMM
+    from hetmm_ray.detection.detector import HETMM
     from hetmm_ray.store import open_store
 
     if BOTTLE.is_dir() and MOBILENET_WEIGHTS.is_file():

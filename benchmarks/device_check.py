@@ -45,7 +45,7 @@ from hetmm_ray.core.atmm import atm_pair, pixel_major  # noqa: E402
 from hetmm_ray.core.backbone import Backbone  # noqa: E402
 from hetmm_ray.core.pts import pts_indices  # noqa: E402
 from hetmm_ray.core.templates import TemplateSet  # noqa: E402
-from hetmm_ray.detector import HETMM  # noqa: E402
+from hetmm_ray.detection.detector import HETMM  # noqa: E402
 
 FAILURES: list[str] = []
 

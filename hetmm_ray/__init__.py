@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-# OpenMP threads that spin while waiting collapse when a neighbour holds a core (hetmm_ray/pipeline.py,
+# OpenMP threads that spin while waiting collapse when a neighbour holds a core (hetmm_ray/detection/pipeline.py,
 # "Polite waiting"). Read once, when torch
 # loads its OpenMP runtime, so it is set here, before any torch import of this package (and of
 # Ray workers, which import the package first); a value already in the environment wins.
@@ -17,15 +17,15 @@ __all__ = ["HETMM", "Detector", "DetectorConfig", "__version__", "load_detector"
 
 def __getattr__(name: str):  # lazy: `import hetmm_ray` stays cheap (no torch import)
     if name == "HETMM":
-        from .detector import HETMM
+        from .detection.detector import HETMM
 
         return HETMM
     if name in ("load_detector", "new_detector"):
-        from . import detector_choice
+        from .detection import detector_choice
 
         return getattr(detector_choice, name)
     if name == "Detector":
-        from .interface import Detector
+        from .detection.interface import Detector
 
         return Detector
     if name == "DetectorConfig":

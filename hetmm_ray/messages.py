@@ -43,7 +43,7 @@ class ProductSnapshot:
     weights_id: str
     calibration: Calibration | None
     # layer -> ObjectRef of the (K, C, H, W) tiny set, owned by the registry (shared memory); a tiled
-    # product's keys are ``tile<p>/<layer>`` (one per (tile position, layer) shard, hetmm_ray/tiled.py)
+    # product's keys are ``tile<p>/<layer>`` (one per (tile position, layer) shard, hetmm_ray/detection/tiled.py)
     tiny: dict[str, Any] = field(default_factory=dict)
     # a tiled product's stored ``meta["tiles"]`` (grid, layers, each position's configuration and
     # calibration: tiled.TiledHETMM.serving); None for an untiled one

@@ -100,7 +100,7 @@ def finished_job(client: Any, started: Any, headers: dict[str, str], timeout: fl
 def tiled_served(ts: Any, backbone: Any, version: int, config: Any = None) -> Any:
     """A replica's ``TiledHETMM.serving`` over a stored tiled set's (position, layer) shards, each handing
     out its tiny set (``ts.templates(key)``) as the template hosts do; ``config`` instead of the set's own."""
-    from hetmm_ray.tiled import TiledHETMM
+    from hetmm_ray.detection.tiled import TiledHETMM
 
     return TiledHETMM.serving(
         ts.config if config is None else config,

@@ -6,9 +6,9 @@ the record over a time range included) is scored by both versions, each under it
 threshold rule (the rows ``hetmm inspect --version`` writes), and the two scores are joined on
 ``path``. A file that either side could not read or score is left out of the comparison and counted
 (``unreadable``); a path listed twice is compared once. The result is
-:func:`hetmm_ray.compare.summarise` on the joined images in path order (flips, score shift, flagged
+:func:`hetmm_ray.workflows.compare.summarise` on the joined images in path order (flips, score shift, flagged
 counts, each version's out-of-fold estimate from its stored calibration), the same numbers
-:func:`hetmm_ray.compare.compare_versions` gives for the same images in one process, but no
+:func:`hetmm_ray.workflows.compare.compare_versions` gives for the same images in one process, but no
 heat-maps and no labels: the images never reach the driver, so it runs on a cluster over a bucket
 of any size, holding only two floats and two verdicts per image. ``passes`` says how it ran (below).
 
@@ -96,9 +96,9 @@ def compare_archive(
     source: str | RecordSource, product: str, candidate: int, opts: JobOptions, *, base: int | None = None
 ) -> dict[str, Any]:
     """``base`` (default HEAD) and ``candidate`` of ``product`` side by side on SOURCE (module docstring)."""
-    from ..compare import summarise
     from ..result import review_threshold_of
     from ..store import open_store
+    from ..workflows.compare import summarise
 
     store = open_store(opts.store, endpoint_url=opts.endpoint_url)
     base = store.head(product) if base is None else int(base)

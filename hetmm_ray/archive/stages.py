@@ -116,7 +116,7 @@ class DetectorActor:
     ) -> None:
         import ray
 
-        from ..detector_choice import load_detector
+        from ..detection.detector_choice import load_detector
         from ..distributed.runtime import use_assigned_cpus
         from ..store import open_store
 

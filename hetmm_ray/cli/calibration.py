@@ -55,10 +55,10 @@ def add_calibrate(sub: Subcommands) -> None:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    from .. import operations
     from ..core.calibration import describe_rate_choices
     from ..data.decode import decode_image
     from ..data.labelled import labelled_images
+    from ..workflows import operations
 
     store = _open(args)
     head = store.head(args.product)
@@ -70,7 +70,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         if version != head:
             raise CLIError(f"--far sets the rule of the head, v{head}: drop --version {version}")
         # TemplateError without out-of-fold scores, ConfigError out of range; a tiled product keeps its
-        # tile scales: its frame threshold moves, its scores stay (hetmm_ray/tiled.py)
+        # tile scales: its frame threshold moves, its scores stay (hetmm_ray/detection/tiled.py)
         out = operations.set_far_rule(store, args.product, args.far, mode=mode)
         if out.candidate:
             _announce_candidate(args, store, out.version)
@@ -151,8 +151,8 @@ def cmd_region(args: argparse.Namespace) -> int:
     threshold follows it. A product on the ``validation`` rule is refused: its labelled
     threshold was chosen under the old region (run ``hetmm calibrate`` again afterwards).
     """
-    from .. import operations
     from ..data.region_file import read_region
+    from ..workflows import operations
 
     region = read_region(args.region)  # a bad file fails before any loading
     store = _open(args)

@@ -1,6 +1,6 @@
 """``hetmm promote``, ``discard`` and ``compare``: a candidate version, stored beside the
 head and not served, made the head or dropped, and compared with the head (or ``--base``) on the
-same images: in this process (hetmm_ray/compare.py) or, ``--on-ray``, as the ``hetmm inspect`` job
+same images: in this process (hetmm_ray/workflows/compare.py) or, ``--on-ray``, as the ``hetmm inspect`` job
 (archive/compare_job.py)."""
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ def add_compare(sub: Subcommands) -> None:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     """HEAD (or ``--base``) and a candidate side by side (compare.py); flips' heat-maps to ``--out``."""
-    from ..compare import compare_versions
+    from ..workflows.compare import compare_versions
 
     if args.on_ray:
         result = _compare_on_ray(args)
@@ -140,7 +140,7 @@ def _compare_images(args: argparse.Namespace) -> tuple[list[tuple[str, Any]], li
     from ..data.sources import read_image_source
 
     if args.since is not None or args.until is not None:  # the product's inspection record
-        from ..compare import parse_time, record_images
+        from ..workflows.compare import parse_time, record_images
 
         if args.images or args.labelled:
             raise CLIError("give --since/--until, images or --labelled DIR, one of them")

@@ -218,7 +218,7 @@ def _inspect_source(source: str | None, args: argparse.Namespace) -> Any:
         raise CLIError("give SOURCE, or --since/--until for the product's inspection record (not both)")
     if not ranged:
         return source
-    from ..compare import parse_time
+    from ..workflows.compare import parse_time
 
     try:
         since, until = (None if t is None else parse_time(t) for t in (args.since, args.until))

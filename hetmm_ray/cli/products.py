@@ -40,8 +40,8 @@ def add_fit(sub: Subcommands) -> None:
 
 
 def cmd_fit(args: argparse.Namespace) -> int:
-    from .. import operations
-    from ..geometry_rule import choose_geometry, frame_shape
+    from ..detection.geometry_rule import choose_geometry, frame_shape
+    from ..workflows import operations
 
     config = _config_from(args)
     paths = [p for p, _ in _image_paths(args.images)]
@@ -85,8 +85,8 @@ def _print_calibration_facts(det: Any, product: str, frame_names: list[str] | No
     """After a fit, an update or a drop: the far rule at ``RATE_CHOICES`` (threshold, good frames
     above, estimate with its interval), the good frames standing apart and the frames held more than
     once (``core/good_outliers.py``), by file name (``frame_names``, bank order) where known."""
-    from .. import operations
     from ..core.calibration import describe_rate_choices, rate_choices
+    from ..workflows import operations
 
     cal = det.calibration
     if cal is None:
@@ -119,7 +119,7 @@ def add_update(sub: Subcommands) -> None:
 
 
 def cmd_update(args: argparse.Namespace) -> int:
-    from .. import operations
+    from ..workflows import operations
 
     store = _open(args)
     paths = [p for p, _ in _image_paths(args.images)]
@@ -170,7 +170,7 @@ def add_drop(sub: Subcommands) -> None:
 
 
 def cmd_drop(args: argparse.Namespace) -> int:
-    from .. import operations
+    from ..workflows import operations
 
     if not args.frames and not args.repeats:
         raise CLIError("drop: name at least one frame (NAME...), or give --repeats")
@@ -223,7 +223,7 @@ def _resolve_frames(frames: list[str], held: tuple[str, ...]) -> tuple[list[str]
     import os
 
     from ..core.device import image_digest
-    from ..scorer import as_rgb
+    from ..detection.scorer import as_rgb
 
     out: list[str] = []
     names: dict[str, str] = {}
@@ -267,7 +267,7 @@ def add_compress(sub: Subcommands) -> None:
 
 
 def cmd_compress(args: argparse.Namespace) -> int:
-    from .. import operations
+    from ..workflows import operations
 
     store = _open(args)
     overrides = {k: v for k, v in (("device", args.device),) if v}

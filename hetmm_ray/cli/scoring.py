@@ -88,7 +88,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
     if args.sigmas is not None:
         check_number("threshold.sigmas", args.sigmas)  # before any work: NaN would pass every image
-    from ..detector_choice import load_detector
+    from ..detection.detector_choice import load_detector
     from ..result import result_records, review_threshold_of
 
     overrides = {k: v for k, v in (("device", args.device), ("dtype", args.dtype)) if v}
@@ -172,7 +172,7 @@ def add_evaluate(sub: Subcommands) -> None:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    from ..evaluation import evaluate
+    from ..workflows.evaluation import evaluate
 
     config = _config_from(args)
     collector = None

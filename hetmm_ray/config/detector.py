@@ -98,7 +98,7 @@ class DetectorConfig(Settings):
             "ATMM's working block in MiB; null: 4 MiB on a CPU (cache-sized), 256 MiB on CUDA. A run-time setting."
         ),
     )
-    # predict's input pipeline (hetmm_ray/pipeline.py): batches read, decoded and resized ahead in
+    # predict's input pipeline (hetmm_ray/detection/pipeline.py): batches read, decoded and resized ahead in
     # a background thread while the current one runs the backbone and ATMM (0: one after another;
     # the scores are identical), each batch's images decoded in decode_threads threads.
     prefetch: int = setting(
@@ -137,7 +137,7 @@ class DetectorConfig(Settings):
         ),
     )
     # predict on a CPU: each batch split among this many worker threads that decode, resize and
-    # score their share with single-threaded ops (hetmm_ray.pipeline.map_in_workers; measured
+    # score their share with single-threaded ops (hetmm_ray.detection.pipeline.map_in_workers; measured
     # faster than multi-threaded ops and graceful next to a busy neighbour: docs/performance.md).
     # 0: the calling thread's torch thread count; 1: one worker running
     # multi-threaded ops with the prefetch pipeline above. GPUs always use 1.

@@ -233,7 +233,7 @@ def _compile(
 
     model = _converted(extractor, taps, identity, height, width)
     # One call uses the caller's torch thread count; enough streams that callers running at
-    # once (hetmm_ray.pipeline.map_in_workers: one thread each) fill the cores side by side.
+    # once (hetmm_ray.detection.pipeline.map_in_workers: one thread each) fill the cores side by side.
     streams = max(1, usable_cores() // threads)
     return ov.Core().compile_model(
         model,

@@ -38,7 +38,7 @@ the frame spanning ``[0, W] x [0, H]``). Exact semantics:
    pixel's centre, in exact integers). The result is a bool mask of the box's shape: what
    ``core.scoring.image_scores`` takes, cropped to the content box as the maps are.
 
-4. Tiles (:func:`tile_regions`, ``hetmm_ray/tiled.py``). The region is in frame coordinates; tile
+4. Tiles (:func:`tile_regions`, ``hetmm_ray/detection/tiled.py``). The region is in frame coordinates; tile
    position ``p`` gets the part of it inside its rectangle of the grid at the region's reference
    size: ``raster(region)[top:top+height, left:left+width]``, as a region of that tile's own size
    (rule 2's rectangles, exact). A part where every pixel counts is ``None`` (no region: the same

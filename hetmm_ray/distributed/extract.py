@@ -7,14 +7,14 @@ returns the batch's features in the bank's storage dtype. A worker process
 builds each distinct backbone once and keeps it, so later batches (and later
 calls) on the same worker only pay for the forward pass.
 
-The result equals :meth:`hetmm_ray.detector.HETMM.extract` with ``bank=True``
+The result equals :meth:`hetmm_ray.detection.detector.HETMM.extract` with ``bank=True``
 in one process: the same decoding, the same digests, the same batches through
 the same code, reassembled in input order.
 
 A tiled product's frames go the same way (:func:`extract_tiles_ray`): frame batches as
-tasks, each of whole backbone groups (``frames_per_pass`` frames, hetmm_ray/tiled.py
+tasks, each of whole backbone groups (``frames_per_pass`` frames, hetmm_ray/detection/tiled.py
 "Extraction apart from the fit"), the task cutting its frames' tiles and extracting
-every position (:meth:`~hetmm_ray.tiled.TiledHETMM.extract_tiles`), placed with Ray's
+every position (:meth:`~hetmm_ray.detection.tiled.TiledHETMM.extract_tiles`), placed with Ray's
 SPREAD strategy so every node of a cluster takes batches. Their results stay in the
 object store (:class:`TileBatches`: the refs in input order, the node each batch ran
 on) for the fit that gathers them, so they never pass through the caller; gathered,
@@ -40,8 +40,8 @@ from .runtime import use_assigned_cpus
 
 if TYPE_CHECKING:
     from ..core.backbone import Backbone
-    from ..interface import Layout
-    from ..tiled import TiledHETMM, TileFeatures
+    from ..detection.interface import Layout
+    from ..detection.tiled import TiledHETMM, TileFeatures
 
 __all__ = ["TileBatches", "extract_features_ray", "extract_tiles_ray", "tile_frames_per_pass"]
 
@@ -105,8 +105,8 @@ def _estimate(
 ) -> float:
     """``frame_cost.estimate_ms_per_frame`` of one image against ``sheets`` templates, with the backbone
     this task extracted with (no second build)."""
-    from ..frame_cost import estimate_ms_per_frame
-    from ..scorer import Scorer
+    from ..detection.frame_cost import estimate_ms_per_frame
+    from ..detection.scorer import Scorer
 
     scorer = Scorer(config.replace(device=str(device)))
     scorer.backbone = backbone
@@ -218,7 +218,7 @@ def tile_frames_per_pass(config: DetectorConfig) -> int:
 def _tiled(config_json: str) -> TiledHETMM:
     # One detector per product configuration in a worker, keyed by its JSON (a region makes the
     # configuration unhashable): its backbone is built on the first batch and kept for the next.
-    from ..tiled import TiledHETMM  # torchvision: only in processes that extract
+    from ..detection.tiled import TiledHETMM  # torchvision: only in processes that extract
 
     return TiledHETMM(DetectorConfig.from_dict(json.loads(config_json)))
 
@@ -231,7 +231,7 @@ def _extract_tiles_batch(
     use_gpu: bool,
     estimate: tuple[int, int, int] | None = None,
 ) -> tuple[dict[str, Any], TileFeatures]:
-    """One frame batch's :class:`~hetmm_ray.tiled.TileFeatures` (the second return, left in the object
+    """One frame batch's :class:`~hetmm_ray.detection.tiled.TileFeatures` (the second return, left in the object
     store), and what the caller reads at once (the first): the node it ran on, its frames and, with
     ``estimate`` (frames trained on, largest height, largest width), the estimated ms per frame of
     its first frame against the sheets such a fit keeps and the layout of a frame of that size."""
@@ -252,7 +252,7 @@ def _extract_tiles_batch(
 @dataclass(frozen=True)
 class TileBatches:
     """A tiled extraction's batches once every task has finished: ``refs``, each batch's
-    :class:`~hetmm_ray.tiled.TileFeatures` in the object store, in input order; ``nodes``, the node
+    :class:`~hetmm_ray.detection.tiled.TileFeatures` in the object store, in input order; ``nodes``, the node
     id each of them ran on (``ray.get_runtime_context().get_node_id()``), in the same order."""
 
     refs: list[ray.ObjectRef]
@@ -260,7 +260,7 @@ class TileBatches:
 
     def gathered(self) -> TileFeatures:
         """Every batch fetched and joined in input order (``TileFeatures.gathered``)."""
-        from ..tiled import TileFeatures
+        from ..detection.tiled import TileFeatures
 
         return TileFeatures.gathered(ray.get(self.refs))
 

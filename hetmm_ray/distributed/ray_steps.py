@@ -1,4 +1,4 @@
-"""The Ray versions of a fit's injectable steps (``hetmm_ray/fit_steps.py``).
+"""The Ray versions of a fit's injectable steps (``hetmm_ray/detection/fit_steps.py``).
 
 ``HETMM(config, steps=ray_steps())`` extracts features as image-batch tasks
 (:func:`~hetmm_ray.distributed.extract.extract_features_ray`), runs PTS as pixel-chunk
@@ -33,13 +33,13 @@ import torch
 from ..config import TASK_CPUS, TemplateConfig
 from ..core.pts import select_layers
 from ..core.templates import TemplateSet
-from ..fit_steps import FitSteps, Progress, Selection
+from ..detection.fit_steps import FitSteps, Progress, Selection
 from .extract import extract_features_ray
 from .pts_fanout import pts_indices_ray
 from .runtime import as_completed, use_assigned_cpus
 
 if TYPE_CHECKING:
-    from ..fitting import FitPipeline
+    from ..detection.fitting import FitPipeline
 
 __all__ = ["JobReport", "ray_steps", "select_folds_ray", "service_steps", "shard_select"]
 
@@ -65,7 +65,7 @@ def select_folds_ray(
     *,
     progress: Progress | None = None,
 ) -> list[Selection]:
-    """The ``select_folds`` step (``hetmm_ray/fit_steps.py``): every fold's selection as its own task,
+    """The ``select_folds`` step (``hetmm_ray/detection/fit_steps.py``): every fold's selection as its own task,
     all at once, the bank put in the object store once. Needs a connected Ray."""
     ref = ray.put({k: v.detach().cpu() for k, v in bank.items()})  # any bank dtype (bfloat16 too)
     tc = templates
@@ -97,8 +97,8 @@ class JobReport:
 def _task_pipeline(ts: TemplateSet, report: JobReport | None) -> FitPipeline:
     """The in-process fit pipeline inside a task, on the task's full CPUs (the registry itself
     runs on a sliver of one)."""
-    from ..detector import HETMM  # torchvision only where a backbone is involved
-    from ..fitting import FitPipeline
+    from ..detection.detector import HETMM  # torchvision only where a backbone is involved
+    from ..detection.fitting import FitPipeline
 
     use_assigned_cpus()
     return FitPipeline(HETMM(ts.config).scorer, steps=FitSteps(select_folds=select_folds_ray), report=report)

@@ -25,7 +25,7 @@ Three modules: this one (the actor: hosts, shards, publishing, following the sto
 ``registry_jobs.py`` (the admin routes' job starters, mixed into the actor) and
 ``registry_tasks.py`` (the jobs' long work as tasks, over one detector).
 
-A tiled product (``geometry.tiles``, hetmm_ray/tiled.py) has one shard per (tile position,
+A tiled product (``geometry.tiles``, hetmm_ray/detection/tiled.py) has one shard per (tile position,
 layer), named by its bank key ``tile<p>/<layer>``; its create and hot update extract the frames'
 tile features as frame-batch tasks over the cluster (``extract.extract_tiles_ray``) and fit or grow
 every position from them in one task, and publish like any other version (the shards reload from
@@ -74,8 +74,8 @@ from .shard import ShardPlacement
 from .store_watch import follow_store
 
 if TYPE_CHECKING:
-    from ..fitting import FitPipeline
-    from ..geometry_rule import GeometryChoice
+    from ..detection.fitting import FitPipeline
+    from ..detection.geometry_rule import GeometryChoice
 
 __all__ = ["REGISTRY_NAME", "ProductRegistry", "get_registry", "region_preview", "registry_name"]
 
@@ -386,8 +386,8 @@ class ProductRegistry(JobStarters):
         tasks, ``sheets: auto`` and the calibration in tasks reporting to the job, and with
         ``shards`` (a hot update) the fixed-K selection on the product's shards. Run it in a
         thread: its steps wait on Ray."""
-        from ..fitting import FitPipeline
-        from ..scorer import Scorer
+        from ..detection.fitting import FitPipeline
+        from ..detection.scorer import Scorer
 
         me = ray.get_runtime_context().current_actor
         report = None if progress is None else JobReport(me, progress.job_id)

@@ -34,9 +34,9 @@ from .registry_tasks import (
 )
 
 if TYPE_CHECKING:
-    from ..fitting import FitPipeline
-    from ..geometry_rule import GeometryChoice
-    from ..interface import Layout
+    from ..detection.fitting import FitPipeline
+    from ..detection.geometry_rule import GeometryChoice
+    from ..detection.interface import Layout
     from ..store.manifest import VersionRecord
     from ..store.protocol import Store
     from .extract import TileBatches
@@ -138,7 +138,7 @@ class JobStarters:
         cfg = DetectorConfig.from_dict(config)
         if product in await asyncio.to_thread(self.store.products):
             raise StoreConflict(f"product {product!r} already exists; add images with .../normals")
-        from ..geometry_rule import choose_geometry
+        from ..detection.geometry_rule import choose_geometry
 
         # The fit's one rule (tiles auto, min_defect_px -> a grid; 1 x 1: untiled), and why for the job's
         # record and the version's manifest (GeometryChoice.stored_with)
@@ -165,7 +165,7 @@ class JobStarters:
         estimated ms per frame and the layout of the largest frame (its size from the headers),
         noted in the job's record (``tiles``, ``tile_px``, ``sheets``, ``estimated_ms_per_frame``);
         returns the fit stage's line then (:func:`~.registry_tasks.fit_line`), else None."""
-        from ..geometry_rule import frame_shape
+        from ..detection.geometry_rule import frame_shape
         from .extract import extract_tiles_ray
 
         progress.stage("features", len(images))
@@ -282,7 +282,7 @@ class JobStarters:
         for a region that counts no map pixel, and for a product on the ``validation`` rule (its
         labelled threshold was chosen under the old region)."""
         from ..core.region import check_region_change
-        from ..detector_choice import check_region
+        from ..detection.detector_choice import check_region
 
         version = await self.head(product)  # ProductNotFound before any work starts
         cfg = (await asyncio.to_thread(self.store.record, product, version)).config
@@ -340,7 +340,7 @@ class JobStarters:
         kind ``calibrate``): the same bank, templates and out-of-fold scores, only the stored
         ``threshold`` settings change (``VersionedStore.republish``), then published to the replicas.
         A tiled product keeps its stored tile scales: the rate moves its frame threshold only, on the
-        frame calibration (hetmm_ray/tiled.py, "One verdict per frame")."""
+        frame calibration (hetmm_ray/detection/tiled.py, "One verdict per frame")."""
         version = await self.head(product)  # ProductNotFound before any work starts
         rec = await asyncio.to_thread(self.store.record, product, version)
         config = rec.under_far_rule(false_alarm_rate)  # TemplateError, ConfigError before any work

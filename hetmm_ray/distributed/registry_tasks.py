@@ -22,14 +22,14 @@ import ray
 
 from ..config import TASK_CPUS, DetectorConfig
 from ..core.templates import TemplateSet
-from ..fit_steps import FitSteps
+from ..detection.fit_steps import FitSteps
 from ..store import open_store
 from .pts_fanout import pts_indices_ray
 from .ray_steps import JobReport
 from .runtime import use_assigned_cpus
 
 if TYPE_CHECKING:
-    from ..interface import Layout
+    from ..detection.interface import Layout
 
 __all__ = [
     "COMPARE_MAP_SIZE",
@@ -49,11 +49,11 @@ COMPARE_MAP_SIZE = 512  # a tiled product's compare heat-maps: long side at most
 def labelled_calibration(
     store_uri: str, product: str, version: int, images: list[bytes], labels: list[int], objective: str, cap: float
 ) -> tuple[TemplateSet, dict[str, Any]]:
-    """Score labelled images with ``version`` and choose its validation threshold (hetmm_ray.validation;
+    """Score labelled images with ``version`` and choose its validation threshold (hetmm_ray.workflows.validation;
     a tiled product at the frame level, its frames at their own resolution)."""
     from ..data.decode import decode_image
-    from ..detector_choice import load_detector
-    from ..validation import calibrate_with_labels
+    from ..detection.detector_choice import load_detector
+    from ..workflows.validation import calibrate_with_labels
 
     use_assigned_cpus()
     det = load_detector(open_store(store_uri), product, version)
@@ -74,8 +74,8 @@ def compare_task(
     """``compare.compare_versions`` of ``candidate`` against ``base`` (None = HEAD) on encoded images,
     as JSON (flips' heat-maps as PNG data URLs, the first ``max_maps`` flips only; each side's map at
     most ``COMPARE_MAP_SIZE`` pixels long for a tiled product)."""
-    from ..compare import as_json, compare_versions
     from ..data.decode import decode_image
+    from ..workflows.compare import as_json, compare_versions
 
     use_assigned_cpus()
     decoded = [(name, decode_image(data, source=name)) for name, data in images]
@@ -120,7 +120,7 @@ def fit_tiles_task(
     out as pixel-chunk tasks; ``cost_image``: the first frame, encoded (``sheets: auto``'s time
     budget is measured on it). Each position's stages go to the job (``job_id``) through ``registry``.
     Returns the unsaved template set: what ``TiledHETMM(config).fit(frames)`` gives."""
-    from ..tiled import TiledHETMM, TileFeatures
+    from ..detection.tiled import TiledHETMM, TileFeatures
 
     use_assigned_cpus()
     det = TiledHETMM(DetectorConfig.from_dict(config), steps=_fanned_out_pts())
@@ -138,7 +138,7 @@ def update_tiles_task(
     the new frames' tile features (``batches`` as in :func:`fit_tiles_task`) and the encoded frames
     (only the first new one is read: ``sheets: auto``'s budget): the new template set (None when
     every frame was already held) and how many frames it added."""
-    from ..tiled import TiledHETMM, TileFeatures
+    from ..detection.tiled import TiledHETMM, TileFeatures
 
     use_assigned_cpus()
     det = TiledHETMM.from_store(open_store(store_uri), product, version, steps=_fanned_out_pts())
@@ -151,7 +151,7 @@ def update_tiles_task(
 def with_region_in_task(store_uri: str, product: str, version: int, region: dict[str, Any] | None) -> TemplateSet:
     """``product`` at ``version`` under another region (``Detector.with_region``: the templates kept,
     every position recalibrated under its part), in a task; unsaved."""
-    from ..detector_choice import load_detector
+    from ..detection.detector_choice import load_detector
 
     use_assigned_cpus()
     return load_detector(open_store(store_uri), product, version).with_region(region).template_set()

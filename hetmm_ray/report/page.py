@@ -14,8 +14,8 @@ from pathlib import Path
 
 from ..config import HEATMAP_VMAX_OVER_THRESHOLD
 from ..core.calibration import TailModel
-from ..evaluation import EvaluationResult
 from ..visualize import MASK_OUTLINE_RGB
+from ..workflows.evaluation import EvaluationResult
 from .collect import GALLERY_KINDS, GalleryEntry, ReportCollector
 from .plots import pro_curve_png, roc_curve_png, score_histogram
 

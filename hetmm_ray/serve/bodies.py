@@ -279,7 +279,7 @@ def publish_mode(publish: str | None) -> str | None:
 def check_region_field(config: dict[str, Any]) -> None:
     """ConfigError (400) for a region that counts no pixel, at the reference size or on the map (a
     tiled product's: on one tile's map at least; ``detector_choice.check_region``)."""
-    from ..detector_choice import check_region  # the backbone's modules, only when a region is given
+    from ..detection.detector_choice import check_region  # the backbone's modules, only when a region is given
 
     region = config.get("region")
     if region is not None:

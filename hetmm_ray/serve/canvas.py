@@ -9,7 +9,7 @@ letterbox box of a fitted image is the box of the original). Scores are the same
 replica resizes: the same Pillow resize of the same pixels, run in another process.
 
 A tiled product (``geometry.tiles``) has no canvas here: its frames go to the replica at their
-own resolution, where each tile is cut and reaches the canvas (hetmm_ray/tiled.py).
+own resolution, where each tile is cut and reaches the canvas (hetmm_ray/detection/tiled.py).
 
 The canvas of a product comes from its published version's configuration (the registry's
 snapshot), cached for ``ttl_s`` seconds like the ingress's other product facts. A version
@@ -27,8 +27,8 @@ import numpy as np
 from ..core.device import usable_cores
 from ..data.decode import decode_image, resize_to_geometry
 from ..data.raw_frame import RawFrame
+from ..detection.pipeline import load_batch
 from ..messages import ProductSnapshot
-from ..pipeline import load_batch
 
 __all__ = ["CanvasCache", "decode_threads", "decode_to_canvas"]
 

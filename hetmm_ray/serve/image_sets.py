@@ -84,7 +84,7 @@ class ImageSets:
         return ImageSet(await asyncio.to_thread(read_image_source, uri, max_images=cap, confine_to=confine_to))
 
     async def _recorded(self, product: str, source: Any, since: Any, until: Any) -> ImageSet:
-        from ..compare import parse_time, record_images
+        from ..workflows.compare import parse_time, record_images
 
         if source is not None:
             raise Refused(400, "bad_request", "give 'source' or 'since'/'until', not both")

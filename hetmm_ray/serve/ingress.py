@@ -37,9 +37,9 @@ from ..config import (
 from ..core.calibration import check_rate
 from ..data.raw_frame import RawFrame
 from ..data.region_file import region_from_json
+from ..detection.pipeline import keep_memory_mapped
 from ..distributed.registry import get_registry
 from ..errors import Refused
-from ..pipeline import keep_memory_mapped
 from ..store import StoreError, check_product_name, open_store
 from . import bodies
 from .answers import answer_errors, classify, error_response, job_answer, timed

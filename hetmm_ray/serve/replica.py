@@ -36,10 +36,10 @@ from ray import serve
 from ..config import BackboneConfig, ReplicaSettings
 from ..core.backbone import Backbone
 from ..core.templates import TemplateError
-from ..detector_choice import serving_detector
+from ..detection.detector_choice import serving_detector
+from ..detection.interface import Detector as ProductDetector
 from ..distributed.registry import get_registry
 from ..distributed.runtime import use_assigned_cpus
-from ..interface import Detector as ProductDetector
 from ..messages import ProductSnapshot
 from ..result import result_records, review_threshold_of
 from ..visualize import draw_overlay, heatmap_range
@@ -247,7 +247,7 @@ class Detector:
                 }
                 if r.want_maps:
                     # At the backbone's view of the image: squashed square, or the aspect kept; a tiled
-                    # product's stitched map is at the frame's own resolution (hetmm_ray/tiled.py).
+                    # product's stitched map is at the frame's own resolution (hetmm_ray/detection/tiled.py).
                     shown = detector.input_view(image)
                     vmin, vmax = heatmap_range(pred.maps[i], pred.threshold)  # the version's fixed scale
                     region = None if pred.regions is None else pred.regions[i]  # outside: greyed

@@ -467,7 +467,7 @@ def _preview(cal: Calibration, labelled: list[dict[str, Any]], rate: float) -> d
     """At false-alarm rate ``rate``: the far rule's threshold on the out-of-fold good scores, and the
     labelled recall rule's (what ``/calibrate`` with ``store:labels``, objective recall, would store)."""
     from ..core.calibration import TailModel
-    from ..validation import choose_threshold
+    from ..workflows.validation import choose_threshold
 
     def on_labels(threshold: float) -> dict[str, Any]:
         bad = [x["score"] for x in labelled if x["label"] == "defective"]

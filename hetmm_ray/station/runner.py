@@ -173,7 +173,7 @@ class InProcessService:
         self._lock = threading.Lock()
 
     def _detector(self) -> tuple[Any, float | None]:
-        from ..detector_choice import load_detector
+        from ..detection.detector_choice import load_detector
 
         version = self.pinned if self.pinned is not None else self.store.head(self.product)
         if self._loaded is None or self._loaded[0] != version:

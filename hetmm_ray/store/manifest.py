@@ -49,7 +49,7 @@ class VersionRecord:
     selected: bool
     sheets_auto: Mapping[str, Any] | None
     migrated_from: Mapping[str, Any] | None
-    # a tiled product's ``meta["tiles"]`` (hetmm_ray/tiled.py: grid, layers, each position's settings
+    # a tiled product's ``meta["tiles"]`` (hetmm_ray/detection/tiled.py: grid, layers, each position's settings
     # and calibration); None for an untiled one
     tiles: Mapping[str, Any] | None = None
     # the bank's frames' content digests, in bank order (what names the out-of-fold scores' frames,
@@ -102,7 +102,7 @@ class VersionRecord:
         republish its templates and out-of-fold scores under (``VersionedStore.republish``; the
         service's far rule and ``hetmm calibrate --far``). TemplateError without out-of-fold scores,
         ConfigError for a rate out of range. A tiled product's tile scales are stored apart and stay
-        (hetmm_ray/tiled.py, "One verdict per frame")."""
+        (hetmm_ray/detection/tiled.py, "One verdict per frame")."""
         from ..core.templates import TemplateError
 
         if self.calibration is None:

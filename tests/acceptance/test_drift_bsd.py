@@ -36,7 +36,7 @@ from drift_chart import draw_chart
 from benchmarks.common import BSD, free_port, served, table
 from hetmm_ray.config import BackboneConfig, DetectorConfig, ThresholdConfig
 from hetmm_ray.core.drift import QUANTILES
-from hetmm_ray.detector import HETMM
+from hetmm_ray.detection.detector import HETMM
 from hetmm_ray.store import open_store
 
 pytestmark = [

@@ -35,7 +35,7 @@ from PIL import Image
 from benchmarks.common import table
 from hetmm_ray.config import BackboneConfig, DetectorConfig, ServiceConfig, TemplateConfig, ThresholdConfig
 from hetmm_ray.data.synthetic import SyntheticProduct
-from hetmm_ray.detector import HETMM
+from hetmm_ray.detection.detector import HETMM
 from hetmm_ray.record.monitor import DriftMonitor, DriftSettings
 
 pytestmark = pytest.mark.acceptance

@@ -31,9 +31,9 @@ from stored_features import recording, replaying
 from hetmm_ray.store import open_store
 
 try:
-    from hetmm_ray.tiled import load_detector
+    from hetmm_ray.detection.tiled import load_detector
 except ImportError:  # before tiles: every product was a HETMM
-    from hetmm_ray.detector import HETMM
+    from hetmm_ray.detection.detector import HETMM
 
     load_detector = HETMM.load
 

@@ -195,7 +195,7 @@ def test_product_names_must_match_entirely(location, gear) -> None:
         with pytest.raises(StoreError, match="invalid product name"):
             check_product_name(bad)
     store = open_store(uri)
-    from hetmm_ray.detector import HETMM
+    from hetmm_ray.detection.detector import HETMM
 
     det = HETMM(DetectorConfig.from_dict({"backbone": {"name": "resnet18", "weights": "random", "image_size": SIZE}}))
     det.fit([gear.good(i) for i in range(2)])
@@ -353,7 +353,7 @@ from PIL import Image
 import ray
 from hetmm_ray.config import BackboneConfig, DetectorConfig, TemplateConfig, ThresholdConfig
 from hetmm_ray.data.synthetic import SyntheticProduct
-from hetmm_ray.detector import HETMM
+from hetmm_ray.detection.detector import HETMM
 from hetmm_ray.serve.run import start_service, stop_service
 from hetmm_ray.store import open_store
 store = tempfile.mkdtemp()

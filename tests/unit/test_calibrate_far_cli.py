@@ -10,8 +10,8 @@ from hetmm_ray.cli import main
 from hetmm_ray.config import BackboneConfig, DetectorConfig, ThresholdConfig
 from hetmm_ray.core.calibration import TailModel
 from hetmm_ray.data.synthetic import SyntheticProduct
-from hetmm_ray.detector import HETMM
-from hetmm_ray.detector_choice import load_detector
+from hetmm_ray.detection.detector import HETMM
+from hetmm_ray.detection.detector_choice import load_detector
 from hetmm_ray.store import open_store
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

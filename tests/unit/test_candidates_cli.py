@@ -14,7 +14,7 @@ from PIL import Image
 
 from hetmm_ray.cli import main
 from hetmm_ray.data.synthetic import SyntheticProduct
-from hetmm_ray.detector_choice import load_detector
+from hetmm_ray.detection.detector_choice import load_detector
 from hetmm_ray.store import open_store
 
 FLAGS = ["--backbone", "resnet18", "--weights", "random", "--device", "cpu", "--set", "backbone.image_size=64"]
@@ -170,10 +170,10 @@ def test_candidate_compare_promote_discard(capsys, tmp_path, folders) -> None:
 def test_tiled_candidate_and_compare(tmp_path, capsys) -> None:
     """A tiled product (geometry.tiles 2x2): a hot update as a candidate, then compare_versions scores
     whole frames with both versions, equal to each version's own predict; flips carry frame-sized maps."""
-    from hetmm_ray.compare import compare_versions
     from hetmm_ray.config import BackboneConfig, DetectorConfig, ThresholdConfig
     from hetmm_ray.data.synthetic import DEFECT_KINDS
-    from hetmm_ray.tiled import TiledHETMM
+    from hetmm_ray.detection.tiled import TiledHETMM
+    from hetmm_ray.workflows.compare import compare_versions
 
     part = SyntheticProduct(seed=0, size=128)
     config = DetectorConfig(
@@ -207,7 +207,7 @@ def test_tiled_candidate_and_compare(tmp_path, capsys) -> None:
 def test_record_source_times_and_seam() -> None:
     """The inspection record as a compare source: times parse (unix seconds, ISO 8601 as UTC); where
     the record holds nothing in the range, the CLI refuses in one line (checked above)."""
-    from hetmm_ray.compare import parse_time
+    from hetmm_ray.workflows.compare import parse_time
 
     assert parse_time(None) is None and parse_time(12.5) == 12.5 and parse_time("100") == 100.0
     assert parse_time("1970-01-02T00:00:00") == 86400.0

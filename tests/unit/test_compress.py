@@ -17,8 +17,8 @@ from hetmm_ray.core.cover import cover_indices
 from hetmm_ray.core.pts import pts_indices, select_layers
 from hetmm_ray.core.templates import TemplateSet
 from hetmm_ray.data.synthetic import SyntheticProduct, write_mvtec_layout
-from hetmm_ray.detector import HETMM
-from hetmm_ray.detector_choice import load_detector
+from hetmm_ray.detection.detector import HETMM
+from hetmm_ray.detection.detector_choice import load_detector
 from hetmm_ray.store import open_store
 
 SIZE = 64

@@ -31,8 +31,8 @@ from hetmm_ray.core.calibration import TailModel
 from hetmm_ray.core.templates import TemplateError
 from hetmm_ray.data.decode import images_to_tensor
 from hetmm_ray.data.synthetic import DEFECT_KINDS, SyntheticProduct, write_mvtec_layout
-from hetmm_ray.detector import HETMM, Prediction
-from hetmm_ray.detector_choice import load_detector
+from hetmm_ray.detection.detector import HETMM, Prediction
+from hetmm_ray.detection.detector_choice import load_detector
 from hetmm_ray.store import open_store
 
 SIZE = 64

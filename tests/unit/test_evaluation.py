@@ -85,7 +85,7 @@ def test_streamed_evaluation_equals_one_pass_over_all_frames(tmp_path: Path, mon
     computed here the slow obvious way from one ``predict`` of all test frames."""
     from hetmm_ray import evaluation
     from hetmm_ray.core.metrics import pixel_auroc, pro_score
-    from hetmm_ray.detector_choice import new_detector
+    from hetmm_ray.detection.detector_choice import new_detector
 
     data = write_mvtec_layout(tmp_path / "set", n_train=6, n_test_good=4, n_test_per_defect=3, size=64)
     flags = [*FLAGS, "--set", "batch_size=2", *(["--set", f"geometry.tiles={tiles}"] if tiles else [])]

@@ -254,7 +254,7 @@ def test_the_overlay_outlines_the_mask_and_leaves_the_rest():
 def test_predict_saves_the_one_overlay(tmp_path: Path):
     """``hetmm predict --out`` writes ``draw_overlay`` of the frame as the detector saw it."""
     from hetmm_ray.data.decode import decode_image
-    from hetmm_ray.detector_choice import load_detector
+    from hetmm_ray.detection.detector_choice import load_detector
     from hetmm_ray.store import open_store
 
     data = write_mvtec_layout(tmp_path / "set", n_train=6, n_test_good=2, n_test_per_defect=1, size=SIZE)

@@ -14,9 +14,9 @@ import pytest
 
 from hetmm_ray.config import BackboneConfig, DetectorConfig, ScoringConfig, TemplateConfig
 from hetmm_ray.data.synthetic import SyntheticProduct
-from hetmm_ray.detector import HETMM
-from hetmm_ray.frame_cost import FrameCost, blank_frame_crops, estimate_ms_per_frame
-from hetmm_ray.scorer import Scorer
+from hetmm_ray.detection.detector import HETMM
+from hetmm_ray.detection.frame_cost import FrameCost, blank_frame_crops, estimate_ms_per_frame
+from hetmm_ray.detection.scorer import Scorer
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -107,7 +107,7 @@ def test_estimate_ms_per_frame_is_the_frame_cost():
     crops = blank_frame_crops(scorer.config, 3)
     assert len(crops) == 3 and crops[0].shape == (SIZE, SIZE, 3)
     reference = FrameCost(scorer, crops, scored=2, clock=clock).ms_per_frame(9)
-    import hetmm_ray.frame_cost as frame_cost
+    import hetmm_ray.detection.frame_cost as frame_cost
 
     original = frame_cost.FrameCost.__init__
 

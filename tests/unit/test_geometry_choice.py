@@ -20,7 +20,7 @@ from hetmm_ray.config.detector import stored_config
 from hetmm_ray.config.product import ASPECT_MAX_SCALE
 from hetmm_ray.core.tiles import defect_grid
 from hetmm_ray.data.synthetic import SyntheticProduct
-from hetmm_ray.geometry_rule import choose_geometry
+from hetmm_ray.detection.geometry_rule import choose_geometry
 from hetmm_ray.serve import bodies
 from hetmm_ray.store import open_store
 

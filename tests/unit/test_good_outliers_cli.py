@@ -18,8 +18,8 @@ from hetmm_ray.core.calibration import TailModel
 from hetmm_ray.core.device import image_digest
 from hetmm_ray.core.good_outliers import calibration_order
 from hetmm_ray.data.synthetic import SyntheticProduct
-from hetmm_ray.detector import HETMM
-from hetmm_ray.detector_choice import load_detector
+from hetmm_ray.detection.detector import HETMM
+from hetmm_ray.detection.detector_choice import load_detector
 from hetmm_ray.store import open_store
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -137,7 +137,7 @@ def test_the_stored_order_of_out_of_fold_scores_is_the_fold_plans(good_dir) -> N
 
 
 def test_a_tiled_product_drops_a_frame_from_every_position() -> None:
-    from hetmm_ray.tiled import TiledHETMM
+    from hetmm_ray.detection.tiled import TiledHETMM
 
     prod = SyntheticProduct(seed=0, size=96)
     train = [prod.good(i) for i in range(7)]
@@ -163,7 +163,7 @@ def test_the_job_record_names_the_frames_standing_apart(good_dir) -> None:
     # what the service's create and normals jobs note (distributed/registry_jobs.note_outliers)
     from hetmm_ray.distributed.jobs import JobProgress
     from hetmm_ray.distributed.registry_jobs import note_outliers
-    from hetmm_ray.operations import good_outliers
+    from hetmm_ray.workflows.operations import good_outliers
 
     config = DetectorConfig(
         backbone=BackboneConfig(name="resnet18", weights="random", image_size=SIZE),
@@ -252,7 +252,7 @@ def test_fit_names_a_repeated_frame_and_drop_repeats_keeps_its_first_copy(repeat
 
 def test_a_tiled_product_drops_only_the_later_copy_from_every_position() -> None:
     from hetmm_ray.core.good_outliers import LaterCopies
-    from hetmm_ray.tiled import TiledHETMM
+    from hetmm_ray.detection.tiled import TiledHETMM
 
     prod = SyntheticProduct(seed=0, size=96)
     train = [prod.good(i) for i in range(6)]

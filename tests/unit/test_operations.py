@@ -1,4 +1,4 @@
-"""The product operations written once (hetmm_ray/operations.py), in process on a tiny
+"""The product operations written once (hetmm_ray/workflows/operations.py), in process on a tiny
 synthetic product, one canvas and tiled alike: what each stores, live or as a candidate, what a
 retried update does, and the refusals that come before any work."""
 
@@ -9,10 +9,10 @@ import pytest
 from hetmm_ray import operations
 from hetmm_ray.config import ConfigError, DetectorConfig
 from hetmm_ray.data.synthetic import SyntheticProduct
-from hetmm_ray.detector import HETMM
-from hetmm_ray.detector_choice import load_detector
+from hetmm_ray.detection.detector import HETMM
+from hetmm_ray.detection.detector_choice import load_detector
+from hetmm_ray.detection.tiled import TiledHETMM
 from hetmm_ray.store import StoreConflict, open_store
-from hetmm_ray.tiled import TiledHETMM
 
 CONFIG = {
     "backbone": {"name": "resnet18", "weights": "random", "image_size": 32, "layers": ["layer2", "layer3"]},

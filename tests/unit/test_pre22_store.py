@@ -16,8 +16,8 @@ from safetensors.torch import load_file
 from stored_products import RUNTIMES, check_replayed, check_through_backbone, store_copy
 
 from hetmm_ray.config import GeometryConfig
-from hetmm_ray.detector import HETMM
-from hetmm_ray.detector_choice import load_detector
+from hetmm_ray.detection.detector import HETMM
+from hetmm_ray.detection.detector_choice import load_detector
 from hetmm_ray.store import open_store
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

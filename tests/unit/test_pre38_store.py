@@ -16,11 +16,11 @@ import torch
 from safetensors.torch import load_file
 from stored_products import RUNTIMES, check_replayed, check_through_backbone, store_copy
 
-from hetmm_ray.detector import HETMM
-from hetmm_ray.detector_choice import load_detector
-from hetmm_ray.interface import Detector
+from hetmm_ray.detection.detector import HETMM
+from hetmm_ray.detection.detector_choice import load_detector
+from hetmm_ray.detection.interface import Detector
+from hetmm_ray.detection.tiled import TiledHETMM
 from hetmm_ray.store import open_store
-from hetmm_ray.tiled import TiledHETMM
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -20,8 +20,8 @@ from hetmm_ray.core.region import map_masks
 from hetmm_ray.core.scoring import _blurred_content, content_maps, gaussian_blur, image_scores
 from hetmm_ray.core.templates import TemplateSet
 from hetmm_ray.data.synthetic import SyntheticProduct
-from hetmm_ray.detector import HETMM
-from hetmm_ray.detector_choice import load_detector
+from hetmm_ray.detection.detector import HETMM
+from hetmm_ray.detection.detector_choice import load_detector
 from hetmm_ray.store import open_store
 from hetmm_ray.visualize import heatmap_overlay
 

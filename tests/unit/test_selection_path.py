@@ -20,7 +20,7 @@ from hetmm_ray.config import TASK_CPUS, BackboneConfig, DetectorConfig, ScoringC
 from hetmm_ray.core.cover import cover_similarities, unit_vectors
 from hetmm_ray.core.pts import kmeans_centres, pts_indices, select_layer, select_layers
 from hetmm_ray.core.templates import TemplateSet
-from hetmm_ray.detector import HETMM
+from hetmm_ray.detection.detector import HETMM
 from hetmm_ray.distributed.pts_fanout import pts_indices_ray
 from hetmm_ray.distributed.shard import LayerShard
 

@@ -12,12 +12,12 @@ import pytest
 from hetmm_ray.config import BackboneConfig, ConfigError, DetectorConfig, TemplateConfig, ThresholdConfig, stored_config
 from hetmm_ray.core.templates import TemplateSet
 from hetmm_ray.data.synthetic import SyntheticProduct
-from hetmm_ray.detector import HETMM
-from hetmm_ray.detector_choice import load_detector
-from hetmm_ray.fitting import FitPipeline
-from hetmm_ray.frame_cost import TimeBudgetWarning
+from hetmm_ray.detection.detector import HETMM
+from hetmm_ray.detection.detector_choice import load_detector
+from hetmm_ray.detection.fitting import FitPipeline
+from hetmm_ray.detection.frame_cost import TimeBudgetWarning
+from hetmm_ray.detection.tiled import TiledHETMM
 from hetmm_ray.store import open_store
-from hetmm_ray.tiled import TiledHETMM
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -42,7 +42,7 @@ STRICT = {"templates.auto_min_rank_corr": 0.999, "templates.auto_max_norm_diff":
 
 
 class ModelledCost:
-    """A deterministic :class:`~hetmm_ray.frame_cost.FrameCost`: ``backbone_ms`` per frame plus
+    """A deterministic :class:`~hetmm_ray.detection.frame_cost.FrameCost`: ``backbone_ms`` per frame plus
     ``MS_PER_SHEET`` x K per scored canvas."""
 
     def __init__(self, backbone_ms: float, canvases: int, scored: int) -> None:

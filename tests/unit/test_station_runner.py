@@ -20,7 +20,7 @@ from hetmm_ray import operations
 from hetmm_ray.config import ConfigError, DetectorConfig
 from hetmm_ray.config.station import FolderSource
 from hetmm_ray.data.synthetic import SyntheticProduct
-from hetmm_ray.detector_choice import load_detector
+from hetmm_ray.detection.detector_choice import load_detector
 from hetmm_ray.station import load_line
 from hetmm_ray.station.runner import InProcessService, Scored, ServiceUnavailable, build_station
 from hetmm_ray.station.sources import FolderFrames

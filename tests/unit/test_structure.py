@@ -92,7 +92,7 @@ def _cycles() -> list[list[str]]:
 
 def test_the_graph_is_read() -> None:
     # an honest walk: the edges the test relies on are there
-    assert "hetmm_ray.core.atmm" in GRAPH["hetmm_ray.scorer"][0]
+    assert "hetmm_ray.core.atmm" in GRAPH["hetmm_ray.detection.scorer"][0]
     assert "hetmm_ray.core.device" in GRAPH["hetmm_ray.distributed.extract"][0]
     assert "ray" in GRAPH["hetmm_ray.distributed.extract"][1]
 
@@ -112,15 +112,7 @@ def _reachable(start: str) -> set[str]:
 
 
 # the single-process API: the detector and the modules it is made of
-DETECTOR = [
-    "hetmm_ray.detector",
-    "hetmm_ray.fitting",
-    "hetmm_ray.persistence",
-    "hetmm_ray.scorer",
-    "hetmm_ray.fit_steps",
-    "hetmm_ray.tiled",
-    "hetmm_ray.geometry_rule",
-]
+DETECTOR = sorted(m for m in MODULES if m.startswith("hetmm_ray.detection"))
 PURE = sorted(m for m in MODULES if m.startswith("hetmm_ray.core")) + DETECTOR
 
 
@@ -134,7 +126,7 @@ def test_pure_layers_never_reach_ray_boto3_or_the_web(module: str) -> None:
 
 def test_importing_detector_and_core_loads_no_ray() -> None:
     code = (
-        "import sys, pkgutil, importlib, hetmm_ray.core as c, hetmm_ray.detector\n"
+        "import sys, pkgutil, importlib, hetmm_ray.core as c, hetmm_ray.detection.detector\n"
         "[importlib.import_module(i.name) for i in pkgutil.walk_packages(c.__path__, 'hetmm_ray.core.')]\n"
         f"print(sorted(m for m in sys.modules if m.split('.')[0] in {FORBIDDEN!r}))\n"
     )

@@ -1,7 +1,7 @@
 """The fast CPU path equals the slow obvious one.
 
 - BN folding (core/fuse.py) leaves every network's output equal to the unfolded one (1e-5, fp32);
-- the overlapped input pipeline (hetmm_ray/pipeline.py) gives bit-identical scores and maps;
+- the overlapped input pipeline (hetmm_ray/detection/pipeline.py) gives bit-identical scores and maps;
 - the fast CPU path (OpenVINO, libpng) and a bfloat16 backbone change no verdict on the real bottle
   and battery_weld (needs ../shared).
 """
@@ -26,8 +26,8 @@ from hetmm_ray.core.device import compute_threads, usable_cores
 from hetmm_ray.core.fuse import fold_batch_norms
 from hetmm_ray.core.openvino_runtime import openvino_available
 from hetmm_ray.data.synthetic import SyntheticProduct
-from hetmm_ray.detector import HETMM
-from hetmm_ray.pipeline import keep_memory_mapped, load_batch, prefetched, worker_shares
+from hetmm_ray.detection.detector import HETMM
+from hetmm_ray.detection.pipeline import keep_memory_mapped, load_batch, prefetched, worker_shares
 
 
 # --- BN folding ---------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The whole view of a tiled product (``geometry.tile_whole_view``, hetmm_ray/tiled.py "Whole view"):
+"""The whole view of a tiled product (``geometry.tile_whole_view``, hetmm_ray/detection/tiled.py "Whole view"):
 the whole frame as one more position beside the tiles, against slow obvious implementations (an
 untiled product of the frames, a tiled product without it); storage, serving, and tiled products
 stored before the setting existed (tests/data/pre_whole_view/, see its make_store.py)."""
@@ -19,10 +19,10 @@ from hetmm_ray.config import BackboneConfig, ConfigError, DetectorConfig, Thresh
 from hetmm_ray.core.calibration import TailModel
 from hetmm_ray.core.templates import TemplateError
 from hetmm_ray.data.synthetic import DEFECT_KINDS, SyntheticProduct
-from hetmm_ray.detector import HETMM
-from hetmm_ray.detector_choice import load_detector
+from hetmm_ray.detection.detector import HETMM
+from hetmm_ray.detection.detector_choice import load_detector
+from hetmm_ray.detection.tiled import TiledHETMM
 from hetmm_ray.store import open_store
-from hetmm_ray.tiled import TiledHETMM
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -162,7 +162,7 @@ def test_compress_and_another_region_equal_a_fit_under_them(pyramid, frames):
 def test_labelled_calibration_is_on_the_frame_scores_with_the_whole_view(pyramid, frames):
     """By hand: each tile's and the whole frame's own HETMM score over its scale, the maximum."""
     from hetmm_ray.core.tiles import cut, tile_grid
-    from hetmm_ray.validation import calibrate_with_labels, choose_threshold
+    from hetmm_ray.workflows.validation import calibrate_with_labels, choose_threshold
 
     _, test = frames
     labels = [0, 0, *[1] * (len(test) - 2)]

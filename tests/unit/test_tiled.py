@@ -1,4 +1,4 @@
-"""The tiled detector (hetmm_ray/tiled.py) against per-position HETMM products, and persistence."""
+"""The tiled detector (hetmm_ray/detection/tiled.py) against per-position HETMM products, and persistence."""
 
 from __future__ import annotations
 
@@ -16,11 +16,11 @@ from hetmm_ray.core.device import image_digest
 from hetmm_ray.core.templates import TemplateError
 from hetmm_ray.core.tiles import cut, stitch, tile_grid
 from hetmm_ray.data.synthetic import DEFECT_KINDS, SyntheticProduct
-from hetmm_ray.detector import HETMM
-from hetmm_ray.detector_choice import load_detector
-from hetmm_ray.geometry_rule import resolve_tiles
+from hetmm_ray.detection.detector import HETMM
+from hetmm_ray.detection.detector_choice import load_detector
+from hetmm_ray.detection.geometry_rule import resolve_tiles
+from hetmm_ray.detection.tiled import TiledHETMM
 from hetmm_ray.store import open_store
-from hetmm_ray.tiled import TiledHETMM
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -368,7 +368,7 @@ def test_compress_equals_a_fit_under_that_selection(frames, sheets):
 def test_labelled_calibration_is_at_the_frame_level(tiled, frames, tmp_path):
     """The chosen threshold is the one the frame scores computed by hand (each position's own HETMM
     score of its tile over its scale, the maximum over tiles) give; stored and used for verdicts."""
-    from hetmm_ray.validation import calibrate_with_labels, choose_threshold
+    from hetmm_ray.workflows.validation import calibrate_with_labels, choose_threshold
 
     _, test = frames
     labels = [0, 0, *[1] * (len(test) - 2)]
@@ -419,7 +419,7 @@ def test_cli_compress_and_calibrate_of_a_tiled_product(frames, tmp_path, capsys)
 def test_fit_reports_the_cost_first_tiled_or_not(tmp_path, capsys):
     from hetmm_ray.cli import main
     from hetmm_ray.data.synthetic import write_mvtec_layout
-    from hetmm_ray.frame_cost import estimate_ms_per_frame
+    from hetmm_ray.detection.frame_cost import estimate_ms_per_frame
 
     data = write_mvtec_layout(tmp_path / "data", n_train=5, n_test_good=1, n_test_per_defect=1, size=96)
     train, store = str(data / "train" / "good"), str(tmp_path / "store")

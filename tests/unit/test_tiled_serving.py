@@ -10,7 +10,7 @@ from helpers import tiled_served
 from hetmm_ray.config import BackboneConfig, DetectorConfig, ThresholdConfig
 from hetmm_ray.core.templates import TemplateError
 from hetmm_ray.data.synthetic import DEFECT_KINDS, SyntheticProduct
-from hetmm_ray.tiled import TiledHETMM
+from hetmm_ray.detection.tiled import TiledHETMM
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -23,7 +23,7 @@ from PIL import Image
 
 from hetmm_ray.config import DetectorConfig
 from hetmm_ray.data.synthetic import SyntheticProduct
-from hetmm_ray.detector import HETMM
+from hetmm_ray.detection.detector import HETMM
 from hetmm_ray.store import open_store
 
 CONFIG = {

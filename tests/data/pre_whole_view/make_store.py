@@ -24,8 +24,8 @@ from PIL import Image
 
 from hetmm_ray.config import DetectorConfig
 from hetmm_ray.data.synthetic import SyntheticProduct
+from hetmm_ray.detection.tiled import TiledHETMM, load_detector
 from hetmm_ray.store import open_store
-from hetmm_ray.tiled import TiledHETMM, load_detector
 
 CONFIG = {
     "backbone": {

@@ -40,7 +40,7 @@ def tiny_config() -> DetectorConfig:
 
 def fit_store(uri: str) -> str:
     """The product fitted on 6 good gears and published to the store at ``uri``."""
-    from hetmm_ray.detector import HETMM
+    from hetmm_ray.detection.detector import HETMM
     from hetmm_ray.store import open_store
 
     gear = SyntheticProduct(seed=0, size=SIZE)

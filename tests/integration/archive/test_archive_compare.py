@@ -14,11 +14,11 @@ from archive_helpers import PRODUCT, SIZE, tiny_config, write_bad_files, write_i
 
 from hetmm_ray.archive import JobOptions, compare_archive
 from hetmm_ray.cli import main
-from hetmm_ray.compare import compare_versions
 from hetmm_ray.config import DetectorConfig
 from hetmm_ray.data.synthetic import SyntheticProduct
-from hetmm_ray.detector import HETMM
+from hetmm_ray.detection.detector import HETMM
 from hetmm_ray.store import open_store
+from hetmm_ray.workflows.compare import compare_versions
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

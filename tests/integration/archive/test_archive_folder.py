@@ -14,7 +14,7 @@ from helpers import SHARED
 
 from hetmm_ray.archive import JobOptions, inspect_archive
 from hetmm_ray.cli import main
-from hetmm_ray.detector_choice import load_detector
+from hetmm_ray.detection.detector_choice import load_detector
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

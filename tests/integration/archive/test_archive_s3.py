@@ -16,7 +16,7 @@ from archive_helpers import PRODUCT, bad_bytes, gear_images, read_rows
 from helpers import png
 
 from hetmm_ray.archive import FsSpec, JobOptions, inspect_archive
-from hetmm_ray.detector_choice import load_detector
+from hetmm_ray.detection.detector_choice import load_detector
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -112,7 +112,7 @@ def test_a_record_in_an_s3_store_is_a_source(bucket: dict, s3_endpoint: str, tmp
 
     from hetmm_ray.archive import RecordSource
     from hetmm_ray.data.decode import decode_image, resize_to_geometry
-    from hetmm_ray.detector import HETMM
+    from hetmm_ray.detection.detector import HETMM
     from hetmm_ray.record.writer import InspectionRecorder, RecordSettings
     from hetmm_ray.store import open_store
 

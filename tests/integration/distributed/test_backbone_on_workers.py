@@ -7,7 +7,7 @@ import pytest
 
 from hetmm_ray.config import DEFAULT_LAYERS, BackboneConfig, DetectorConfig
 from hetmm_ray.data.synthetic import SyntheticProduct
-from hetmm_ray.detector import HETMM
+from hetmm_ray.detection.detector import HETMM
 
 
 def good_images(n: int, size: int = 64) -> list[np.ndarray]:

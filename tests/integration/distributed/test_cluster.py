@@ -21,7 +21,7 @@ import ray
 
 from hetmm_ray.config import BackboneConfig, DetectorConfig, TemplateConfig, ThresholdConfig
 from hetmm_ray.data.synthetic import SyntheticProduct
-from hetmm_ray.detector import HETMM
+from hetmm_ray.detection.detector import HETMM
 from hetmm_ray.distributed import ShardPlacement, TemplateShard, connect, shard_options, shutdown_ray
 from hetmm_ray.store import open_store
 

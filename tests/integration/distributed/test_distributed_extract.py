@@ -12,7 +12,7 @@ from helpers import png
 from hetmm_ray.config import BackboneConfig, DetectorConfig
 from hetmm_ray.data.decode import ImageError
 from hetmm_ray.data.synthetic import SyntheticProduct
-from hetmm_ray.detector import HETMM
+from hetmm_ray.detection.detector import HETMM
 from hetmm_ray.distributed import extract_features_ray
 
 pytestmark = pytest.mark.usefixtures("local_ray", "one_torch_thread")

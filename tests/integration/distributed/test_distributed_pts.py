@@ -11,10 +11,10 @@ from helpers import small_pts_config
 from hetmm_ray.config import TemplateConfig
 from hetmm_ray.core.pts import pts_indices, select_layers
 from hetmm_ray.data.synthetic import SyntheticProduct
-from hetmm_ray.detector import HETMM
+from hetmm_ray.detection.detector import HETMM
+from hetmm_ray.detection.fit_steps import FitSteps
 from hetmm_ray.distributed import pts_indices_ray
 from hetmm_ray.distributed.ray_steps import select_folds_ray
-from hetmm_ray.fit_steps import FitSteps
 
 pytestmark = pytest.mark.usefixtures("local_ray")
 

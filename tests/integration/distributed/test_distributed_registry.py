@@ -14,7 +14,7 @@ from helpers import small_pts_config
 from hetmm_ray.config import BackboneConfig, DetectorConfig, TemplateConfig, ThresholdConfig
 from hetmm_ray.core.pts import pts_indices
 from hetmm_ray.data.synthetic import SyntheticProduct
-from hetmm_ray.detector import HETMM
+from hetmm_ray.detection.detector import HETMM
 from hetmm_ray.distributed import ProductRegistry
 from hetmm_ray.store import open_store
 

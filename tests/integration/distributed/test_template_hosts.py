@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from hetmm_ray.config import BackboneConfig, DetectorConfig, TemplateConfig, ThresholdConfig
 from hetmm_ray.core.pts import pts_indices
 from hetmm_ray.core.templates import TemplateSet
-from hetmm_ray.detector import HETMM
+from hetmm_ray.detection.detector import HETMM
 from hetmm_ray.distributed import connect, get_registry, shutdown_ray
 from hetmm_ray.distributed.placement import place
 from hetmm_ray.store import open_store

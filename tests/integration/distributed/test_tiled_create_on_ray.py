@@ -21,11 +21,11 @@ from hetmm_ray.config import BackboneConfig, DetectorConfig, TemplateConfig, Thr
 from hetmm_ray.core.templates import TemplateSet
 from hetmm_ray.data.decode import ImageError
 from hetmm_ray.data.synthetic import SyntheticProduct
-from hetmm_ray.detector_choice import load_detector
+from hetmm_ray.detection.detector_choice import load_detector
+from hetmm_ray.detection.tiled import TiledHETMM
 from hetmm_ray.distributed import ProductRegistry
 from hetmm_ray.distributed.extract import extract_tiles_ray, tile_frames_per_pass
 from hetmm_ray.store import open_store
-from hetmm_ray.tiled import TiledHETMM
 
 pytestmark = pytest.mark.usefixtures("local_ray", "one_torch_thread")
 
@@ -127,7 +127,7 @@ def test_frame_batches_as_tasks_equal_the_one_process_extraction(part) -> None:
 
 def test_fit_from_gathered_slices_is_the_fit_of_every_frame(part) -> None:
     """(a) on slices of whole backbone groups, gathered in order, then (b): the product ``fit`` makes."""
-    from hetmm_ray.tiled import TileFeatures
+    from hetmm_ray.detection.tiled import TileFeatures
 
     frames = [part.good(i) for i in range(6)]
     det = TiledHETMM(CONFIG)

@@ -17,9 +17,9 @@ from helpers import png
 
 from hetmm_ray.config import TASK_CPUS, BackboneConfig, DetectorConfig
 from hetmm_ray.data.synthetic import SyntheticProduct
+from hetmm_ray.detection.tiled import TiledHETMM
 from hetmm_ray.distributed import connect, shutdown_ray
 from hetmm_ray.distributed.extract import extract_tiles_ray, tile_frames_per_pass
-from hetmm_ray.tiled import TiledHETMM
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -17,11 +17,11 @@ from hetmm_ray.cli import main
 from hetmm_ray.config import BackboneConfig, DetectorConfig, TemplateConfig, ThresholdConfig
 from hetmm_ray.core.templates import TemplateSet
 from hetmm_ray.data.synthetic import SyntheticProduct
-from hetmm_ray.detector_choice import load_detector
+from hetmm_ray.detection.detector_choice import load_detector
+from hetmm_ray.detection.fit_steps import FitSteps
+from hetmm_ray.detection.tiled import TiledHETMM
 from hetmm_ray.distributed.pts_fanout import pts_indices_ray
-from hetmm_ray.fit_steps import FitSteps
 from hetmm_ray.store import open_store
-from hetmm_ray.tiled import TiledHETMM
 
 pytestmark = pytest.mark.usefixtures("local_ray", "one_torch_thread")
 

@@ -35,7 +35,7 @@ from helpers import REPO, free_port, png
 
 from hetmm_ray.config import BackboneConfig, DetectorConfig, TemplateConfig, ThresholdConfig
 from hetmm_ray.data.synthetic import SyntheticProduct
-from hetmm_ray.detector import HETMM
+from hetmm_ray.detection.detector import HETMM
 from hetmm_ray.store import open_store
 
 SIZE = 224  # scoring, not the HTTP path, must be what requests wait for

@@ -38,7 +38,7 @@ from helpers import REPO, finished_job, free_port, png
 
 from hetmm_ray.config import BackboneConfig, DetectorConfig, TemplateConfig, ThresholdConfig
 from hetmm_ray.data.synthetic import SyntheticProduct
-from hetmm_ray.detector import HETMM
+from hetmm_ray.detection.detector import HETMM
 from hetmm_ray.store import open_store
 
 pytestmark = pytest.mark.usefixtures("local_ray")
@@ -725,7 +725,7 @@ def test_tiled_product_inspected_and_taught_in_the_console(
     """A tiled product (2 x 2 tiles of 128-px frames) in the Inspect view: its stitched heat-map at
     the frame's resolution, the verdict as the service scores it, and "good part" hot-updating it
     (TiledHETMM.update in the registry's task) to a new version."""
-    from hetmm_ray.tiled import TiledHETMM
+    from hetmm_ray.detection.tiled import TiledHETMM
 
     frames = SyntheticProduct(seed=11, size=128)
     product = "t-tiled"

@@ -21,7 +21,7 @@ from helpers import free_port, png, until
 
 from hetmm_ray.config import BackboneConfig, DetectorConfig, TemplateConfig, ThresholdConfig
 from hetmm_ray.data.synthetic import SyntheticProduct
-from hetmm_ray.detector import HETMM
+from hetmm_ray.detection.detector import HETMM
 from hetmm_ray.record.reader import read_rows
 from hetmm_ray.store import open_store
 

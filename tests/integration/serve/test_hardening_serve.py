@@ -28,7 +28,7 @@ from s3_server import new_bucket, s3_admin
 
 from hetmm_ray.config import BackboneConfig, DetectorConfig, TemplateConfig, ThresholdConfig
 from hetmm_ray.data.synthetic import SyntheticProduct
-from hetmm_ray.detector import HETMM
+from hetmm_ray.detection.detector import HETMM
 from hetmm_ray.errors import Refused
 from hetmm_ray.serve.security import resolve_source
 from hetmm_ray.store import open_store

@@ -33,10 +33,10 @@ from hetmm_ray import operations
 from hetmm_ray.cli import main
 from hetmm_ray.config import ConfigError, DetectorConfig
 from hetmm_ray.data.synthetic import SyntheticProduct
-from hetmm_ray.detector_choice import load_detector
-from hetmm_ray.geometry_rule import choose_geometry
+from hetmm_ray.detection.detector_choice import load_detector
+from hetmm_ray.detection.geometry_rule import choose_geometry
+from hetmm_ray.detection.tiled import TiledHETMM
 from hetmm_ray.store import open_store
-from hetmm_ray.tiled import TiledHETMM
 
 pytestmark = pytest.mark.usefixtures("local_ray")
 

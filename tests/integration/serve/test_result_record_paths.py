@@ -22,7 +22,7 @@ from helpers import free_port, png
 
 from hetmm_ray.config import BackboneConfig, DetectorConfig, TemplateConfig, ThresholdConfig
 from hetmm_ray.data.synthetic import SyntheticProduct
-from hetmm_ray.detector import HETMM
+from hetmm_ray.detection.detector import HETMM
 from hetmm_ray.result import RECORD_FIELDS, RECORD_VERSION, VERDICTS
 from hetmm_ray.store import open_store
 

@@ -28,8 +28,8 @@ from PIL import Image
 
 from hetmm_ray.config import BackboneConfig, DetectorConfig, TemplateConfig, ThresholdConfig
 from hetmm_ray.data.synthetic import SyntheticProduct
-from hetmm_ray.detector import HETMM
-from hetmm_ray.detector_choice import load_detector
+from hetmm_ray.detection.detector import HETMM
+from hetmm_ray.detection.detector_choice import load_detector
 from hetmm_ray.store import open_store
 
 pytestmark = pytest.mark.usefixtures("local_ray")

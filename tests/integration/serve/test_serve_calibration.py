@@ -22,7 +22,7 @@ from PIL import Image
 from hetmm_ray.cli import main
 from hetmm_ray.core.calibration import TailModel
 from hetmm_ray.data.synthetic import SyntheticProduct
-from hetmm_ray.detector_choice import load_detector
+from hetmm_ray.detection.detector_choice import load_detector
 from hetmm_ray.store import open_store
 
 pytestmark = pytest.mark.usefixtures("local_ray")
@@ -196,7 +196,7 @@ def test_a_cli_fitted_product_updated_over_http_with_the_same_images(client, ser
     Frames larger than the canvas, so a frame's digest and its canvas's differ."""
     from hetmm_ray.config import DetectorConfig
     from hetmm_ray.data.decode import resize_to_geometry
-    from hetmm_ray.detector import HETMM
+    from hetmm_ray.detection.detector import HETMM
 
     frames = [SyntheticProduct(seed=11, size=2 * SIZE).good(i) for i in range(12)]
     folder = tmp_path / "train"

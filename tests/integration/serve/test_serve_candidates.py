@@ -27,7 +27,7 @@ from helpers import free_port, png
 
 from hetmm_ray.data.decode import decode_image, resize_to_geometry
 from hetmm_ray.data.synthetic import SyntheticProduct
-from hetmm_ray.detector_choice import load_detector
+from hetmm_ray.detection.detector_choice import load_detector
 from hetmm_ray.store import open_store
 
 SIZE = 32

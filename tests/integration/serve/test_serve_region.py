@@ -17,7 +17,7 @@ import pytest
 from helpers import free_port, png
 
 from hetmm_ray.data.synthetic import SyntheticProduct
-from hetmm_ray.detector_choice import load_detector
+from hetmm_ray.detection.detector_choice import load_detector
 from hetmm_ray.store import open_store
 
 pytestmark = pytest.mark.usefixtures("local_ray")

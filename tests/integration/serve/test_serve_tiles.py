@@ -1,5 +1,5 @@
 """Tiled products over real HTTP (Ray Serve on 127.0.0.1, a local store, two template hosts): a
-product created with ``tiles`` scores as the in-process :class:`~hetmm_ray.tiled.TiledHETMM` on the
+product created with ``tiles`` scores as the in-process :class:`~hetmm_ray.detection.tiled.TiledHETMM` on the
 same frames and templates, its shards are its (tile position, layer) objects spread over the hosts,
 heat-maps come at the frame's resolution (or ``?map_size``), and ``GET /v1/products/{p}`` answers
 the stored settings (region, tiles). Tiny frames and a 2 x 2 grid: CI is a loaded 2-core machine."""
@@ -23,9 +23,9 @@ from PIL import Image
 
 from hetmm_ray.config import DetectorConfig
 from hetmm_ray.data.synthetic import DEFECT_KINDS, SyntheticProduct
-from hetmm_ray.detector_choice import load_detector
+from hetmm_ray.detection.detector_choice import load_detector
+from hetmm_ray.detection.geometry_rule import choose_geometry
 from hetmm_ray.distributed import get_registry
-from hetmm_ray.geometry_rule import choose_geometry
 from hetmm_ray.store import open_store
 
 pytestmark = pytest.mark.usefixtures("local_ray")
@@ -242,7 +242,7 @@ def test_region_with_tiles_and_refusals(service, product) -> None:
 def test_the_far_rule_at_another_rate_of_a_tiled_product(service, product) -> None:
     """``{"rule": "far"}`` on a tiled product: a new version whose frame threshold is the far rule at
     that rate on the frame calibration, the threshold the console's preview showed, and whose frame
-    scores are unchanged (the stored tile scales are kept: hetmm_ray/tiled.py)."""
+    scores are unchanged (the stored tile scales are kept: hetmm_ray/detection/tiled.py)."""
     from hetmm_ray.core.calibration import TailModel
 
     client, store = service["client"], open_store(service["store"])

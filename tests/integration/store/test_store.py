@@ -36,7 +36,7 @@ from template_bytes import to_bytes
 from hetmm_ray.config import BackboneConfig, ConfigError, DetectorConfig, ScoringConfig, ThresholdConfig, stored_config
 from hetmm_ray.core.scoring import Calibration
 from hetmm_ray.core.templates import TemplateSet
-from hetmm_ray.detector_choice import load_detector
+from hetmm_ray.detection.detector_choice import load_detector
 from hetmm_ray.store import (
     ProductNotFound,
     StoreConflict,
@@ -867,7 +867,7 @@ def test_prefixes_in_one_bucket_are_separate_stores(s3_endpoint):
 # --- the detector through S3 --------------------------------------------------------------------
 def test_detector_saved_to_s3_loads_and_scores_identically(s3_endpoint):
     from hetmm_ray.data.synthetic import SyntheticProduct
-    from hetmm_ray.detector import HETMM
+    from hetmm_ray.detection.detector import HETMM
 
     config = DetectorConfig(
         backbone=BackboneConfig(name="resnet18", weights="random", image_size=64),

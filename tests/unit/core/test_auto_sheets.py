@@ -22,8 +22,8 @@ from hetmm_ray.core.auto_sheets import (
 )
 from hetmm_ray.core.pts import pts_indices
 from hetmm_ray.data.synthetic import SyntheticProduct, write_mvtec_layout
-from hetmm_ray.detector import HETMM
-from hetmm_ray.detector_choice import load_detector
+from hetmm_ray.detection.detector import HETMM
+from hetmm_ray.detection.detector_choice import load_detector
 from hetmm_ray.store import open_store
 
 _T = TemplateConfig()
@@ -63,7 +63,7 @@ def test_agreement_by_its_definition():
 
 
 def _threshold(scores) -> float:
-    from hetmm_ray.fitting import FitPipeline
+    from hetmm_ray.detection.fitting import FitPipeline
 
     return FitPipeline._verdict_threshold(DetectorConfig(), scores)  # the product's rule: far 1 %
 

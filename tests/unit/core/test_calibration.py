@@ -39,8 +39,8 @@ from hetmm_ray.core.calibration import (
 from hetmm_ray.core.pts import select_layers
 from hetmm_ray.core.scoring import Calibration, image_scores
 from hetmm_ray.data.synthetic import SyntheticProduct
-from hetmm_ray.detector import HETMM
-from hetmm_ray.detector_choice import load_detector
+from hetmm_ray.detection.detector import HETMM
+from hetmm_ray.detection.detector_choice import load_detector
 from hetmm_ray.store import open_store
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -250,7 +250,7 @@ class _Recorder:
 def test_out_of_fold_calibration_reports_progress(gear, capsys):
     """Calibration is a stage of its own: its counts go to the report (a job on the service)
     and, with progress on, to a tqdm bar; the scores do not depend on who listens."""
-    from hetmm_ray.fitting import FitPipeline
+    from hetmm_ray.detection.fitting import FitPipeline
 
     config = tiny_config(**{"threshold.max_images": 7, "threshold.folds": 3, "batch_size": 2})
     det = HETMM(config).fit([gear.good(i) for i in range(12)])

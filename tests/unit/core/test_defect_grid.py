@@ -10,7 +10,7 @@ import pytest
 from hetmm_ray.config import ConfigError, DetectorConfig
 from hetmm_ray.config.product import tap_stride
 from hetmm_ray.core.tiles import AUTO_MAX_SCALE, auto_grid, axis_tiles, defect_grid
-from hetmm_ray.geometry_rule import auto_tiles, resolve_tiles
+from hetmm_ray.detection.geometry_rule import auto_tiles, resolve_tiles
 
 
 def _fewest(length: int, canvas: int, overlap: int, max_scale: float) -> int:

@@ -26,8 +26,8 @@ from hetmm_ray.core.backbone import IMAGENET_MEAN, IMAGENET_STD, Backbone, Weigh
 from hetmm_ray.core.efficientnet_lite import KeyMappingError, build_lite, timm_state_dict
 from hetmm_ray.core.templates import TemplateError
 from hetmm_ray.data.synthetic import SyntheticProduct
-from hetmm_ray.detector import HETMM
-from hetmm_ray.detector_choice import load_detector
+from hetmm_ray.detection.detector import HETMM
+from hetmm_ray.detection.detector_choice import load_detector
 from hetmm_ray.store import StoreError, open_store
 
 LITES = ("efficientnet_lite0", "efficientnet_lite1", "efficientnet_lite2")

@@ -196,7 +196,7 @@ import subprocess, sys, torch
 from hetmm_ray.config import BackboneConfig
 from hetmm_ray.core.backbone import Backbone
 import hetmm_ray.core.openvino_runtime as ovr
-from hetmm_ray.pipeline import map_in_workers
+from hetmm_ray.detection.pipeline import map_in_workers
 fast = Backbone(BackboneConfig(name="resnet18", weights="random"), runtime="openvino")
 map_in_workers(lambda x: fast(x), [torch.rand(1, 3, 64, 64) for _ in range(4)], 2)
 ovr._compiled.clear()  # the workers' requests are the last users of their models

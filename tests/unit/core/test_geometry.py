@@ -29,8 +29,8 @@ from hetmm_ray.core.metrics import pixel_auroc, pro_score, roc_auc
 from hetmm_ray.core.scoring import gaussian_kernel, image_scores
 from hetmm_ray.core.templates import TemplateSet
 from hetmm_ray.data.decode import images_to_tensor, resize_rgb, resize_to_geometry
-from hetmm_ray.detector import HETMM
-from hetmm_ray.detector_choice import load_detector
+from hetmm_ray.detection.detector import HETMM
+from hetmm_ray.detection.detector_choice import load_detector
 from hetmm_ray.store import open_store
 
 SIZE = 64

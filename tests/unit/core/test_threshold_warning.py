@@ -17,7 +17,7 @@ from hetmm_ray.cli.common import _describe_operating_point
 from hetmm_ray.config import THRESHOLD_WARN_OVER_HIGHEST
 from hetmm_ray.core.calibration import TailModel, empirical_min_images
 from hetmm_ray.core.scoring import Calibration, OperatingPoint
-from hetmm_ray.evaluation import EvaluationResult
+from hetmm_ray.workflows.evaluation import EvaluationResult
 
 
 @pytest.mark.parametrize("rate", [0.003, 0.01, 0.02, 0.05, 0.1, 0.25])

@@ -12,12 +12,12 @@ from helpers import png
 
 from hetmm_ray.cli import main
 from hetmm_ray.data.synthetic import SyntheticProduct
-from hetmm_ray.detector import HETMM
-from hetmm_ray.detector_choice import load_detector
+from hetmm_ray.detection.detector import HETMM
+from hetmm_ray.detection.detector_choice import load_detector
 from hetmm_ray.serve.recent import RecentPredictions, image_media_type
 from hetmm_ray.store import StoreError, open_store
 from hetmm_ray.store.labels import LabelSet
-from hetmm_ray.validation import choose_threshold
+from hetmm_ray.workflows.validation import choose_threshold
 
 
 # --- the recent ring ----------------------------------------------------------------------------

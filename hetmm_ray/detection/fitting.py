@@ -21,7 +21,7 @@ the service's registry publishes it).
   chosen K and ``meta.sheets_auto`` the ladder); a fixed K selects every layer (and drops a
   ladder: a K that was given has none to report).
 
-Where the work runs is injected (``hetmm_ray/fit_steps.py``, ``FitSteps``): extraction, PTS, the
+Where the work runs is injected (``hetmm_ray/detection/fit_steps.py``, ``FitSteps``): extraction, PTS, the
 fixed-K selection, the sheets-auto measurement and the calibration each default to this
 process and may run elsewhere (Ray tasks, the service's template shards) with the same results.
 Every stage reports progress: a tqdm bar when ``progress`` is on, and ``report`` (a job's
@@ -43,18 +43,18 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from .config import DetectorConfig, TemplateConfig
-from .core.auto_sheets import Rung, agreement, choose_sheets, scaled_ms
-from .core.calibration import OutOfFold, fold_plan
-from .core.cover import cover_folds
-from .core.device import TORCH_DTYPES, image_digest
-from .core.geometry import Box, boxes_from_features
-from .core.good_outliers import drop_positions
-from .core.pts import select_layers
-from .core.region import check_visible
-from .core.scoring import Calibration
-from .core.templates import SheetsAuto, TemplateMeta, TemplateSet, unseen_positions
-from .data.decode import canvas_digest
+from ..config import DetectorConfig, TemplateConfig
+from ..core.auto_sheets import Rung, agreement, choose_sheets, scaled_ms
+from ..core.calibration import OutOfFold, fold_plan
+from ..core.cover import cover_folds
+from ..core.device import TORCH_DTYPES, image_digest
+from ..core.geometry import Box, boxes_from_features
+from ..core.good_outliers import drop_positions
+from ..core.pts import select_layers
+from ..core.region import check_visible
+from ..core.scoring import Calibration
+from ..core.templates import SheetsAuto, TemplateMeta, TemplateSet, unseen_positions
+from ..data.decode import canvas_digest
 from .fit_steps import FitSteps, Progress, Report, Selection
 from .frame_cost import FrameCost, blank_frame_crops, over_budget
 from .scorer import ImageInput, Scorer, as_rgb
@@ -63,7 +63,7 @@ __all__ = ["FitPipeline", "ImageInput"]
 
 
 class FitPipeline:
-    """Extract -> select -> calibrate over a :class:`~hetmm_ray.scorer.Scorer` (see the module docstring).
+    """Extract -> select -> calibrate over a :class:`~hetmm_ray.detection.scorer.Scorer` (see the module docstring).
 
     The scorer supplies features (its backbone) and out-of-fold scoring, and its configuration
     is read for this run's settings (device, dtype, batch sizes) and as the default product

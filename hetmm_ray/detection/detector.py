@@ -17,14 +17,14 @@ from typing import TYPE_CHECKING, Any, Self
 import numpy as np
 from torch import Tensor
 
+from ..config import ConfigError, DetectorConfig, TemplateConfig
+from ..core.backbone import Backbone
+from ..core.calibration import OutOfFold
+from ..core.region import check_visible
+from ..core.scoring import Calibration, OperatingPoint, operating_point
+from ..core.templates import TemplateError, TemplateSet
+from ..data.decode import resize_to_geometry
 from . import persistence
-from .config import ConfigError, DetectorConfig, TemplateConfig
-from .core.backbone import Backbone
-from .core.calibration import OutOfFold
-from .core.region import check_visible
-from .core.scoring import Calibration, OperatingPoint, operating_point
-from .core.templates import TemplateError, TemplateSet
-from .data.decode import resize_to_geometry
 from .fit_steps import FitSteps
 from .fitting import FitPipeline
 from .frame_cost import FrameCost
@@ -34,13 +34,13 @@ from .pipeline import keep_memory_mapped
 from .scorer import ImageInput, Prediction, Scorer, as_rgb
 
 if TYPE_CHECKING:
-    from .store.protocol import Store
+    from ..store.protocol import Store
 
 __all__ = ["HETMM", "ImageInput", "Prediction", "operating_point"]
 
 
 class HETMM(Detector):
-    """A HETMM detector for one product, a frame on one canvas (:class:`~hetmm_ray.interface.Detector`).
+    """A HETMM detector for one product, a frame on one canvas (:class:`~hetmm_ray.detection.interface.Detector`).
 
     ``fit`` extracts the good images' features into the bank and calibrates the
     verdict threshold; ``predict`` scores new images; ``update`` adds good
@@ -57,7 +57,7 @@ class HETMM(Detector):
         tiles: int = 1,
         scored: int | None = None,
     ) -> None:
-        """``steps``: where fit/update/compress extract features and run PTS (``hetmm_ray/fit_steps.py``);
+        """``steps``: where fit/update/compress extract features and run PTS (``hetmm_ray/detection/fit_steps.py``);
         default in this process, ``hetmm_ray.distributed.ray_steps.ray_steps()`` on a Ray cluster.
         ``tiles`` / ``scored``: when this detector is one tile position of a tiled product
         (``tiled.py``), the positions per frame and how many of them are scored (None: all), so that
@@ -193,16 +193,17 @@ class HETMM(Detector):
         return Layout(1, 1, height, width, height, width)
 
     def frame_cost(self, frame: ImageInput) -> FrameCost:
-        """:class:`~hetmm_ray.frame_cost.FrameCost` of ``frame`` brought to the canvas, as ``predict`` brings it."""
+        """:class:`~hetmm_ray.detection.frame_cost.FrameCost` of ``frame`` brought to the canvas, as
+        ``predict`` brings it."""
         return FrameCost(self.scorer, [self.input_view(as_rgb(frame))])
 
     @classmethod
     def from_store(cls, store: Store, product: str, version: int, **options: Any) -> Self:
         """An untiled product's detector from a stored template set (:func:`persistence.load`):
         ``progress=``, ``steps=``, and overrides of run-time settings (``device=``, ``dtype=``...).
-        :func:`hetmm_ray.detector_choice.load_detector` is the loader callers use (it chooses the class)."""
+        :func:`hetmm_ray.detection.detector_choice.load_detector` is the loader callers use (it chooses the class)."""
         tiles = store.record(product, version).config.geometry.tiles
-        if tiles != (1, 1):  # one set per tile position inside (hetmm_ray/tiled.py)
+        if tiles != (1, 1):  # one set per tile position inside (hetmm_ray/detection/tiled.py)
             raise TemplateError(f"product {product!r} v{version} is tiled ({tiles}): load it with load_detector")
         return persistence.load(cls, store, product, version, **options)
 
@@ -221,7 +222,7 @@ class HETMM(Detector):
 
     def input_view(self, image: np.ndarray) -> np.ndarray:
         """``image`` as ``predict`` is given it and as its maps are drawn over: fitted to the canvas
-        (``backbone.geometry``). :class:`~hetmm_ray.tiled.TiledHETMM` has the same method (whole frames)."""
+        (``backbone.geometry``). :class:`~hetmm_ray.detection.tiled.TiledHETMM` has the same method (whole frames)."""
         bb = self.config.backbone
         return resize_to_geometry(image, bb.image_size, bb.geometry)
 

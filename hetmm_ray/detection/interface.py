@@ -14,13 +14,13 @@ Exact semantics (both implementations hold them; ``detector.HETMM`` scores a fra
   leave it unsaved (``version`` None) when anything changed; ``with_region(region)`` returns a new,
   unsaved detector with the same templates recalibrated under ``region``; it refuses a product on
   the ``validation`` threshold rule (:func:`~hetmm_ray.core.region.check_region_change`).
-- ``predict(frames, sigmas=, false_alarm_rate=)`` returns a :class:`~hetmm_ray.scorer.Prediction`
+- ``predict(frames, sigmas=, false_alarm_rate=)`` returns a :class:`~hetmm_ray.detection.scorer.Prediction`
   (its maps at :meth:`input_view`'s resolution). ``operating_point`` / ``threshold`` /
   ``calibration``: the verdict rule on the product's out-of-fold scores (a tiled product's are per
   frame).
 - ``template_set()`` is what a store holds for this detector (one set; a tiled product's positions
-  ride inside it), ``save(store, product)`` publishes it; ``hetmm_ray.detector_choice.load_detector`` is the
-  one loader and ``hetmm_ray.detector_choice.new_detector`` the one constructor (they are the only places
+  ride inside it), ``save(store, product)`` publishes it; ``hetmm_ray.detection.detector_choice.load_detector`` is the
+  one loader and ``hetmm_ray.detection.detector_choice.new_detector`` the one constructor (they are the only places
   that choose an implementation).
 - ``selections()``: each scored position's own template set (one for a frame on one canvas);
   ``layout(h, w)``: how an ``h x w`` frame is cut; ``frame_cost(frame)``: the measured cost model of
@@ -36,15 +36,15 @@ from typing import TYPE_CHECKING, Any, Self
 
 import numpy as np
 
-from .config import DetectorConfig
-from .core.region import check_region_change
-from .core.scoring import Calibration, OperatingPoint
-from .core.templates import TemplateSet
+from ..config import DetectorConfig
+from ..core.region import check_region_change
+from ..core.scoring import Calibration, OperatingPoint
+from ..core.templates import TemplateSet
 from .frame_cost import FrameCost
 from .scorer import ImageInput, Prediction
 
 if TYPE_CHECKING:
-    from .store.protocol import Store
+    from ..store.protocol import Store
 
 __all__ = ["Detector", "Layout"]
 

@@ -1,5 +1,5 @@
 """The one place that chooses a product's detector class: a frame on one canvas
-(:class:`~hetmm_ray.detector.HETMM`) or cut into tiles (:class:`~hetmm_ray.tiled.TiledHETMM`).
+(:class:`~hetmm_ray.detection.detector.HETMM`) or cut into tiles (:class:`~hetmm_ray.detection.tiled.TiledHETMM`).
 
 Exact semantics:
 
@@ -13,7 +13,7 @@ Exact semantics:
 - :func:`serving_detector`: a predict-only detector over published tiny sets, as replicas hold it
   (``tiles``: a tiled product's stored ``meta["tiles"]``, None for one canvas).
 
-Callers never ask which class they hold: both answer :class:`~hetmm_ray.interface.Detector`.
+Callers never ask which class they hold: both answer :class:`~hetmm_ray.detection.interface.Detector`.
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ from typing import TYPE_CHECKING, Any
 
 from torch import Tensor
 
-from .config import DetectorConfig
-from .core.region import check_visible
-from .core.scoring import Calibration
-from .core.templates import TemplateError
+from ..config import DetectorConfig
+from ..core.region import check_visible
+from ..core.scoring import Calibration
+from ..core.templates import TemplateError
 from .detector import HETMM
 from .geometry_rule import resolve_tiles
 from .interface import Detector
@@ -34,7 +34,7 @@ from .scorer import ImageInput
 from .tiled import TiledHETMM, region_parts
 
 if TYPE_CHECKING:
-    from .store.protocol import Store
+    from ..store.protocol import Store
 
 __all__ = ["check_region", "load_detector", "new_detector", "serving_detector"]
 

@@ -6,7 +6,7 @@ config.RUN_TIME_SETTINGS) and refuses templates built with other backbone weight
 builds a predict-only detector over a tiny set, as the service's replicas hold it.
 
 Functions over a detector's public scorer (``scorer.py``), not a part of it:
-:class:`~hetmm_ray.detector.HETMM`'s ``save``, ``load`` and ``serving`` call them with its
+:class:`~hetmm_ray.detection.detector.HETMM`'s ``save``, ``load`` and ``serving`` call them with its
 scorer (or its class, ``make``), so this module never imports the detector.
 """
 
@@ -17,14 +17,14 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from torch import Tensor
 
-from .config import DetectorConfig
-from .core.templates import TemplateError, TemplateMeta, TemplateSet
+from ..config import DetectorConfig
+from ..core.templates import TemplateError, TemplateMeta, TemplateSet
 from .fit_steps import FitSteps
 from .scorer import Scorer
 
 if TYPE_CHECKING:
-    from .core.backbone import Backbone
-    from .store.protocol import Store
+    from ..core.backbone import Backbone
+    from ..store.protocol import Store
 
 __all__ = ["Persisted", "load", "save", "serving"]
 

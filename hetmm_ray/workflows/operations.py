@@ -39,18 +39,18 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .config import OUTLIER_MADS, DetectorConfig, publishes_candidate
-from .core.good_outliers import LaterCopies, OutlierReport, outlier_report, repeated_frames
-from .core.region import check_region_change
-from .core.scoring import OperatingPoint
-from .core.templates import TemplateSet
-from .detector_choice import check_region, load_detector, new_detector
-from .geometry_rule import choose_geometry
-from .interface import Detector
-from .scorer import ImageInput
+from ..config import OUTLIER_MADS, DetectorConfig, publishes_candidate
+from ..core.good_outliers import LaterCopies, OutlierReport, outlier_report, repeated_frames
+from ..core.region import check_region_change
+from ..core.scoring import OperatingPoint
+from ..core.templates import TemplateSet
+from ..detection.detector_choice import check_region, load_detector, new_detector
+from ..detection.geometry_rule import choose_geometry
+from ..detection.interface import Detector
+from ..detection.scorer import ImageInput
 
 if TYPE_CHECKING:
-    from .store.protocol import Store
+    from ..store.protocol import Store
 
 __all__ = [
     "Outcome",

@@ -27,16 +27,16 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from .config import STREAM_FRAMES, DetectorConfig
-from .core.calibration import best_f1_cut, labelled_cuts, recall_cut
-from .core.metrics import image_auroc, pro_area
-from .core.pixel_metrics import PixelMetrics
-from .data.decode import decode_image, resize_to_geometry
-from .data.mvtec import MVTecCategory, Sample
-from .detector_choice import new_detector
-from .interface import Detector
-from .report.collect import ReportCollector
-from .result import result_records, review_threshold_of
+from ..config import STREAM_FRAMES, DetectorConfig
+from ..core.calibration import best_f1_cut, labelled_cuts, recall_cut
+from ..core.metrics import image_auroc, pro_area
+from ..core.pixel_metrics import PixelMetrics
+from ..data.decode import decode_image, resize_to_geometry
+from ..data.mvtec import MVTecCategory, Sample
+from ..detection.detector_choice import new_detector
+from ..detection.interface import Detector
+from ..report.collect import ReportCollector
+from ..result import result_records, review_threshold_of
 
 __all__ = ["EvaluationResult", "evaluate", "load_images"]
 
@@ -80,7 +80,7 @@ class EvaluationResult:
     recall_at_5pct_false_alarms: float = 0.0
     # Score distributions side by side: out-of-fold training scores and the test scores.
     score_summary: dict[str, dict[str, float]] = field(default_factory=dict)
-    # Tiled products (hetmm_ray/tiled.py): the grid and tiles scored per second (images_per_s is
+    # Tiled products (hetmm_ray/detection/tiled.py): the grid and tiles scored per second (images_per_s is
     # then frames/s). None for untiled products, whose JSON and table stay as they were.
     tiles: tuple[int, int] | None = None
     tiles_per_s: float | None = None
@@ -183,7 +183,7 @@ def evaluate(
     With an inspection region (``config.region``) the image scores and the pixel metrics count
     the region's pixels only (``Prediction.regions``). A tiled configuration (``geometry.tiles``,
     ``"auto"`` resolved from the training frames) is fit and scored by
-    :class:`~hetmm_ray.tiled.TiledHETMM` on the frames at their own resolution; its maps (and so
+    :class:`~hetmm_ray.detection.tiled.TiledHETMM` on the frames at their own resolution; its maps (and so
     the pixel metrics) are at the frame's resolution, or ``map_size`` (long side). ``report``: a
     collector offered every frame (its map, mask and region) as it is scored (module docstring)."""
     category = MVTecCategory(data)

@@ -8,7 +8,7 @@ them with the product's stored version and picks the threshold for
 * ``recall``: the best recall with at most ``max_false_alarm_rate`` of the good
   labelled images flagged (ties: the higher threshold).
 
-Tiled products are calibrated the same way on their frame scores (``hetmm_ray/tiled.py``).
+Tiled products are calibrated the same way on their frame scores (``hetmm_ray/detection/tiled.py``).
 It returns a new template set (same bank and selection) whose configuration
 says ``threshold.rule = "validation"`` and whose calibration carries the chosen
 threshold and how it was chosen; the out-of-fold scores are kept, so the
@@ -27,12 +27,12 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from .config import RATE_CHOICES, STREAM_FRAMES
-from .core.calibration import OBJECTIVES, best_f1_cut, check_rate, labelled_cuts, rate_choices, recall_cut
-from .core.scoring import Calibration
-from .core.templates import TemplateSet
-from .interface import Detector
-from .scorer import ImageInput
+from ..config import RATE_CHOICES, STREAM_FRAMES
+from ..core.calibration import OBJECTIVES, best_f1_cut, check_rate, labelled_cuts, rate_choices, recall_cut
+from ..core.scoring import Calibration
+from ..core.templates import TemplateSet
+from ..detection.interface import Detector
+from ..detection.scorer import ImageInput
 
 __all__ = ["calibrate_with_labels", "choose_threshold"]
 
@@ -64,7 +64,7 @@ def calibrate_with_labels(
 ) -> tuple[TemplateSet, dict[str, Any]]:
     """``detector``'s template set with the labelled-validation threshold; and the record.
 
-    A tiled product (:class:`~hetmm_ray.tiled.TiledHETMM`) is calibrated at the frame level: its
+    A tiled product (:class:`~hetmm_ray.detection.tiled.TiledHETMM`) is calibrated at the frame level: its
     frame scores (the maximum of the tiles' normalised scores) on the labelled frames choose the
     threshold, kept with its frame calibration (the per-frame out-of-fold maxima); the tile sets
     and their scales are unchanged."""

@@ -7,9 +7,10 @@ Exact semantics:
 
 - **Positions.** Every frame is cut by :func:`~hetmm_ray.core.tiles.tile_grid` (the same rows and
   columns for every frame, the rectangles following its size). Position ``p`` (row-major) is a
-  :class:`~hetmm_ray.scorer.Scorer` of its own: templates fit by :class:`~hetmm_ray.fitting.FitPipeline`
-  from the ``p``-th tile of every good frame, its own out-of-fold calibration, the product's
-  configuration with ``geometry`` at its default; all positions share one backbone.
+  :class:`~hetmm_ray.detection.scorer.Scorer` of its own: templates fit by
+  :class:`~hetmm_ray.detection.fitting.FitPipeline` from the ``p``-th tile of every good frame, its
+  own out-of-fold calibration, the product's configuration with ``geometry`` at its default; all
+  positions share one backbone.
 - **Whole view** (``geometry.tile_whole_view``): the whole frame is one more position, the last,
   reaching the canvas as an untiled product's image does (its region mapped as an untiled product
   maps it), fed in the same backbone passes; its normalised score joins the frame's maximum below.
@@ -40,7 +41,7 @@ Exact semantics:
   (NaN tile scores, map 0; the frame's maxima are over the others). ``Prediction.regions`` holds
   the region on each stitched map.
 - **Hot update** (:meth:`TiledHETMM.update`): each position grows by the new frames' tiles
-  (:meth:`~hetmm_ray.fitting.FitPipeline.grown`, then refit), frames already held skipped, and the
+  (:meth:`~hetmm_ray.detection.fitting.FitPipeline.grown`, then refit), frames already held skipped, and the
   scales and frame calibration are recomputed: the product a fit on the old frames followed by the
   new ones gives.
 - **Extraction apart from the fit.** :meth:`TiledHETMM.fit` is :meth:`TiledHETMM.extract_tiles`
@@ -70,14 +71,14 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from .config import ConfigError, DetectorConfig, GeometryConfig, check_number, stored_config
-from .core.calibration import TailModel
-from .core.device import TORCH_DTYPES, image_digest
-from .core.geometry import Box
-from .core.region import TilePart, check_visible, map_mask, raster, tile_regions
-from .core.scoring import Calibration, OperatingPoint, calibration_json, content_maps, image_scores, operating_point
-from .core.templates import TemplateError, TemplateMeta, TemplateSet, unseen_positions
-from .core.tiles import Tile, cut, stitch, tile_grid
+from ..config import ConfigError, DetectorConfig, GeometryConfig, check_number, stored_config
+from ..core.calibration import TailModel
+from ..core.device import TORCH_DTYPES, image_digest
+from ..core.geometry import Box
+from ..core.region import TilePart, check_visible, map_mask, raster, tile_regions
+from ..core.scoring import Calibration, OperatingPoint, calibration_json, content_maps, image_scores, operating_point
+from ..core.templates import TemplateError, TemplateMeta, TemplateSet, unseen_positions
+from ..core.tiles import Tile, cut, stitch, tile_grid
 from .detector import HETMM
 from .fit_steps import FitSteps
 from .frame_cost import FrameCost
@@ -86,7 +87,7 @@ from .interface import Detector, Layout
 from .scorer import ImageInput, Prediction, as_rgb
 
 if TYPE_CHECKING:
-    from .store.protocol import Store
+    from ..store.protocol import Store
 
 __all__ = [
     "TileFeatures",
@@ -98,7 +99,7 @@ __all__ = [
 
 @dataclass(frozen=True)
 class TiledPrediction(Prediction):
-    """A :class:`~hetmm_ray.scorer.Prediction` of frames, plus each position's normalised score (N, P):
+    """A :class:`~hetmm_ray.detection.scorer.Prediction` of frames, plus each position's normalised score (N, P):
     the ``tiles`` tiles, then the whole view when the product has one."""
 
     tile_scores: np.ndarray | None = None
@@ -201,8 +202,8 @@ def region_parts(config: DetectorConfig, tile_config: DetectorConfig | None = No
 
 
 class TiledHETMM(Detector):
-    """A tiled product in process (see the module docstring): the :class:`~hetmm_ray.interface.Detector`
-    interface over one :class:`~hetmm_ray.detector.HETMM` per tile position."""
+    """A tiled product in process (see the module docstring): the :class:`~hetmm_ray.detection.interface.Detector`
+    interface over one :class:`~hetmm_ray.detection.detector.HETMM` per tile position."""
 
     def __init__(
         self,
@@ -213,7 +214,7 @@ class TiledHETMM(Detector):
         backbone: Any = None,
         steps: FitSteps | None = None,
     ) -> None:
-        """``steps``: where each position's selection runs (``hetmm_ray/fit_steps.py``: PTS as Ray tasks with
+        """``steps``: where each position's selection runs (``hetmm_ray/detection/fit_steps.py``: PTS as Ray tasks with
         ``ray_steps()``, as ``--address`` gives); the tiles go through the one shared backbone here,
         whatever ``steps`` says."""
         if config.geometry.tiles == "auto":
@@ -340,7 +341,7 @@ class TiledHETMM(Detector):
 
     # --- fit -------------------------------------------------------------------------------
     def frame_cost(self, frame: ImageInput) -> FrameCost:
-        """:class:`~hetmm_ray.frame_cost.FrameCost` of ``frame`` on this host: the backbone pass of all its
+        """:class:`~hetmm_ray.detection.frame_cost.FrameCost` of ``frame`` on this host: the backbone pass of all its
         tiles, the stitching of their maps at the frame's resolution, and ATMM of each tile the
         region leaves in (what ``sheets: auto``'s time budget is judged by)."""
         x = as_rgb(frame)
@@ -365,10 +366,11 @@ class TiledHETMM(Detector):
         return lambda: stitch(maps, grid, (h, w), self._map_shape(h, w))
 
     def _measure_cost(self, frame: ImageInput | None) -> None:
-        """With a time budget (``templates.auto_max_ms_per_image``), one :class:`~hetmm_ray.frame_cost.FrameCost`
-        of ``frame``'s tiles (None: a blank frame of the training frame's size) for every position's
-        sheets auto: the frame's backbone pass of all its tiles + the stitching of their maps + ATMM of
-        each scored tile. Without a budget nothing is measured."""
+        """With a time budget (``templates.auto_max_ms_per_image``), one
+        :class:`~hetmm_ray.detection.frame_cost.FrameCost` of ``frame``'s tiles (None: a blank frame
+        of the training frame's size) for every position's sheets auto: the frame's backbone pass
+        of all its tiles + the stitching of their maps + ATMM of each scored tile. Without a budget
+        nothing is measured."""
         cost = None
         if self.config.templates.auto_max_ms_per_image is not None:
             if frame is not None:
@@ -732,7 +734,7 @@ class TiledHETMM(Detector):
     @classmethod
     def from_store(cls, store: Store, product: str, version: int, **options: Any) -> Self:
         """A stored tiled product's detector (:meth:`from_template_set`); callers use
-        :func:`hetmm_ray.detector_choice.load_detector`, which chooses the class."""
+        :func:`hetmm_ray.detection.detector_choice.load_detector`, which chooses the class."""
         return cls.from_template_set(store.get(product, version), version, **options)
 
     @classmethod

@@ -19,9 +19,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .config import DetectorConfig
-from .core.geometry import Box
-from .core.templates import TemplateSet
+from ..config import DetectorConfig
+from ..core.geometry import Box
+from ..core.templates import TemplateSet
 from .scorer import ImageInput, Scorer
 
 __all__ = ["FrameCost", "TimeBudgetWarning", "blank_frame_crops", "estimate_ms_per_frame", "over_budget"]

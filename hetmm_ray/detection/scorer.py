@@ -15,7 +15,7 @@ A product's inspection region (``config.region``, ``core/region.py``) enters in 
 sheets auto) and every localisation map: pixels outside never count.
 
 The fit pipeline (``fitting.py``) uses these public members to build template sets and never
-installs them; :class:`~hetmm_ray.detector.HETMM` installs what the pipeline returns.
+installs them; :class:`~hetmm_ray.detection.detector.HETMM` installs what the pipeline returns.
 Nothing here imports Ray.
 """
 
@@ -32,15 +32,15 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from .config import RUN_TIME_SETTINGS, DetectorConfig, check_number
-from .core.atmm import anomaly_maps, pixel_major
-from .core.backbone import Backbone
-from .core.device import TORCH_DTYPES, resolve_device
-from .core.geometry import Box, canvas_box, scale_box, zero_padding
-from .core.region import map_masks
-from .core.scoring import OperatingPoint, content_maps, image_scores, operating_point
-from .core.templates import TemplateSet
-from .data.decode import decode_image, images_to_tensor, resize_to_geometry
+from ..config import RUN_TIME_SETTINGS, DetectorConfig, check_number
+from ..core.atmm import anomaly_maps, pixel_major
+from ..core.backbone import Backbone
+from ..core.device import TORCH_DTYPES, resolve_device
+from ..core.geometry import Box, canvas_box, scale_box, zero_padding
+from ..core.region import map_masks
+from ..core.scoring import OperatingPoint, content_maps, image_scores, operating_point
+from ..core.templates import TemplateSet
+from ..data.decode import decode_image, images_to_tensor, resize_to_geometry
 from .pipeline import load_batch, map_in_workers, prefetched, worker_shares
 
 __all__ = ["ImageInput", "Prediction", "Scorer", "as_rgb"]
@@ -205,7 +205,7 @@ class Scorer:
     def _predict_batches(self, images: Sequence[ImageInput]) -> Iterator[tuple[Tensor, list[Box] | None]]:
         """The backbone's input batches of :meth:`decoded_batches` (same pixels), produced ``prefetch``
         batches ahead in a background thread, each image read, decoded and resized to the canvas
-        in one of ``decode_threads`` threads (``hetmm_ray.pipeline``)."""
+        in one of ``decode_threads`` threads (``hetmm_ray.detection.pipeline``)."""
         bs = self.config.batch_size
 
         def produce() -> Iterator[tuple[Tensor, list[Box] | None]]:
@@ -373,7 +373,7 @@ class Scorer:
         workers = self.score_workers()
         if workers > 1 and len(images) >= workers:
             # Each batch split among single-threaded workers that decode, resize and score their
-            # share (hetmm_ray.pipeline.map_in_workers: measured faster than parallel ops on a CPU).
+            # share (hetmm_ray.detection.pipeline.map_in_workers: measured faster than parallel ops on a CPU).
             # Scores do not depend on which images share a batch, and the workers take the next
             # share as soon as they are free.
             self.backbone  # built once here, not by the first workers at the same time  # noqa: B018

@@ -17,12 +17,12 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .config import ConfigError, DetectorConfig, GeometryConfig
-from .config.product import ASPECT_MAX_SCALE, TILE_GRID_MAX, tap_stride
-from .core.geometry import resized_shape
-from .core.templates import TemplateSet
-from .core.tiles import AUTO_MAX_SCALE, defect_grid, grid_of, tile_grid
-from .data.decode import image_shape
+from ..config import ConfigError, DetectorConfig, GeometryConfig
+from ..config.product import ASPECT_MAX_SCALE, TILE_GRID_MAX, tap_stride
+from ..core.geometry import resized_shape
+from ..core.templates import TemplateSet
+from ..core.tiles import AUTO_MAX_SCALE, defect_grid, grid_of, tile_grid
+from ..data.decode import image_shape
 from .scorer import ImageInput, as_rgb
 
 __all__ = ["GeometryChoice", "auto_tiles", "check_resolved", "choose_geometry", "frame_shape", "resolve_tiles"]

@@ -37,10 +37,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 from torch import Tensor
 
-from .config import DetectorConfig, TemplateConfig
+from ..config import DetectorConfig, TemplateConfig
 
 if TYPE_CHECKING:
-    from .core.templates import TemplateSet
+    from ..core.templates import TemplateSet
 
 __all__ = [
     "ExtractStep",

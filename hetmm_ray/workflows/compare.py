@@ -4,7 +4,7 @@
 Exact semantics of :func:`compare_versions`:
 
 - ``base`` (default: HEAD) and ``candidate`` are loaded from the store as they would serve
-  (``detector_choice.load_detector``: a tiled product as its :class:`~hetmm_ray.tiled.TiledHETMM`), and each
+  (``detector_choice.load_detector``: a tiled product as its :class:`~hetmm_ray.detection.tiled.TiledHETMM`), and each
   image is scored by both, each under its own stored threshold rule (the same scores and verdicts
   ``hetmm predict --version`` gives). Images are decoded once and scored in chunks of
   :data:`CHUNK` (memory stays bounded; maps are kept only for flips).
@@ -37,10 +37,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .result import result_record, review_threshold_of
+from ..result import result_record, review_threshold_of
 
 if TYPE_CHECKING:
-    from .store.protocol import Store
+    from ..store.protocol import Store
 
 __all__ = [
     "CHUNK",
@@ -82,7 +82,7 @@ def record_images(
     """The images the product's inspection record kept in ``[since, until)`` (encoded, named
     ``<time>/<name>``) and, when a person labelled every one of them, their labels (1 = defective).
     Reads through ``record/reader.py`` (pyarrow), imported here so that scoring alone never needs it."""
-    from .record.reader import recorded_images
+    from ..record.reader import recorded_images
 
     rows = recorded_images(store.backend, product, since=since, until=until)
     images = [(f"{row['time']:.3f}/{row.get('name') or 'image'}", data) for row, data in rows]
@@ -104,7 +104,7 @@ def overlay_png(image: np.ndarray, amap: np.ndarray, threshold: float, region: n
     """A heat-map overlay as PNG bytes, on the version's fixed colour scale."""
     from PIL import Image
 
-    from .visualize import draw_overlay
+    from ..visualize import draw_overlay
 
     out = io.BytesIO()
     Image.fromarray(draw_overlay(image, amap, threshold=threshold, region=region)).save(out, format="PNG")
@@ -162,7 +162,7 @@ def compare_versions(
     (``(name, RGB uint8 array)``); see the module docstring. With ``maps`` each flip carries
     ``heatmaps``: ``{"base": PNG bytes, "candidate": PNG bytes}``. ``map_size``: a tiled product's
     maps at most this long side (as the service's ``map_size``)."""
-    from .detector_choice import load_detector
+    from ..detection.detector_choice import load_detector
 
     if labels is not None and len(labels) != len(images):
         raise ValueError(f"{len(labels)} labels for {len(images)} images")
