@@ -59,12 +59,12 @@ def _tail_alone(tail: Any, t: float) -> float:
 def measure(name: str, root: Path, rates: list[float], drop: bool) -> dict[str, Any]:
     import numpy as np
 
-    from hetmm_ray import operations
     from hetmm_ray.config import DetectorConfig
     from hetmm_ray.core.calibration import TailModel
     from hetmm_ray.core.device import image_digest
     from hetmm_ray.detection.detector_choice import new_detector
     from hetmm_ray.detection.scorer import as_rgb
+    from hetmm_ray.workflows import operations
 
     train = [str(p) for p in _images(root / "train" / "good")]
     test = [str(p) for p in _images(root / "test" / "good")]

@@ -58,11 +58,11 @@ def start_broker(folder: Path) -> tuple[subprocess.Popen, int]:
 
 def fit_on_camera(store: Path, frames: int) -> None:
     """A product fitted on the fake camera's own frames (its good parts)."""
-    from hetmm_ray import operations
     from hetmm_ray.config import DetectorConfig
     from hetmm_ray.config.station import AravisSource
     from hetmm_ray.station.camera import AravisFrames
     from hetmm_ray.store import open_store
+    from hetmm_ray.workflows import operations
 
     source = AravisFrames(AravisSource(camera="127.0.0.1", pixel_format="Mono8"), "fit")
     got: list = []

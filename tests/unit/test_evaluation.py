@@ -83,9 +83,9 @@ def test_streamed_evaluation_equals_one_pass_over_all_frames(tmp_path: Path, mon
     """``evaluate`` scores the test frames a chunk at a time and reduces each map as it comes;
     every figure (timings aside) is the one a single pass over all frames holding every map gives,
     computed here the slow obvious way from one ``predict`` of all test frames."""
-    from hetmm_ray import evaluation
     from hetmm_ray.core.metrics import pixel_auroc, pro_score
     from hetmm_ray.detection.detector_choice import new_detector
+    from hetmm_ray.workflows import evaluation
 
     data = write_mvtec_layout(tmp_path / "set", n_train=6, n_test_good=4, n_test_per_defect=3, size=64)
     flags = [*FLAGS, "--set", "batch_size=2", *(["--set", f"geometry.tiles={tiles}"] if tiles else [])]

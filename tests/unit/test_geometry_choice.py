@@ -13,7 +13,6 @@ import pytest
 import torch
 from PIL import Image
 
-from hetmm_ray import operations
 from hetmm_ray.cli import main
 from hetmm_ray.config import ConfigError, DetectorConfig
 from hetmm_ray.config.detector import stored_config
@@ -23,6 +22,7 @@ from hetmm_ray.data.synthetic import SyntheticProduct
 from hetmm_ray.detection.geometry_rule import choose_geometry
 from hetmm_ray.serve import bodies
 from hetmm_ray.store import open_store
+from hetmm_ray.workflows import operations
 
 SMALL = {
     "backbone": {"name": "resnet18", "weights": "random", "image_size": 32},

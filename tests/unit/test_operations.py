@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import pytest
 
-from hetmm_ray import operations
 from hetmm_ray.config import ConfigError, DetectorConfig
 from hetmm_ray.data.synthetic import SyntheticProduct
 from hetmm_ray.detection.detector import HETMM
 from hetmm_ray.detection.detector_choice import load_detector
 from hetmm_ray.detection.tiled import TiledHETMM
 from hetmm_ray.store import StoreConflict, open_store
+from hetmm_ray.workflows import operations
 
 CONFIG = {
     "backbone": {"name": "resnet18", "weights": "random", "image_size": 32, "layers": ["layer2", "layer3"]},

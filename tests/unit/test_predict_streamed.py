@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from hetmm_ray import operations
 from hetmm_ray.cli import main, scoring
 from hetmm_ray.config import DetectorConfig
 from hetmm_ray.data.synthetic import SyntheticProduct
 from hetmm_ray.store import open_store
+from hetmm_ray.workflows import operations
 
 CONFIG = {
     "backbone": {"name": "resnet18", "weights": "random", "image_size": 32, "layers": ["layer2", "layer3"]},

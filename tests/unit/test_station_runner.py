@@ -16,7 +16,6 @@ import pytest
 import yaml
 from helpers import TINY_CONFIG, png
 
-from hetmm_ray import operations
 from hetmm_ray.config import ConfigError, DetectorConfig
 from hetmm_ray.config.station import FolderSource
 from hetmm_ray.data.synthetic import SyntheticProduct
@@ -25,6 +24,7 @@ from hetmm_ray.station import load_line
 from hetmm_ray.station.runner import InProcessService, Scored, ServiceUnavailable, build_station
 from hetmm_ray.station.sources import FolderFrames
 from hetmm_ray.store import open_store
+from hetmm_ray.workflows import operations
 
 
 @pytest.fixture(scope="module")

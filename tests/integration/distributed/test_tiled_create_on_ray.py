@@ -16,7 +16,6 @@ import ray
 import torch
 from helpers import png
 
-from hetmm_ray import operations
 from hetmm_ray.config import BackboneConfig, DetectorConfig, TemplateConfig, ThresholdConfig
 from hetmm_ray.core.templates import TemplateSet
 from hetmm_ray.data.decode import ImageError
@@ -26,6 +25,7 @@ from hetmm_ray.detection.tiled import TiledHETMM
 from hetmm_ray.distributed import ProductRegistry
 from hetmm_ray.distributed.extract import extract_tiles_ray, tile_frames_per_pass
 from hetmm_ray.store import open_store
+from hetmm_ray.workflows import operations
 
 pytestmark = pytest.mark.usefixtures("local_ray", "one_torch_thread")
 

@@ -792,10 +792,10 @@ def test_stations_view_shows_what_a_running_station_reports(page: Any, api: http
     import yaml
     from helpers import TINY_CONFIG
 
-    from hetmm_ray import operations
     from hetmm_ray.station import load_line
     from hetmm_ray.station.report import ConsoleReporter
     from hetmm_ray.station.runner import build_station
+    from hetmm_ray.workflows import operations
 
     base = api.base_url
     operations.fit(

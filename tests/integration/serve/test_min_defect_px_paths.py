@@ -29,7 +29,6 @@ import yaml
 from helpers import free_port, png, tiny_cli_flags, until
 from PIL import Image
 
-from hetmm_ray import operations
 from hetmm_ray.cli import main
 from hetmm_ray.config import ConfigError, DetectorConfig
 from hetmm_ray.data.synthetic import SyntheticProduct
@@ -37,6 +36,7 @@ from hetmm_ray.detection.detector_choice import load_detector
 from hetmm_ray.detection.geometry_rule import choose_geometry
 from hetmm_ray.detection.tiled import TiledHETMM
 from hetmm_ray.store import open_store
+from hetmm_ray.workflows import operations
 
 pytestmark = pytest.mark.usefixtures("local_ray")
 

@@ -25,7 +25,6 @@ import pytest
 import yaml
 from helpers import TINY_CONFIG
 
-from hetmm_ray import operations
 from hetmm_ray.config import ConfigError, DetectorConfig
 from hetmm_ray.config.station import AravisSource
 from hetmm_ray.data.raw_frame import RawFrame
@@ -33,6 +32,7 @@ from hetmm_ray.detection.detector_choice import load_detector
 from hetmm_ray.station import load_line
 from hetmm_ray.station.runner import build_station
 from hetmm_ray.store import open_store
+from hetmm_ray.workflows import operations
 
 FAKE = shutil.which("arv-fake-gv-camera-0.8")
 try:

@@ -23,10 +23,10 @@ import yaml
 from helpers import TINY_CONFIG, free_port, png
 from mqtt_peers import MOSQUITTO, Broker, Subscriber
 
-from hetmm_ray import operations
 from hetmm_ray.config import DetectorConfig
 from hetmm_ray.data.synthetic import SyntheticProduct
 from hetmm_ray.store import open_store
+from hetmm_ray.workflows import operations
 
 if MOSQUITTO is None and os.environ.get("CI") != "true":
     pytest.skip("needs Debian's mosquitto (apt-get install mosquitto; .ci/run installs it)", allow_module_level=True)

@@ -18,12 +18,12 @@ import yaml
 from helpers import TINY_CONFIG, folder_station, png
 from mqtt_peers import MOSQUITTO, WAIT_S, Broker, Subscriber
 
-from hetmm_ray import operations
 from hetmm_ray.config import DetectorConfig
 from hetmm_ray.data.synthetic import SyntheticProduct
 from hetmm_ray.station import load_line
 from hetmm_ray.station.runner import FIELDS, build_station
 from hetmm_ray.store import open_store
+from hetmm_ray.workflows import operations
 
 if MOSQUITTO is None and os.environ.get("CI") != "true":
     pytest.skip("needs Debian's mosquitto (apt-get install mosquitto; .ci/run installs it)", allow_module_level=True)

@@ -13,12 +13,12 @@ from typing import Any
 import yaml
 from helpers import TINY_CONFIG, folder_station, free_port, png
 
-from hetmm_ray import operations
 from hetmm_ray.config import DetectorConfig
 from hetmm_ray.data.synthetic import SyntheticProduct
 from hetmm_ray.station import load_line
 from hetmm_ray.station.runner import build_station
 from hetmm_ray.store import open_store
+from hetmm_ray.workflows import operations
 
 NAMESPACE = "urn:hetmm-ray:test-line"
 
