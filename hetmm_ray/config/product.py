@@ -118,11 +118,8 @@ THRESHOLD_RULES = ("far", "sigmas", "validation")  # see ThresholdConfig
 # warning (core/scoring.OperatingPoint.warning): the rule then put it where no good image was ever
 # seen (the far rule's log-normal tail with too few images for its rank, a large sigmas), so
 # every defect scoring between the good images and the threshold passes unflagged. Not a limit:
-# the threshold stands. 1.5, measured: battery_weld's 37 welds at far 1 % give 3.0x at today's
-# defaults (2.7x mobilenet_v2 letterbox, 1.45x squash: not warned) and flag none of 93 defects;
-# bottle 0.98x (209 images). On simulated good scores (seven families like bench_threshold.py estimators', 300
-# draws each, far 1 %) it fires in 0-43 % of draws at n = 37, where the 1 % point often does lie
-# past the sample, and in 0-5 % at n = 200: a note on small sets, quiet once the rank is near.
+# the threshold stands. The value and what it fires on: docs/performance.md, "Settings chosen by
+# measurement".
 THRESHOLD_WARN_OVER_HIGHEST = 1.5
 # The far rule's rates shown side by side after a fit, an update and a labelled calibration, and in
 # the console beside the histogram (core/calibration.rate_choices): each with its threshold, the
@@ -218,7 +215,7 @@ class BackboneConfig(Settings):
     # with channels_last memory (features still float32 unit vectors), "float32" in fp32, "auto"
     # bf16 where the device has it natively (CUDA with bf16, CPUs with avx512_bf16/amx_bf16) and
     # fp32 elsewhere: a fixed rule per machine, so every process there computes the same features.
-    # Measured on bottle (docs/performance.md): no verdict changed between the two.
+    # Chosen by measurement (docs/performance.md, "Settings chosen by measurement").
     precision: str = setting(
         "auto",
         OneOf(BACKBONE_PRECISIONS, "precision"),
@@ -282,8 +279,8 @@ class ScoringConfig(Settings):
             "1`, reflect padding); 0: the raw map's maximum."
         ),
     )
-    # Blur of the localisation map that metrics and heat-maps use (0 = S itself).
-    # Measured on MVTec bottle: blurring trades PRO for pixel AUROC (sigma 4: PRO -0.4).
+    # Blur of the localisation map that metrics and heat-maps use (0 = S itself): blurring trades
+    # PRO for pixel AUROC (docs/performance.md, "Settings chosen by measurement").
     map_sigma: float = setting(
         0.0,
         Range(0.0, 64.0),
@@ -438,8 +435,8 @@ class ThresholdConfig(Settings):
         ),
     )
     sigmas: float = setting(3.0, Range(0.0, 100.0), description="The `sigmas` rule's k in mean + k x std.")
-    # 10 folds: held-out images see 90 % of the templates a new part sees. Measured on a synthetic
-    # product (300 images, 500 fresh): 5 folds made the 5 % rule flag 1.6-2.8 %, 10 folds 2.4-4.6 %.
+    # 10 folds: held-out images see 90 % of the templates a new part sees, so their scores are
+    # close to a new part's (docs/performance.md, "Settings chosen by measurement").
     folds: int = setting(
         10,
         Range(2, 100, int),
