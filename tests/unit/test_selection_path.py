@@ -190,7 +190,7 @@ def test_selection_and_the_gather_are_written_once() -> None:
     assert offenders == {}
     users = {
         p: {n.id for n in ast.walk(ast.parse((PACKAGE / p).read_text())) if isinstance(n, ast.Name)}
-        for p in ("fitting.py", "distributed/shard.py")  # the registry selects through fitting's pipeline
+        for p in ("detection/fitting.py", "distributed/shard.py")  # the registry selects through fitting's pipeline
     }
     assert {p: bool(c & {"select_layer", "select_layers"}) for p, c in users.items()} == dict.fromkeys(users, True)
 
