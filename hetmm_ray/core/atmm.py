@@ -22,8 +22,6 @@ from __future__ import annotations
 import functools
 import math
 import threading
-import weakref
-from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 
 import torch
@@ -40,7 +38,6 @@ __all__ = [
     "forward_atm",
     "fuse_layer_maps",
     "pixel_major",
-    "window_templates",
 ]
 
 
@@ -321,9 +318,11 @@ def anomaly_maps(
             layer = alphas[j] * fwd + (1 - alphas[j]) * bwd
         else:
             (r0, r1), (c0, c1) = crop
+            w = q.shape[3]
+            pixels = torch.arange(r0, r1, device=t_pm.device)[:, None] * w + torch.arange(c0, c1, device=t_pm.device)
             fwd, bwd = atm_pair(
-                q[:, :, r0:r1, c0:c1], window_templates(t_pm, q.shape[3], crop), forward_windows[j],
-                backward_windows[j], chunk_bytes=chunk_bytes,
+                q[:, :, r0:r1, c0:c1], t_pm[pixels.flatten()], forward_windows[j], backward_windows[j],
+                chunk_bytes=chunk_bytes,
             )  # fmt: skip
             layer = fwd.new_zeros((q.shape[0], *q.shape[2:]))
             layer[:, r0:r1, c0:c1] = alphas[j] * fwd + (1 - alphas[j]) * bwd
@@ -331,41 +330,6 @@ def anomaly_maps(
             layer = replicate_into_padding(layer, cells)  # every cell outside the window is a pad cell
         layers.append(layer)
     return fuse_layer_maps(layers, weights, size)
-
-
-# Templates are fixed per version, and a product's frames share one content window: the window's
-# templates are gathered once and kept while the templates live (not copied again per batch).
-_WINDOW_TEMPLATES: OrderedDict[tuple[int, int, tuple[tuple[int, int], tuple[int, int]]], Tensor] = OrderedDict()
-_WINDOW_TEMPLATES_MAX = 32
-_WINDOW_LOCK = threading.Lock()
-
-
-def window_templates(t_pm: Tensor, width: int, crop: tuple[tuple[int, int], tuple[int, int]]) -> Tensor:
-    """The pixel-major templates ``t_pm`` of a layer ``width`` cells wide at the cells of ``crop``
-    (:func:`content_window`), row by row: what ATMM of the cropped query matches against. Kept
-    for later calls with the same ``t_pm`` and window until ``t_pm`` is freed (at most
-    ``_WINDOW_TEMPLATES_MAX`` windows)."""
-    key = (id(t_pm), width, crop)
-    with _WINDOW_LOCK:
-        kept = _WINDOW_TEMPLATES.get(key)
-        if kept is not None:
-            _WINDOW_TEMPLATES.move_to_end(key)
-            return kept
-    (r0, r1), (c0, c1) = crop
-    rows = torch.arange(r0, r1, device=t_pm.device)[:, None] * width
-    out = t_pm[(rows + torch.arange(c0, c1, device=t_pm.device)).flatten()]
-    with _WINDOW_LOCK:
-        _WINDOW_TEMPLATES[key] = out
-        while len(_WINDOW_TEMPLATES) > _WINDOW_TEMPLATES_MAX:
-            _WINDOW_TEMPLATES.popitem(last=False)
-    # dropped with the templates, so a new tensor at the same address never finds a stale copy
-    weakref.finalize(t_pm, _forget_window, key)
-    return out
-
-
-def _forget_window(key: tuple[int, int, tuple[tuple[int, int], tuple[int, int]]]) -> None:
-    with _WINDOW_LOCK:
-        _WINDOW_TEMPLATES.pop(key, None)
 
 
 def content_window(

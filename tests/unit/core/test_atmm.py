@@ -17,7 +17,6 @@ from hetmm_ray.core.atmm import (
     forward_atm,
     fuse_layer_maps,
     pixel_major,
-    window_templates,
 )
 from hetmm_ray.core.geometry import Box, cell_boxes, replicate_into_padding, zero_padding
 
@@ -201,25 +200,6 @@ def test_letterboxed_maps_on_the_content_window_equal_the_whole_layer(boxes: lis
         s = s + (1 - alphas[j]) * naive_backward(q[n].double(), t[n].double(), bw[j])
         layers.append(replicate_into_padding(s.float(), cell_boxes(boxes, canvas, hw)))
     torch.testing.assert_close(got, fuse_layer_maps(layers, weights, canvas), atol=1e-5, rtol=0)
-
-
-def test_window_templates_are_the_windows_pixels_gathered_once_while_the_templates_live() -> None:
-    import gc
-
-    import hetmm_ray.core.atmm as atmm
-
-    t = unit(3, 4, 6, 5, seed=3).float()
-    t_pm = pixel_major(t)
-    crop = ((1, 4), (2, 5))
-    got = window_templates(t_pm, 5, crop)
-    torch.testing.assert_close(got, pixel_major(t[:, :, 1:4, 2:5].contiguous()), rtol=0, atol=0)
-    assert window_templates(t_pm, 5, crop) is got  # the next batch reuses it
-    assert window_templates(t_pm, 5, ((0, 2), (0, 5))) is not got
-    key = (id(t_pm), 5, crop)
-    assert key in atmm._WINDOW_TEMPLATES
-    del t_pm
-    gc.collect()
-    assert key not in atmm._WINDOW_TEMPLATES  # freed with the templates: no stale copy for a new tensor
 
 
 def test_the_content_window_is_none_for_a_full_layer() -> None:
