@@ -313,19 +313,16 @@ def anomaly_maps(
         cells = None if boxes is None else cell_boxes(boxes, canvas, tuple(q.shape[2:]))  # type: ignore[arg-type]
         p = max(forward_windows[j], backward_windows[j])
         crop = None if cells is None else content_window(cells, tuple(q.shape[2:]), p // 2)  # type: ignore[arg-type]
-        if crop is None:
-            fwd, bwd = atm_pair(q, t_pm, forward_windows[j], backward_windows[j], chunk_bytes=chunk_bytes)
-            layer = alphas[j] * fwd + (1 - alphas[j]) * bwd
-        else:
+        if crop is not None:  # the window's query cells and the templates at the same cells
             (r0, r1), (c0, c1) = crop
-            w = q.shape[3]
-            pixels = torch.arange(r0, r1, device=t_pm.device)[:, None] * w + torch.arange(c0, c1, device=t_pm.device)
-            fwd, bwd = atm_pair(
-                q[:, :, r0:r1, c0:c1], t_pm[pixels.flatten()], forward_windows[j], backward_windows[j],
-                chunk_bytes=chunk_bytes,
-            )  # fmt: skip
-            layer = fwd.new_zeros((q.shape[0], *q.shape[2:]))
-            layer[:, r0:r1, c0:c1] = alphas[j] * fwd + (1 - alphas[j]) * bwd
+            rows = torch.arange(r0, r1, device=t_pm.device)[:, None] * q.shape[3]
+            q, t_pm = q[:, :, r0:r1, c0:c1], t_pm[(rows + torch.arange(c0, c1, device=t_pm.device)).flatten()]
+        fwd, bwd = atm_pair(q, t_pm, forward_windows[j], backward_windows[j], chunk_bytes=chunk_bytes)
+        layer = alphas[j] * fwd + (1 - alphas[j]) * bwd
+        if crop is not None:
+            whole = layer.new_zeros((layer.shape[0], *query[name].shape[2:]))
+            whole[:, r0:r1, c0:c1] = layer
+            layer = whole
         if cells is not None:
             layer = replicate_into_padding(layer, cells)  # every cell outside the window is a pad cell
         layers.append(layer)
