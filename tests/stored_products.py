@@ -7,8 +7,10 @@ in three parts by tests/unit/test_pre22_store.py and test_tile_whole_view.py:
 2. **The scoring of stored features** (tests/stored_features.py replays the features the old code's
    backbone gave): scores, tile scores and maps equal the old code's on those features to
    ``REPLAY_RTOL``. Not bit for bit: ATMM's and the fusion's float32 sums are ordered by the CPU's
-   vector width. Measured: the last 1-2 bits of a score change between this project's AVX2 kernels
-   and torch's plain ones (``ATEN_CPU_CAPABILITY=default ONEDNN_MAX_CPU_ISA=SSE41``), about 4e-7.
+   vector width and by MKL's kernel for that CPU. Measured: the last 1-2 bits of a score change
+   between torch's AVX2 kernels and its plain ones (``ATEN_CPU_CAPABILITY=default
+   ONEDNN_MAX_CPU_ISA=SSE41``), about 4e-7; between the AVX2 machine that recorded the stores and an
+   AVX-512 Xeon (bf16/fp16 extensions), up to 7e-5 relative on a small score (6e-6 absolute).
 3. **Through the backbone** (either CPU runtime): scores and maps equal what the old code scored
    on the machine that wrote the store to ``BACKBONE_RTOL``, the bound the GPU check holds predict
    scores to (benchmarks/device_check.py ``check_predict``), because a convolution's result is not
@@ -43,7 +45,7 @@ __all__ = [
     "test_frames",
 ]
 
-REPLAY_RTOL = 1e-5
+REPLAY_RTOL = 2e-4
 """Today's scoring of the old backbone's features against the old code's (part 2 above)."""
 BACKBONE_RTOL = 1e-3
 """Scores through the backbone against the old machine's (part 3 above)."""
