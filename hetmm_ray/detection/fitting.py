@@ -468,6 +468,8 @@ class FitPipeline:
         total = sum(len(held) for held in plan)
         kept_rows = [np.setdiff1d(np.arange(n), held).tolist() for held in plan]
         selections = self.fold_selections(ts.bank, sel, plan, kept_rows)
+        # the bank laid out pixel-major once, each fold's templates gathered from it (not per fold)
+        bank_pm = self.scorer.pixel_major_bank(ts) if any(c is None for _, c in selections) else None
         with self._stage("calibrate: out-of-fold", total, leave=False) as progress:
 
             def from_done(done: int) -> Callable[[int, int], None]:
@@ -475,21 +477,25 @@ class FitPipeline:
                 return lambda d, _n: progress(done + d, total)
 
             for held, kept, (indices, centres) in zip(plan, kept_rows, selections, strict=True):
-                fold_ts = TemplateSet(
-                    bank={k: v[kept] for k, v in ts.bank.items()},
-                    config=config,
-                    weights_id=ts.weights_id,
-                    image_digests=tuple(ts.image_digests[i] for i in kept),
-                    indices=indices,
-                    centres=centres,
-                )
+                if centres is None and bank_pm is not None:
+                    templates_pm = self.scorer.prepare_rows(bank_pm, kept, indices)
+                else:  # centres blend the kept images: made from the fold's own bank
+                    fold_ts = TemplateSet(
+                        bank={k: v[kept] for k, v in ts.bank.items()},
+                        config=config,
+                        weights_id=ts.weights_id,
+                        image_digests=tuple(ts.image_digests[i] for i in kept),
+                        indices=indices,
+                        centres=centres,
+                    )
+                    templates_pm = self.scorer.prepare(fold_ts)
                 held_feats = {k: v[held].to(device) for k, v in ts.bank.items()}
                 held_boxes = self.bank_boxes(ts, held)  # letterbox: the pad never counts in a score
                 start = time.perf_counter()
                 done = len(images)
                 fold_scores = self.scorer.score(
                     held_feats,
-                    self.scorer.prepare(fold_ts),
+                    templates_pm,
                     held_boxes,
                     progress=from_done(done),
                     region_of=config,  # the set's own region: pixels outside never count

@@ -247,6 +247,30 @@ class Scorer:
             out[layer] = pixel_major(t.to(self.device, dtype))
         return out
 
+    def pixel_major_bank(self, ts: TemplateSet) -> dict[str, Tensor]:
+        """Every layer's whole bank pixel-major (``(H*W, N, C)``) on the device, in the bank's dtype:
+        what :meth:`prepare_rows` gathers a fold's templates from, laid out once for all folds."""
+        return {layer: pixel_major(ts.bank[layer].to(self.device)) for layer in ts.layers}
+
+    def prepare_rows(
+        self, bank_pm: dict[str, Tensor], rows: Sequence[int], indices: dict[str, Tensor] | None
+    ) -> dict[str, Tensor]:
+        """:meth:`prepare` of the set of the bank's ``rows`` under ``indices`` (``(K, H, W)`` per layer,
+        into ``rows``; None: every one of them), gathered from ``bank_pm`` (:meth:`pixel_major_bank`):
+        the same tensors, bit for bit, without laying the bank out again for each fold."""
+        dtype = TORCH_DTYPES[self.config.dtype]
+        kept = torch.as_tensor(list(rows), dtype=torch.long, device=self.device)
+        out = {}
+        for layer, pm in bank_pm.items():
+            if indices is None:
+                t = pm.index_select(1, kept)
+            else:
+                k, h, w = indices[layer].shape
+                chosen = kept[indices[layer].to(self.device).reshape(k, h * w).T]  # (H*W, K) bank rows
+                t = torch.gather(pm, 1, chosen[:, :, None].expand(-1, -1, pm.shape[2]))
+            out[layer] = t.to(dtype)
+        return out
+
     def score_maps(
         self,
         feats: dict[str, Tensor],

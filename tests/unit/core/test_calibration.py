@@ -38,6 +38,7 @@ from hetmm_ray.core.calibration import (
 )
 from hetmm_ray.core.pts import select_layers
 from hetmm_ray.core.scoring import Calibration, image_scores
+from hetmm_ray.core.templates import TemplateSet
 from hetmm_ray.data.synthetic import SyntheticProduct
 from hetmm_ray.detection.detector import HETMM
 from hetmm_ray.detection.detector_choice import load_detector
@@ -214,6 +215,34 @@ def test_out_of_fold_reselects_pts_without_the_held_out_fold(gear):
     for i in range(9):
         assert got[i] == pytest.approx(expected[i], abs=1e-5)
     np.testing.assert_allclose(ts.calibration.scores, oof.scores)
+
+
+@pytest.mark.parametrize(
+    ("kind", "bank_dtype", "dtype"),
+    [("all", "float32", "float32"), ("pts_o", "bfloat16", "float32"), ("cover", "float16", "float16")],
+)
+def test_a_folds_templates_gathered_from_the_pixel_major_bank_are_its_own_sets(gear, kind, bank_dtype, dtype):
+    """``Scorer.prepare_rows`` (what the out-of-fold calibration scores each fold against) equals
+    ``Scorer.prepare`` of the fold's own template set, built from its kept rows, bit for bit."""
+    config = tiny_config(**{"templates.kind": kind, "templates.sheets": 3, "bank_dtype": bank_dtype, "dtype": dtype})
+    det = HETMM(config).fit([gear.good(i) for i in range(9)])
+    ts, scorer = det.templates, det.scorer
+    bank_pm = scorer.pixel_major_bank(ts)
+    for kept in ([0, 2, 3, 5, 8], [1, 4, 6, 7], list(range(9))):
+        bank = {k: v[kept] for k, v in ts.bank.items()}
+        indices = None if kind == "all" else select_layers(bank, kind, 3, 0)[0]
+        own = TemplateSet(
+            bank=bank,
+            config=config,
+            weights_id=ts.weights_id,
+            image_digests=tuple(ts.image_digests[i] for i in kept),
+            indices=indices,
+        )
+        want, got = scorer.prepare(own), scorer.prepare_rows(bank_pm, kept, indices)
+        assert got.keys() == want.keys() == ts.bank.keys()
+        for layer in want:
+            assert got[layer].dtype == want[layer].dtype and got[layer].is_contiguous()
+            assert torch.equal(got[layer], want[layer]), (kind, kept, layer)
 
 
 def test_folds_follow_the_images_not_their_order():
