@@ -468,8 +468,9 @@ class FitPipeline:
         total = sum(len(held) for held in plan)
         kept_rows = [np.setdiff1d(np.arange(n), held).tolist() for held in plan]
         selections = self.fold_selections(ts.bank, sel, plan, kept_rows)
-        # the bank laid out pixel-major once, each fold's templates gathered from it (not per fold)
-        bank_pm = self.scorer.pixel_major_bank(ts) if any(c is None for _, c in selections) else None
+        # the bank laid out pixel-major once, each fold's templates gathered from it (not per fold);
+        # centres (every fold's, or none) blend the kept images and are made per fold
+        bank_pm = self.scorer.pixel_major_bank(ts) if all(c is None for _, c in selections) else None
         with self._stage("calibrate: out-of-fold", total, leave=False) as progress:
 
             def from_done(done: int) -> Callable[[int, int], None]:
@@ -477,9 +478,9 @@ class FitPipeline:
                 return lambda d, _n: progress(done + d, total)
 
             for held, kept, (indices, centres) in zip(plan, kept_rows, selections, strict=True):
-                if centres is None and bank_pm is not None:
+                if bank_pm is not None:
                     templates_pm = self.scorer.prepare_rows(bank_pm, kept, indices)
-                else:  # centres blend the kept images: made from the fold's own bank
+                else:
                     fold_ts = TemplateSet(
                         bank={k: v[kept] for k, v in ts.bank.items()},
                         config=config,
