@@ -67,6 +67,7 @@ __all__ = [
     "pixel_vectors",
     "pts_indices",
     "select_layer",
+    "select_rows_pixel_major",
     "select_layers",
     "select_templates",
 ]
@@ -299,6 +300,21 @@ def select_templates(bank: Tensor, indices: Tensor) -> Tensor:
     kk, h, w = indices.shape
     idx = indices.to(bank.device)[:, None].expand(kk, bank.shape[1], h, w)
     return torch.gather(bank, 0, idx)
+
+
+def select_rows_pixel_major(bank_pm: Tensor, rows: Tensor, indices: Tensor | None) -> Tensor:
+    """The templates of the bank's ``rows`` under ``indices``, pixel-major (``(H*W, K, C)``), from
+    the whole bank laid out pixel-major (``bank_pm``, ``(H*W, N, C)``): at pixel ``p``, sheet ``k``
+    is ``bank_pm[p, rows[indices[k, p]]]``, ``indices`` ``(K, H, W)`` indexing into ``rows`` (a
+    selection made on the sub-bank of those rows); None: every one of ``rows``, in order. The same
+    values as selecting from the sub-bank, then laying it out (``select_templates``)."""
+    if indices is None:
+        return bank_pm.index_select(1, rows)
+    k, h, w = indices.shape
+    if h * w != bank_pm.shape[0]:
+        raise ValueError(f"indices {tuple(indices.shape)} do not fit a pixel-major bank {tuple(bank_pm.shape)}")
+    chosen = rows[indices.to(rows.device).reshape(k, h * w).T]  # (H*W, K) bank rows
+    return torch.gather(bank_pm, 1, chosen[:, :, None].expand(-1, -1, bank_pm.shape[2]))
 
 
 # --- the ablation variants ----------------------------------------------------------

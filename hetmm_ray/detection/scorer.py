@@ -37,6 +37,7 @@ from ..core.atmm import anomaly_maps, pixel_major
 from ..core.backbone import Backbone
 from ..core.device import TORCH_DTYPES, resolve_device
 from ..core.geometry import Box, canvas_box, scale_box, zero_padding
+from ..core.pts import select_rows_pixel_major
 from ..core.region import map_masks
 from ..core.scoring import OperatingPoint, content_maps, image_scores, operating_point
 from ..core.templates import TemplateSet
@@ -262,12 +263,7 @@ class Scorer:
         kept = torch.as_tensor(list(rows), dtype=torch.long, device=self.device)
         out = {}
         for layer, pm in bank_pm.items():
-            if indices is None:
-                t = pm.index_select(1, kept)
-            else:
-                k, h, w = indices[layer].shape
-                chosen = kept[indices[layer].to(self.device).reshape(k, h * w).T]  # (H*W, K) bank rows
-                t = torch.gather(pm, 1, chosen[:, :, None].expand(-1, -1, pm.shape[2]))
+            t = select_rows_pixel_major(pm, kept, None if indices is None else indices[layer].to(self.device))
             out[layer] = t.to(dtype)
         return out
 

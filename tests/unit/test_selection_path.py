@@ -200,3 +200,25 @@ def test_numpy_bank_of_a_shard_selects_like_the_tensor() -> None:
     shard = LayerShard("gear", "layer2", np.ascontiguousarray(b.numpy()))
     assert shard.select("pts_o", 3, chunk_pixels=10**6) == 3
     assert torch.equal(shard.indices, select_layer(b, "pts_o", 3).indices)
+
+
+@pytest.mark.parametrize("selected", [False, True])
+def test_rows_gathered_pixel_major_are_the_sub_banks_templates(selected: bool) -> None:
+    """``select_rows_pixel_major`` on the whole bank laid out once equals, pixel by pixel, the
+    sub-bank of those rows selected (``select_templates``) and then laid out."""
+    from hetmm_ray.core.atmm import pixel_major
+    from hetmm_ray.core.pts import select_rows_pixel_major, select_templates
+
+    bank = _bank(9, seed=11, dtype=torch.float32)
+    rows = torch.tensor([7, 0, 3, 5, 8])
+    sub = bank[rows]
+    indices = select_layer(sub, "pts_o", 3).indices if selected else None
+    got = select_rows_pixel_major(pixel_major(bank), rows, indices)
+    _n, _c, h, w = bank.shape
+    for y in range(h):
+        for x in range(w):
+            images = indices[:, y, x].tolist() if indices is not None else list(range(len(rows)))
+            want = torch.stack([sub[i, :, y, x] for i in images])
+            assert torch.equal(got[y * w + x], want)
+    if indices is not None:
+        assert torch.equal(got, pixel_major(select_templates(sub, indices)))
