@@ -67,8 +67,8 @@ __all__ = [
     "pixel_vectors",
     "pts_indices",
     "select_layer",
-    "select_rows_pixel_major",
     "select_layers",
+    "select_rows_pixel_major",
     "select_templates",
 ]
 

@@ -263,7 +263,7 @@ class Scorer:
         kept = torch.as_tensor(list(rows), dtype=torch.long, device=self.device)
         out = {}
         for layer, pm in bank_pm.items():
-            t = select_rows_pixel_major(pm, kept, None if indices is None else indices[layer].to(self.device))
+            t = select_rows_pixel_major(pm, kept, None if indices is None else indices[layer])
             out[layer] = t.to(dtype)
         return out
 
