@@ -196,6 +196,7 @@ class DetectorConfig(Settings):
         untiled configuration names)."""
         out = {k: v for k, v in self.product_only().to_dict().items() if k not in RUN_TIME_SETTINGS}
         del out["geometry"]["canvas"]  # always "fixed" in a product: the dict products always had
+        del out["geometry"]["tile_large_frames"]  # a fit's rule, resolved: a product holds its grid
         if out["geometry"].get("min_defect_px") is None:  # unset: written as products were before it
             del out["geometry"]["min_defect_px"]
             if not self.geometry.tiled:
@@ -215,8 +216,8 @@ class DetectorConfig(Settings):
         built product's canvas is its ``image_size``; ``aspect`` is a fit's choice, made once): the
         product as stored."""
         defaults: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(DetectorConfig) if is_run_time(f)}
-        if self.geometry.canvas != "fixed":
-            defaults["geometry"] = dataclasses.replace(self.geometry, canvas="fixed")
+        if self.geometry.canvas != "fixed" or self.geometry.tile_large_frames:
+            defaults["geometry"] = dataclasses.replace(self.geometry, canvas="fixed", tile_large_frames=False)
         same = all(getattr(self, k) == v for k, v in defaults.items())
         return self if same else dataclasses.replace(self, **defaults)
 
@@ -245,7 +246,8 @@ def stored_config(data: dict[str, Any]) -> DetectorConfig:
     built, not today's default: ``backbone.geometry`` missing means ``squash``; a missing
     ``geometry`` section means one tile (its default, the frame itself); a ``geometry`` section
     without ``tile_whole_view`` means none (tiled products stored before the whole view); no
-    ``geometry.canvas`` means ``fixed`` (a fit resolves the canvas, and stores only the size). The
+    ``geometry.canvas`` means ``fixed`` and no ``geometry.tile_large_frames`` means false (a fit resolves
+    the canvas and the grid, and stores only the size and the grid: never written). The
     :data:`RUN_TIME_SETTINGS` an older manifest may hold are ignored (this host's defaults
     apply: a product compressed on a GPU host loads on a CPU-only one). Settings that no longer
     exist (:data:`~.product.RETIRED_SETTINGS`, e.g. ``templates.auto_max_rel_diff``) are dropped.
@@ -259,9 +261,11 @@ def stored_config(data: dict[str, Any]) -> DetectorConfig:
         data = {**data, "backbone": {**data["backbone"], "geometry": "squash"}}
     if isinstance(data, dict) and isinstance(data.get("geometry"), dict) and "tile_whole_view" not in data["geometry"]:
         data = {**data, "geometry": {**data["geometry"], "tile_whole_view": False}}  # tiled before the whole view
-    if isinstance(data, dict) and (not isinstance(data.get("geometry"), dict) or "canvas" not in data["geometry"]):
-        # a stored product's canvas was resolved by its fit (or predates the setting): never chosen again
-        data = {**data, "geometry": {**(data.get("geometry") or {}), "canvas": "fixed"}}
+    if isinstance(data, dict):
+        # a stored product's canvas and grid were resolved by its fit (or predate the settings): never chosen again
+        resolved = {"canvas": "fixed", "tile_large_frames": False}
+        geometry = data.get("geometry") if isinstance(data.get("geometry"), dict) else {}
+        data = {**data, "geometry": {**resolved, **geometry}}
     return DetectorConfig.from_dict(data)
 
 

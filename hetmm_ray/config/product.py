@@ -478,6 +478,12 @@ CANVAS_MODES = ("fixed", "aspect")  # geometry.canvas (GeometryConfig)
 # geometry.canvas "aspect": the raised canvas side at most this many times backbone.image_size (a
 # frame more elongated than that gets a strip of it; tiles are what such a frame needs).
 ASPECT_MAX_SCALE = 4
+# geometry.tile_large_frames: a frame its one canvas would shrink by more than this many frame pixels per
+# canvas pixel is large, and a fit cuts it into tiles as ``tiles: auto`` does. Why 4: at 4 a cell of the
+# finest tap (stride 4 canvas px) spans 16 frame px, where the pits and hairlines of a large frame are
+# gone, while a camera crop of a few hundred px keeps one canvas, on which large defects are judged
+# whole and faster (docs/performance.md, "Large frames").
+LARGE_FRAME_SCALE = 4.0
 TILE_GRID_MAX = 64  # rows or columns of a tile grid at most (64 x 64 tiles: far past any line camera)
 
 
@@ -512,7 +518,10 @@ class GeometryConfig(Settings):
     ``backbone.image_size`` square, an elongated frame letterboxed into it; ``"aspect"``, a fit
     raises ``backbone.image_size`` so that the frame (a tile, when tiled) at its own aspect gets about
     ``image_size**2`` canvas pixels, and stores the size it chose (as ``"fixed"``: a stored product
-    holds its canvas, never the rule).
+    holds its canvas, never the rule). ``tile_large_frames`` (the default): with ``tiles`` at its default
+    and no ``min_defect_px``, a frame that one canvas would shrink by more than :data:`LARGE_FRAME_SCALE`
+    frame pixels per canvas pixel is cut as ``tiles: "auto"`` cuts it; resolved by the fit like
+    ``canvas`` (a stored product holds its grid, never the rule).
     ``tile_overlap``: between neighbouring tiles, pixels (an int >= 0) or a fraction of the tile side
     (a float in [0, 1)). Each tile position is a product of its own (templates, calibration:
     ``tiled.py``). ``tile_whole_view`` (tiled products only): the whole frame on one canvas is one
@@ -569,6 +578,17 @@ class GeometryConfig(Settings):
     )
     # "aspect": the canvas side raised so an elongated frame's short side gets image_size canvas
     # pixels, as a square frame's does, instead of a letterboxed strip (geometry_rule.choose_geometry).
+    # A large frame is tiled by default (geometry_rule.choose_geometry): on one canvas its small defects
+    # fall under a cell of the finest tap, and a user who never heard of tiles should not lose them.
+    tile_large_frames: bool = setting(
+        True,
+        Check(lambda v: isinstance(v, bool), "must be true or false"),
+        description=(
+            "With `tiles` at its default and no `min_defect_px`, a fit cuts a large frame into tiles as `tiles: auto` "
+            f"does: one that its canvas would shrink by more than {LARGE_FRAME_SCALE:g} frame pixels per canvas pixel. "
+            "False: every frame on one canvas, however large. The product stores the grid it chose."
+        ),
+    )
     canvas: str = setting(
         "aspect",
         OneOf(CANVAS_MODES, "canvas mode"),

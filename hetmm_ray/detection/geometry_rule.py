@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..config import ConfigError, DetectorConfig, GeometryConfig
-from ..config.product import ASPECT_MAX_SCALE, TILE_GRID_MAX, tap_stride
+from ..config.product import ASPECT_MAX_SCALE, LARGE_FRAME_SCALE, TILE_GRID_MAX, tap_stride
 from ..core.geometry import resized_shape
 from ..core.templates import TemplateSet
 from ..core.tiles import AUTO_MAX_SCALE, defect_grid, grid_of, tile_grid
@@ -85,6 +85,10 @@ def choose_geometry(config: DetectorConfig, frames: Sequence[ImageInput]) -> Geo
       size picks for these frames (a configuration this rule resolved before, as a stored product's),
       else refused (ConfigError): the two settings ask for different grids and one would be ignored.
     - ``tiles: "auto"`` alone: at most ``AUTO_MAX_SCALE`` frame px per canvas px (``core.tiles.auto_grid``).
+    - ``geometry.tile_large_frames`` (the default) with ``tiles`` at ``[1, 1]`` and no ``min_defect_px``: a
+      frame that its one canvas (the ``aspect`` canvas below, when that applies) would give more than
+      ``LARGE_FRAME_SCALE`` frame px per canvas px is large, and gets the grid of ``tiles: "auto"``;
+      any other frame stays on one canvas. Resolved to false, like the canvas.
     - Then ``geometry.canvas: "aspect"`` (the default): on a letterboxed canvas
       ``backbone.image_size`` ``S`` becomes ``round(S * long / short)`` of the frame (of the largest
       tile, when tiled), at most ``ASPECT_MAX_SCALE * S``, so the frame's short side gets ``S`` canvas
@@ -99,13 +103,31 @@ def choose_geometry(config: DetectorConfig, frames: Sequence[ImageInput]) -> Geo
 
     A grid of more than ``TILE_GRID_MAX`` tiles per axis is refused (ConfigError)."""
     g = config.geometry
-    if g.min_defect_px is None and g.tiles != "auto" and (g.canvas == "fixed" or config.backbone.geometry == "squash"):
+    large_rule = g.tile_large_frames and g.min_defect_px is None and g.tiles == (1, 1)
+    config = config.replace(**{"geometry.tile_large_frames": False})  # resolved here, whatever is chosen
+    if (
+        not large_rule
+        and g.min_defect_px is None
+        and g.tiles != "auto"
+        and (g.canvas == "fixed" or config.backbone.geometry == "squash")
+    ):
         return GeometryChoice(config.replace(**{"geometry.canvas": "fixed"}), None)
     shapes = [frame_shape(x) for x in frames]
     if not shapes:
         raise ConfigError("geometry: tiles, min_defect_px and canvas are chosen from the training frames; none given")
     h, w = max(s[0] for s in shapes), max(s[1] for s in shapes)
+    large = None
+    if large_rule:
+        scale = max(h, w) / _one_canvas_side(config, h, w)
+        if scale > LARGE_FRAME_SCALE:
+            config = config.replace(**{"geometry.tiles": "auto"})
+            large = (
+                f"a {w} x {h} frame is large, {scale:.2f} frame px per canvas px on one canvas (over "
+                f"{LARGE_FRAME_SCALE:g}: geometry.tile_large_frames; false keeps it on one canvas)"
+            )
     config, why = _chosen_grid(config, h, w)
+    if large is not None:
+        why = f"{large}; {why}"
     if config.geometry.canvas != "aspect":
         return GeometryChoice(config, why)
     resolved, canvas_why = _aspect_canvas(config, h, w)
@@ -167,7 +189,7 @@ def _aspect_canvas(
         tiles = tile_grid(h, w, [int(v) for v in g.tiles], g.tile_overlap)  # resolved: never "auto" here
         h, w, what = max(t.height for t in tiles), max(t.width for t in tiles), "tile"
     if size is None:
-        size = min(round(bb.image_size * max(h, w) / min(h, w)), ASPECT_MAX_SCALE * bb.image_size)
+        size = _aspect_side(bb.image_size, h, w)
     if size == bb.image_size:  # square enough: the canvas as it is, nothing chosen
         return config.replace(**{"geometry.canvas": "fixed"}), None
     resolved = config.replace(**{"backbone.image_size": size, "geometry.canvas": "fixed"})
@@ -177,6 +199,19 @@ def _aspect_canvas(
         f"({after[0] / h:.2f} per frame px; {before[1]} x {before[0]} at {bb.image_size})"
     )
     return resolved, why
+
+
+def _aspect_side(image_size: int, h: int, w: int) -> int:
+    """The canvas side ``geometry.canvas: "aspect"`` gives an ``h x w`` frame (or tile) at ``image_size``."""
+    return min(round(image_size * max(h, w) / min(h, w)), ASPECT_MAX_SCALE * image_size)
+
+
+def _one_canvas_side(config: DetectorConfig, h: int, w: int) -> int:
+    """The canvas side an untiled ``h x w`` frame would get: raised by ``canvas: "aspect"`` on a letterbox
+    (the frame's long side spans it), ``image_size`` otherwise (squash: the long side spans it too)."""
+    size = config.backbone.image_size
+    aspect = config.geometry.canvas == "aspect" and config.backbone.geometry == "letterbox"
+    return _aspect_side(size, h, w) if aspect else size
 
 
 def check_resolved(config: DetectorConfig, frames: Sequence[ImageInput]) -> None:

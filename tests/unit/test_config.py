@@ -524,6 +524,7 @@ def test_geometry_defaults_and_values() -> None:
         "tile_whole_view": True,
         "min_defect_px": None,
         "canvas": "aspect",
+        "tile_large_frames": True,
     }
     # stored as products were before min_defect_px existed while it is unset
     assert c.stored_dict()["geometry"] == {"tiles": [2, 3], "tile_overlap": 0.25, "tile_whole_view": True}
@@ -562,7 +563,7 @@ def test_default_geometry_is_never_stored_and_old_manifests_read_as_one_tile() -
     assert "geometry" not in DetectorConfig().replace(**{"geometry.tile_overlap": 8}).stored_dict()  # untiled
     old = DetectorConfig().stored_dict()  # what every manifest before tiles and regions holds
     # a stored product's canvas is its image_size: "fixed", never chosen again
-    fixed = DetectorConfig().replace(**{"geometry.canvas": "fixed"})
+    fixed = DetectorConfig().replace(**{"geometry.canvas": "fixed", "geometry.tile_large_frames": False})
     assert stored_config(old) == DetectorConfig().product_only() == fixed
     tiled = DetectorConfig().replace(**{"geometry.tiles": [2, 2]})
     assert tiled.stored_dict()["geometry"] == {"tiles": [2, 2], "tile_overlap": 32, "tile_whole_view": True}

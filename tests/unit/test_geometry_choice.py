@@ -16,7 +16,7 @@ from PIL import Image
 from hetmm_ray.cli import main
 from hetmm_ray.config import ConfigError, DetectorConfig
 from hetmm_ray.config.detector import stored_config
-from hetmm_ray.config.product import ASPECT_MAX_SCALE
+from hetmm_ray.config.product import ASPECT_MAX_SCALE, LARGE_FRAME_SCALE
 from hetmm_ray.core.tiles import defect_grid
 from hetmm_ray.data.synthetic import SyntheticProduct
 from hetmm_ray.detection.geometry_rule import choose_geometry
@@ -84,7 +84,7 @@ def test_every_path_gives_the_same_stored_product(tmp_path: Path, frames: list[P
 
 def test_the_rule_is_idempotent_and_refuses_a_grid_it_contradicts(frames: list[Path]) -> None:
     base = DetectorConfig.from_dict(SMALL)
-    fixed = base.replace(**{"geometry.canvas": "fixed"})
+    fixed = base.replace(**{"geometry.canvas": "fixed", "geometry.tile_large_frames": False})  # resolved
     assert base.geometry.canvas == "aspect"  # the default
     assert choose_geometry(base, frames) == (fixed, None, None)  # square frames, no grid asked: nothing chosen
     chosen = choose_geometry(base.replace(**{"geometry.min_defect_px": 8}), frames)
@@ -117,8 +117,9 @@ def test_the_aspect_canvas_gives_an_elongated_frames_short_side_the_squares_pixe
     square = choose_geometry(base, [np.zeros((300, 300, 3), np.uint8)])
     assert square.config.backbone.image_size == 256  # a square frame: today's canvas
     # squash fills the canvas with the frame already: the canvas stays, and nothing is said to be chosen
-    squashed = base.replace(**{"backbone.geometry": "squash"})
-    assert choose_geometry(squashed, tall) == (squashed.replace(**{"geometry.canvas": "fixed"}), None, None)
+    squashed = base.replace(**{"backbone.geometry": "squash", "geometry.tile_large_frames": False})
+    resolved = squashed.replace(**{"geometry.canvas": "fixed"})
+    assert choose_geometry(squashed, tall) == (resolved, None, None)
     with pytest.raises(ConfigError, match="canvas mode"):
         DetectorConfig.from_dict({"geometry": {"canvas": "wide"}})
     # a fitted product: no canvas key written, and one stored without it reads as "fixed", never chosen again
@@ -185,3 +186,78 @@ def test_tiles_auto_with_an_overlap_no_grid_can_keep_is_a_config_error() -> None
     config = DetectorConfig.from_dict({**SMALL, "geometry": {"tiles": "auto", "tile_overlap": 200}})
     with pytest.raises(ConfigError, match="tiles auto for a 500 x 1250 frame: no grid keeps"):
         choose_geometry(config, [np.zeros((1250, 500, 3), np.uint8)])
+
+
+def _blank(h: int, w: int) -> np.ndarray:
+    return np.zeros((h, w, 3), np.uint8)
+
+
+def _one_canvas_scale(h: int, w: int, size: int) -> float:
+    """Frame px per canvas px of an untiled letterboxed frame on the aspect canvas, written out."""
+    side = min(round(size * max(h, w) / min(h, w)), ASPECT_MAX_SCALE * size)
+    return max(h, w) / side
+
+
+@pytest.mark.parametrize(
+    "shape", [(900, 900), (1024, 1024), (1025, 1025), (2048, 2048), (1250, 500), (460, 1130), (1944, 2592), (256, 4000)]
+)
+def test_a_large_frame_gets_the_grid_of_tiles_auto_by_default(shape: tuple[int, int]) -> None:
+    h, w = shape
+    base = DetectorConfig()
+    chosen = choose_geometry(base, [_blank(h, w)])
+    large = _one_canvas_scale(h, w, base.backbone.image_size) > LARGE_FRAME_SCALE
+    auto_config = base.replace(**{"geometry.tiles": "auto", "geometry.tile_large_frames": False})
+    auto = choose_geometry(auto_config, [_blank(h, w)])
+    if large:  # the grid and canvas tiles auto gives, and the line says why
+        assert chosen.tiles == auto.tiles != (1, 1) and chosen.config == auto.config
+        assert chosen.why is not None and f"a {w} x {h} frame is large" in chosen.why
+        assert "geometry.tile_large_frames; false keeps it on one canvas" in chosen.describe()
+    else:
+        assert chosen.tiles == (1, 1) and chosen.why is None
+    assert not chosen.config.geometry.tile_large_frames  # resolved
+    assert choose_geometry(chosen.config, [_blank(h, w)]).config == chosen.config  # and resolves to itself
+    # off: every frame on one canvas
+    off = choose_geometry(base.replace(**{"geometry.tile_large_frames": False}), [_blank(h, w)])
+    assert off.tiles == (1, 1) and off.why is None
+
+
+def test_the_large_frame_rule_acts_only_where_no_grid_is_asked() -> None:
+    big = [_blank(2048, 2048)]
+    given = DetectorConfig().replace(**{"geometry.tiles": [2, 2]})
+    assert choose_geometry(given, big).tiles == (2, 2)  # a grid given: kept
+    defect = DetectorConfig().replace(**{"geometry.min_defect_px": 16})
+    chosen = choose_geometry(defect, big)
+    assert chosen.why is not None and "is large" not in chosen.why  # the defect's grid, not the large frame's
+    # a stored product holds its grid: the rule is never written, and a manifest without it reads as off
+    tiled = choose_geometry(DetectorConfig(), big).config
+    assert "tile_large_frames" not in tiled.stored_dict()["geometry"]
+    assert stored_config(tiled.stored_dict()) == tiled.product_only()
+    assert not stored_config({}).geometry.tile_large_frames
+    assert not stored_config({"geometry": {"tiles": [2, 2]}}).geometry.tile_large_frames
+    with pytest.raises(ConfigError, match="true or false"):
+        DetectorConfig.from_dict({"geometry": {"tile_large_frames": "yes"}})
+
+
+def test_a_large_frame_is_refused_by_the_one_canvas_detector_and_fitted_tiled_on_every_path(tmp_path: Path) -> None:
+    from hetmm_ray.detection.detector import HETMM
+    from hetmm_ray.detection.detector_choice import new_detector
+
+    part = SyntheticProduct(seed=1, size=160)  # 160 px on a 32-px canvas: 5 frame px per canvas px
+    frames = [part.good(i) for i in range(3)]
+    config = DetectorConfig.from_dict(SMALL)
+    with pytest.raises(ConfigError, match=r"a 160 x 160 frame is large.*HETMM is one canvas"):
+        HETMM(config).fit(frames)
+    det = new_detector(config, frames).fit(frames)
+    assert det.config.geometry.tiles == (3, 3)
+    operations.fit(open_store(tmp_path / "api"), "p", config, frames)
+    stored = open_store(tmp_path / "api")
+    assert stored.record("p", 1).config == det.config.product_only()
+    assert "is large" in stored.get("p", 1).meta["geometry_choice"]["why"]
+    folder = tmp_path / "good"
+    folder.mkdir()
+    for i, frame in enumerate(frames):
+        Image.fromarray(frame).save(folder / f"{i}.png")
+    assert main(["fit", str(folder), "--product", "p", "--store", str(tmp_path / "cli"), *FLAGS]) == 0
+    assert _stored(tmp_path / "cli")[0] == stored.record("p", 1).config.stored_dict()  # the CLI: the same product
+    operations.fit(open_store(tmp_path / "off"), "p", config.replace(**{"geometry.tile_large_frames": False}), frames)
+    assert not open_store(tmp_path / "off").record("p", 1).config.geometry.tiled
