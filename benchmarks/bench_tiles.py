@@ -160,8 +160,10 @@ def run(
             changes: dict = {"geometry.tiles": tiles, "geometry.tile_overlap": overlap}
             if win is not None:
                 changes |= {"scoring.forward_windows": list(win), "scoring.backward_windows": list(win)}
-            if tiles == [1, 1] and map_size:
-                changes["scoring.output_size"] = map_size  # the same pixel grid as the tiled maps
+            if tiles == [1, 1]:
+                changes["geometry.tile_large_frames"] = False  # 1 x 1 asked: the frame on one canvas, however large
+                if map_size:
+                    changes["scoring.output_size"] = map_size  # the same pixel grid as the tiled maps
             config = base.replace(**changes)
             win = config.scoring.forward_windows
             cost = atmm_work(config, win) / work0
@@ -228,7 +230,7 @@ GRIDS = {1: (1, 1), 4: (2, 2), 16: (4, 4)}
 
 
 def config_of(tiles: int, overlap: int, canvas: int | None, **templates: object) -> DetectorConfig:
-    changes: dict[str, object] = {"device": "cpu"}
+    changes: dict[str, object] = {"device": "cpu", "geometry.tile_large_frames": False}  # the grid as asked
     if tiles > 1:
         changes |= {"geometry.tiles": list(GRIDS[tiles]), "geometry.tile_overlap": overlap}
     if canvas:
