@@ -45,7 +45,7 @@ def test_compare_lists_the_flips_of_predicting_each_version_alone(tmp_path: Path
     test = tmp_path / "test"
     for kind in kinds:
         _copy(sorted((data / "test" / kind).iterdir())[: 6 if quick else None], test / kind)
-    extra = ["--set", "backbone.image_size=64"] if quick else []
+    extra = ["--set", "backbone.image_size=64", "--set", "geometry.tile_large_frames=false"] if quick else []
     assert hetmm(["fit", str(_copy(half, tmp_path / "half")), "--product", "p", "--store", store, *extra]) == 0
     every = str(_copy(train, tmp_path / "all"))
     assert hetmm(["update", every, "--product", "p", "--store", store, "--candidate"]) == 0

@@ -107,7 +107,8 @@ def test_real_bottle_images_score_as_predict(tmp_path: Path, local_ray) -> None:
     store = str(tmp_path / "store")
     train = sorted((BOTTLE / "train" / "good").glob("*.png"))[:10]
     fit = ["fit", *map(str, train), "--product", PRODUCT, "--store", store, "--backbone", "mobilenet_v2"]
-    assert main([*fit, "--weights", str(WEIGHTS), "--set", "backbone.image_size=128"]) == 0
+    small = ["--set", "backbone.image_size=128", "--set", "geometry.tile_large_frames=false"]  # one small canvas
+    assert main([*fit, "--weights", str(WEIGHTS), *small]) == 0
     test = tmp_path / "test"
     for kind in ("good", "broken_large", "contamination"):
         for p in sorted((BOTTLE / "test" / kind).glob("*.png"))[:4]:
