@@ -935,8 +935,9 @@ def tiled_create(args: argparse.Namespace) -> None:
     from ray.cluster_utils import Cluster
 
     from hetmm_ray.config import TASK_CPUS
+    from hetmm_ray.detection.interface import frames_per_pass
     from hetmm_ray.distributed import connect, shutdown_ray
-    from hetmm_ray.distributed.extract import extract_tiles_ray, tile_frames_per_pass
+    from hetmm_ray.distributed.extract import extract_tiles_ray
 
     images = tiled_frames(args)
     config = tiled_config(args, images)
@@ -944,7 +945,7 @@ def tiled_create(args: argparse.Namespace) -> None:
     print(
         f"{len(images)} frames of {args.size} px, tiles {grid[0]} x {grid[1]}, {config.backbone.name} "
         f"({config.backbone.weights}) at {config.backbone.image_size} px, {config.templates.kind} "
-        f"{config.templates.sheets} sheets, {tile_frames_per_pass(config)} frames per feature task; "
+        f"{config.templates.sheets} sheets, {frames_per_pass(config)} frames per feature task; "
         f"{os.cpu_count()} cores on this machine",
         flush=True,
     )
@@ -962,7 +963,7 @@ def tiled_create(args: argparse.Namespace) -> None:
             try:
                 task_cpus = TASK_CPUS if args.task_cpus is None else args.task_cpus
                 slots = max(1, int(nodes * args.cpus_per_node / task_cpus))
-                warm = (images * slots)[: slots * tile_frames_per_pass(config)]
+                warm = (images * slots)[: slots * frames_per_pass(config)]
                 extract_tiles_ray(config, warm, num_cpus=task_cpus).gathered()  # every node's workers started
                 runs, same, spread = [], True, Counter()
                 for _ in range(args.runs):

@@ -73,7 +73,7 @@ def measure(name: str, root: Path, rates: list[float], drop: bool) -> dict[str, 
     det.fit(train)
     fit_s = time.perf_counter() - start
     scores = np.concatenate([det.predict(test[i : i + 16]).scores for i in range(0, len(test), 16)])
-    held = set(det.image_digests)
+    held = set(det.template_set().image_digests)
     seen = np.array([image_digest(as_rgb(p)) in held for p in test])
     cal = det.calibration
     assert cal is not None
@@ -104,7 +104,7 @@ def measure(name: str, root: Path, rates: list[float], drop: bool) -> dict[str, 
             }
         )
     report = operations.good_outliers(det)
-    names = dict(zip(det.image_digests, (Path(p).name for p in train), strict=False))
+    names = dict(zip(det.template_set().image_digests, (Path(p).name for p in train), strict=False))
     out: dict[str, Any] = {
         "data": name,
         "train": len(train),
@@ -129,7 +129,7 @@ def measure(name: str, root: Path, rates: list[float], drop: bool) -> dict[str, 
             "threshold_after": after.threshold,
             "estimate_after": None if after.estimate is None else after.estimate.to_json(),
             "held_out_above_after": int((scores_after > after.threshold).sum()),
-            "images_after": det.n_images,
+            "images_after": det.template_set().n_images,
         }
     return out
 

@@ -121,7 +121,7 @@ class JobRecord(TypedDict, total=False):
     skipped_duplicates: int  # normals: images already in the bank
     preview: dict[str, Any]  # region_preview: current vs proposed (distributed/registry.py region_preview)
     # create of a tiled product, before the long work: its grid, tile size, sheets per position and the
-    # estimated milliseconds per frame with all its tiles (Detector.estimate_ms_per_frame); an untiled
+    # estimated milliseconds per frame with all its tiles (detector_choice.ms_per_frame_of); an untiled
     # product's create: sheets and estimated_ms_per_frame (frame_cost.estimate_ms_per_frame, measured in
     # the first feature-extraction task with its backbone), when that task's batch is back
     tiles: list[int]

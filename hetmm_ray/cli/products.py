@@ -40,6 +40,7 @@ def add_fit(sub: Subcommands) -> None:
 
 
 def cmd_fit(args: argparse.Namespace) -> int:
+    from ..detection.detector_choice import ms_per_frame_of
     from ..detection.geometry_rule import choose_geometry, frame_shape
     from ..workflows import operations
 
@@ -57,7 +58,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
         nonlocal layout
         layout = det.layout(*frame_shape(paths[0]))
         sheets = _sheets_text(det.config.templates, len(paths)).replace(" (", f"{layout.per_tile} (", 1)
-        ms = det.estimate_ms_per_frame(paths[0], len(paths))
+        ms = ms_per_frame_of(det, paths[0], len(paths))
         print(
             f"{layout.describe(det.config.backbone.image_size)}, sheets {sheets}, estimated {ms:.0f} ms per frame",
             flush=True,
@@ -68,15 +69,16 @@ def cmd_fit(args: argparse.Namespace) -> int:
     # PTS as Ray tasks; "auto" tiles resolved from the frames' headers.
     out = operations.fit(_open(args), args.product, config, paths, on_start=announce, progress=True, steps=_steps(args))
     assert layout is not None and out.detector is not None
+    fitted = out.detector.template_set()
     print(
         f"product {args.product}: version {out.version} from {len(paths)} good images "
-        f"({out.detector.backbone.weights_id}); {layout.fitted_note()}threshold "
+        f"({fitted.weights_id}); {layout.fitted_note()}threshold "
         f"{_describe_operating_point(out.operating_point)}; store {args.store}"
     )
     if config.region is not None:
         print(f"region {_describe_region(config.region)}{layout.region_note()}")
     # a fit's bank holds the frames in the order given (repeats too), so bank frame i is file i
-    frame_names = list(map(str, paths)) if len(paths) == out.detector.n_images else None
+    frame_names = list(map(str, paths)) if len(paths) == fitted.n_images else None
     _print_calibration_facts(out.detector, args.product, frame_names)
     return 0
 
@@ -119,6 +121,7 @@ def add_update(sub: Subcommands) -> None:
 
 
 def cmd_update(args: argparse.Namespace) -> int:
+    from ..detection.interface import frame_grid
     from ..workflows import operations
 
     store = _open(args)
@@ -135,10 +138,11 @@ def cmd_update(args: argparse.Namespace) -> int:
         return 0
     if out.candidate:
         _announce_candidate(args, store, out.version)
-    tiles = f"; {det.n_tiles} tiles" if det.n_tiles > 1 else ""
+    rows, cols = frame_grid(det.config)
+    tiles = f"; {rows * cols} tiles" if rows * cols > 1 else ""
     print(
         f"product {args.product}: version {out.version} (from v{out.base}) with {out.added} more good images, "
-        f"{det.n_images} in all{tiles}; threshold {_describe_operating_point(out.operating_point)}"
+        f"{det.template_set().n_images} in all{tiles}; threshold {_describe_operating_point(out.operating_point)}"
     )
     _print_calibration_facts(det, args.product)
     return 0
@@ -198,7 +202,7 @@ def cmd_drop(args: argparse.Namespace) -> int:
     count = len(out.record["dropped"]) + sum(len(g["indices"]) - 1 for g in out.record["repeats"])
     print(
         f"product {args.product}: version {out.version} (from v{out.base}) without {count} good frame(s) "
-        f"({', '.join(parts)}), {det.n_images} in all; "
+        f"({', '.join(parts)}), {det.template_set().n_images} in all; "
         f"threshold {_describe_operating_point(out.before, warn=False)} -> "
         f"{_describe_operating_point(out.operating_point)}"
     )
@@ -267,6 +271,8 @@ def add_compress(sub: Subcommands) -> None:
 
 
 def cmd_compress(args: argparse.Namespace) -> int:
+    from ..detection.interface import frame_grid
+    from ..detection.tiled import position_sets
     from ..workflows import operations
 
     store = _open(args)
@@ -287,7 +293,8 @@ def cmd_compress(args: argparse.Namespace) -> int:
     assert det is not None
     if out.candidate:
         _announce_candidate(args, store, out.version)
-    sets = det.selections()
+    compressed = det.template_set()
+    sets = position_sets(compressed)
     for p, ts in enumerate(sets):
         auto = ts.meta.get("sheets_auto")  # present only when this selection measured its K
         if auto and len(sets) == 1:
@@ -296,10 +303,12 @@ def cmd_compress(args: argparse.Namespace) -> int:
             print(f"tile {p}: sheets auto chose K = {auto['chosen']} ({auto['why']})")
     counts = sorted({ts.sheets for ts in sets})
     held = str(counts[0]) if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
-    per_tile = f" per tile ({det.n_tiles} tiles)" if det.n_tiles > 1 else ""
+    rows, cols = frame_grid(det.config)
+    per_tile = f" per tile ({rows * cols} tiles)" if rows * cols > 1 else ""
     print(
         f"product {args.product}: version {out.version} = {det.config.templates.kind} with {held} sheets{per_tile} "
-        f"of {det.n_images} images ({out.seconds:.1f}s); threshold {_describe_operating_point(out.operating_point)}"
+        f"of {compressed.n_images} images ({out.seconds:.1f}s); "
+        f"threshold {_describe_operating_point(out.operating_point)}"
     )
     return 0
 

@@ -89,6 +89,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     if args.sigmas is not None:
         check_number("threshold.sigmas", args.sigmas)  # before any work: NaN would pass every image
     from ..detection.detector_choice import load_detector
+    from ..detection.interface import frame_grid, stream_chunk
     from ..result import result_records, review_threshold_of
 
     overrides = {k: v for k, v in (("device", args.device), ("dtype", args.dtype)) if v}
@@ -108,7 +109,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     # Streamed: STREAM_FRAMES readable frames decoded, scored and written at a time (a
     # multiple of what predict batches: the scores one call on all of them gives); no list of frames
     # or maps is held.
-    chunk = det.frames_per_pass * max(1, STREAM_FRAMES // det.frames_per_pass)
+    chunk = stream_chunk(det.config, STREAM_FRAMES)
 
     def score(good: list[tuple[Path, Path, Any]]) -> None:
         nonlocal seconds, scored, version
@@ -146,8 +147,9 @@ def cmd_predict(args: argparse.Namespace) -> int:
     if not scored:
         raise CLIError("no readable images to score")
     print(f"{scored} images, {scored / seconds:.2f} images/s, product {args.product} v{version}")
-    if det.n_tiles > 1:
-        print(f"{det.grid[0]} x {det.grid[1]} tiles per frame, {scored * det.n_tiles / seconds:.2f} tiles/s")
+    rows, cols = frame_grid(det.config)
+    if rows * cols > 1:
+        print(f"{rows} x {cols} tiles per frame, {scored * rows * cols / seconds:.2f} tiles/s")
     print(f"threshold {_describe_operating_point(op)}")
     if args.json:
         _write_json(args.json, records)

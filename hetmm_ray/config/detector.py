@@ -264,8 +264,8 @@ def stored_config(data: dict[str, Any]) -> DetectorConfig:
     if isinstance(data, dict):
         # a stored product's canvas and grid were resolved by its fit (or predate the settings): never chosen again
         resolved = {"canvas": "fixed", "tile_large_frames": False}
-        geometry = data.get("geometry") if isinstance(data.get("geometry"), dict) else {}
-        data = {**data, "geometry": {**resolved, **geometry}}
+        stored = data.get("geometry")
+        data = {**data, "geometry": {**resolved, **(stored if isinstance(stored, dict) else {})}}
     return DetectorConfig.from_dict(data)
 
 

@@ -29,7 +29,7 @@ BACKBONE_RUNTIMES = ("auto", "torch", "openvino")  # see DetectorConfig.backbone
 
 STREAM_FRAMES = 8
 """Frames ``hetmm predict`` and ``evaluate`` decode, score and reduce at a time (rounded to a multiple of
-what predict batches, ``Detector.frames_per_pass``): their memory holds this many frames and maps, not
+what predict batches, ``detection.interface.frames_per_pass``): their memory holds this many frames and maps, not
 the whole set (the memory model is in docs/operations.md, "Memory")."""
 
 

@@ -25,7 +25,7 @@ from ..core.scoring import Calibration, OperatingPoint, operating_point
 from ..core.templates import TemplateError, TemplateSet
 from ..data.decode import resize_to_geometry
 from . import persistence
-from .fit_steps import FitSteps
+from .fit_steps import FitSteps, Report
 from .fitting import FitPipeline
 from .frame_cost import FrameCost
 from .geometry_rule import choose_geometry
@@ -54,21 +54,23 @@ class HETMM(Detector):
         *,
         progress: bool = False,
         steps: FitSteps | None = None,
+        report: Report | None = None,
         tiles: int = 1,
         scored: int | None = None,
     ) -> None:
         """``steps``: where fit/update/compress extract features and run PTS (``hetmm_ray/detection/fit_steps.py``);
         default in this process, ``hetmm_ray.distributed.ray_steps.ray_steps()`` on a Ray cluster.
+        ``report``: where the fit's stages and counts go besides the progress bar (``fit_steps.Report``:
+        a job's progress; None: nowhere).
         ``tiles`` / ``scored``: when this detector is one tile position of a tiled product
         (``tiled.py``), the positions per frame and how many of them are scored (None: all), so that
         ``sheets: auto``'s time budget is judged per frame with all its tiles."""
         self.scorer = Scorer(config, progress=progress)
         self.progress = progress
-        self.skipped_duplicates = 0  # images the last update() skipped: already in the bank
         if self.scorer.device.type == "cpu":
             keep_memory_mapped(self.config.malloc_keep_mib)
         self.pipeline = FitPipeline(  # extract -> select -> calibrate
-            self.scorer, steps=steps, progress=progress, tiles=tiles, scored=scored
+            self.scorer, steps=steps, progress=progress, report=report, tiles=tiles, scored=scored
         )
 
     # --- the scorer's state ----------------------------------------------------------
@@ -129,9 +131,9 @@ class HETMM(Detector):
         """Hot update: append good images' features, re-select the tiny set, recalibrate.
 
         Images already in the bank (same content digest) are skipped, so a retried update
-        changes nothing; ``self.skipped_duplicates`` says how many were skipped.
+        changes nothing: the bank grows by the new images only.
         """
-        ts, self.skipped_duplicates = self.pipeline.update(self.scorer.require_templates(), images)
+        ts, _ = self.pipeline.update(self.scorer.require_templates(), images)
         if ts is not None:
             self.scorer.install(ts)
         return self
@@ -160,10 +162,6 @@ class HETMM(Detector):
         """``ts`` with its threshold calibration recomputed from its own bank (:meth:`FitPipeline.calibrated`)."""
         return self.pipeline.calibrated(ts)
 
-    def report_to(self, report: Any) -> None:
-        """The fit's stages and counts to ``report`` (``steps.Report``; None: nowhere)."""
-        self.pipeline.report = report
-
     def _with_region(self, region: dict[str, Any] | None) -> HETMM:
         """The same templates (bank and selection) under ``region``, recalibrated (its out-of-fold
         scores count the region's pixels only); ConfigError for a region that counts no map pixel."""
@@ -178,23 +176,12 @@ class HETMM(Detector):
     def template_set(self) -> TemplateSet:
         return self.scorer.require_templates()
 
-    def selections(self) -> list[TemplateSet]:
-        return [self.scorer.require_templates()]
-
-    @property
-    def image_digests(self) -> tuple[str, ...]:
-        return self.templates.image_digests if self.templates is not None else ()
-
-    @property
-    def sheets(self) -> int:
-        return self.templates.sheets if self.templates is not None else 0
-
     def layout(self, height: int, width: int) -> Layout:
         return Layout(1, 1, height, width, height, width)
 
     def frame_cost(self, frame: ImageInput) -> FrameCost:
         """:class:`~hetmm_ray.detection.frame_cost.FrameCost` of ``frame`` brought to the canvas, as
-        ``predict`` brings it."""
+        ``predict`` brings it (callers reach it through ``detector_choice.frame_cost_of``)."""
         return FrameCost(self.scorer, [self.input_view(as_rgb(frame))])
 
     @classmethod

@@ -4,7 +4,8 @@ create job's ``estimated_ms_per_frame`` and ``sheets: auto``'s time budget
 
 Exact semantics are :class:`FrameCost`'s: ``ms_per_frame(K) = fixed_ms + scored x atmm_ms(K)``, each
 term a median of timed passes on this host with its settings. :func:`estimate_ms_per_frame` is the
-one-call form; :func:`blank_frame_crops` stands in for a frame where none is at hand;
+one-call form (a detector's own frame: ``detector_choice.frame_cost_of``, which each implementation
+answers); :func:`blank_frame_crops` stands in for a frame where none is at hand;
 :func:`over_budget` says, and warns (:class:`TimeBudgetWarning`), what a budget that cannot be met
 would take. The fit pipeline (``fitting.py``) uses it and is not needed by it.
 """

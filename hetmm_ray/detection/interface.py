@@ -9,22 +9,33 @@ Exact semantics (both implementations hold them; ``detector.HETMM`` scores a fra
 - **Digests.** A frame's digest is ``core.device.image_digest`` of the frame as decoded, before any
   resize, on every path (fit, update, the service, the archive): the same images give the same
   digests, hence the same folds and the same "already held" decisions.
-- ``fit(frames)``, ``update(frames)`` (hot update: frames already held are skipped, counted in
-  ``skipped_duplicates``), ``compress(kind, sheets, seed=)`` change this detector in place and
-  leave it unsaved (``version`` None) when anything changed; ``with_region(region)`` returns a new,
-  unsaved detector with the same templates recalibrated under ``region``; it refuses a product on
-  the ``validation`` threshold rule (:func:`~hetmm_ray.core.region.check_region_change`).
-- ``predict(frames, sigmas=, false_alarm_rate=)`` returns a :class:`~hetmm_ray.detection.scorer.Prediction`
-  (its maps at :meth:`input_view`'s resolution). ``operating_point`` / ``threshold`` /
-  ``calibration``: the verdict rule on the product's out-of-fold scores (a tiled product's are per
-  frame).
-- ``template_set()`` is what a store holds for this detector (one set; a tiled product's positions
-  ride inside it), ``save(store, product)`` publishes it; ``hetmm_ray.detection.detector_choice.load_detector`` is the
-  one loader and ``hetmm_ray.detection.detector_choice.new_detector`` the one constructor (they are the only places
-  that choose an implementation).
-- ``selections()``: each scored position's own template set (one for a frame on one canvas);
-  ``layout(h, w)``: how an ``h x w`` frame is cut; ``frame_cost(frame)``: the measured cost model of
-  one frame (``frame_cost.FrameCost``).
+- **The members** (twelve; ``config`` and ``version``, None while unsaved, are plain attributes):
+
+  - ``fit(frames)``, ``update(frames)`` (hot update: frames already held are skipped, so the bank
+    grows by the new ones only), ``drop(digests)``, ``compress(kind, sheets, seed=)`` change this
+    detector in place and leave it unsaved (``version`` None) when anything changed;
+    ``with_region(region)`` returns a new, unsaved detector with the same templates recalibrated
+    under ``region``; it refuses a product on the ``validation`` threshold rule
+    (:func:`~hetmm_ray.core.region.check_region_change`).
+  - ``template_set()`` is what a store holds for this detector (one set; a tiled product's
+    positions ride inside it, :func:`~hetmm_ray.detection.tiled.position_sets` reads them back);
+    the facts of the bank are its own: ``image_digests``, ``n_images``, ``sheets`` (a tiled
+    product's: position 0's), ``weights_id``. ``save(store, product)`` publishes it and sets
+    ``version``.
+  - ``predict(frames, sigmas=, false_alarm_rate=)`` returns a
+    :class:`~hetmm_ray.detection.scorer.Prediction` (its maps at :meth:`~Detector.input_view`'s
+    resolution). ``operating_point(sigmas=, false_alarm_rate=)`` / ``calibration``: the verdict
+    rule on the product's out-of-fold scores (a tiled product's are per frame; None before a fit).
+  - ``layout(h, w)``: how an ``h x w`` frame is cut (:class:`Layout`).
+
+- **Facts of the configuration** (plain functions of ``config``, whichever class):
+  :func:`frame_grid` (rows and columns of tiles per frame), :func:`frames_per_pass` (frames
+  ``predict`` takes through the backbone together) and :func:`stream_chunk` (whole passes of them a
+  streaming caller scores at a time, with the scores of one call on every frame).
+- **Elsewhere.** ``hetmm_ray.detection.detector_choice`` is the one place that chooses an
+  implementation: ``load_detector`` (the one loader), ``new_detector`` (the one constructor; its
+  ``report=`` option sends a fit's stages and counts to a job's progress), ``frame_cost_of`` and
+  ``ms_per_frame_of`` (the measured cost model of one frame, ``frame_cost.FrameCost``).
 """
 
 from __future__ import annotations
@@ -40,13 +51,12 @@ from ..config import DetectorConfig
 from ..core.region import check_region_change
 from ..core.scoring import Calibration, OperatingPoint
 from ..core.templates import TemplateSet
-from .frame_cost import FrameCost
-from .scorer import ImageInput, Prediction
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # annotations only: the scorer imports the backbones, which the facts below do not need
     from ..store.protocol import Store
+    from .scorer import ImageInput, Prediction
 
-__all__ = ["Detector", "Layout"]
+__all__ = ["Detector", "Layout", "frame_grid", "frames_per_pass", "stream_chunk"]
 
 
 @dataclass(frozen=True)
@@ -96,7 +106,6 @@ class Detector(ABC):
 
     config: DetectorConfig
     version: int | None
-    skipped_duplicates: int
 
     # --- templates ------------------------------------------------------------------------
     @abstractmethod
@@ -105,7 +114,7 @@ class Detector(ABC):
 
     @abstractmethod
     def update(self, frames: Sequence[ImageInput]) -> Self:
-        """Hot update: new good frames added, frames already held skipped (``skipped_duplicates``)."""
+        """Hot update: new good frames added, frames already held skipped."""
 
     @abstractmethod
     def drop(self, digests: Sequence[str]) -> Self:
@@ -126,29 +135,8 @@ class Detector(ABC):
 
     @abstractmethod
     def template_set(self) -> TemplateSet:
-        """What the store holds for this detector (one set)."""
-
-    @abstractmethod
-    def selections(self) -> list[TemplateSet]:
-        """Each scored position's own template set (one for a frame on one canvas)."""
-
-    @property
-    @abstractmethod
-    def image_digests(self) -> tuple[str, ...]:
-        """The digests of the good frames the bank holds."""
-
-    @property
-    def n_images(self) -> int:
-        return len(self.image_digests)
-
-    @property
-    @abstractmethod
-    def sheets(self) -> int:
-        """Sheets per position of the selection in use (0 before a fit)."""
-
-    @abstractmethod
-    def report_to(self, report: Any) -> None:
-        """The fit's stages and counts to ``report`` (``steps.Report``: a job's progress), per position."""
+        """What the store holds for this detector (one set): its bank's digests, image count,
+        sheets and weights are this set's."""
 
     def save(self, store: Store, product: str) -> int:
         """Publish :meth:`template_set` as a new version of ``product``; returns it."""
@@ -158,10 +146,6 @@ class Detector(ABC):
     # --- scoring --------------------------------------------------------------------------
     @property
     @abstractmethod
-    def backbone(self) -> Any: ...
-
-    @property
-    @abstractmethod
     def calibration(self) -> Calibration | None:
         """The out-of-fold calibration the verdict threshold is set on (None before a fit)."""
 
@@ -169,13 +153,7 @@ class Detector(ABC):
     def operating_point(
         self, *, sigmas: float | None = None, false_alarm_rate: float | None = None
     ) -> OperatingPoint | None:
-        """The verdict threshold under the product's rule, or the given override."""
-
-    @property
-    def threshold(self) -> float:
-        """Current verdict threshold (``inf`` before calibration)."""
-        op = self.operating_point()
-        return op.threshold if op else float("inf")
+        """The verdict threshold under the product's rule, or the given override (None before a fit)."""
 
     @abstractmethod
     def predict(
@@ -187,30 +165,34 @@ class Detector(ABC):
     def input_view(self, image: np.ndarray) -> np.ndarray:
         """``image`` as :meth:`predict`'s maps are drawn over it."""
 
-    @property
-    def frames_per_pass(self) -> int:
-        """Frames ``predict`` takes through the backbone together: a caller that streams frames in
-        chunks of a multiple of it scores exactly as one call on all of them would."""
-        return max(1, self.config.batch_size // self.n_tiles)
-
-    @property
-    def grid(self) -> tuple[int, int]:
-        """Rows and columns of tiles per frame ((1, 1): the frame on one canvas)."""
-        return (1, 1)
-
-    @property
-    def n_tiles(self) -> int:
-        """Tiles per frame (1: the frame on one canvas)."""
-        return self.grid[0] * self.grid[1]
-
     @abstractmethod
     def layout(self, height: int, width: int) -> Layout:
         """How an ``height x width`` frame is cut (:class:`Layout`)."""
 
-    @abstractmethod
-    def frame_cost(self, frame: ImageInput) -> FrameCost:
-        """The measured cost model of one frame on this host."""
 
-    def estimate_ms_per_frame(self, frame: ImageInput, n_train: int) -> float:
-        """Milliseconds to score ``frame`` against as many sheets as a fit on ``n_train`` frames keeps."""
-        return self.frame_cost(frame).ms_per_frame(self.config.templates.sheets_of(n_train))
+# --- facts of the configuration -------------------------------------------------------------
+def frame_grid(config: DetectorConfig) -> tuple[int, int]:
+    """Rows and columns of tiles a detector of ``config`` cuts each frame into ((1, 1): the frame on
+    one canvas); a grid still ``auto`` is resolved from frames first (``geometry_rule.resolve_tiles``)."""
+    tiles = config.geometry.tiles
+    if tiles == "auto":
+        raise ValueError("geometry.tiles 'auto' is resolved from frames first (resolve_tiles)")
+    rows, cols = (int(v) for v in tiles)
+    return rows, cols
+
+
+def frames_per_pass(config: DetectorConfig) -> int:
+    """Frames ``predict`` takes through the backbone together, ``max(1, batch_size // tiles)``: a
+    caller that streams frames in chunks of a multiple of it scores exactly as one call on all of
+    them would (the frame's tiles share a batch; ``tiled.py``, "Batching")."""
+    rows, cols = frame_grid(config)
+    return max(1, config.batch_size // (rows * cols))
+
+
+def stream_chunk(config: DetectorConfig, frames: int) -> int:
+    """Frames a caller streaming about ``frames`` at a time (``hetmm predict``, ``evaluate``, labelled
+    calibration: ``STREAM_FRAMES``) decodes and scores per chunk: ``frames`` rounded down to a
+    multiple of :func:`frames_per_pass`, and at least one pass, so its scores are those of one call
+    on every frame."""
+    per_pass = frames_per_pass(config)
+    return per_pass * max(1, frames // per_pass)

@@ -34,7 +34,8 @@ Exact semantics:
   calibration; ``meta["tiles"]`` the grid, the training frame size, the scales and each position's
   calibration, configuration and meta (the whole view last), with ``"whole_view": true`` when there
   is one. The stored configuration holds the resolved grid (``"auto"`` is never stored). A tiled
-  product stored without a whole view loads and scores without one.
+  product stored without a whole view loads and scores without one. :func:`position_sets` reads
+  each position's own set back out of it.
 - **Region** (frame coordinates; ``core/region.py`` rule 4): position ``p`` gets the part of the
   region inside its rectangle at the region's reference size, mapped onto its canvas by the
   geometry; excluded pixels never count. A position whose part counts no map pixel is not scored
@@ -48,7 +49,7 @@ Exact semantics:
   (every position's bank features of the frames, as plain arrays: :class:`TileFeatures`) then
   :meth:`TiledHETMM.fit_extracted` on them; :meth:`TiledHETMM.update` is the same extraction then
   :meth:`TiledHETMM.update_extracted`. A frame's features depend on its backbone group only
-  (frames ``[k * G, (k + 1) * G)``, ``G`` = ``frames_per_pass``), so extractions of consecutive
+  (frames ``[k * G, (k + 1) * G)``, ``G`` = ``interface.frames_per_pass``), so extractions of consecutive
   slices starting at multiples of ``G``, run anywhere (the service: one Ray task per slice) and
   joined in order (:meth:`TileFeatures.gathered`), fit exactly the product one call on every
   frame fits.
@@ -80,10 +81,11 @@ from ..core.scoring import Calibration, OperatingPoint, calibration_json, conten
 from ..core.templates import TemplateError, TemplateMeta, TemplateSet, unseen_positions
 from ..core.tiles import Tile, cut, stitch, tile_grid
 from .detector import HETMM
-from .fit_steps import FitSteps
+from .fit_steps import FitSteps, Report
+from .fitting import new_template_set, refit_all
 from .frame_cost import FrameCost
 from .geometry_rule import check_resolved
-from .interface import Detector, Layout
+from .interface import Detector, Layout, frame_grid, frames_per_pass
 from .scorer import ImageInput, Prediction, as_rgb
 
 if TYPE_CHECKING:
@@ -93,6 +95,7 @@ __all__ = [
     "TileFeatures",
     "TiledHETMM",
     "TiledPrediction",
+    "position_sets",
     "region_parts",
 ]
 
@@ -187,7 +190,7 @@ def _visible(tile_config: DetectorConfig, part: TilePart) -> TilePart:
 def region_parts(config: DetectorConfig, tile_config: DetectorConfig | None = None) -> list[TilePart]:
     """Each tile's part of ``config``'s region (module docstring, "Region"), computed from the
     settings alone (no backbone); ConfigError when it counts no pixel of any tile's map."""
-    rows, cols = (int(v) for v in config.geometry.tiles)
+    rows, cols = frame_grid(config)
     region = config.region
     if region is None:
         return [TilePart(True, None)] * (rows * cols)
@@ -199,6 +202,38 @@ def region_parts(config: DetectorConfig, tile_config: DetectorConfig | None = No
         h, w = region["size"]
         raise ConfigError(f"region: its included area covers no pixel of any tile's map of a {w} x {h} frame")
     return parts
+
+
+def _position_key(p: int, layer: str, tiles: int) -> str:
+    """Position ``p``'s bank key of ``layer`` in a tiled set of ``tiles`` tiles per frame:
+    ``tile<p>/<layer>``, the whole view's (the position after the tiles) ``whole/<layer>``."""
+    return f"whole/{layer}" if p >= tiles else f"tile{p}/{layer}"
+
+
+def position_sets(ts: TemplateSet) -> list[TemplateSet]:
+    """Each scored position's own template set inside a product's set (module docstring,
+    "Storage"): the tiles' in row-major order, then the whole view's when there is one, each with
+    its configuration, calibration, selection and meta; a product on one canvas is its one position."""
+    if not ts.config.geometry.tiled:
+        return [ts]
+    info = ts.meta["tiles"]
+    rows, cols = frame_grid(ts.config)
+    sets = []
+    for p, stored in enumerate(info["sets"]):
+        keys = {layer: _position_key(p, layer, rows * cols) for layer in info["layers"]}
+        sets.append(
+            TemplateSet(
+                bank={layer: ts.bank[key] for layer, key in keys.items()},
+                config=stored_config(stored["config"]),
+                weights_id=ts.weights_id,
+                image_digests=ts.image_digests,
+                calibration=Calibration.from_json(stored["calibration"]),
+                indices=None if ts.indices is None else {la: ts.indices[k] for la, k in keys.items()},
+                centres=None if ts.centres is None else {la: ts.centres[k] for la, k in keys.items()},
+                meta=stored["meta"],
+            )
+        )
+    return sets
 
 
 class TiledHETMM(Detector):
@@ -213,16 +248,17 @@ class TiledHETMM(Detector):
         map_size: int | None = None,
         backbone: Any = None,
         steps: FitSteps | None = None,
+        report: Report | None = None,
     ) -> None:
         """``steps``: where each position's selection runs (``hetmm_ray/detection/fit_steps.py``: PTS as Ray tasks with
         ``ray_steps()``, as ``--address`` gives); the tiles go through the one shared backbone here,
-        whatever ``steps`` says."""
-        if config.geometry.tiles == "auto":
-            raise ValueError("geometry.tiles 'auto' is resolved from frames first (resolve_tiles)")
+        whatever ``steps`` says. ``report``: where every position's fit stages and counts go
+        (``fit_steps.Report``: a job's progress), named with the position; None: nowhere."""
         self.config = config
         self.progress = progress
         self.map_size = map_size
-        self.rows, self.cols = (int(v) for v in config.geometry.tiles)
+        self.report = report
+        self.rows, self.cols = frame_grid(config)  # refuses a grid still "auto"
         self.whole_view = bool(config.geometry.tile_whole_view)
         tile_config = replace(config, geometry=GeometryConfig(), region=None)
         parts = self._region_parts(tile_config)
@@ -232,8 +268,14 @@ class TiledHETMM(Detector):
         # sheets: auto's time budget is per frame with all its tiles (_measure_cost)
         per_frame = {"tiles": self.n_positions, "scored": sum(self.live)}
         self.dets = [
-            HETMM(replace(tile_config, region=part.region), progress=progress, steps=steps, **per_frame)
-            for part in parts
+            HETMM(
+                replace(tile_config, region=part.region),
+                progress=progress,
+                steps=steps,
+                report=None if report is None else _PositionReport(report, p, self.n_positions),
+                **per_frame,
+            )
+            for p, part in enumerate(parts)
         ]
         if backbone is not None:  # an already-built one (replicas: one per backbone, not per product)
             self.dets[0].scorer.backbone = backbone
@@ -243,14 +285,8 @@ class TiledHETMM(Detector):
         self.frame: tuple[int, int] | None = None
         self.version: int | None = None
         self.frame_digests: tuple[str, ...] = ()
-        self.skipped_duplicates = 0  # frames the last update() skipped: already held
         # what the geometry rule chose at the fit (meta["geometry_choice"]): kept by every later version
         self.geometry_choice: dict[str, Any] | None = None
-
-    def report_to(self, report: Any) -> None:
-        """Every position's fit stages and counts to ``report`` (``steps.Report``), named with the position."""
-        for p, det in enumerate(self.dets):
-            det.pipeline.report = None if report is None else _PositionReport(report, p, self.n_positions)
 
     def _region_parts(self, tile_config: DetectorConfig) -> list[TilePart]:
         """Each position's part of the product's region ("Region" in the module docstring)."""
@@ -274,8 +310,9 @@ class TiledHETMM(Detector):
             det.scorer.backbone = backbone
 
     @property
-    def grid(self) -> tuple[int, int]:
-        return (self.rows, self.cols)
+    def n_tiles(self) -> int:
+        """Tiles per frame (``interface.frame_grid`` of the configuration)."""
+        return self.rows * self.cols
 
     @property
     def n_positions(self) -> int:
@@ -286,17 +323,12 @@ class TiledHETMM(Detector):
     def backbone(self) -> Any:
         return self.dets[0].backbone
 
-    @property
-    def sheets(self) -> int:
-        ts = self.dets[0].templates
-        return ts.sheets if ts else 0
-
     def tiles_of(self, height: int, width: int) -> list[Tile]:
         return tile_grid(height, width, (self.rows, self.cols), self.config.geometry.tile_overlap)
 
     def _key(self, p: int, layer: str) -> str:
-        """Position ``p``'s bank key of ``layer``: ``tile<p>/<layer>``, the whole view's ``whole/<layer>``."""
-        return f"whole/{layer}" if p >= self.n_tiles else f"tile{p}/{layer}"
+        """Position ``p``'s bank key of ``layer`` (:func:`_position_key`)."""
+        return _position_key(p, layer, self.n_tiles)
 
     def _check_positions(self, info: dict[str, Any]) -> None:
         """A stored ``meta["tiles"]`` holds exactly this configuration's positions."""
@@ -314,7 +346,7 @@ class TiledHETMM(Detector):
     def _groups(self, frames: Sequence[ImageInput], desc: str) -> Iterator[list[np.ndarray]]:
         """Frames decoded ``max(1, batch_size // T)`` at a time (``T`` tiles per frame: the module doc's
         "Batching"; a progress bar when ``progress``)."""
-        g = max(1, self.config.batch_size // self.n_tiles)
+        g = frames_per_pass(self.config)
         with tqdm(total=len(frames), desc=desc, unit="frame", disable=not self.progress, leave=False) as bar:
             for i in range(0, len(frames), g):
                 decoded = [as_rgb(x) for x in frames[i : i + g]]
@@ -343,7 +375,8 @@ class TiledHETMM(Detector):
     def frame_cost(self, frame: ImageInput) -> FrameCost:
         """:class:`~hetmm_ray.detection.frame_cost.FrameCost` of ``frame`` on this host: the backbone pass of all its
         tiles, the stitching of their maps at the frame's resolution, and ATMM of each tile the
-        region leaves in (what ``sheets: auto``'s time budget is judged by)."""
+        region leaves in (what ``sheets: auto``'s time budget is judged by; callers reach it through
+        ``detector_choice.frame_cost_of``)."""
         x = as_rgb(frame)
         return FrameCost(self.dets[0].scorer, self._frame_crops(x), scored=sum(self.live), post=self._stitching(x))
 
@@ -388,7 +421,7 @@ class TiledHETMM(Detector):
     def extract_tiles(self, frames: Sequence[ImageInput], desc: str = "tile features") -> TileFeatures:
         """Bank features of every position of ``frames`` (:class:`TileFeatures`): each frame's tiles
         cut (and the whole frame, with a whole view), the frames decoded and put through the backbone
-        ``frames_per_pass`` at a time (module docstring, "Batching"), each group's features moved to
+        ``interface.frames_per_pass`` at a time (module docstring, "Batching"), each group's features moved to
         the CPU in ``bank_dtype`` as it comes. Reads no templates: any detector of the product's
         configuration gives the same (module docstring, "Extraction apart from the fit")."""
         if len(frames) == 0:
@@ -456,13 +489,11 @@ class TiledHETMM(Detector):
         check_resolved(self.config, [_sized(s) for s in sorted(set(extracted.shapes))])
         feats = self._bank(extracted)
         self._measure_cost(cost_frame)
-        sets = []
+        new = []
         for p, det in enumerate(self.dets):
             pos, pos_boxes = self._position(feats, extracted.boxes, p)
-            ts = det.pipeline.fit_features(
-                pos, extracted.digests, weights_id=self.backbone.weights_id, config=det.config, boxes=pos_boxes
-            )
-            sets.append(ts)
+            new.append(new_template_set(det.config, pos, extracted.digests, self.backbone.weights_id, pos_boxes))
+        sets = self._refit(new)
         self.frame = max(extracted.shapes)
         self._install(sets, tuple(extracted.digests))
         return self
@@ -475,8 +506,8 @@ class TiledHETMM(Detector):
         :meth:`extract_tiles` of ``frames``, then :meth:`update_extracted`.
 
         Frames already held (same content digest as a held frame or an earlier new one) are skipped:
-        a retried update changes nothing; ``self.skipped_duplicates`` says how many were skipped.
-        The version becomes None (unsaved) when anything was added."""
+        a retried update changes nothing (the frames held grow by the new ones only). The version
+        becomes None (unsaved) when anything was added."""
         self._require_fitted()
         return self.update_extracted(self.extract_tiles(frames, "update: tile features"), frames)
 
@@ -492,19 +523,24 @@ class TiledHETMM(Detector):
             raise ValueError(f"tile features of {extracted.n_frames} frames, {len(frames)} frames given")
         feats = self._bank(extracted)
         keep = unseen_positions(self.frame_digests, extracted.digests)
-        self.skipped_duplicates = extracted.n_frames - len(keep)
         if not keep:
             return self
         self._measure_cost(frames[keep[0]])
-        sets = []
+        grown_sets = []
         for p, det in enumerate(self.dets):
             pos, pos_boxes = self._position(feats, extracted.boxes, p)
             grown, kept = det.pipeline.grown(det.scorer.require_templates(), pos, extracted.digests, pos_boxes)
             assert grown is not None and kept == keep  # every position holds the same frames' digests
-            sets.append(det.pipeline.refit(grown))
+            grown_sets.append(grown)
+        sets = self._refit(grown_sets)
         self.frame = max([*extracted.shapes, *([self.frame] if self.frame else [])])
         self._install(sets, sets[0].image_digests)
         return self
+
+    def _refit(self, sets: list[TemplateSet]) -> list[TemplateSet]:
+        """Every position's set refit by its pipeline (``fitting.refit_all``: the calibrations side by
+        side where the steps say so, the service's fit task)."""
+        return refit_all([det.pipeline for det in self.dets], sets, report=self.report)
 
     def _require_fitted(self) -> None:
         if not self.scales:
@@ -719,13 +755,6 @@ class TiledHETMM(Detector):
             ),
         )
 
-    def selections(self) -> list[TemplateSet]:
-        return [det.scorer.require_templates() for det in self.dets]
-
-    @property
-    def image_digests(self) -> tuple[str, ...]:
-        return self.frame_digests
-
     def layout(self, height: int, width: int) -> Layout:
         tile = self.tiles_of(height, width)[0]
         outside = self.n_tiles - sum(self.live[: self.n_tiles])  # tiles only (the whole view is not one)
@@ -751,22 +780,8 @@ class TiledHETMM(Detector):
                 f"tiled templates were built with weights {ts.weights_id}, the backbone now loads "
                 f"{det.backbone.weights_id}"
             )
-        sets = []
         det._check_positions(info)
-        for p, stored in enumerate(info["sets"]):
-            keys = {layer: det._key(p, layer) for layer in info["layers"]}
-            sets.append(
-                TemplateSet(
-                    bank={layer: ts.bank[key] for layer, key in keys.items()},
-                    config=stored_config(stored["config"]),
-                    weights_id=ts.weights_id,
-                    image_digests=ts.image_digests,
-                    calibration=Calibration.from_json(stored["calibration"]),
-                    indices=None if ts.indices is None else {la: ts.indices[k] for la, k in keys.items()},
-                    centres=None if ts.centres is None else {la: ts.centres[k] for la, k in keys.items()},
-                    meta=stored["meta"],
-                )
-            )
+        sets = position_sets(ts)
         det.frame = tuple(info["frame"]) if info.get("frame") else None
         det.geometry_choice = ts.meta.get("geometry_choice")
         det._install(sets, ts.image_digests, version, scales=info.get("scales"))

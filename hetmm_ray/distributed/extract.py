@@ -12,7 +12,7 @@ in one process: the same decoding, the same digests, the same batches through
 the same code, reassembled in input order.
 
 A tiled product's frames go the same way (:func:`extract_tiles_ray`): frame batches as
-tasks, each of whole backbone groups (``frames_per_pass`` frames, hetmm_ray/detection/tiled.py
+tasks, each of whole backbone groups (``interface.frames_per_pass`` frames, hetmm_ray/detection/tiled.py
 "Extraction apart from the fit"), the task cutting its frames' tiles and extracting
 every position (:meth:`~hetmm_ray.detection.tiled.TiledHETMM.extract_tiles`), placed with Ray's
 SPREAD strategy so every node of a cluster takes batches. Their results stay in the
@@ -36,14 +36,14 @@ import torch
 from ..config import BackboneConfig, DetectorConfig
 from ..core.device import TORCH_DTYPES, image_digest, resolve_device
 from ..data.decode import ImageError, canvas_digest, decode_image, images_to_tensor
+from ..detection.interface import Layout, frames_per_pass
 from .runtime import use_assigned_cpus
 
 if TYPE_CHECKING:
     from ..core.backbone import Backbone
-    from ..detection.interface import Layout
     from ..detection.tiled import TiledHETMM, TileFeatures
 
-__all__ = ["TileBatches", "extract_features_ray", "extract_tiles_ray", "tile_frames_per_pass"]
+__all__ = ["TileBatches", "extract_features_ray", "extract_tiles_ray"]
 
 ImageItem = bytes | np.ndarray
 """Encoded image bytes, or a decoded RGB uint8 array (H, W, 3)."""
@@ -207,13 +207,6 @@ def _get(ref: ray.ObjectRef) -> Any:
 # --- a tiled product's frames ------------------------------------------------------------
 
 
-def tile_frames_per_pass(config: DetectorConfig) -> int:
-    """Frames a tiled product puts through the backbone together (``TiledHETMM.frames_per_pass``:
-    ``max(1, batch_size // tiles)``), from its settings alone."""
-    rows, cols = (int(v) for v in config.geometry.tiles)
-    return max(1, config.batch_size // (rows * cols))
-
-
 @functools.lru_cache(maxsize=2)
 def _tiled(config_json: str) -> TiledHETMM:
     # One detector per product configuration in a worker, keyed by its JSON (a region makes the
@@ -243,8 +236,10 @@ def _extract_tiles_batch(
     extracted = det.extract_tiles(decoded)
     info: dict[str, Any] = {"node": ray.get_runtime_context().get_node_id(), "frames": len(decoded)}
     if estimate is not None:
+        from ..detection.detector_choice import ms_per_frame_of
+
         n_train, height, width = estimate
-        info["ms"] = det.estimate_ms_per_frame(decoded[0], n_train)
+        info["ms"] = ms_per_frame_of(det, decoded[0], n_train)
         info["layout"] = det.layout(height, width)
     return info, extracted
 
@@ -283,21 +278,21 @@ def extract_tiles_ray(
     code; the features in ``bank_dtype``, ``bfloat16`` as float32).
 
     ``images``: encoded bytes (decoded inside the tasks: bytes travel, not pixels) or RGB ``uint8``
-    arrays. ``frames_per_task``: frames per task, a multiple of :func:`tile_frames_per_pass` (the
+    arrays. ``frames_per_task``: frames per task, a multiple of ``interface.frames_per_pass`` (the
     default: one backbone group), else a ValueError before any task. Each task gets ``num_cpus``
     CPUs (its torch threads) and ``num_gpus`` GPUs (``> 0`` runs it on ``config.device``), placed with
     the SPREAD strategy. ``progress(done_frames, total_frames)`` is called as batches finish. With
     ``on_estimate`` and ``estimate_for`` (the largest frame's height and width), the first batch's
-    task also measures ``Detector.estimate_ms_per_frame`` of its first frame for a fit on all
-    ``images`` and that size's ``Detector.layout``, and ``on_estimate(ms, layout)`` is called when
-    that batch is back.
+    task also measures the milliseconds per frame of its first frame for a fit on all ``images``
+    (``detector_choice.ms_per_frame_of``) and that size's ``Detector.layout``, and
+    ``on_estimate(ms, layout)`` is called when that batch is back.
 
     Raises :class:`~hetmm_ray.data.decode.ImageError` naming a failed image by its index, as
     :func:`extract_features_ray` does; the tasks still running are cancelled. Connects to Ray if
     not yet connected."""
     if len(images) == 0:
         raise ValueError("no images given")
-    group = tile_frames_per_pass(config)
+    group = frames_per_pass(config)
     bs = frames_per_task or group
     if bs < 1 or bs % group:
         raise ValueError(f"frames_per_task must be a positive multiple of {group} (frames per backbone pass), got {bs}")

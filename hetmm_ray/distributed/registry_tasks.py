@@ -5,7 +5,8 @@ versions. The actor starts them and publishes what they return; nothing here hol
 - :func:`fit_tiles_task`, :func:`update_tiles_task`: a tiled product's create and hot update from
   its frames' tile features, which frame-batch tasks extracted across the cluster first
   (``extract.extract_tiles_ray``): one detector in a task gathers them, in input order, and fits or
-  grows every position (``TiledHETMM.fit_extracted`` / ``update_extracted``), PTS fanned out.
+  grows every position (``TiledHETMM.fit_extracted`` / ``update_extracted``), PTS fanned out and the
+  positions' calibrations as tasks side by side (``ray_steps.calibrate_all_ray``).
   :func:`whole_frames` says which products take these paths.
 - :func:`with_region_in_task`: any product's region change (``Detector.with_region``, what ``hetmm
   region`` runs) as one detector in a task.
@@ -25,7 +26,7 @@ from ..core.templates import TemplateSet
 from ..detection.fit_steps import FitSteps
 from ..store import open_store
 from .pts_fanout import pts_indices_ray
-from .ray_steps import JobReport
+from .ray_steps import JobReport, calibrate_all_ray
 from .runtime import use_assigned_cpus
 
 if TYPE_CHECKING:
@@ -96,9 +97,10 @@ def whole_frames(config: DetectorConfig) -> bool:
     return config.geometry.tiled
 
 
-def _fanned_out_pts() -> FitSteps:
-    """A tiled job's steps: each position's PTS as pixel-chunk tasks of a full CPU each."""
-    return FitSteps(pts=partial(pts_indices_ray, num_cpus=TASK_CPUS))
+def _fanned_out() -> FitSteps:
+    """A tiled job's steps: each position's PTS as pixel-chunk tasks of a full CPU each, and the
+    positions' out-of-fold calibrations (most of such a fit) as one task each, side by side."""
+    return FitSteps(pts=partial(pts_indices_ray, num_cpus=TASK_CPUS), calibrate_all=calibrate_all_ray)
 
 
 def fit_line(layout: Layout, sheets: int, ms: float) -> str:
@@ -117,15 +119,15 @@ def fit_tiles_task(
     """A tiled product's fit in one task from its frames' tile features: ``batches``, the frame batches'
     ``TileFeatures`` refs in input order (``extract.TileBatches.refs``), gathered here
     (``TileFeatures.gathered``), then ``TiledHETMM.fit_extracted`` with each position's PTS fanned
-    out as pixel-chunk tasks; ``cost_image``: the first frame, encoded (``sheets: auto``'s time
-    budget is measured on it). Each position's stages go to the job (``job_id``) through ``registry``.
-    Returns the unsaved template set: what ``TiledHETMM(config).fit(frames)`` gives."""
+    out as pixel-chunk tasks and the positions' calibrations as tasks side by side; ``cost_image``:
+    the first frame, encoded (``sheets: auto``'s time budget is measured on it). Each position's
+    stages go to the job (``job_id``) through ``registry``. Returns the unsaved template set: what
+    ``TiledHETMM(config).fit(frames)`` gives."""
     from ..detection.tiled import TiledHETMM, TileFeatures
 
     use_assigned_cpus()
-    det = TiledHETMM(DetectorConfig.from_dict(config), steps=_fanned_out_pts())
-    if job_id is not None:
-        det.report_to(JobReport(registry, job_id))
+    report = None if job_id is None else JobReport(registry, job_id)
+    det = TiledHETMM(DetectorConfig.from_dict(config), steps=_fanned_out(), report=report)
     det.fit_extracted(TileFeatures.gathered(ray.get(batches)), cost_image)
     return det.template_set()
 
@@ -141,10 +143,12 @@ def update_tiles_task(
     from ..detection.tiled import TiledHETMM, TileFeatures
 
     use_assigned_cpus()
-    det = TiledHETMM.from_store(open_store(store_uri), product, version, steps=_fanned_out_pts())
+    det = TiledHETMM.from_store(open_store(store_uri), product, version, steps=_fanned_out())
+    held = det.template_set().n_images
     det.update_extracted(TileFeatures.gathered(ray.get(batches)), images)
-    added = len(images) - det.skipped_duplicates
-    return (det.template_set() if added else None), added
+    grown = det.template_set()
+    added = grown.n_images - held  # the frames already held are skipped, not added
+    return (grown if added else None), added
 
 
 @ray.remote(num_cpus=TASK_CPUS)

@@ -34,7 +34,7 @@ from ..core.pixel_metrics import PixelMetrics
 from ..data.decode import decode_image, resize_to_geometry
 from ..data.mvtec import MVTecCategory, Sample
 from ..detection.detector_choice import new_detector
-from ..detection.interface import Detector
+from ..detection.interface import Detector, frame_grid, stream_chunk
 from ..report.collect import ReportCollector
 from ..result import result_records, review_threshold_of
 
@@ -203,7 +203,7 @@ def evaluate(
     # holds all frames or all maps. Masks at each map's shape, resized like the image.
     labels = np.array([s.label for s in samples])
     pixels = PixelMetrics() if category.has_pixel_masks else None
-    chunk = det.frames_per_pass * max(1, STREAM_FRAMES // det.frames_per_pass)
+    chunk = stream_chunk(config, STREAM_FRAMES)
     scores: list[float] = []
     flagged: list[bool] = []
     words: list[str] = []  # the result record's verdict of each row (result.py), the review band included
@@ -250,15 +250,17 @@ def evaluate(
     cuts = labelled_cuts(scores, labels.tolist())
     good_n = max(int((labels == 0).sum()), 1)
     bad_n = max(int((labels == 1).sum()), 1)
-    cal, sheets = det.calibration, det.sheets
+    cal, fitted = det.calibration, det.template_set()
     # the keys of a tiled evaluation only: an untiled one's JSON stays as it always was
-    tiled = {"tiles": det.grid, "tiles_per_s": len(samples) * det.n_tiles / elapsed} if det.n_tiles > 1 else {}
+    grid = frame_grid(config)
+    tiles = grid[0] * grid[1]
+    tiled = {"tiles": grid, "tiles_per_s": len(samples) * tiles / elapsed} if tiles > 1 else {}
     result = EvaluationResult(
         category=category.name,
         backbone=config.backbone.name,
-        weights=det.backbone.weights_id,
+        weights=fitted.weights_id,
         templates=config.templates.kind,
-        sheets=sheets,
+        sheets=fitted.sheets,
         n_train=len(train),
         n_test=len(samples),
         image_auroc=100 * image_auroc(np.asarray(scores, dtype=np.float32), labels),

@@ -140,13 +140,14 @@ def update(
     head = store.head(product)
     det = load_detector(store, product, head, **options)
     before = det.operating_point()
+    held = det.template_set().n_images
     det.update(frames)
-    added = len(frames) - det.skipped_duplicates
+    grown = det.template_set()
+    added = grown.n_images - held  # the bank grows by the frames not already held, the rest are skipped
+    skipped = len(frames) - added
     if not added:
-        return Outcome(
-            product, head, head, False, before, before, changed=False, skipped=det.skipped_duplicates, detector=det
-        )
-    version, candidate = publish(store, product, det.template_set(), mode=mode, expect_head=head)
+        return Outcome(product, head, head, False, before, before, changed=False, skipped=skipped, detector=det)
+    version, candidate = publish(store, product, grown, mode=mode, expect_head=head)
     return Outcome(
         product,
         version,
@@ -155,7 +156,7 @@ def update(
         det.operating_point(),
         before,
         added=added,
-        skipped=det.skipped_duplicates,
+        skipped=skipped,
         detector=det,
     )
 
@@ -248,7 +249,7 @@ def good_outliers(detector: Detector, *, mads: float = OUTLIER_MADS) -> OutlierR
     calibration = detector.calibration
     if calibration is None:
         return None
-    return outlier_report(calibration, detector.config, detector.image_digests, mads=mads)
+    return outlier_report(calibration, detector.config, detector.template_set().image_digests, mads=mads)
 
 
 def drop(
@@ -270,7 +271,7 @@ def drop(
     before and after."""
     head = store.head(product)
     det = load_detector(store, product, head, **options)
-    held = tuple(det.image_digests)
+    held = det.template_set().image_digests
     if callable(digests):
         digests = digests(held)
     named = list(dict.fromkeys(str(d) for d in digests))
@@ -284,12 +285,13 @@ def drop(
     start = time.perf_counter()
     det.drop([*named, *(LaterCopies(g.digest) for g in groups)])
     seconds = time.perf_counter() - start
-    new, candidate = publish(store, product, det.template_set(), mode=mode, expect_head=head)
+    kept = det.template_set()
+    new, candidate = publish(store, product, kept, mode=mode, expect_head=head)
     after = det.operating_point()
     record = {
         "dropped": sorted(named),
         "repeats": [{"digest": g.digest, "indices": list(g.indices)} for g in groups],
-        "images": det.n_images,
+        "images": kept.n_images,
         "threshold_before": None if before is None else before.threshold,
         "threshold_after": None if after is None else after.threshold,
     }

@@ -31,7 +31,7 @@ from ..config import RATE_CHOICES, STREAM_FRAMES
 from ..core.calibration import OBJECTIVES, best_f1_cut, check_rate, labelled_cuts, rate_choices, recall_cut
 from ..core.scoring import Calibration
 from ..core.templates import TemplateSet
-from ..detection.interface import Detector
+from ..detection.interface import Detector, stream_chunk
 from ..detection.scorer import ImageInput
 
 __all__ = ["calibrate_with_labels", "choose_threshold"]
@@ -75,7 +75,7 @@ def calibrate_with_labels(
         raise ValueError("give one label per image")
     # a chunk of frames at a time (a multiple of what predict batches: the scores of one call), so
     # only scores accumulate, never every frame's map
-    chunk = detector.frames_per_pass * max(1, STREAM_FRAMES // detector.frames_per_pass)
+    chunk = stream_chunk(detector.config, STREAM_FRAMES)
     scores = [float(s) for i in range(0, len(images), chunk) for s in detector.predict(images[i : i + chunk]).scores]
     record = choose_threshold(scores, labels, objective=objective, max_false_alarm_rate=max_false_alarm_rate)
     config = detector.config.replace(**{"threshold.rule": "validation"})

@@ -50,10 +50,10 @@ def test_far_rule_at_another_rate_is_a_new_version_of_the_same_templates(tmp_pat
     assert rec.config.threshold.rule == "far" and rec.config.threshold.false_alarm_rate == 0.2
     # the far threshold at 20 % of the same out-of-fold scores, computed directly
     want = TailModel(v1.calibration.scores).threshold(0.2)
-    assert want < v1.threshold  # a higher rate: a lower threshold
+    assert want < v1.operating_point().threshold  # a higher rate: a lower threshold
     assert f"version 2 (from v1) threshold {want:.4f} (rule far 20%" in out, out
     v2 = load_detector(store, "gear", 2)
-    assert v2.threshold == want and v2.calibration.scores == v1.calibration.scores
+    assert v2.operating_point().threshold == want and v2.calibration.scores == v1.calibration.scores
     np.testing.assert_array_equal(v2.predict(queries).scores, v1.predict(queries).scores)
     assert store.manifest("gear", 2)["chunks"] == store.manifest("gear", 1)["chunks"]  # nothing uploaded
     # as a candidate: HEAD stays, the candidate is announced with what to do next
@@ -74,5 +74,5 @@ def test_far_rule_at_another_rate_is_a_new_version_of_the_same_templates(tmp_pat
     code, out, _ = run(capsys, "versions", "--product", "gear", "--store", uri)
     lines = out.splitlines()
     assert code == 0 and "threshold (rule)" in lines[0], out
-    assert lines[1].split()[4:7] == [f"{v1.threshold:.4f}", "far", "1%"], lines[1]
+    assert lines[1].split()[4:7] == [f"{v1.operating_point().threshold:.4f}", "far", "1%"], lines[1]
     assert lines[2].split()[:7] == ["*", "2", "1", "8", "8", f"{want:.4f}", "far"] and "20%" in lines[2], lines[2]

@@ -72,7 +72,7 @@ def test_compress_round_trips_through_the_store(images, tmp_path, kind):
     for layer in det.templates.layers:
         assert torch.equal(loaded.templates.templates(layer), det.templates.templates(layer))
     np.testing.assert_array_equal(loaded.predict(query).scores, det.predict(query).scores)
-    assert loaded.threshold == det.threshold
+    assert loaded.operating_point().threshold == det.operating_point().threshold
 
 
 def test_calibration_leaves_the_held_out_images_sheets_out(images):

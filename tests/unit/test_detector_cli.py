@@ -135,7 +135,7 @@ def test_fit_predict_shapes_and_verdicts(fitted, prediction):
     assert prediction.maps.dtype == np.float32
     assert np.isfinite(prediction.scores).all() and np.isfinite(prediction.maps).all()
     assert math.isfinite(prediction.threshold)
-    assert prediction.threshold == fitted.threshold
+    assert prediction.threshold == fitted.operating_point().threshold
     np.testing.assert_array_equal(prediction.is_anomaly, prediction.scores > prediction.threshold)
     assert prediction.version is None  # not saved yet
     assert fitted.templates.n_images == 6
@@ -203,7 +203,9 @@ def test_calibration_is_out_of_fold(fitted):
     arr = np.array(ts.calibration.scores)
     # Default rule: far at threshold.false_alarm_rate; the sigmas rule stays available.
     assert tc.rule == "far"
-    assert fitted.threshold == pytest.approx(TailModel(arr.tolist()).threshold(tc.false_alarm_rate), rel=1e-12)
+    assert fitted.operating_point().threshold == pytest.approx(
+        TailModel(arr.tolist()).threshold(tc.false_alarm_rate), rel=1e-12
+    )
     sig = fitted.operating_point(sigmas=tc.sigmas)
     assert sig.rule == "sigmas" and sig.threshold == pytest.approx(arr.mean() + tc.sigmas * arr.std(ddof=1), rel=1e-9)
 
@@ -288,7 +290,7 @@ def test_update_grows_the_bank_and_keeps_working(fitted, product, images, tmp_pa
         assert ts.bank[layer].shape[0] == 8
         torch.testing.assert_close(ts.bank[layer][:6], fitted.templates.bank[layer])
     assert len(ts.calibration.scores) == 6  # max_images
-    assert math.isfinite(det.threshold)
+    assert math.isfinite(det.operating_point().threshold)
     pred = det.predict(extra + good + bad)
     assert (pred.scores[:2] < 1e-4).all()  # the added images are now templates
     np.testing.assert_array_equal(pred.is_anomaly, pred.scores > pred.threshold)

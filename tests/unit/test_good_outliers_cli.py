@@ -64,11 +64,12 @@ def test_fit_names_the_marked_frame_and_drop_makes_a_new_version_without_it(good
     assert code == 0, err
     store = open_store(uri)
     v1 = load_detector(store, "gear", 1)
-    assert v1.n_images == 25  # named, never dropped unasked
+    v1_set, v1_threshold = v1.template_set(), v1.operating_point().threshold
+    assert v1_set.n_images == 25  # named, never dropped unasked
     digest = image_digest(np.asarray(Image.open(marked).convert("RGB")))
     by_digest = dict(
         zip(
-            [v1.image_digests[i] for i in calibration_order(25, v1.config, v1.image_digests)],
+            [v1_set.image_digests[i] for i in calibration_order(25, v1.config, v1_set.image_digests)],
             v1.calibration.scores,
             strict=True,
         )
@@ -78,7 +79,7 @@ def test_fit_names_the_marked_frame_and_drop_makes_a_new_version_without_it(good
     assert "good frames standing apart: 1 of 25" in out, out
     assert f"  {marked}  {score:.4f}" in out, out
     without = TailModel([s for d, s in by_digest.items() if d != digest]).threshold(0.01)
-    assert f"threshold (far) {v1.threshold:.4f} with them, {without:.4f} without them" in out, out
+    assert f"threshold (far) {v1_threshold:.4f} with them, {without:.4f} without them" in out, out
     # the far rule at 1, 2 and 5 %, each with the good frames above it
     for rate in (0.01, 0.02, 0.05):
         t = TailModel(v1.calibration.scores).threshold(rate)
@@ -89,7 +90,7 @@ def test_fit_names_the_marked_frame_and_drop_makes_a_new_version_without_it(good
     from hetmm_ray.serve.ui import _calibration_facts
 
     rec = store.record("gear", 1)
-    assert rec.image_digests == v1.image_digests
+    assert rec.image_digests == v1_set.image_digests
     labelled = [{"score": score, "label": "defective"}, {"score": 0.0, "label": "good"}]
     facts = _calibration_facts(rec, list(rec.image_digests), labelled)
     assert [r["threshold"] for r in facts["rates"]] == [
@@ -107,9 +108,10 @@ def test_fit_names_the_marked_frame_and_drop_makes_a_new_version_without_it(good
     assert code == 0, err
     assert store.head("gear") == 2
     v2 = load_detector(store, "gear", 2)
-    assert v2.n_images == 24 and digest not in v2.image_digests
-    assert f"version 2 (from v1) without 1 good frame(s) ({marked}), 24 in all; threshold {v1.threshold:.4f}" in out
-    assert f"-> {v2.threshold:.4f} (rule far 1%" in out
+    v2_set, v2_threshold = v2.template_set(), v2.operating_point().threshold
+    assert v2_set.n_images == 24 and digest not in v2_set.image_digests
+    assert f"version 2 (from v1) without 1 good frame(s) ({marked}), 24 in all; threshold {v1_threshold:.4f}" in out
+    assert f"-> {v2_threshold:.4f} (rule far 1%" in out
     assert "good frames standing apart: none of 24" in out, out
     # the same product as a fit on the other frames: same bank, same folds, same out-of-fold scores
     config = DetectorConfig(
@@ -118,9 +120,9 @@ def test_fit_names_the_marked_frame_and_drop_makes_a_new_version_without_it(good
         device="cpu",
     )
     ref = HETMM(config).fit(sorted(str(p) for p in good_dir.glob("good_0*.png")))
-    assert ref.image_digests == v2.image_digests
+    assert ref.templates.image_digests == v2_set.image_digests
     np.testing.assert_allclose(v2.calibration.scores, ref.calibration.scores, rtol=1e-5)
-    assert v2.threshold == pytest.approx(ref.threshold, rel=1e-5)
+    assert v2_threshold == pytest.approx(ref.operating_point().threshold, rel=1e-5)
 
 
 def test_the_stored_order_of_out_of_fold_scores_is_the_fold_plans(good_dir) -> None:
@@ -148,10 +150,10 @@ def test_a_tiled_product_drops_a_frame_from_every_position() -> None:
         device="cpu",
     ).replace(**tiled)
     det = TiledHETMM(config).fit(train)
-    gone = det.image_digests[2]
+    gone = det.frame_digests[2]
     det.drop([gone])
     ref = TiledHETMM(config).fit(train[:2] + train[3:])
-    assert det.image_digests == ref.image_digests and gone not in det.image_digests
+    assert det.frame_digests == ref.frame_digests and gone not in det.frame_digests
     assert all(d.templates.n_images == 6 for d in det.dets)
     np.testing.assert_allclose(det.scales, ref.scales, rtol=1e-5)
     np.testing.assert_allclose(det.calibration.scores, ref.calibration.scores, rtol=1e-5)
@@ -200,9 +202,10 @@ def test_fit_names_a_repeated_frame_and_drop_repeats_keeps_its_first_copy(repeat
     assert code == 0, err
     store = open_store(uri)
     v1 = load_detector(store, "gear", 1)
+    v1_set, v1_threshold = v1.template_set(), v1.operating_point().threshold
     digest = image_digest(np.asarray(Image.open(first).convert("RGB")))
-    assert v1.n_images == 21 and [i for i, d in enumerate(v1.image_digests) if d == digest] == [5, 20]
-    order = calibration_order(21, v1.config, v1.image_digests)
+    assert v1_set.n_images == 21 and [i for i, d in enumerate(v1_set.image_digests) if d == digest] == [5, 20]
+    order = calibration_order(21, v1.config, v1_set.image_digests)
     by_index = dict(zip(order, v1.calibration.scores, strict=True))
     assert max(by_index[5], by_index[20]) < min(s for i, s in by_index.items() if i not in (5, 20))
     assert "repeated good frames: 1 frame(s) held more than once, 1 later copy" in out, out
@@ -214,7 +217,7 @@ def test_fit_names_a_repeated_frame_and_drop_repeats_keeps_its_first_copy(repeat
     line = f"  {first} = {copy.name}  held twice, out-of-fold {each}: each copy's fold holds another copy"
     assert line in out, out
     without = TailModel([s for i, s in by_index.items() if i != 20]).threshold(0.01)
-    assert f"threshold (far) {v1.threshold:.4f} with them, {without:.4f} without the later copies" in out, out
+    assert f"threshold (far) {v1_threshold:.4f} with them, {without:.4f} without the later copies" in out, out
     assert "hetmm drop --product gear --repeats" in out, out
     assert store.head("gear") == 1  # named, never dropped unasked
 
@@ -222,13 +225,14 @@ def test_fit_names_a_repeated_frame_and_drop_repeats_keeps_its_first_copy(repeat
     assert code == 0, err
     assert store.head("gear") == 2
     v2 = load_detector(store, "gear", 2)
+    v2_set, v2_threshold = v2.template_set(), v2.operating_point().threshold
     # the later copy gone, its twin (the first copy) kept: the bank is v1's without frame 20
-    assert v2.image_digests == v1.image_digests[:20] and digest in v2.image_digests
+    assert v2_set.image_digests == v1_set.image_digests[:20] and digest in v2_set.image_digests
     assert (
         f"version 2 (from v1) without 1 good frame(s) (the later copy of {digest[:12]} (v1's bank frame 20; "
-        f"frame 5 kept)), 20 in all; threshold {v1.threshold:.4f}" in out
+        f"frame 5 kept)), 20 in all; threshold {v1_threshold:.4f}" in out
     ), out
-    assert f"-> {v2.threshold:.4f} (rule far 1%" in out, out
+    assert f"-> {v2_threshold:.4f} (rule far 1%" in out, out
     assert "repeated good frames" not in out, out
     # the same product as a fit on the frames without the copy: same bank, same out-of-fold scores
     config = DetectorConfig(
@@ -237,7 +241,7 @@ def test_fit_names_a_repeated_frame_and_drop_repeats_keeps_its_first_copy(repeat
         device="cpu",
     )
     ref = HETMM(config).fit(sorted(str(p) for p in repeat_dir.glob("good_0*.png")))
-    assert ref.image_digests == v2.image_digests
+    assert ref.templates.image_digests == v2_set.image_digests
     np.testing.assert_allclose(v2.calibration.scores, ref.calibration.scores, rtol=1e-5)
 
     # nothing repeated any more: --repeats is refused, nothing written
@@ -263,11 +267,11 @@ def test_a_tiled_product_drops_only_the_later_copy_from_every_position() -> None
         device="cpu",
     ).replace(**tiled)
     det = TiledHETMM(config).fit([*train, train[2]])
-    twin = det.image_digests[2]
-    assert det.image_digests[6] == twin
+    twin = det.frame_digests[2]
+    assert det.frame_digests[6] == twin
     det.drop([LaterCopies(twin)])
     ref = TiledHETMM(config).fit(train)
-    assert det.image_digests == ref.image_digests
+    assert det.frame_digests == ref.frame_digests
     assert all(d.templates.n_images == 6 for d in det.dets)
     np.testing.assert_allclose(det.scales, ref.scales, rtol=1e-5)
     np.testing.assert_allclose(det.calibration.scores, ref.calibration.scores, rtol=1e-5)

@@ -40,7 +40,7 @@ def test_operations_publish_live_or_as_candidates_and_retries_change_nothing(tmp
 
     grown = operations.update(store, "p", frames[2:6])  # two held already, two new
     assert (grown.version, grown.base, grown.added, grown.skipped, grown.changed) == (2, 1, 2, 2, True)
-    assert load_detector(store, "p").n_images == 6
+    assert load_detector(store, "p").template_set().n_images == 6
     again = operations.update(store, "p", frames[2:6])  # a retried update: nothing new, nothing stored
     assert (again.version, again.changed, again.skipped) == (2, False, 4) and store.head("p") == 2
 
@@ -82,4 +82,5 @@ def test_an_update_fails_cleanly_when_another_writer_moved_the_head(tmp_path, fr
     monkeypatch.setattr(operations, "load_detector", load_then_race)
     with pytest.raises(StoreConflict):
         operations.update(store, "p", frames[4:6])
-    assert store.head("p") == 2 and load_detector(store, "p").n_images == 4  # the other writer's version stands
+    # the other writer's version stands
+    assert store.head("p") == 2 and load_detector(store, "p").template_set().n_images == 4

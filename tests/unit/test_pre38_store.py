@@ -59,11 +59,11 @@ def test_a_pre_interface_product_reads_back_exactly(tmp_path, product, version):
         if manifest.get("selection"):  # plain v3: PTS indices
             for name, stored in _stored(root, product, manifest, "selection").items():
                 assert torch.equal(ts.indices[name.removeprefix("indices/")], stored)
-        assert list(ts.image_digests) == manifest["image_digests"] == list(det.image_digests)
+        assert list(ts.image_digests) == manifest["image_digests"] == list(det.template_set().image_digests)
         assert list(ts.calibration.scores) == manifest["calibration"]
         assert ts.config.region == manifest["config"].get("region")
         want = json.loads((data / "expected.json").read_text())[str(version)]
-        assert float(det.threshold).hex() == want["threshold"]
+        assert float(det.operating_point().threshold).hex() == want["threshold"]
 
 
 @pytest.mark.parametrize("runtime", RUNTIMES)

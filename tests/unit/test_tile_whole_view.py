@@ -90,7 +90,7 @@ def test_frame_score_and_calibration_are_the_maximum_over_tiles_and_whole_view(p
     t_w = TailModel(ref.templates.calibration.scores).threshold(0.01)
     want_oof = np.maximum(np.array(tiles_only.calibration.scores), np.array(ref.templates.calibration.scores) / t_w)
     np.testing.assert_allclose(pyramid.calibration.scores, want_oof, rtol=1e-5)
-    assert pyramid.threshold == pytest.approx(TailModel(want_oof).threshold(0.01), rel=1e-5)
+    assert pyramid.operating_point().threshold == pytest.approx(TailModel(want_oof).threshold(0.01), rel=1e-5)
     mine, theirs = pyramid.predict(test), tiles_only.predict(test)
     np.testing.assert_allclose(mine.tile_scores[:, :4], theirs.tile_scores, rtol=1e-5)
     want = np.maximum(theirs.tile_scores.max(axis=1), ref.predict(test).scores / t_w)

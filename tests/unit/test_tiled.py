@@ -17,9 +17,9 @@ from hetmm_ray.core.templates import TemplateError
 from hetmm_ray.core.tiles import cut, stitch, tile_grid
 from hetmm_ray.data.synthetic import DEFECT_KINDS, SyntheticProduct
 from hetmm_ray.detection.detector import HETMM
-from hetmm_ray.detection.detector_choice import load_detector
+from hetmm_ray.detection.detector_choice import load_detector, ms_per_frame_of
 from hetmm_ray.detection.geometry_rule import resolve_tiles
-from hetmm_ray.detection.tiled import TiledHETMM
+from hetmm_ray.detection.tiled import TiledHETMM, position_sets
 from hetmm_ray.store import open_store
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -126,6 +126,25 @@ def test_save_load_round_trip_one_object_per_tile_and_layer(tiled, frames, tmp_p
     assert after.threshold == before.threshold
     with pytest.raises(TemplateError, match="tiled"):
         HETMM.from_store(store, "tiled", version)  # a tiled product is never scored untiled
+
+
+def test_position_sets_read_every_position_back_out_of_the_product_set(tiled):
+    """What ``hetmm compress`` reports per position is each position's own set, read from the one set
+    a store holds; a product on one canvas is its one position."""
+    sets = position_sets(tiled.template_set())
+    assert len(sets) == len(tiled.dets) == 4
+    for got, det in zip(sets, tiled.dets, strict=True):
+        want = det.templates
+        assert got.sheets == want.sheets and got.image_digests == want.image_digests == tiled.frame_digests
+        assert got.config.stored_dict() == want.config.stored_dict()
+        assert got.calibration.scores == want.calibration.scores
+        assert dict(got.meta) == {k: v for k, v in want.meta.items() if k not in ("version", "parent")}
+        for layer in want.layers:
+            assert torch.equal(got.bank[layer], want.bank[layer])
+            assert torch.equal(got.templates(layer), want.templates(layer))
+    untiled = tiled.dets[0].templates
+    (only,) = position_sets(untiled)
+    assert only is untiled
 
 
 def test_untiled_products_store_and_load_as_before(frames, tmp_path):
@@ -316,12 +335,12 @@ def test_update_equals_a_fit_on_the_union(frames, selection):
     c = config(**TILED, **selection)
     det = TiledHETMM(c).fit(train[:4])
     det.update([train[4], train[0], train[5], train[4]])  # one held, one repeated
-    assert det.skipped_duplicates == 2 and det.version is None
+    assert len(det.frame_digests) == 6 and det.version is None  # the 2 new ones added, the other 2 skipped
     reference = TiledHETMM(c).fit(train)
     assert_same_tiled(det, reference, test)
     before = det.calibration
     det.update(train[:2])
-    assert det.skipped_duplicates == 2 and det.calibration is before  # nothing new: nothing recomputed
+    assert len(det.frame_digests) == 6 and det.calibration is before  # nothing new: nothing recomputed
 
 
 def test_cli_update_of_a_tiled_product(frames, tmp_path, capsys):
@@ -383,7 +402,7 @@ def test_labelled_calibration_is_at_the_frame_level(tiled, frames, tmp_path):
     store = open_store(tmp_path / "store")
     version = store.put("t", ts)
     loaded = load_detector(store, "t", version, batch_size=4, device="cpu")
-    assert loaded.threshold == record["threshold"] and loaded.scales == tiled.scales
+    assert loaded.operating_point().threshold == record["threshold"] and loaded.scales == tiled.scales
     pred = loaded.predict(test)
     assert np.array_equal(pred.is_anomaly, pred.scores > record["threshold"])
 
@@ -412,7 +431,7 @@ def test_cli_compress_and_calibrate_of_a_tiled_product(frames, tmp_path, capsys)
     assert "version 3 (from v2) threshold" in capsys.readouterr().out
     calibrated = load_detector(store, "t", 3, batch_size=4, device="cpu")
     assert calibrated.config.threshold.rule == "validation"
-    assert calibrated.threshold == calibrated.calibration.validation["threshold"]
+    assert calibrated.operating_point().threshold == calibrated.calibration.validation["threshold"]
 
 
 # --- cost made visible: hetmm fit prints the grid, the sheets and ms per frame first ---------------
@@ -436,7 +455,7 @@ def test_fit_reports_the_cost_first_tiled_or_not(tmp_path, capsys):
     det = HETMM(config())
     frame = SyntheticProduct(seed=0, size=64).good(0)
     assert 0 < estimate_ms_per_frame(det.scorer, [frame], 2) < float("inf")
-    assert TiledHETMM(config(**TILED)).estimate_ms_per_frame(SyntheticProduct(seed=0, size=FRAME).good(0), 6) > 0
+    assert ms_per_frame_of(TiledHETMM(config(**TILED)), SyntheticProduct(seed=0, size=FRAME).good(0), 6) > 0
 
 
 def test_another_region_equals_a_fit_under_it(frames, tmp_path, capsys):

@@ -21,9 +21,10 @@ from hetmm_ray.core.templates import TemplateSet
 from hetmm_ray.data.decode import ImageError
 from hetmm_ray.data.synthetic import SyntheticProduct
 from hetmm_ray.detection.detector_choice import load_detector
+from hetmm_ray.detection.interface import frames_per_pass
 from hetmm_ray.detection.tiled import TiledHETMM
 from hetmm_ray.distributed import ProductRegistry
-from hetmm_ray.distributed.extract import extract_tiles_ray, tile_frames_per_pass
+from hetmm_ray.distributed.extract import extract_tiles_ray
 from hetmm_ray.store import open_store
 from hetmm_ray.workflows import operations
 
@@ -111,7 +112,7 @@ def test_frame_batches_as_tasks_equal_the_one_process_extraction(part) -> None:
     images = [png(f) if i % 2 else f for i, f in enumerate(frames)]  # bytes and arrays mixed
     calls: list[tuple[int, int]] = []
     batches = extract_tiles_ray(CONFIG, images, progress=lambda d, t: calls.append((d, t)))
-    assert tile_frames_per_pass(CONFIG) == 2 and len(batches.refs) == len(batches.nodes) == 3
+    assert frames_per_pass(CONFIG) == 2 and len(batches.refs) == len(batches.nodes) == 3
     got = batches.gathered()
     want = TiledHETMM(CONFIG).extract_tiles(frames)
     assert got.digests == want.digests and got.shapes == want.shapes == [(FRAME, FRAME)] * 5

@@ -138,7 +138,7 @@ def _stored(store_dir: str | Path, product: str) -> dict[str, Any]:
         "choice": store.manifest(product, 1)["meta"].get("geometry_choice"),
         "images": rec.images,
         "digests": rec.image_digests,
-        "threshold": load_detector(store, product, device="cpu").threshold,
+        "threshold": load_detector(store, product, device="cpu").operating_point().threshold,
     }
 
 

@@ -218,7 +218,7 @@ def test_a_cli_fitted_product_updated_over_http_with_the_same_images(client, ser
         from hetmm_ray.core.scoring import operating_point
 
         assert operating_point(stored.calibration, stored.config).threshold == pytest.approx(
-            in_process.threshold, rel=1e-6
+            in_process.operating_point().threshold, rel=1e-6
         )
     else:  # what hetmm fit did before: canvases (resized first) hashed and fitted
         bb = config.backbone
@@ -234,4 +234,4 @@ def test_a_cli_fitted_product_updated_over_http_with_the_same_images(client, ser
     # and the in-process API's hot update with the same files adds nothing either
     det = load_detector(s, name)
     det.update(paths)
-    assert det.skipped_duplicates == 12 and det.templates.n_images == 12
+    assert det.templates.n_images == 12 and det.version == 1  # all 12 skipped: nothing added, nothing changed

@@ -121,7 +121,7 @@ def test_candidate_compare_promote_discard_over_http(service) -> None:
     rec = s.record("p", 1)
     det = load_detector(s, "p", 1)
     scores = sorted(float(x) for x in det.predict([_canvas(d, det.config.backbone.geometry) for d in images]).scores)
-    head_t, cal = det.threshold, rec.calibration
+    head_t, cal = det.operating_point().threshold, rec.calibration
     mids = [(a + b) / 2 for a, b in itertools.pairwise(scores)]
     target = next(m for m in mids if m >= cal.mean and any(min(m, head_t) < x <= max(m, head_t) for x in scores))
     rule = replace(rec.config.threshold, rule="sigmas", sigmas=(target - cal.mean) / cal.std)

@@ -372,7 +372,7 @@ def test_cli_calibrate_stores_a_validation_version(tmp_path, capsys):
     val = [product.good(200 + i) for i in range(4)] + [product.defective(300 + i, "hole")[0] for i in range(4)]
     scores = det.predict(val).scores
     labels = np.array([0] * 4 + [1] * 4)
-    assert det.threshold == record["threshold"]
+    assert det.operating_point().threshold == record["threshold"]
     assert record["f1"] == pytest.approx(best_f1_cut(labelled_cuts(scores.tolist(), labels.tolist())).f1)
     # predict reports the rule; --false-alarm-rate switches to the far rule for the call
     good_png = str(tmp_path / "val" / "test" / "good" / "0.png")

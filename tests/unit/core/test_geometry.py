@@ -105,7 +105,7 @@ def test_letterbox_of_a_square_image_equals_squash(one_torch_thread):
     a, b = squash.predict(images[4:]), letter.predict(images[4:])
     assert np.array_equal(a.scores, b.scores)
     assert np.array_equal(a.maps, b.maps)
-    assert squash.threshold == letter.threshold
+    assert squash.operating_point().threshold == letter.operating_point().threshold
 
 
 # --- padded pixels never count --------------------------------------------------------------

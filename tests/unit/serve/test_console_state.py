@@ -112,7 +112,7 @@ def test_cli_calibrate_val_store_uses_the_labelled_set(tmp_path, capsys) -> None
     assert "on 3 good + 3 defective images" in capsys.readouterr().out
     scores = load_detector(open_store(uri), "gear", 1).predict(val).scores.tolist()
     want = choose_threshold(scores, truth, objective="recall", max_false_alarm_rate=0.34)["threshold"]
-    assert load_detector(open_store(uri), "gear", 2).threshold == pytest.approx(want, rel=1e-6)
+    assert load_detector(open_store(uri), "gear", 2).operating_point().threshold == pytest.approx(want, rel=1e-6)
     # neither or both sources: one line, exit 2
     assert main(["calibrate", "--product", "gear", "--store", uri]) == 2
     err = capsys.readouterr().err.strip().splitlines()
