@@ -18,6 +18,7 @@ from .common import (
     _add_publish_flags,
     _add_store_flags,
     _announce_candidate,
+    _announce_geometry,
     _config_from,
     _describe_operating_point,
     _describe_region,
@@ -41,7 +42,7 @@ def add_fit(sub: Subcommands) -> None:
 
 def cmd_fit(args: argparse.Namespace) -> int:
     from ..detection.detector_choice import ms_per_frame_of
-    from ..detection.geometry_rule import choose_geometry, frame_shape
+    from ..detection.geometry_rule import frame_shape
     from ..workflows import operations
 
     config = _config_from(args)
@@ -50,9 +51,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
         raise CLIError(f"fit needs at least 2 good images, got {len(paths)}")
     layout = None
 
-    choice = choose_geometry(config, paths)  # the fit's one rule; what it chose and why, before the long work
-    if choice.why is not None or choice.canvas_why is not None:
-        print(choice.describe(), flush=True)
+    _announce_geometry(config, paths)
 
     def announce(det: Any) -> None:  # the cost line, before the long work
         nonlocal layout

@@ -17,6 +17,7 @@ from .common import (
     _add_address_flag,
     _add_config_flags,
     _add_store_flags,
+    _announce_geometry,
     _config_from,
     _describe_operating_point,
     _image_paths,
@@ -186,6 +187,9 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         except OSError as exc:
             raise CLIError(f"--report {args.report}: cannot create the folder ({exc})") from None
         collector = ReportCollector(args.report)
+    from ..data.mvtec import MVTecCategory
+
+    _announce_geometry(config, MVTecCategory(args.data).train_paths())  # what the fit will choose, and why
     result, det, _ = evaluate(args.data, config, progress=True, report=collector)
     print(result.table())
     if collector is not None:

@@ -261,3 +261,13 @@ def test_a_large_frame_is_refused_by_the_one_canvas_detector_and_fitted_tiled_on
     assert _stored(tmp_path / "cli")[0] == stored.record("p", 1).config.stored_dict()  # the CLI: the same product
     operations.fit(open_store(tmp_path / "off"), "p", config.replace(**{"geometry.tile_large_frames": False}), frames)
     assert not open_store(tmp_path / "off").record("p", 1).config.geometry.tiled
+
+
+def test_evaluate_says_what_the_rule_chose_before_the_fit(tmp_path: Path, capsys) -> None:
+    from hetmm_ray.data.synthetic import write_mvtec_layout
+
+    data = write_mvtec_layout(tmp_path / "large", n_train=3, n_test_good=1, n_test_per_defect=1, size=160, seed=2)
+    assert main(["evaluate", "--data", str(data), *FLAGS]) == 0
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if x.startswith("tiles auto:"))
+    assert "a 160 x 160 frame is large" in line and "tiles                     3 x 3 per frame" in out
