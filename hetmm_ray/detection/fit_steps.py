@@ -5,8 +5,7 @@ run somewhere else without the pipeline knowing where: ``FitSteps.extract`` buil
 bank of a list of images, ``FitSteps.pts`` runs PTS over one layer's bank, ``FitSteps.select``
 makes a fixed-K selection of every layer, ``FitSteps.select_folds`` makes the out-of-fold
 calibration's selections (one per fold, from the fold's kept images), ``FitSteps.auto_select``
-measures ``sheets: auto``, ``FitSteps.calibrate`` computes the out-of-fold calibration and
-``FitSteps.calibrate_all`` computes several sets' calibrations together (a tiled product's positions).
+measures ``sheets: auto`` and ``FitSteps.calibrate`` computes the out-of-fold calibration.
 Left at None, each runs in this process (the scorer's backbone; ``core.pts``; the pipeline's own methods).
 ``hetmm_ray.distributed.ray_steps.ray_steps()`` gives the Ray versions of extract and PTS (image
 batches and pixel chunks as tasks); the service's registry (``distributed/registry.py``) also
@@ -25,8 +24,6 @@ Contracts (what an injected step must return, exactly as the in-process step wou
   templates.seed)``; ``progress`` counts folds. Indices point into the fold's kept bank.
 - ``auto_select(ts)`` -> ``FitPipeline.auto_selected(ts)``; ``calibrate(ts)`` -> ``ts`` with the
   calibration ``FitPipeline.calibrated`` computes in process.
-- ``calibrate_all(sets, *, progress)`` -> ``[calibrate(ts) for ts in sets]``, in order; ``progress``
-  counts sets as they finish (``fitting.refit_all`` uses it: the positions' calibrations side by side).
 
 A :class:`Report` (the service's ``JobProgress``) hears each stage's name and its counts.
 """
@@ -46,7 +43,6 @@ if TYPE_CHECKING:
     from ..core.templates import TemplateSet
 
 __all__ = [
-    "CalibrateAllStep",
     "ExtractStep",
     "FitSteps",
     "FoldSelectStep",
@@ -96,10 +92,6 @@ class TemplateStep(Protocol):
     def __call__(self, ts: TemplateSet) -> TemplateSet: ...
 
 
-class CalibrateAllStep(Protocol):
-    def __call__(self, sets: Sequence[TemplateSet], *, progress: Progress | None = None) -> list[TemplateSet]: ...
-
-
 class Report(Protocol):
     """Hears a fit's progress: each stage's name and total, then done/total counts of it."""
 
@@ -117,4 +109,3 @@ class FitSteps:
     select_folds: FoldSelectStep | None = None
     auto_select: TemplateStep | None = None
     calibrate: TemplateStep | None = None
-    calibrate_all: CalibrateAllStep | None = None

@@ -15,9 +15,7 @@ the service's registry publishes it).
 - :meth:`FitPipeline.without`: the bank without the frames a drop list names (every copy of a
   digest, or a repeat group's later copies only: ``core.good_outliers.drop_positions``), through
   :meth:`~FitPipeline.without_positions` (the one removal: by bank index), then refit.
-- :meth:`FitPipeline.refit` = :meth:`~FitPipeline.calibrated` of :meth:`~FitPipeline.selected`;
-  :func:`refit_all`: several sets' refits (a tiled product's positions), their calibrations
-  together where a ``calibrate_all`` step is given.
+- :meth:`FitPipeline.refit` = :meth:`~FitPipeline.calibrated` of :meth:`~FitPipeline.selected`.
   ``selected`` dispatches on the set's own ``config.templates``: ``kind: all`` clears the
   selection; ``sheets: auto`` measures K (``core/auto_sheets.py``; the result's config holds the
   chosen K and ``meta.sheets_auto`` the ladder); a fixed K selects every layer (and drops a
@@ -61,7 +59,7 @@ from .fit_steps import FitSteps, Progress, Report, Selection
 from .frame_cost import FrameCost, blank_frame_crops, over_budget
 from .scorer import ImageInput, Scorer, as_rgb
 
-__all__ = ["FitPipeline", "ImageInput", "new_template_set", "refit_all"]
+__all__ = ["FitPipeline", "ImageInput"]
 
 
 class FitPipeline:
@@ -199,7 +197,17 @@ class FitPipeline:
         boxes: Sequence[Box] | None = None,
     ) -> TemplateSet:
         """:meth:`fit` from the images' bank features (layer -> (N, C, h, w)) and digests."""
-        return self.refit(new_template_set(config or self.scorer.config, feats, digests, weights_id, boxes))
+        meta = TemplateMeta().with_(created=time.time())
+        if boxes is not None:
+            meta = meta.with_(image_boxes=boxes)
+        ts = TemplateSet(
+            bank=feats,
+            config=config or self.scorer.config,
+            weights_id=weights_id,
+            image_digests=tuple(digests),
+            meta=meta,
+        )
+        return self.refit(ts)
 
     def update(self, ts: TemplateSet, images: Sequence[ImageInput]) -> tuple[TemplateSet | None, int]:
         """Hot update of ``ts`` with good images: (the refit set, or None when every image was
@@ -540,44 +548,6 @@ class FitPipeline:
             return self.steps.calibrate(ts)
         oof = self.out_of_fold(ts, templates=ts.config.templates)
         return replace(ts, calibration=Calibration(scores=oof.scores))
-
-
-def new_template_set(
-    config: DetectorConfig,
-    bank: dict[str, Tensor],
-    digests: Sequence[str],
-    weights_id: str,
-    boxes: Sequence[Box] | None,
-) -> TemplateSet:
-    """The template set a fit refits (:meth:`FitPipeline.fit_features`): the bank, ``meta.created`` and the
-    boxes (when known), no selection nor calibration yet."""
-    meta = TemplateMeta().with_(created=time.time())
-    if boxes is not None:
-        meta = meta.with_(image_boxes=boxes)
-    return TemplateSet(bank=bank, config=config, weights_id=weights_id, image_digests=tuple(digests), meta=meta)
-
-
-def refit_all(
-    pipelines: Sequence[FitPipeline], sets: Sequence[TemplateSet], *, report: Report | None = None
-) -> list[TemplateSet]:
-    """Each of ``sets`` refit by its pipeline (:meth:`FitPipeline.refit`), in order: exactly
-    ``[p.refit(ts) for p, ts in zip(pipelines, sets)]``. Where the first pipeline's steps have
-    ``calibrate_all`` (``fit_steps.FitSteps``), every set is selected first, one after another, and
-    their calibrations then run together through it (``report`` hears that stage and its counts):
-    a tiled product's positions calibrate side by side where the step spreads them."""
-    if len(pipelines) != len(sets):
-        raise ValueError(f"{len(pipelines)} pipelines for {len(sets)} template sets")
-    step = pipelines[0].steps.calibrate_all if pipelines else None
-    if step is None:
-        return [p.refit(ts) for p, ts in zip(pipelines, sets, strict=True)]
-    selected = []
-    for p, ts in zip(pipelines, sets, strict=True):
-        check_visible(ts.config)
-        selected.append(p.selected(ts))
-    if report is None:
-        return step(selected)
-    report.stage(f"calibrate {len(selected)} positions", len(selected))
-    return step(selected, progress=report)
 
 
 def _as_items(images: Sequence[ImageInput]) -> list[bytes | np.ndarray]:

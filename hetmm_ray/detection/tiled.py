@@ -82,7 +82,6 @@ from ..core.templates import TemplateError, TemplateMeta, TemplateSet, unseen_po
 from ..core.tiles import Tile, cut, stitch, tile_grid
 from .detector import HETMM
 from .fit_steps import FitSteps, Report
-from .fitting import new_template_set, refit_all
 from .frame_cost import FrameCost
 from .geometry_rule import check_resolved
 from .interface import Detector, Layout, frame_grid, frames_per_pass
@@ -257,7 +256,6 @@ class TiledHETMM(Detector):
         self.config = config
         self.progress = progress
         self.map_size = map_size
-        self.report = report
         self.rows, self.cols = frame_grid(config)  # refuses a grid still "auto"
         self.whole_view = bool(config.geometry.tile_whole_view)
         tile_config = replace(config, geometry=GeometryConfig(), region=None)
@@ -489,11 +487,13 @@ class TiledHETMM(Detector):
         check_resolved(self.config, [_sized(s) for s in sorted(set(extracted.shapes))])
         feats = self._bank(extracted)
         self._measure_cost(cost_frame)
-        new = []
+        sets = []
         for p, det in enumerate(self.dets):
             pos, pos_boxes = self._position(feats, extracted.boxes, p)
-            new.append(new_template_set(det.config, pos, extracted.digests, self.backbone.weights_id, pos_boxes))
-        sets = self._refit(new)
+            ts = det.pipeline.fit_features(
+                pos, extracted.digests, weights_id=self.backbone.weights_id, config=det.config, boxes=pos_boxes
+            )
+            sets.append(ts)
         self.frame = max(extracted.shapes)
         self._install(sets, tuple(extracted.digests))
         return self
@@ -526,21 +526,15 @@ class TiledHETMM(Detector):
         if not keep:
             return self
         self._measure_cost(frames[keep[0]])
-        grown_sets = []
+        sets = []
         for p, det in enumerate(self.dets):
             pos, pos_boxes = self._position(feats, extracted.boxes, p)
             grown, kept = det.pipeline.grown(det.scorer.require_templates(), pos, extracted.digests, pos_boxes)
             assert grown is not None and kept == keep  # every position holds the same frames' digests
-            grown_sets.append(grown)
-        sets = self._refit(grown_sets)
+            sets.append(det.pipeline.refit(grown))
         self.frame = max([*extracted.shapes, *([self.frame] if self.frame else [])])
         self._install(sets, sets[0].image_digests)
         return self
-
-    def _refit(self, sets: list[TemplateSet]) -> list[TemplateSet]:
-        """Every position's set refit by its pipeline (``fitting.refit_all``: the calibrations side by
-        side where the steps say so, the service's fit task)."""
-        return refit_all([det.pipeline for det in self.dets], sets, report=self.report)
 
     def _require_fitted(self) -> None:
         if not self.scales:

@@ -12,10 +12,6 @@ there, reporting its progress to the job through :class:`JobReport`; its fold se
 one task per fold), and a hot update's fixed-K selection on the product's template shards
 (:func:`shard_select`).
 
-A tiled product's fit on the service (``registry_tasks.fit_tiles_task``) calibrates its positions
-with :func:`calibrate_all_ray`: one task per position, all at once (the out-of-fold scoring is most
-of such a fit, and the positions are independent).
-
 Why a task per fold: a compressed product's calibration makes ten selections (PTS on a
 large bank is slow, ten of them in a row much slower). In one process each selection already
 uses every core, so running them side by side there would gain nothing; on a cluster the ten
@@ -45,7 +41,7 @@ from .runtime import as_completed, use_assigned_cpus
 if TYPE_CHECKING:
     from ..detection.fitting import FitPipeline
 
-__all__ = ["JobReport", "calibrate_all_ray", "ray_steps", "select_folds_ray", "service_steps", "shard_select"]
+__all__ = ["JobReport", "ray_steps", "select_folds_ray", "service_steps", "shard_select"]
 
 
 def ray_steps() -> FitSteps:
@@ -80,17 +76,6 @@ def select_folds_ray(
     return ray.get(refs)
 
 
-def calibrate_all_ray(sets: Sequence[TemplateSet], *, progress: Progress | None = None) -> list[TemplateSet]:
-    """The ``calibrate_all`` step (``hetmm_ray/detection/fit_steps.py``): every set's out-of-fold
-    calibration (``FitPipeline.calibrated``) as its own task on a full CPU, all at once, so a tiled
-    product's positions calibrate side by side over the cluster; results in order. Needs a connected Ray."""
-    refs = [_calibrated_side_by_side.remote(ts) for ts in sets]
-    for done, _ in enumerate(as_completed(refs), 1):
-        if progress is not None:
-            progress(done, len(refs))
-    return ray.get(refs)
-
-
 class JobReport:
     """A fit's progress from a task to its job in the registry (``ProductRegistry.job_report``):
     stages always, counts at most every ``every_s`` seconds (and the last)."""
@@ -109,29 +94,20 @@ class JobReport:
             self.registry.job_report.remote(self.job_id, None, done, total)
 
 
-def _task_pipeline(ts: TemplateSet, report: JobReport | None, *, fold_tasks: bool = True) -> FitPipeline:
+def _task_pipeline(ts: TemplateSet, report: JobReport | None) -> FitPipeline:
     """The in-process fit pipeline inside a task, on the task's full CPUs (the registry itself
-    runs on a sliver of one); ``fold_tasks``: the calibration's fold selections as tasks of their own
-    (else here: a task that is already one of several side by side)."""
+    runs on a sliver of one)."""
     from ..detection.detector import HETMM  # torchvision only where a backbone is involved
     from ..detection.fitting import FitPipeline
 
     use_assigned_cpus()
-    steps = FitSteps(select_folds=select_folds_ray if fold_tasks else None)
-    return FitPipeline(HETMM(ts.config).scorer, steps=steps, report=report)
+    return FitPipeline(HETMM(ts.config).scorer, steps=FitSteps(select_folds=select_folds_ray), report=report)
 
 
 @ray.remote(num_cpus=TASK_CPUS)
 def _calibrated(ts: TemplateSet, report: JobReport | None = None) -> TemplateSet:
     """The out-of-fold calibration (``FitPipeline.calibrated``) in a task."""
     return _task_pipeline(ts, report).calibrated(ts)
-
-
-@ray.remote(num_cpus=TASK_CPUS)
-def _calibrated_side_by_side(ts: TemplateSet) -> TemplateSet:
-    """The out-of-fold calibration in a task beside others (:func:`calibrate_all_ray`): its fold
-    selections here, in the task."""
-    return _task_pipeline(ts, None, fold_tasks=False).calibrated(ts)
 
 
 @ray.remote(num_cpus=TASK_CPUS)

@@ -5,8 +5,7 @@ versions. The actor starts them and publishes what they return; nothing here hol
 - :func:`fit_tiles_task`, :func:`update_tiles_task`: a tiled product's create and hot update from
   its frames' tile features, which frame-batch tasks extracted across the cluster first
   (``extract.extract_tiles_ray``): one detector in a task gathers them, in input order, and fits or
-  grows every position (``TiledHETMM.fit_extracted`` / ``update_extracted``), PTS fanned out and the
-  positions' calibrations as tasks side by side (``ray_steps.calibrate_all_ray``).
+  grows every position (``TiledHETMM.fit_extracted`` / ``update_extracted``), PTS fanned out.
   :func:`whole_frames` says which products take these paths.
 - :func:`with_region_in_task`: any product's region change (``Detector.with_region``, what ``hetmm
   region`` runs) as one detector in a task.
@@ -26,7 +25,7 @@ from ..core.templates import TemplateSet
 from ..detection.fit_steps import FitSteps
 from ..store import open_store
 from .pts_fanout import pts_indices_ray
-from .ray_steps import JobReport, calibrate_all_ray
+from .ray_steps import JobReport
 from .runtime import use_assigned_cpus
 
 if TYPE_CHECKING:
@@ -98,9 +97,8 @@ def whole_frames(config: DetectorConfig) -> bool:
 
 
 def _fanned_out() -> FitSteps:
-    """A tiled job's steps: each position's PTS as pixel-chunk tasks of a full CPU each, and the
-    positions' out-of-fold calibrations (most of such a fit) as one task each, side by side."""
-    return FitSteps(pts=partial(pts_indices_ray, num_cpus=TASK_CPUS), calibrate_all=calibrate_all_ray)
+    """A tiled job's steps: each position's PTS as pixel-chunk tasks of a full CPU each."""
+    return FitSteps(pts=partial(pts_indices_ray, num_cpus=TASK_CPUS))
 
 
 def fit_line(layout: Layout, sheets: int, ms: float) -> str:
@@ -119,7 +117,7 @@ def fit_tiles_task(
     """A tiled product's fit in one task from its frames' tile features: ``batches``, the frame batches'
     ``TileFeatures`` refs in input order (``extract.TileBatches.refs``), gathered here
     (``TileFeatures.gathered``), then ``TiledHETMM.fit_extracted`` with each position's PTS fanned
-    out as pixel-chunk tasks and the positions' calibrations as tasks side by side; ``cost_image``:
+    out as pixel-chunk tasks; ``cost_image``:
     the first frame, encoded (``sheets: auto``'s time budget is measured on it). Each position's
     stages go to the job (``job_id``) through ``registry``. Returns the unsaved template set: what
     ``TiledHETMM(config).fit(frames)`` gives."""
