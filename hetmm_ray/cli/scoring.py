@@ -189,7 +189,9 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         collector = ReportCollector(args.report)
     from ..data.mvtec import MVTecCategory
 
-    _announce_geometry(config, MVTecCategory(args.data).train_paths())  # what the fit will choose, and why
+    category = MVTecCategory(args.data)
+    category.measurable_samples()  # the layout checked first, as evaluate checks it, before any frame is read
+    _announce_geometry(config, category.train_paths())  # what the fit will choose, and why
     result, det, _ = evaluate(args.data, config, progress=True, report=collector)
     print(result.table())
     if collector is not None:
