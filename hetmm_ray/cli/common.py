@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
 
@@ -290,13 +289,3 @@ def _describe_region(region: dict[str, Any] | None) -> str:
         f"{len(region['include'])} include / {len(region['exclude'])} exclude shapes in a {w} x {h} frame, "
         f"{share:.1f}% of it counts"
     )
-
-
-def _announce_geometry(config: DetectorConfig, frames: Sequence[str | Path]) -> None:
-    """The fit's one line on what the geometry rule chose for ``frames`` and why (``tiles auto: ...``,
-    ``canvas aspect: ...``; their headers only), before the long work; nothing when nothing was chosen."""
-    from ..detection.geometry_rule import choose_geometry
-
-    line = choose_geometry(config, frames).describe()
-    if line:
-        print(line, flush=True)

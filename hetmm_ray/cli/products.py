@@ -18,7 +18,6 @@ from .common import (
     _add_publish_flags,
     _add_store_flags,
     _announce_candidate,
-    _announce_geometry,
     _config_from,
     _describe_operating_point,
     _describe_region,
@@ -42,7 +41,7 @@ def add_fit(sub: Subcommands) -> None:
 
 def cmd_fit(args: argparse.Namespace) -> int:
     from ..detection.detector_choice import ms_per_frame_of
-    from ..detection.geometry_rule import frame_shape
+    from ..detection.geometry_rule import choose_geometry, frame_shape
     from ..workflows import operations
 
     config = _config_from(args)
@@ -51,7 +50,9 @@ def cmd_fit(args: argparse.Namespace) -> int:
         raise CLIError(f"fit needs at least 2 good images, got {len(paths)}")
     layout = None
 
-    _announce_geometry(config, paths)
+    choice = choose_geometry(config, paths)  # the fit's one rule; what it chose and why, before the long work
+    if choice.why is not None or choice.canvas_why is not None:
+        print(choice.describe(), flush=True)
 
     def announce(det: Any) -> None:  # the cost line, before the long work
         nonlocal layout
@@ -120,7 +121,7 @@ def add_update(sub: Subcommands) -> None:
 
 
 def cmd_update(args: argparse.Namespace) -> int:
-    from ..detection.interface import frame_grid
+    from ..detection.interface import tiles_per_frame
     from ..workflows import operations
 
     store = _open(args)
@@ -137,8 +138,8 @@ def cmd_update(args: argparse.Namespace) -> int:
         return 0
     if out.candidate:
         _announce_candidate(args, store, out.version)
-    rows, cols = frame_grid(det.config)
-    tiles = f"; {rows * cols} tiles" if rows * cols > 1 else ""
+    count = tiles_per_frame(det.config)
+    tiles = f"; {count} tiles" if count > 1 else ""
     print(
         f"product {args.product}: version {out.version} (from v{out.base}) with {out.added} more good images, "
         f"{det.template_set().n_images} in all{tiles}; threshold {_describe_operating_point(out.operating_point)}"
@@ -270,7 +271,7 @@ def add_compress(sub: Subcommands) -> None:
 
 
 def cmd_compress(args: argparse.Namespace) -> int:
-    from ..detection.interface import frame_grid
+    from ..detection.interface import tiles_per_frame
     from ..detection.tiled import position_sets
     from ..workflows import operations
 
@@ -302,8 +303,8 @@ def cmd_compress(args: argparse.Namespace) -> int:
             print(f"tile {p}: sheets auto chose K = {auto['chosen']} ({auto['why']})")
     counts = sorted({ts.sheets for ts in sets})
     held = str(counts[0]) if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
-    rows, cols = frame_grid(det.config)
-    per_tile = f" per tile ({rows * cols} tiles)" if rows * cols > 1 else ""
+    count = tiles_per_frame(det.config)
+    per_tile = f" per tile ({count} tiles)" if count > 1 else ""
     print(
         f"product {args.product}: version {out.version} = {det.config.templates.kind} with {held} sheets{per_tile} "
         f"of {compressed.n_images} images ({out.seconds:.1f}s); "

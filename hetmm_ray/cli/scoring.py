@@ -17,7 +17,6 @@ from .common import (
     _add_address_flag,
     _add_config_flags,
     _add_store_flags,
-    _announce_geometry,
     _config_from,
     _describe_operating_point,
     _image_paths,
@@ -90,7 +89,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     if args.sigmas is not None:
         check_number("threshold.sigmas", args.sigmas)  # before any work: NaN would pass every image
     from ..detection.detector_choice import load_detector
-    from ..detection.interface import frame_grid, stream_chunk
+    from ..detection.interface import frame_grid, stream_chunk, tiles_per_frame
     from ..result import result_records, review_threshold_of
 
     overrides = {k: v for k, v in (("device", args.device), ("dtype", args.dtype)) if v}
@@ -148,9 +147,10 @@ def cmd_predict(args: argparse.Namespace) -> int:
     if not scored:
         raise CLIError("no readable images to score")
     print(f"{scored} images, {scored / seconds:.2f} images/s, product {args.product} v{version}")
-    rows, cols = frame_grid(det.config)
-    if rows * cols > 1:
-        print(f"{rows} x {cols} tiles per frame, {scored * rows * cols / seconds:.2f} tiles/s")
+    tiles = tiles_per_frame(det.config)
+    if tiles > 1:
+        rows, cols = frame_grid(det.config)
+        print(f"{rows} x {cols} tiles per frame, {scored * tiles / seconds:.2f} tiles/s")
     print(f"threshold {_describe_operating_point(op)}")
     if args.json:
         _write_json(args.json, records)
@@ -187,12 +187,9 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         except OSError as exc:
             raise CLIError(f"--report {args.report}: cannot create the folder ({exc})") from None
         collector = ReportCollector(args.report)
-    from ..data.mvtec import MVTecCategory
-
-    category = MVTecCategory(args.data)
-    category.measurable_samples()  # the layout checked first, as evaluate checks it, before any frame is read
-    _announce_geometry(config, category.train_paths())  # what the fit will choose, and why
-    result, det, _ = evaluate(args.data, config, progress=True, report=collector)
+    result, det, _ = evaluate(
+        args.data, config, progress=True, report=collector, announce=lambda line: print(line, flush=True)
+    )
     print(result.table())
     if collector is not None:
         from ..report.page import write_report

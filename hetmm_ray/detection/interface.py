@@ -29,9 +29,10 @@ Exact semantics (both implementations hold them; ``detector.HETMM`` scores a fra
   - ``layout(h, w)``: how an ``h x w`` frame is cut (:class:`Layout`).
 
 - **Facts of the configuration** (plain functions of ``config``, whichever class):
-  :func:`frame_grid` (rows and columns of tiles per frame), :func:`frames_per_pass` (frames
-  ``predict`` takes through the backbone together) and :func:`stream_chunk` (whole passes of them a
-  streaming caller scores at a time, with the scores of one call on every frame).
+  :func:`frame_grid` (rows and columns of tiles per frame), :func:`tiles_per_frame` (their count),
+  :func:`frames_per_pass` (frames ``predict`` takes through the backbone together) and
+  :func:`stream_chunk` (whole passes of them a streaming caller scores at a time, with the scores of
+  one call on every frame).
 - **Elsewhere.** ``hetmm_ray.detection.detector_choice`` is the one place that chooses an
   implementation: ``load_detector`` (the one loader), ``new_detector`` (the one constructor; its
   ``report=`` option sends a fit's stages and counts to a job's progress), ``frame_cost_of`` and
@@ -56,7 +57,7 @@ if TYPE_CHECKING:  # annotations only: the scorer imports the backbones, which t
     from ..store.protocol import Store
     from .scorer import ImageInput, Prediction
 
-__all__ = ["Detector", "Layout", "frame_grid", "frames_per_pass", "stream_chunk"]
+__all__ = ["Detector", "Layout", "frame_grid", "frames_per_pass", "stream_chunk", "tiles_per_frame"]
 
 
 @dataclass(frozen=True)
@@ -181,12 +182,17 @@ def frame_grid(config: DetectorConfig) -> tuple[int, int]:
     return rows, cols
 
 
+def tiles_per_frame(config: DetectorConfig) -> int:
+    """Tiles a detector of ``config`` cuts each frame into (1: the frame on one canvas)."""
+    rows, cols = frame_grid(config)
+    return rows * cols
+
+
 def frames_per_pass(config: DetectorConfig) -> int:
     """Frames ``predict`` takes through the backbone together, ``max(1, batch_size // tiles)``: a
     caller that streams frames in chunks of a multiple of it scores exactly as one call on all of
     them would (the frame's tiles share a batch; ``tiled.py``, "Batching")."""
-    rows, cols = frame_grid(config)
-    return max(1, config.batch_size // (rows * cols))
+    return max(1, config.batch_size // tiles_per_frame(config))
 
 
 def stream_chunk(config: DetectorConfig, frames: int) -> int:

@@ -96,7 +96,7 @@ def whole_frames(config: DetectorConfig) -> bool:
     return config.geometry.tiled
 
 
-def _fanned_out() -> FitSteps:
+def _fanned_out_pts() -> FitSteps:
     """A tiled job's steps: each position's PTS as pixel-chunk tasks of a full CPU each."""
     return FitSteps(pts=partial(pts_indices_ray, num_cpus=TASK_CPUS))
 
@@ -117,15 +117,14 @@ def fit_tiles_task(
     """A tiled product's fit in one task from its frames' tile features: ``batches``, the frame batches'
     ``TileFeatures`` refs in input order (``extract.TileBatches.refs``), gathered here
     (``TileFeatures.gathered``), then ``TiledHETMM.fit_extracted`` with each position's PTS fanned
-    out as pixel-chunk tasks; ``cost_image``:
-    the first frame, encoded (``sheets: auto``'s time budget is measured on it). Each position's
-    stages go to the job (``job_id``) through ``registry``. Returns the unsaved template set: what
-    ``TiledHETMM(config).fit(frames)`` gives."""
+    out as pixel-chunk tasks; ``cost_image``: the first frame, encoded (``sheets: auto``'s time
+    budget is measured on it). Each position's stages go to the job (``job_id``) through ``registry``.
+    Returns the unsaved template set: what ``TiledHETMM(config).fit(frames)`` gives."""
     from ..detection.tiled import TiledHETMM, TileFeatures
 
     use_assigned_cpus()
     report = None if job_id is None else JobReport(registry, job_id)
-    det = TiledHETMM(DetectorConfig.from_dict(config), steps=_fanned_out(), report=report)
+    det = TiledHETMM(DetectorConfig.from_dict(config), steps=_fanned_out_pts(), report=report)
     det.fit_extracted(TileFeatures.gathered(ray.get(batches)), cost_image)
     return det.template_set()
 
@@ -141,7 +140,7 @@ def update_tiles_task(
     from ..detection.tiled import TiledHETMM, TileFeatures
 
     use_assigned_cpus()
-    det = TiledHETMM.from_store(open_store(store_uri), product, version, steps=_fanned_out())
+    det = TiledHETMM.from_store(open_store(store_uri), product, version, steps=_fanned_out_pts())
     held = det.template_set().n_images
     det.update_extracted(TileFeatures.gathered(ray.get(batches)), images)
     grown = det.template_set()

@@ -18,7 +18,7 @@ frame is also offered to it as it is scored, and the PRO curve handed to it at t
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
@@ -34,7 +34,8 @@ from ..core.pixel_metrics import PixelMetrics
 from ..data.decode import decode_image, resize_to_geometry
 from ..data.mvtec import MVTecCategory, Sample
 from ..detection.detector_choice import new_detector
-from ..detection.interface import Detector, frame_grid, stream_chunk
+from ..detection.geometry_rule import choose_geometry
+from ..detection.interface import Detector, frame_grid, stream_chunk, tiles_per_frame
 from ..report.collect import ReportCollector
 from ..result import result_records, review_threshold_of
 
@@ -177,6 +178,7 @@ def evaluate(
     progress: bool = False,
     map_size: int | None = None,
     report: ReportCollector | None = None,
+    announce: Callable[[str], None] | None = None,
 ) -> tuple[EvaluationResult, Detector, list[Sample]]:
     """Fit on ``train/good``, score ``test/``, and measure AUROCs, PRO and speed.
 
@@ -185,14 +187,19 @@ def evaluate(
     ``"auto"`` resolved from the training frames) is fit and scored by
     :class:`~hetmm_ray.detection.tiled.TiledHETMM` on the frames at their own resolution; its maps (and so
     the pixel metrics) are at the frame's resolution, or ``map_size`` (long side). ``report``: a
-    collector offered every frame (its map, mask and region) as it is scored (module docstring)."""
+    collector offered every frame (its map, mask and region) as it is scored (module docstring).
+    ``announce``: called, before the fit, with the line saying what the geometry rule chose for the
+    training frames and why (``GeometryChoice.describe``), when it chose anything."""
     category = MVTecCategory(data)
     samples = category.measurable_samples()  # the layout, checked before minutes of fitting
     train = category.train_paths()
     t0 = time.perf_counter()
     # the files: the detector decodes them (frames' digests, as every path stores) and
-    # brings them to its canvas or cuts its tiles ("auto" resolved from the frames' headers)
-    det = new_detector(config, train, progress=progress, map_size=map_size)
+    # brings them to its canvas or cuts its tiles (the geometry resolved from the frames' headers)
+    choice = choose_geometry(config, train)
+    if announce is not None and choice.describe():
+        announce(choice.describe())
+    det = new_detector(choice.config, progress=progress, map_size=map_size)
     det.fit(train)
     config = det.config
     fit_s = time.perf_counter() - t0
@@ -252,9 +259,8 @@ def evaluate(
     bad_n = max(int((labels == 1).sum()), 1)
     cal, fitted = det.calibration, det.template_set()
     # the keys of a tiled evaluation only: an untiled one's JSON stays as it always was
-    grid = frame_grid(config)
-    tiles = grid[0] * grid[1]
-    tiled = {"tiles": grid, "tiles_per_s": len(samples) * tiles / elapsed} if tiles > 1 else {}
+    tiles = tiles_per_frame(config)
+    tiled = {"tiles": frame_grid(config), "tiles_per_s": len(samples) * tiles / elapsed} if tiles > 1 else {}
     result = EvaluationResult(
         category=category.name,
         backbone=config.backbone.name,
