@@ -163,7 +163,8 @@ def scores_of(det: HETMM, images: list[np.ndarray], configs: list[DetectorConfig
         in_map = scorer.map_boxes(boxes)
         for k, cfg in enumerate(configs):
             regions = scorer.region_masks(in_map, len(maps), region_of=cfg)
-            out[k].extend(image_scores(maps, cfg.scoring.score_sigma, in_map, regions).tolist())
+            sc = cfg.scoring
+            out[k].extend(image_scores(maps, sc.score_sigma, in_map, regions, top_k=sc.score_top_k).tolist())
     return [np.asarray(s) for s in out]
 
 

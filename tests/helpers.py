@@ -135,6 +135,14 @@ TINY_CONFIG = {
 }
 
 
+def tiny_top_k(size: int) -> int:
+    """``scoring.score_top_k`` for a ``size``-px canvas: the default's share of a 256-px canvas's
+    pixels (the default itself would be most of a tiny map)."""
+    from hetmm_ray.config import SCORE_TOP_K
+
+    return max(1, round(SCORE_TOP_K * size * size / 256**2))
+
+
 def tiny_cli_flags(size: int = 32) -> list[str]:
     """``hetmm`` flags for a tiny random resnet18 on a ``size``-px canvas: seconds per fit or evaluate
     (for tests of what a command does, not of its figures)."""
@@ -143,4 +151,5 @@ def tiny_cli_flags(size: int = 32) -> list[str]:
         "--set", f"backbone.image_size={size}", "--set", 'backbone.layers=["layer2","layer3"]',
         "--set", "scoring.forward_windows=[3,3]", "--set", "scoring.backward_windows=[3,3]",
         "--set", "scoring.alphas=[0.5,0.5]", "--set", "scoring.layer_weights=[1,1]",
+        "--set", f"scoring.score_top_k={tiny_top_k(size)}",
     ]  # fmt: skip

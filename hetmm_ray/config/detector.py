@@ -247,7 +247,8 @@ def stored_config(data: dict[str, Any]) -> DetectorConfig:
     ``geometry`` section means one tile (its default, the frame itself); a ``geometry`` section
     without ``tile_whole_view`` means none (tiled products stored before the whole view); no
     ``geometry.canvas`` means ``fixed`` and no ``geometry.tile_large_frames`` means false (a fit resolves
-    the canvas and the grid, and stores only the size and the grid: never written). The
+    the canvas and the grid, and stores only the size and the grid: never written); a ``scoring``
+    section without ``score_top_k`` means 1 (the image score was the map's maximum). The
     :data:`RUN_TIME_SETTINGS` an older manifest may hold are ignored (this host's defaults
     apply: a product compressed on a GPU host loads on a CPU-only one). Settings that no longer
     exist (:data:`~.product.RETIRED_SETTINGS`, e.g. ``templates.auto_max_rel_diff``) are dropped.
@@ -261,6 +262,8 @@ def stored_config(data: dict[str, Any]) -> DetectorConfig:
         data = {**data, "backbone": {**data["backbone"], "geometry": "squash"}}
     if isinstance(data, dict) and isinstance(data.get("geometry"), dict) and "tile_whole_view" not in data["geometry"]:
         data = {**data, "geometry": {**data["geometry"], "tile_whole_view": False}}  # tiled before the whole view
+    if isinstance(data, dict) and "score_top_k" not in (scoring := data.get("scoring") or {}):
+        data = {**data, "scoring": {**scoring, "score_top_k": 1}}  # scored by the maximum before the setting
     if isinstance(data, dict):
         # a stored product's canvas and grid were resolved by its fit (or predate the settings): never chosen again
         resolved = {"canvas": "fixed", "tile_large_frames": False}

@@ -113,6 +113,10 @@ PACKAGED_WEIGHTS: dict[str, PackagedWeights] = {
 }
 
 TEMPLATE_KINDS = ("all", "cover", "ir", "pr", "pc_k", "pts_k", "pts_o")
+# scoring.score_top_k's default: the image score as the mean of this many blurred map pixels, not the
+# maximum of one, lets a thin long defect count by its length (docs/performance.md, "The image score").
+SCORE_TOP_K = 1000
+
 THRESHOLD_RULES = ("far", "sigmas", "validation")  # see ThresholdConfig
 # A threshold more than this many times the highest out-of-fold good score is reported with a
 # warning (core/scoring.OperatingPoint.warning): the rule then put it where no good image was ever
@@ -269,14 +273,24 @@ class ScoringConfig(Settings):
         many=True,
         description="Per layer, the weight of its upsampled map in the anomaly map.",
     )
-    # Image score = max of the map blurred with this sigma (kernel 2*ceil(4*sigma)+1,
-    # reflect padding). 4 is the value the reference figures were measured with.
+    # Image score = the mean of the score_top_k highest pixels of the map blurred with this sigma
+    # (kernel 2*ceil(4*sigma)+1, reflect padding). 4 is the value the reference figures were measured with.
     score_sigma: float = setting(
         4.0,
         Range(0.0, 64.0),
         description=(
-            "The image score is the maximum of the anomaly map blurred with this sigma (kernel `2 * ceil(4 * sigma) + "
-            "1`, reflect padding); 0: the raw map's maximum."
+            "The anomaly map is blurred with this sigma before the image score takes its top pixels (kernel `2 * "
+            "ceil(4 * sigma) + 1`, reflect padding); 0: the raw map."
+        ),
+    )
+    score_top_k: int = setting(
+        SCORE_TOP_K,
+        Range(1, 1_000_000, int),
+        description=(
+            "The image score is the mean of this many of the blurred map's highest pixels (pixels of the canvas's "
+            "map, or of each tile's; all of them where the map has fewer); 1: its maximum, the paper's score. More "
+            "lets a defect that spans many pixels, a long thin crack, count by its extent. A product stored before "
+            "this setting keeps 1."
         ),
     )
     # Blur of the localisation map that metrics and heat-maps use (0 = S itself): blurring trades

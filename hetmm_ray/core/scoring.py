@@ -24,6 +24,7 @@ __all__ = [
     "gaussian_blur",
     "gaussian_kernel",
     "image_scores",
+    "top_mean",
 ]
 
 
@@ -78,10 +79,25 @@ def _full_boxes(maps: Tensor, boxes: Sequence[Box] | None) -> Sequence[Box]:
     return boxes if boxes is not None else [Box(0, 0, maps.shape[-2], maps.shape[-1])] * maps.shape[0]
 
 
+def top_mean(values: Tensor, k: int) -> Tensor:
+    """The mean of the ``k`` highest of ``values`` along the last dimension (all of them where there
+    are fewer); ``k`` 1: their maximum, exactly."""
+    if k == 1:
+        return values.amax(dim=-1)
+    return values.topk(min(k, values.shape[-1]), dim=-1).values.mean(dim=-1)
+
+
 def image_scores(
-    maps: Tensor, sigma: float, boxes: Sequence[Box] | None = None, regions: Sequence[Tensor] | None = None
+    maps: Tensor,
+    sigma: float,
+    boxes: Sequence[Box] | None = None,
+    regions: Sequence[Tensor] | None = None,
+    *,
+    top_k: int = 1,
 ) -> Tensor:
-    """``max(G_sigma(S))`` per image: (B,).
+    """``max(G_sigma(S))`` per image: (B,); with ``top_k`` above 1, the mean of the ``top_k`` highest
+    pixels of ``G_sigma(S)`` (all the counted pixels where there are fewer): a defect that spans
+    many pixels, a long crack, counts by its extent and not only by its strongest pixel.
 
     ``boxes`` (letterboxed images, ``core.geometry``, in the maps' pixels): the map is blurred
     with the pad set to 0 and the max runs over each image's content only
@@ -89,18 +105,23 @@ def image_scores(
 
     ``regions`` (an inspection region, ``core/region.py``: per image a bool mask of its box's
     shape, the whole map for squash): pixels outside are set to 0 before the blur and the max
-    runs over the region's pixels only; an image whose region holds no map pixel scores 0
-    ("nothing there"). None: the arithmetic above, unchanged.
+    (or the top pixels) runs over the region's pixels only; an image whose region holds no map
+    pixel scores 0 ("nothing there"). None: the arithmetic above, unchanged.
     """
+    if top_k < 1:
+        raise ValueError(f"top_k must be at least 1, got {top_k}")
     if regions is not None:
         blurred = _blurred_content(maps, sigma, _full_boxes(maps, boxes), regions)
         zero = maps.new_zeros(())
         return torch.stack(
-            [c[r.to(c.device)].amax() if bool(r.any()) else zero for c, r in zip(blurred, regions, strict=True)]
+            [
+                top_mean(c[r.to(c.device)], top_k) if bool(r.any()) else zero
+                for c, r in zip(blurred, regions, strict=True)
+            ]
         )
     if boxes is None or all(b.is_full(maps.shape[-1]) for b in boxes):
-        return gaussian_blur(maps, sigma).flatten(1).amax(dim=1)
-    return torch.stack([c.amax() for c in _blurred_content(maps, sigma, boxes)])
+        return top_mean(gaussian_blur(maps, sigma).flatten(1), top_k)
+    return torch.stack([top_mean(c.flatten(), top_k) for c in _blurred_content(maps, sigma, boxes)])
 
 
 def content_maps(
