@@ -113,8 +113,9 @@ PACKAGED_WEIGHTS: dict[str, PackagedWeights] = {
 }
 
 TEMPLATE_KINDS = ("all", "cover", "ir", "pr", "pc_k", "pts_k", "pts_o")
-# scoring.score_top_k's default: the image score as the mean of this many blurred map pixels, not the
-# maximum of one, lets a thin long defect count by its length (docs/performance.md, "The image score").
+# What a fit chooses for scoring.score_top_k without geometry.min_defect_px: the image score as the mean of
+# this many blurred map pixels, not the maximum of one, lets a thin long defect count by its length
+# (docs/performance.md, "The image score").
 SCORE_TOP_K = 1000
 
 THRESHOLD_RULES = ("far", "sigmas", "validation")  # see ThresholdConfig
@@ -283,14 +284,15 @@ class ScoringConfig(Settings):
             "ceil(4 * sigma) + 1`, reflect padding); 0: the raw map."
         ),
     )
-    score_top_k: int = setting(
-        SCORE_TOP_K,
+    score_top_k: int | None = setting(
+        None,
         Range(1, 1_000_000, int),
         description=(
             "The image score is the mean of this many of the blurred map's highest pixels (pixels of the canvas's "
             "map, or of each tile's; all of them where the map has fewer); 1: its maximum, the paper's score. More "
-            "lets a defect that spans many pixels, a long thin crack, count by its extent. A product stored before "
-            "this setting keeps 1."
+            "lets a defect that spans many pixels, a long thin crack, count by its extent. null (the default): the "
+            f"fit chooses {SCORE_TOP_K}, or with `geometry.min_defect_px` the area such a defect covers on the map "
+            "(a smaller defect is not averaged away), and stores it. A product stored before this setting keeps 1."
         ),
     )
     # Blur of the localisation map that metrics and heat-maps use (0 = S itself): blurring trades
@@ -303,6 +305,12 @@ class ScoringConfig(Settings):
     output_size: int | None = setting(
         None, Range(8, 4096, int), description="Side of the returned anomaly maps; null: the backbone's `image_size`."
     )  # None: the backbone's image_size
+
+    @property
+    def top_k(self) -> int:
+        """How many map pixels the image score averages: ``score_top_k``, or :data:`SCORE_TOP_K` where a
+        configuration was not resolved by a fit (``geometry_rule.choose_geometry`` resolves it)."""
+        return SCORE_TOP_K if self.score_top_k is None else self.score_top_k
 
     def _check(self) -> None:
         n = {len(self.forward_windows), len(self.backward_windows), len(self.alphas), len(self.layer_weights)}
@@ -587,7 +595,8 @@ class GeometryConfig(Settings):
         description=(
             "The smallest defect to find, in frame pixels: the grid keeps such a defect at least one cell of the "
             "backbone's finest feature layer wide, with the fewest tiles (alone or with `tiles: auto`; a grid it "
-            "contradicts is refused). Null: the 2 frame pixels per canvas pixel rule of `tiles: auto`."
+            "contradicts is refused), and the image score averages no more map pixels than such a defect covers "
+            "(`scoring.score_top_k` unset). Null: the 2 frame pixels per canvas pixel rule of `tiles: auto`."
         ),
     )
     # "aspect": the canvas side raised so an elongated frame's short side gets image_size canvas

@@ -10,6 +10,7 @@ stored with the fitted version (``meta["geometry_choice"]``). Nothing here build
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -17,7 +18,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..config import ConfigError, DetectorConfig, GeometryConfig
+from ..config import SCORE_TOP_K, ConfigError, DetectorConfig, GeometryConfig
 from ..config.product import ASPECT_MAX_SCALE, LARGE_FRAME_SCALE, TILE_GRID_MAX, tap_stride
 from ..core.geometry import resized_shape
 from ..core.templates import TemplateSet
@@ -25,7 +26,16 @@ from ..core.tiles import AUTO_MAX_SCALE, defect_grid, grid_of, tile_grid
 from ..data.decode import image_shape
 from .scorer import ImageInput, as_rgb
 
-__all__ = ["GeometryChoice", "auto_tiles", "check_resolved", "choose_geometry", "frame_shape", "resolve_tiles"]
+__all__ = [
+    "GeometryChoice",
+    "auto_tiles",
+    "check_resolved",
+    "choose_geometry",
+    "choose_grid_and_canvas",
+    "defect_area_px",
+    "frame_shape",
+    "resolve_tiles",
+]
 
 
 def frame_shape(x: ImageInput) -> tuple[int, int]:
@@ -76,7 +86,44 @@ class GeometryChoice(NamedTuple):
 
 def choose_geometry(config: DetectorConfig, frames: Sequence[ImageInput]) -> GeometryChoice:
     """The one rule of every fit path (CLI, Python API, HTTP create, console) for how frames reach the
-    backbone, from the largest of ``frames`` (height and width maximised separately, headers only):
+    backbone (:func:`choose_grid_and_canvas`) and how many map pixels the image score averages:
+    ``scoring.score_top_k`` unset (None) becomes :data:`~hetmm_ray.config.SCORE_TOP_K`, or with
+    ``geometry.min_defect_px`` the area a disc of that diameter covers on the chosen map
+    (:func:`defect_area_px`, at least 1), so that the score never averages a defect of the declared
+    size away; a value given is kept. Said in the grid's line when ``min_defect_px`` chose it."""
+    choice = choose_grid_and_canvas(config, frames)
+    if config.scoring.score_top_k is not None:
+        return choice
+    g = config.geometry
+    if g.min_defect_px is None:
+        return choice._replace(config=choice.config.replace(**{"scoring.score_top_k": SCORE_TOP_K}))
+    shapes = [frame_shape(x) for x in frames]
+    h, w = max(s[0] for s in shapes), max(s[1] for s in shapes)
+    k = defect_area_px(choice.config, h, w)
+    said = f"the score averages its top {k} map px (a {g.min_defect_px}-px defect's area)"
+    why = said if choice.why is None else f"{choice.why}; {said}"
+    return choice._replace(config=choice.config.replace(**{"scoring.score_top_k": k}), why=why)
+
+
+def defect_area_px(config: DetectorConfig, h: int, w: int) -> int:
+    """Map pixels a disc of ``geometry.min_defect_px`` frame pixels across covers, in a resolved
+    ``config`` (a grid and a canvas size) for ``h x w`` frames: the frame (or its largest tile)
+    reaches the canvas at ``image_size / long side`` canvas px per frame px on a letterbox, at the
+    smaller of the two axes' scales on a squash, and the map has ``output_size / image_size`` map px
+    per canvas px. At least 1."""
+    g, bb = config.geometry, config.backbone
+    if g.tiled:
+        tiles = tile_grid(h, w, [int(v) for v in g.tiles], g.tile_overlap)
+        h, w = max(t.height for t in tiles), max(t.width for t in tiles)
+    size = bb.image_size
+    canvas_per_frame = size / max(h, w)  # a squash's smaller axis scale is this one too
+    across = float(g.min_defect_px or 1) * canvas_per_frame * (config.scoring.output_size or size) / size
+    return max(1, round(math.pi / 4 * across * across))
+
+
+def choose_grid_and_canvas(config: DetectorConfig, frames: Sequence[ImageInput]) -> GeometryChoice:
+    """How frames reach the backbone, from the largest of ``frames`` (height and width maximised
+    separately, headers only):
 
     - ``geometry.min_defect_px`` set and ``tiles`` at its default ``[1, 1]`` or ``"auto"``: the grid
       that keeps such a defect at least one cell of the backbone's finest tap

@@ -1,7 +1,8 @@
 """``scoring.score_top_k`` (core/scoring.py ``image_scores``): the image score as the mean of the k
 highest pixels of the blurred map, checked against the rule written out with scipy and numpy, on
 whole maps, letterbox content boxes and inspection regions; k 1 is the maximum bit for bit; the
-setting reaches the detector's scores, its out-of-fold calibration and a tiled product's positions.
+setting reaches the detector's scores, its out-of-fold calibration and a tiled product's positions;
+the fit chooses it when it is unset (bounded by a stated smallest defect's area).
 """
 
 from __future__ import annotations
@@ -13,11 +14,13 @@ import pytest
 import torch
 from scipy.ndimage import gaussian_filter
 
-from hetmm_ray.config import BackboneConfig, ConfigError, DetectorConfig, ScoringConfig, ThresholdConfig
+from hetmm_ray.config import SCORE_TOP_K, BackboneConfig, ConfigError, DetectorConfig, ScoringConfig, ThresholdConfig
+from hetmm_ray.config.detector import stored_config
 from hetmm_ray.core.geometry import Box
 from hetmm_ray.core.scoring import image_scores, top_mean
 from hetmm_ray.data.synthetic import SyntheticProduct
 from hetmm_ray.detection.detector import HETMM
+from hetmm_ray.detection.geometry_rule import choose_geometry
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -109,3 +112,26 @@ def test_the_detector_scores_and_calibrates_with_k(tiles: list[int] | None) -> N
     assert not np.allclose(fitted[1][0].scores, fitted[50][0].scores)
     if tiles is None:  # a tiled frame's positions are each normalised by their own out-of-fold scale
         assert (fitted[50][0].scores <= fitted[1][0].scores + 1e-6).all()  # a mean of the top is at most the max
+
+
+def test_the_fit_chooses_k_and_a_stated_smallest_defect_bounds_it() -> None:
+    """Unset, ``score_top_k`` is chosen by the fit's one rule: ``SCORE_TOP_K``, or with
+    ``min_defect_px`` a disc of that diameter's area on the map (written out here); a value given is
+    kept; a resolved configuration resolves to itself; a stored product without the key reads 1."""
+    square = [np.zeros((256, 256, 3), np.uint8)] * 2
+    base = DetectorConfig()
+    assert base.scoring.score_top_k is None and base.scoring.top_k == SCORE_TOP_K
+    assert choose_geometry(base, square).config.scoring.score_top_k == SCORE_TOP_K
+    # one canvas px per frame px (256 on 256): a 16-px defect covers pi / 4 * 16^2 = 201 map px
+    chosen = choose_geometry(base.replace(**{"geometry.min_defect_px": 16}), square)
+    assert chosen.tiles == (1, 1) and chosen.config.scoring.score_top_k == round(math.pi / 4 * 16 * 16) == 201
+    assert "the score averages its top 201 map px (a 16-px defect's area)" in chosen.describe()
+    assert choose_geometry(chosen.config, square).config == chosen.config
+    # a 512-px frame on a 256 canvas (half a canvas px per frame px), the map at 128 px: a quarter
+    wide = [np.zeros((512, 512, 3), np.uint8)] * 2
+    halved = base.replace(**{"geometry.min_defect_px": 32, "scoring.output_size": 128})
+    assert choose_geometry(halved, wide).config.scoring.score_top_k == round(math.pi / 4 * (32 / 2 / 2) ** 2) == 50
+    given = base.replace(**{"geometry.min_defect_px": 16, "scoring.score_top_k": 7})
+    assert choose_geometry(given, square).config.scoring.score_top_k == 7
+    assert stored_config({"scoring": {"score_sigma": 4.0}}).scoring.score_top_k == 1
+    assert stored_config(chosen.config.stored_dict()).scoring.score_top_k == 201
