@@ -135,22 +135,12 @@ TINY_CONFIG = {
 }
 
 
-def tiny_top_k(size: int) -> int:
-    """``scoring.score_top_k`` for a ``size``-px canvas: the default's share of a 256-px canvas's
-    pixels (the default itself would be most of a tiny map)."""
-    from hetmm_ray.config import SCORE_TOP_K
-
-    return max(1, round(SCORE_TOP_K * size * size / 256**2))
-
-
-def tiny_cli_flags(size: int = 32, *, top_k: bool = True) -> list[str]:
+def tiny_cli_flags(size: int = 32) -> list[str]:
     """``hetmm`` flags for a tiny random resnet18 on a ``size``-px canvas: seconds per fit or evaluate
-    (for tests of what a command does, not of its figures). ``top_k`` False: ``scoring.score_top_k``
-    left to the fit's rule, as a configuration file without it leaves it."""
-    flags = [
+    (for tests of what a command does, not of its figures)."""
+    return [
         "--backbone", "resnet18", "--weights", "random", "--device", "cpu",
         "--set", f"backbone.image_size={size}", "--set", 'backbone.layers=["layer2","layer3"]',
         "--set", "scoring.forward_windows=[3,3]", "--set", "scoring.backward_windows=[3,3]",
         "--set", "scoring.alphas=[0.5,0.5]", "--set", "scoring.layer_weights=[1,1]",
     ]  # fmt: skip
-    return [*flags, "--set", f"scoring.score_top_k={tiny_top_k(size)}"] if top_k else flags

@@ -26,6 +26,8 @@ from .product import (
     DTYPES,
     PUBLISH_MODES,
     RETIRED_SETTINGS,
+    SCORE_TOP_K,
+    SCORE_TOP_K_SIDE,
     BackboneConfig,
     GeometryConfig,
     ScoringConfig,
@@ -203,6 +205,17 @@ class DetectorConfig(Settings):
                 del out["geometry"]
         # else kept, untiled too: the fit chose the geometry from it (geometry_rule.choose_geometry)
         return out
+
+    @property
+    def score_top_k(self) -> int:
+        """How many map pixels the image score averages: ``scoring.score_top_k``; unset (a
+        configuration no fit resolved, ``geometry_rule.choose_geometry``), :data:`~.product.SCORE_TOP_K`
+        scaled from a :data:`~.product.SCORE_TOP_K_SIDE`-px map to this one's area (``scoring.output_size``,
+        else ``backbone.image_size``), at least 1: the fit's own choice without ``min_defect_px``."""
+        if self.scoring.score_top_k is not None:
+            return self.scoring.score_top_k
+        side = self.scoring.output_size or self.backbone.image_size
+        return max(1, round(SCORE_TOP_K * (side / SCORE_TOP_K_SIDE) ** 2))
 
     @property
     def decode_canvas(self) -> tuple[int, str] | None:

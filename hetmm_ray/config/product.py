@@ -114,9 +114,10 @@ PACKAGED_WEIGHTS: dict[str, PackagedWeights] = {
 
 TEMPLATE_KINDS = ("all", "cover", "ir", "pr", "pc_k", "pts_k", "pts_o")
 # What a fit chooses for scoring.score_top_k without geometry.min_defect_px: the image score as the mean of
-# this many blurred map pixels, not the maximum of one, lets a thin long defect count by its length
-# (docs/performance.md, "The image score").
+# this many blurred map pixels on a SCORE_TOP_K_SIDE-px map (scaled with the map's area on other sizes),
+# not the maximum of one, lets a thin long defect count by its length (docs/performance.md, "The image score").
 SCORE_TOP_K = 1000
+SCORE_TOP_K_SIDE = 256
 
 THRESHOLD_RULES = ("far", "sigmas", "validation")  # see ThresholdConfig
 # A threshold more than this many times the highest out-of-fold good score is reported with a
@@ -291,8 +292,9 @@ class ScoringConfig(Settings):
             "The image score is the mean of this many of the blurred map's highest pixels (pixels of the canvas's "
             "map, or of each tile's; all of them where the map has fewer); 1: its maximum, the paper's score. More "
             "lets a defect that spans many pixels, a long thin crack, count by its extent. null (the default): the "
-            f"fit chooses {SCORE_TOP_K}, or with `geometry.min_defect_px` the area such a defect covers on the map "
-            "(a smaller defect is not averaged away), and stores it. A product stored before this setting keeps 1."
+            f"fit chooses {SCORE_TOP_K} on a {SCORE_TOP_K_SIDE}-px `image_size` (the same share of the canvas at "
+            "other sizes), or with `geometry.min_defect_px` the area such a defect covers on the map (a smaller "
+            "defect is not averaged away), and stores it. A product stored before this setting keeps 1."
         ),
     )
     # Blur of the localisation map that metrics and heat-maps use (0 = S itself): blurring trades
@@ -305,12 +307,6 @@ class ScoringConfig(Settings):
     output_size: int | None = setting(
         None, Range(8, 4096, int), description="Side of the returned anomaly maps; null: the backbone's `image_size`."
     )  # None: the backbone's image_size
-
-    @property
-    def top_k(self) -> int:
-        """How many map pixels the image score averages: ``score_top_k``, or :data:`SCORE_TOP_K` where a
-        configuration was not resolved by a fit (``geometry_rule.choose_geometry`` resolves it)."""
-        return SCORE_TOP_K if self.score_top_k is None else self.score_top_k
 
     def _check(self) -> None:
         n = {len(self.forward_windows), len(self.backward_windows), len(self.alphas), len(self.layer_weights)}

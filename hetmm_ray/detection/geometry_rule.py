@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..config import SCORE_TOP_K, ConfigError, DetectorConfig, GeometryConfig
+from ..config import ConfigError, DetectorConfig, GeometryConfig
 from ..config.product import ASPECT_MAX_SCALE, LARGE_FRAME_SCALE, TILE_GRID_MAX, tap_stride
 from ..core.geometry import resized_shape
 from ..core.templates import TemplateSet
@@ -87,7 +87,8 @@ class GeometryChoice(NamedTuple):
 def choose_geometry(config: DetectorConfig, frames: Sequence[ImageInput]) -> GeometryChoice:
     """The one rule of every fit path (CLI, Python API, HTTP create, console) for how frames reach the
     backbone (:func:`choose_grid_and_canvas`) and how many map pixels the image score averages:
-    ``scoring.score_top_k`` unset (None) becomes :data:`~hetmm_ray.config.SCORE_TOP_K`, or with
+    ``scoring.score_top_k`` unset (None) becomes ``DetectorConfig.score_top_k`` of ``config`` as given
+    (:data:`~hetmm_ray.config.SCORE_TOP_K` at a 256-px canvas, the same share of other sizes), or with
     ``geometry.min_defect_px`` the area a disc of that diameter covers on the chosen map
     (:func:`defect_area_px`, at least 1), so that the score never averages a defect of the declared
     size away; a value given is kept. Said in the grid's line when ``min_defect_px`` chose it."""
@@ -95,8 +96,8 @@ def choose_geometry(config: DetectorConfig, frames: Sequence[ImageInput]) -> Geo
     if config.scoring.score_top_k is not None:
         return choice
     g = config.geometry
-    if g.min_defect_px is None:
-        return choice._replace(config=choice.config.replace(**{"scoring.score_top_k": SCORE_TOP_K}))
+    if g.min_defect_px is None:  # on the canvas as given: the aspect canvas's short side is its size
+        return choice._replace(config=choice.config.replace(**{"scoring.score_top_k": config.score_top_k}))
     shapes = [frame_shape(x) for x in frames]
     h, w = max(s[0] for s in shapes), max(s[1] for s in shapes)
     k = defect_area_px(choice.config, h, w)

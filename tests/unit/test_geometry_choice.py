@@ -14,7 +14,7 @@ import torch
 from PIL import Image
 
 from hetmm_ray.cli import main
-from hetmm_ray.config import SCORE_TOP_K, ConfigError, DetectorConfig
+from hetmm_ray.config import ConfigError, DetectorConfig
 from hetmm_ray.config.detector import stored_config
 from hetmm_ray.config.product import ASPECT_MAX_SCALE, LARGE_FRAME_SCALE
 from hetmm_ray.core.tiles import defect_grid
@@ -84,7 +84,8 @@ def test_every_path_gives_the_same_stored_product(tmp_path: Path, frames: list[P
 
 def test_the_rule_is_idempotent_and_refuses_a_grid_it_contradicts(frames: list[Path]) -> None:
     base = DetectorConfig.from_dict(SMALL)
-    resolved = {"geometry.canvas": "fixed", "geometry.tile_large_frames": False, "scoring.score_top_k": SCORE_TOP_K}
+    top_k = base.score_top_k  # the fit's choice of k for this canvas
+    resolved = {"geometry.canvas": "fixed", "geometry.tile_large_frames": False, "scoring.score_top_k": top_k}
     fixed = base.replace(**resolved)
     assert base.geometry.canvas == "aspect"  # the default
     assert choose_geometry(base, frames) == (fixed, None, None)  # square frames, no grid asked: nothing chosen
@@ -119,7 +120,7 @@ def test_the_aspect_canvas_gives_an_elongated_frames_short_side_the_squares_pixe
     assert square.config.backbone.image_size == 256  # a square frame: today's canvas
     # squash fills the canvas with the frame already: the canvas stays, and nothing is said to be chosen
     squashed = base.replace(**{"backbone.geometry": "squash", "geometry.tile_large_frames": False})
-    resolved = squashed.replace(**{"geometry.canvas": "fixed", "scoring.score_top_k": SCORE_TOP_K})
+    resolved = squashed.replace(**{"geometry.canvas": "fixed", "scoring.score_top_k": squashed.score_top_k})
     assert choose_geometry(squashed, tall) == (resolved, None, None)
     with pytest.raises(ConfigError, match="canvas mode"):
         DetectorConfig.from_dict({"geometry": {"canvas": "wide"}})

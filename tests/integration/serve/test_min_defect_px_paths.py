@@ -54,7 +54,7 @@ PRODUCT = {
     "geometry": {"tile_overlap": 0, "canvas": "aspect"},
 }
 CLI_FLAGS = [
-    *tiny_cli_flags(CANVAS, top_k=False),  # the fit's rule chooses it on every path
+    *tiny_cli_flags(CANVAS),
     *("--templates", "all", "--set", "threshold.folds=2"),
     *("--set", "geometry.tile_overlap=0", "--set", "geometry.canvas=aspect"),
 ]

@@ -115,13 +115,22 @@ def test_the_detector_scores_and_calibrates_with_k(tiles: list[int] | None) -> N
 
 
 def test_the_fit_chooses_k_and_a_stated_smallest_defect_bounds_it() -> None:
-    """Unset, ``score_top_k`` is chosen by the fit's one rule: ``SCORE_TOP_K``, or with
-    ``min_defect_px`` a disc of that diameter's area on the map (written out here); a value given is
-    kept; a resolved configuration resolves to itself; a stored product without the key reads 1."""
+    """Unset, ``score_top_k`` is chosen by the fit's one rule: ``SCORE_TOP_K`` on a 256-px canvas and
+    the same share of another canvas's pixels (of the canvas as given: an elongated frame's aspect
+    canvas gives its short side that size), or with ``min_defect_px`` a disc of that diameter's area
+    on the map (written out here); a value given is kept; a resolved configuration resolves to itself;
+    a stored product without the key reads 1."""
     square = [np.zeros((256, 256, 3), np.uint8)] * 2
     base = DetectorConfig()
-    assert base.scoring.score_top_k is None and base.scoring.top_k == SCORE_TOP_K
+    assert base.scoring.score_top_k is None and base.score_top_k == SCORE_TOP_K
     assert choose_geometry(base, square).config.scoring.score_top_k == SCORE_TOP_K
+    tall = [np.zeros((1250, 500, 3), np.uint8)] * 2
+    elongated = choose_geometry(base, tall).config
+    assert elongated.backbone.image_size == 640 and elongated.scoring.score_top_k == SCORE_TOP_K
+    small = base.replace(**{"backbone.image_size": 64})
+    assert choose_geometry(small, square).config.scoring.score_top_k == round(SCORE_TOP_K / 16) == 62
+    mapped = base.replace(**{"scoring.output_size": 128})
+    assert choose_geometry(mapped, square).config.scoring.score_top_k == SCORE_TOP_K // 4
     # one canvas px per frame px (256 on 256): a 16-px defect covers pi / 4 * 16^2 = 201 map px
     chosen = choose_geometry(base.replace(**{"geometry.min_defect_px": 16}), square)
     assert chosen.tiles == (1, 1) and chosen.config.scoring.score_top_k == round(math.pi / 4 * 16 * 16) == 201
