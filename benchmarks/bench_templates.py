@@ -132,7 +132,7 @@ def ablation(args: argparse.Namespace) -> None:
             ]
         )
         atmm_s = (time.perf_counter() - t0) / len(paths)
-        scores = image_scores(maps, sc.score_sigma, top_k=det.config.score_top_k).numpy()
+        scores = image_scores(maps, sc.score_sigma, top_k=det.config.score_pixels).numpy()
         m = gaussian_blur(maps, sc.map_sigma).numpy()
         sheets = next(iter(chosen.values())).shape[0]
         return [

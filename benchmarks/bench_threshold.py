@@ -164,7 +164,7 @@ def scores_of(det: HETMM, images: list[np.ndarray], configs: list[DetectorConfig
         for k, cfg in enumerate(configs):
             regions = scorer.region_masks(in_map, len(maps), region_of=cfg)
             sc = cfg.scoring
-            out[k].extend(image_scores(maps, sc.score_sigma, in_map, regions, top_k=cfg.score_top_k).tolist())
+            out[k].extend(image_scores(maps, sc.score_sigma, in_map, regions, top_k=cfg.score_pixels).tolist())
     return [np.asarray(s) for s in out]
 
 

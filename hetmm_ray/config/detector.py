@@ -207,7 +207,7 @@ class DetectorConfig(Settings):
         return out
 
     @property
-    def score_top_k(self) -> int:
+    def score_pixels(self) -> int:
         """How many map pixels the image score averages: ``scoring.score_top_k``; unset (a
         configuration no fit resolved, ``geometry_rule.choose_geometry``), :data:`~.product.SCORE_TOP_K`
         scaled from a :data:`~.product.SCORE_TOP_K_SIDE`-px map to this one's area (``scoring.output_size``,
@@ -275,7 +275,7 @@ def stored_config(data: dict[str, Any]) -> DetectorConfig:
         data = {**data, "backbone": {**data["backbone"], "geometry": "squash"}}
     if isinstance(data, dict) and isinstance(data.get("geometry"), dict) and "tile_whole_view" not in data["geometry"]:
         data = {**data, "geometry": {**data["geometry"], "tile_whole_view": False}}  # tiled before the whole view
-    if isinstance(data, dict) and "score_top_k" not in (scoring := data.get("scoring") or {}):
+    if isinstance(data, dict) and isinstance(scoring := data.get("scoring", {}), dict) and "score_top_k" not in scoring:
         data = {**data, "scoring": {**scoring, "score_top_k": 1}}  # scored by the maximum before the setting
     if isinstance(data, dict):
         # a stored product's canvas and grid were resolved by its fit (or predate the settings): never chosen again

@@ -31,8 +31,6 @@ __all__ = [
     "auto_tiles",
     "check_resolved",
     "choose_geometry",
-    "choose_grid_and_canvas",
-    "defect_area_px",
     "frame_shape",
     "resolve_tiles",
 ]
@@ -86,45 +84,52 @@ class GeometryChoice(NamedTuple):
 
 def choose_geometry(config: DetectorConfig, frames: Sequence[ImageInput]) -> GeometryChoice:
     """The one rule of every fit path (CLI, Python API, HTTP create, console) for how frames reach the
-    backbone (:func:`choose_grid_and_canvas`) and how many map pixels the image score averages:
-    ``scoring.score_top_k`` unset (None) becomes ``DetectorConfig.score_top_k`` of ``config`` as given
+    backbone (:func:`_grid_and_canvas`) and how many map pixels the image score averages:
+    ``scoring.score_top_k`` unset (None) becomes ``DetectorConfig.score_pixels`` of ``config`` as given
     (:data:`~hetmm_ray.config.SCORE_TOP_K` at a 256-px canvas, the same share of other sizes), or with
     ``geometry.min_defect_px`` the area a disc of that diameter covers on the chosen map
-    (:func:`defect_area_px`, at least 1), so that the score never averages a defect of the declared
+    (:func:`_defect_area_px`, at least 1), so that the score never averages a defect of the declared
     size away; a value given is kept. Said in the grid's line when ``min_defect_px`` chose it."""
-    choice = choose_grid_and_canvas(config, frames)
+    choice, extent = _grid_and_canvas(config, frames)
     if config.scoring.score_top_k is not None:
         return choice
     g = config.geometry
-    if g.min_defect_px is None:  # on the canvas as given: the aspect canvas's short side is its size
-        return choice._replace(config=choice.config.replace(**{"scoring.score_top_k": config.score_top_k}))
-    shapes = [frame_shape(x) for x in frames]
-    h, w = max(s[0] for s in shapes), max(s[1] for s in shapes)
-    k = defect_area_px(choice.config, h, w)
+    if g.min_defect_px is None or extent is None:  # on the canvas as given: an aspect canvas's short side is its size
+        return choice._replace(config=choice.config.replace(**{"scoring.score_top_k": config.score_pixels}))
+    k = _defect_area_px(choice.config, g.min_defect_px, *extent)
     said = f"the score averages its top {k} map px (a {g.min_defect_px}-px defect's area)"
     why = said if choice.why is None else f"{choice.why}; {said}"
     return choice._replace(config=choice.config.replace(**{"scoring.score_top_k": k}), why=why)
 
 
-def defect_area_px(config: DetectorConfig, h: int, w: int) -> int:
-    """Map pixels a disc of ``geometry.min_defect_px`` frame pixels across covers, in a resolved
-    ``config`` (a grid and a canvas size) for ``h x w`` frames: the frame (or its largest tile)
-    reaches the canvas at ``image_size / long side`` canvas px per frame px on a letterbox, at the
-    smaller of the two axes' scales on a squash, and the map has ``output_size / image_size`` map px
+def _defect_area_px(config: DetectorConfig, min_defect_px: int, h: int, w: int) -> int:
+    """Map pixels a disc of ``min_defect_px`` frame pixels across covers, in a resolved ``config`` (a
+    grid and a canvas size) for ``h x w`` frames: the frame (or its largest tile) reaches the canvas
+    at ``image_size / long side`` canvas px per frame px (on a letterbox; the smaller of the two
+    axes' scales on a squash, the same number), and the map has ``output_size / image_size`` map px
     per canvas px. At least 1."""
-    g, bb = config.geometry, config.backbone
-    if g.tiled:
-        tiles = tile_grid(h, w, [int(v) for v in g.tiles], g.tile_overlap)
-        h, w = max(t.height for t in tiles), max(t.width for t in tiles)
-    size = bb.image_size
-    canvas_per_frame = size / max(h, w)  # a squash's smaller axis scale is this one too
-    across = float(g.min_defect_px or 1) * canvas_per_frame * (config.scoring.output_size or size) / size
+    h, w, _ = _largest_piece(config, h, w)
+    size = config.backbone.image_size
+    across = min_defect_px * size / max(h, w) * (config.scoring.output_size or size) / size
     return max(1, round(math.pi / 4 * across * across))
 
 
-def choose_grid_and_canvas(config: DetectorConfig, frames: Sequence[ImageInput]) -> GeometryChoice:
-    """How frames reach the backbone, from the largest of ``frames`` (height and width maximised
-    separately, headers only):
+def _largest_piece(config: DetectorConfig, h: int, w: int) -> tuple[int, int, str]:
+    """What of an ``h x w`` frame one canvas holds under a resolved grid: the frame, or its largest tile
+    (height, width, and which it is)."""
+    g = config.geometry
+    if not g.tiled:
+        return h, w, "frame"
+    tiles = tile_grid(h, w, [int(v) for v in g.tiles], g.tile_overlap)  # resolved: never "auto" here
+    return max(t.height for t in tiles), max(t.width for t in tiles), "tile"
+
+
+def _grid_and_canvas(
+    config: DetectorConfig, frames: Sequence[ImageInput]
+) -> tuple[GeometryChoice, tuple[int, int] | None]:
+    """How frames reach the backbone, and the largest frame's ``(height, width)`` when it was read (None
+    when nothing is chosen from the frames), from the largest of ``frames`` (height and width
+    maximised separately, headers only, each read once):
 
     - ``geometry.min_defect_px`` set and ``tiles`` at its default ``[1, 1]`` or ``"auto"``: the grid
       that keeps such a defect at least one cell of the backbone's finest tap
@@ -159,7 +164,7 @@ def choose_grid_and_canvas(config: DetectorConfig, frames: Sequence[ImageInput])
         and g.tiles != "auto"
         and (g.canvas == "fixed" or config.backbone.geometry == "squash")
     ):
-        return GeometryChoice(config.replace(**{"geometry.canvas": "fixed"}), None)
+        return GeometryChoice(config.replace(**{"geometry.canvas": "fixed"}), None), None
     shapes = [frame_shape(x) for x in frames]
     if not shapes:
         raise ConfigError("geometry: tiles, min_defect_px and canvas are chosen from the training frames; none given")
@@ -177,7 +182,7 @@ def choose_grid_and_canvas(config: DetectorConfig, frames: Sequence[ImageInput])
     if large is not None:
         why = f"{large}; {why}"
     if config.geometry.canvas != "aspect":
-        return GeometryChoice(config, why)
+        return GeometryChoice(config, why), (h, w)
     resolved, canvas_why = _aspect_canvas(config, h, w)
     size = resolved.backbone.image_size
     if g.min_defect_px is not None and size != config.backbone.image_size:
@@ -189,7 +194,7 @@ def choose_grid_and_canvas(config: DetectorConfig, frames: Sequence[ImageInput])
                 raise _different_grids(g, grid, h, w)
             _, canvas_why = _aspect_canvas(config.replace(**{"geometry.tiles": list(grid)}), h, w, size)
             resolved = regrid
-    return GeometryChoice(resolved, why, canvas_why)
+    return GeometryChoice(resolved, why, canvas_why), (h, w)
 
 
 def _chosen_grid(config: DetectorConfig, h: int, w: int) -> tuple[DetectorConfig, str | None]:
@@ -229,13 +234,10 @@ def _aspect_canvas(
 ) -> tuple[DetectorConfig, str | None]:
     """``config`` on the canvas ``geometry.canvas: "aspect"`` gives its frame or largest tile, and the
     line saying so; ``size``: that canvas side as already chosen, for the line only."""
-    g, bb = config.geometry, config.backbone
+    bb = config.backbone
     if bb.geometry != "letterbox":  # squash: the content fills the canvas, there is nothing to raise
         return config.replace(**{"geometry.canvas": "fixed"}), None
-    what = "frame"
-    if g.tiled:
-        tiles = tile_grid(h, w, [int(v) for v in g.tiles], g.tile_overlap)  # resolved: never "auto" here
-        h, w, what = max(t.height for t in tiles), max(t.width for t in tiles), "tile"
+    h, w, what = _largest_piece(config, h, w)
     if size is None:
         size = _aspect_side(bb.image_size, h, w)
     if size == bb.image_size:  # square enough: the canvas as it is, nothing chosen

@@ -319,7 +319,7 @@ class Scorer:
         maps = self.score_maps(feats, prepared, boxes, progress=progress)
         in_map = self.map_boxes(boxes)
         regions = self.region_masks(in_map, len(maps), region_of=region_of)
-        return image_scores(maps, self.config.scoring.score_sigma, in_map, regions, top_k=self.config.score_top_k)
+        return image_scores(maps, self.config.scoring.score_sigma, in_map, regions, top_k=self.config.score_pixels)
 
     def region_masks(
         self, in_map: Sequence[Box] | None, n: int, *, region_of: DetectorConfig | None = None
@@ -357,7 +357,7 @@ class Scorer:
         m = self.score_maps(self.features(batch, boxes), self.prepared, boxes)
         in_map = self.map_boxes(boxes)
         regions = self.region_masks(in_map, len(m))
-        return image_scores(m, sc.score_sigma, in_map, regions, top_k=self.config.score_top_k).cpu(), [
+        return image_scores(m, sc.score_sigma, in_map, regions, top_k=self.config.score_pixels).cpu(), [
             x.cpu().numpy() for x in content_maps(m, sc.map_sigma, in_map, regions)
         ]
 

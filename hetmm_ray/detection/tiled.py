@@ -686,7 +686,7 @@ class TiledHETMM(Detector):
                 m = scorer.score_maps(pos, scorer.prepared, pos_boxes)
                 in_map = scorer.map_boxes(pos_boxes)
                 regions = scorer.region_masks(in_map, n)  # the position's part of the region (None: all)
-                position_scores = image_scores(m, sc.score_sigma, in_map, regions, top_k=self.config.score_top_k)
+                position_scores = image_scores(m, sc.score_sigma, in_map, regions, top_k=self.config.score_pixels)
                 scores[:, p] = position_scores.cpu().numpy() / self.scales[p]
                 if p >= n_tiles:  # the whole view: its score counts, its map is not stitched
                     continue

@@ -176,7 +176,7 @@ def test_predict_equals_an_independent_recomputation(fitted, images):
 
     t_pm = {k: pixel_major(v.to(fitted.templates.bank[k].dtype).float()) for k, v in bank.items()}
     maps = anomaly_maps(feats, t_pm, sc.forward_windows, sc.backward_windows, sc.alphas, sc.layer_weights, SIZE).numpy()
-    scores = top_k_mean(scipy_blur(maps, sc.score_sigma).reshape(len(query), -1), fitted.config.score_top_k)
+    scores = top_k_mean(scipy_blur(maps, sc.score_sigma).reshape(len(query), -1), fitted.config.score_pixels)
     np.testing.assert_allclose(pred.scores, scores, atol=1e-5)
     np.testing.assert_allclose(pred.maps, scipy_blur(maps, sc.map_sigma), atol=1e-5)
 
@@ -192,7 +192,7 @@ def test_calibration_is_out_of_fold(fitted):
         q = {k: v[held].float() for k, v in ts.bank.items()}
         maps = anomaly_maps(q, t_pm, sc.forward_windows, sc.backward_windows, sc.alphas, sc.layer_weights, SIZE)
         return top_k_mean(
-            scipy_blur(maps.numpy(), sc.score_sigma).reshape(len(held), -1), fitted.config.score_top_k
+            scipy_blur(maps.numpy(), sc.score_sigma).reshape(len(held), -1), fitted.config.score_pixels
         ).tolist()
 
     ref = calibrate(

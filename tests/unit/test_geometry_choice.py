@@ -84,7 +84,7 @@ def test_every_path_gives_the_same_stored_product(tmp_path: Path, frames: list[P
 
 def test_the_rule_is_idempotent_and_refuses_a_grid_it_contradicts(frames: list[Path]) -> None:
     base = DetectorConfig.from_dict(SMALL)
-    top_k = base.score_top_k  # the fit's choice of k for this canvas
+    top_k = base.score_pixels  # the fit's choice of k for this canvas
     resolved = {"geometry.canvas": "fixed", "geometry.tile_large_frames": False, "scoring.score_top_k": top_k}
     fixed = base.replace(**resolved)
     assert base.geometry.canvas == "aspect"  # the default
@@ -120,7 +120,7 @@ def test_the_aspect_canvas_gives_an_elongated_frames_short_side_the_squares_pixe
     assert square.config.backbone.image_size == 256  # a square frame: today's canvas
     # squash fills the canvas with the frame already: the canvas stays, and nothing is said to be chosen
     squashed = base.replace(**{"backbone.geometry": "squash", "geometry.tile_large_frames": False})
-    resolved = squashed.replace(**{"geometry.canvas": "fixed", "scoring.score_top_k": squashed.score_top_k})
+    resolved = squashed.replace(**{"geometry.canvas": "fixed", "scoring.score_top_k": squashed.score_pixels})
     assert choose_geometry(squashed, tall) == (resolved, None, None)
     with pytest.raises(ConfigError, match="canvas mode"):
         DetectorConfig.from_dict({"geometry": {"canvas": "wide"}})

@@ -116,9 +116,9 @@ def test_out_of_fold_scores_respect_the_region(coded) -> None:
         boxes = [Box(0, 0, SIZE, SIZE)] * len(held)
         masks = map_masks(config.region, boxes, canvas=SIZE, out=SIZE, geometry=config.backbone.geometry)
         assert not masks[0].all()  # the code is left out on the map
-        ruled = image_scores(maps, sc.score_sigma, boxes, masks, top_k=det.config.score_top_k).tolist()
+        ruled = image_scores(maps, sc.score_sigma, boxes, masks, top_k=det.config.score_pixels).tolist()
         expected.update(zip(held, ruled, strict=True))
-        without = image_scores(maps, sc.score_sigma, top_k=det.config.score_top_k).tolist()
+        without = image_scores(maps, sc.score_sigma, top_k=det.config.score_pixels).tolist()
         assert all(w >= e for w, e in zip(without, ruled, strict=True))
     oof = det.out_of_fold(ts)
     got = oof.by_image()

@@ -210,7 +210,7 @@ def test_out_of_fold_reselects_pts_without_the_held_out_fold(gear):
         q = {k: v[held].float() for k, v in ts.bank.items()}
         maps = anomaly_maps(q, templates, sc.forward_windows, sc.backward_windows, sc.alphas, sc.layer_weights, SIZE)
         expected.update(
-            zip(held, image_scores(maps, sc.score_sigma, top_k=det.config.score_top_k).tolist(), strict=True)
+            zip(held, image_scores(maps, sc.score_sigma, top_k=det.config.score_pixels).tolist(), strict=True)
         )
     assert sorted(oof.images) == list(range(9)) and oof.folds == 3
     got = oof.by_image()

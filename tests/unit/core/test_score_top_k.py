@@ -122,7 +122,7 @@ def test_the_fit_chooses_k_and_a_stated_smallest_defect_bounds_it() -> None:
     a stored product without the key reads 1."""
     square = [np.zeros((256, 256, 3), np.uint8)] * 2
     base = DetectorConfig()
-    assert base.scoring.score_top_k is None and base.score_top_k == SCORE_TOP_K
+    assert base.scoring.score_top_k is None and base.score_pixels == SCORE_TOP_K
     assert choose_geometry(base, square).config.scoring.score_top_k == SCORE_TOP_K
     tall = [np.zeros((1250, 500, 3), np.uint8)] * 2
     elongated = choose_geometry(base, tall).config
