@@ -50,10 +50,11 @@ synthetic surface frames of ``--size`` px (``data/surface.py``'s ``write_surface
 ``--tiles`` (``RxC`` or ``auto``, resolved by ``geometry_rule.choose_geometry``), ``--backbone`` with
 ``--weights`` at ``backbone.image_size`` ``--image-size``, the product's other defaults unless given.
 Each run is what the service's tiled create runs before it publishes: the frame-batch feature tasks
-(``extract.extract_tiles_ray``, ``--task-cpus`` each, default ``TASK_CPUS``, SPREAD), then the fit task
-from their results (``registry_tasks.fit_tiles_task``, PTS fanned out); the time of each part and the
+(``extract.extract_tiles_ray``, ``--task-cpus`` each, default ``TASK_CPUS``, SPREAD), then a fit task per
+position from their results (``registry_tasks.fit_tiles_ray``, ``--task-cpus`` each, PTS fanned out) and
+their join (``registry_tasks.tiles_fitted``); the time of each part and the
 whole (wall, from the first task submitted to the template set back). Before the timed runs of a
-cluster, one untimed extraction of a frame per task slot starts every node's workers and builds their
+cluster, one untimed create of a frame per task slot starts every node's workers and builds their
 backbones, as a running service has them. Prints the median of ``--runs`` runs per cluster, the ratio of
 each cluster's total to the first's, and whether every cluster fitted the same product; ``--json``
 writes it all.
@@ -903,17 +904,18 @@ def tiled_config(args: argparse.Namespace, images: list[bytes]) -> Any:
 
 
 def tiled_run(config: Any, images: list[bytes], task_cpus: float) -> tuple[dict[str, float], Any, list[str]]:
-    """One tiled create's feature tasks (``task_cpus`` each) then fit task: seconds of each and in
-    all, the template set, and the node each feature batch ran on."""
+    """One tiled create's feature tasks (``task_cpus`` each), then its position fit tasks and their join:
+    seconds of the features, of the fit and in all, the template set, and the node each feature batch
+    ran on."""
     import ray
 
     from hetmm_ray.distributed.extract import extract_tiles_ray
-    from hetmm_ray.distributed.registry_tasks import fit_tiles_task
+    from hetmm_ray.distributed.registry_tasks import fit_tiles_ray, tiles_fitted
 
     start = time.perf_counter()
     batches = extract_tiles_ray(config, images, num_cpus=task_cpus)
     extracted = time.perf_counter()
-    ts = ray.get(fit_tiles_task.remote(config.to_dict(), batches.refs, images[0], None, None))
+    ts = tiles_fitted(config, ray.get(fit_tiles_ray(config, batches, images[0], num_cpus=task_cpus)))
     done = time.perf_counter()
     return {"features_s": extracted - start, "fit_s": done - extracted, "total_s": done - start}, ts, batches.nodes
 
@@ -937,7 +939,7 @@ def tiled_create(args: argparse.Namespace) -> None:
     from hetmm_ray.config import TASK_CPUS
     from hetmm_ray.detection.interface import frames_per_pass
     from hetmm_ray.distributed import connect, shutdown_ray
-    from hetmm_ray.distributed.extract import extract_tiles_ray
+    from hetmm_ray.distributed.extract import frames_per_batch
 
     images = tiled_frames(args)
     config = tiled_config(args, images)
@@ -945,7 +947,7 @@ def tiled_create(args: argparse.Namespace) -> None:
     print(
         f"{len(images)} frames of {args.size} px, tiles {grid[0]} x {grid[1]}, {config.backbone.name} "
         f"({config.backbone.weights}) at {config.backbone.image_size} px, {config.templates.kind} "
-        f"{config.templates.sheets} sheets, {frames_per_pass(config)} frames per feature task; "
+        f"{config.templates.sheets} sheets, {frames_per_pass(config)} frames per backbone pass; "
         f"{os.cpu_count()} cores on this machine",
         flush=True,
     )
@@ -963,8 +965,10 @@ def tiled_create(args: argparse.Namespace) -> None:
             try:
                 task_cpus = TASK_CPUS if args.task_cpus is None else args.task_cpus
                 slots = max(1, int(nodes * args.cpus_per_node / task_cpus))
-                warm = (images * slots)[: slots * frames_per_pass(config)]
-                extract_tiles_ray(config, warm, num_cpus=task_cpus).gathered()  # every node's workers started
+                warm = (images * slots)[: max(2, slots * frames_per_pass(config))]
+                tiled_run(config, warm, task_cpus)  # every node's workers started, their backbones built
+                per_task = frames_per_batch(len(images), frames_per_pass(config), task_cpus)
+                print(f"  {nodes} node(s): {per_task} frames per feature task", flush=True)
                 runs, same, spread = [], True, Counter()
                 for _ in range(args.runs):
                     times, ts, where = tiled_run(config, images, task_cpus)
@@ -987,6 +991,7 @@ def tiled_create(args: argparse.Namespace) -> None:
                     "nodes": nodes,
                     "alive_nodes": alive,
                     "cpus_per_node": args.cpus_per_node,
+                    "frames_per_feature_task": per_task,
                     "runs": runs,
                     "median": median,
                     "batches_per_node": sorted(spread.values()),

@@ -53,6 +53,7 @@ from .product import (
 from .replica import ReplicaSettings
 from .run_time import (
     BACKBONE_RUNTIMES,
+    FEATURE_TASKS_PER_SLOT,
     MODEL_CACHE_ENV,
     PTS_CHUNK_PIXELS,
     REPORT_GALLERY_NEAR,
@@ -114,6 +115,7 @@ __all__ = [
     "RUN_TIME_SETTINGS",
     "SERVE_BY_VALUE_MAX_BYTES",
     "SERVE_ENVIRONMENT",
+    "FEATURE_TASKS_PER_SLOT",
     "TASK_CPUS",
     "TEMPLATE_KINDS",
     "SCORE_TOP_K",

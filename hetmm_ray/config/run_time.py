@@ -65,6 +65,11 @@ TASK_CPUS = 0.5
 """CPUs a service-side Ray task reserves (PTS chunk, feature batch, calibration). Fractional so
 that tasks still fit beside the resident actors (ingress, detector replicas, registry, shards)
 on a small node; each task runs max(1, round(cpus)) torch threads."""
+FEATURE_TASKS_PER_SLOT = 4
+"""Frame-batch feature tasks a tiled extraction aims at per task slot of the cluster (its CPUs over
+a task's): frames go in as few batches as keep about this many per slot, so each task's fixed
+cost (scheduling, its result objects) is paid less often while the slots stay evenly loaded to
+the end, and the job's frame count still moves several times per slot."""
 PTS_CHUNK_PIXELS = 512
 """Pixels per PTS task when PTS fans out over Ray (``distributed/pts_fanout.py``): the CLI's
 ``--address`` runs and the shards' hot-update selection alike. Each task is a few hundred ms of

@@ -57,7 +57,15 @@ if TYPE_CHECKING:  # annotations only: the scorer imports the backbones, which t
     from ..store.protocol import Store
     from .scorer import ImageInput, Prediction
 
-__all__ = ["Detector", "Layout", "frame_grid", "frames_per_pass", "stream_chunk", "tiles_per_frame"]
+__all__ = [
+    "Detector",
+    "Layout",
+    "frame_grid",
+    "frames_per_pass",
+    "positions_per_frame",
+    "stream_chunk",
+    "tiles_per_frame",
+]
 
 
 @dataclass(frozen=True)
@@ -186,6 +194,13 @@ def tiles_per_frame(config: DetectorConfig) -> int:
     """Tiles a detector of ``config`` cuts each frame into (1: the frame on one canvas)."""
     rows, cols = frame_grid(config)
     return rows * cols
+
+
+def positions_per_frame(config: DetectorConfig) -> int:
+    """Positions a detector of ``config`` fits and scores apart in each frame: its tiles, and the whole
+    view when a tiled product has one (1: the frame on one canvas)."""
+    tiles = tiles_per_frame(config)
+    return tiles + int(tiles > 1 and bool(config.geometry.tile_whole_view))
 
 
 def frames_per_pass(config: DetectorConfig) -> int:

@@ -126,10 +126,48 @@ class TileFeatures:
     boxes: list[Box] | None
     digests: list[str]
     shapes: list[tuple[int, int]]
+    position: int | None = None  # None: every position's rows; else that position's alone (one row per frame)
 
     @property
     def n_frames(self) -> int:
         return len(self.digests)
+
+    def of_position(self, p: int, positions: int) -> TileFeatures:
+        """Position ``p``'s rows alone (``positions`` per frame here): what a fit or update of that
+        one position reads (:meth:`TiledHETMM.fit_position`), a copy of ``1 / positions`` of the rows."""
+        if self.position is not None:
+            if self.position != p:
+                raise ValueError(f"tile features of position {self.position}, position {p} asked")
+            return self
+        return replace(
+            self,
+            feats={k: np.ascontiguousarray(v[p::positions]) for k, v in self.feats.items()},
+            boxes=None if self.boxes is None else self.boxes[p::positions],
+            position=p,
+        )
+
+    @classmethod
+    def interleaved(cls, positions: Sequence[TileFeatures]) -> TileFeatures:
+        """Every position's rows of the same frames (:meth:`of_position` of each, in position order)
+        as one, frame-major and position-minor again: the inverse of :meth:`of_position`. A
+        ValueError for parts not of positions 0, 1, ... of the same frames."""
+        if [part.position for part in positions] != list(range(len(positions))):
+            raise ValueError(f"tile features of positions {[part.position for part in positions]}, not 0, 1, ...")
+        first = positions[0]
+        if any(part.digests != first.digests or list(part.feats) != list(first.feats) for part in positions):
+            raise ValueError("tile features of different frames or layers")
+        boxes = None
+        if all(part.boxes is not None for part in positions):
+            boxes = [b for row in zip(*(part.boxes or () for part in positions), strict=True) for b in row]
+        return cls(
+            feats={
+                k: np.stack([part.feats[k] for part in positions], axis=1).reshape(-1, *v.shape[1:])
+                for k, v in first.feats.items()
+            },
+            boxes=boxes,
+            digests=list(first.digests),
+            shapes=list(first.shapes),
+        )
 
     @classmethod
     def gathered(cls, parts: Sequence[TileFeatures]) -> TileFeatures:
@@ -140,12 +178,15 @@ class TileFeatures:
         layers = list(parts[0].feats)
         if any(list(part.feats) != layers for part in parts):
             raise ValueError(f"tile features of different layers: {[list(part.feats) for part in parts]}")
+        if len({part.position for part in parts}) > 1:
+            raise ValueError(f"tile features of different positions: {[part.position for part in parts]}")
         no_boxes = any(part.boxes is None for part in parts)
         return cls(
             feats={k: np.concatenate([part.feats[k] for part in parts]) for k in layers},
             boxes=None if no_boxes else [b for part in parts for b in part.boxes or ()],
             digests=[d for part in parts for d in part.digests],
             shapes=[s for part in parts for s in part.shapes],
+            position=parts[0].position,
         )
 
 
@@ -276,8 +317,7 @@ class TiledHETMM(Detector):
             for p, part in enumerate(parts)
         ]
         if backbone is not None:  # an already-built one (replicas: one per backbone, not per product)
-            self.dets[0].scorer.backbone = backbone
-        self._share_backbone()
+            self._share(backbone)
         self.scales: list[float] = []
         self.frame_calibration: Calibration | None = None  # the verdict's (module docstring)
         self.frame: tuple[int, int] | None = None
@@ -302,9 +342,8 @@ class TiledHETMM(Detector):
         full = raster(region)
         return [map_mask(full, shape, shape, "squash") for shape in shapes]
 
-    def _share_backbone(self) -> None:
-        backbone = self.dets[0].backbone  # built once, shared by every position
-        for det in self.dets[1:]:
+    def _share(self, backbone: Any) -> None:
+        for det in self.dets:
             det.scorer.backbone = backbone
 
     @property
@@ -319,7 +358,11 @@ class TiledHETMM(Detector):
 
     @property
     def backbone(self) -> Any:
-        return self.dets[0].backbone
+        """The one backbone every position shares, built on first use (a fit from features that
+        were extracted elsewhere never builds it)."""
+        backbone = self.dets[0].backbone
+        self._share(backbone)
+        return backbone
 
     def tiles_of(self, height: int, width: int) -> list[Tile]:
         return tile_grid(height, width, (self.rows, self.cols), self.config.geometry.tile_overlap)
@@ -440,29 +483,42 @@ class TiledHETMM(Detector):
 
     def _bank(self, extracted: TileFeatures) -> dict[str, Tensor]:
         """``extracted``'s features as bank tensors (``bank_dtype``), refused (ValueError) unless they
-        hold this product's positions of each frame; a read-only array (one from Ray's object store)
-        is copied first."""
-        n, rows = extracted.n_frames, extracted.n_frames * self.n_positions
+        hold this product's positions of each frame (or, for ``extracted.position``, that position's
+        row of each); a read-only array (one from Ray's object store) is copied first."""
+        n = extracted.n_frames
+        per_frame = self.n_positions if extracted.position is None else 1
+        if extracted.position is not None and not 0 <= extracted.position < self.n_positions:
+            raise ValueError(f"tile features of position {extracted.position}; this product has {self.n_positions}")
         if len(extracted.shapes) != n:
             raise ValueError(f"tile features of {n} frames (digests) hold {len(extracted.shapes)} frame sizes")
         held = {f"rows of {k}": v.shape[0] for k, v in extracted.feats.items()}
         if extracted.boxes is not None:
             held["boxes"] = len(extracted.boxes)
         for what, count in held.items():
-            if count != rows:
+            if count != n * per_frame:
                 raise ValueError(
-                    f"tile features of {n} frames hold {count} {what}; {self.n_positions} positions per frame "
-                    f"need {rows}"
+                    f"tile features of {n} frames hold {count} {what}; {per_frame} positions per frame "
+                    f"need {n * per_frame}"
                 )
         dtype = TORCH_DTYPES[self.config.bank_dtype]
         return {k: torch.from_numpy(v if v.flags.writeable else v.copy()).to(dtype) for k, v in extracted.feats.items()}
 
     def _position(
-        self, feats: dict[str, Tensor], boxes: list[Box] | None, p: int
+        self, feats: dict[str, Tensor], extracted: TileFeatures, p: int
     ) -> tuple[dict[str, Tensor], list[Box] | None]:
-        """Position ``p``'s rows of frame-major position features (and boxes)."""
-        t = self.n_positions
+        """Position ``p``'s rows of ``extracted``'s features (frame-major, position-minor; or already
+        that position's alone) and boxes."""
+        if extracted.position is not None:
+            return feats, extracted.boxes
+        t, boxes = self.n_positions, extracted.boxes
         return {k: v[p::t].contiguous() for k, v in feats.items()}, None if boxes is None else boxes[p::t]
+
+    @property
+    def weights_id(self) -> str:
+        """The backbone's weights identity (``core.backbone.weights_identity``), without building it."""
+        from ..core.backbone import weights_identity
+
+        return weights_identity(self.config.backbone)
 
     def fit(self, frames: Sequence[ImageInput]) -> Self:
         """One template set and one calibration per tile position from good frames; the frame calibration:
@@ -482,20 +538,51 @@ class TiledHETMM(Detector):
         with ``templates.auto_max_ms_per_image``). Refused: fewer than 2 frames, features not of
         this product's positions (ValueError), a grid or canvas the geometry rule does not resolve
         for these frame sizes (:func:`check_resolved`, ConfigError)."""
+        if extracted.position is not None:
+            raise ValueError(f"tile features of position {extracted.position} alone: fit_position fits one position")
+        feats = self._fit_inputs(extracted, cost_frame)
+        sets = [self._fit_one(p, feats, extracted) for p in range(self.n_positions)]
+        self.frame = None
+        return self.with_positions(sets, extracted.shapes)
+
+    def fit_position(self, extracted: TileFeatures, cost_frame: ImageInput) -> TemplateSet:
+        """Position ``extracted.position``'s template set and calibration from its rows alone
+        (:meth:`TileFeatures.of_position`): exactly the set :meth:`fit_extracted` makes for that
+        position, so a fit can run each position apart (the service: a task each) and
+        :meth:`with_positions` of them all is the product. The same refusals and ``cost_frame``."""
+        if extracted.position is None:
+            raise ValueError("fit_position takes one position's tile features (TileFeatures.of_position)")
+        feats = self._fit_inputs(extracted, cost_frame)
+        return self._fit_one(extracted.position, feats, extracted)
+
+    def _fit_inputs(self, extracted: TileFeatures, cost_frame: ImageInput) -> dict[str, Tensor]:
+        """A fit's refusals, then ``extracted``'s bank tensors; ``sheets: auto``'s cost measured."""
         if extracted.n_frames < 2:
             raise ValueError(f"fit needs at least 2 good images, got {extracted.n_frames}")
         check_resolved(self.config, [_sized(s) for s in sorted(set(extracted.shapes))])
         feats = self._bank(extracted)
         self._measure_cost(cost_frame)
-        sets = []
-        for p, det in enumerate(self.dets):
-            pos, pos_boxes = self._position(feats, extracted.boxes, p)
-            ts = det.pipeline.fit_features(
-                pos, extracted.digests, weights_id=self.backbone.weights_id, config=det.config, boxes=pos_boxes
-            )
-            sets.append(ts)
-        self.frame = max(extracted.shapes)
-        self._install(sets, tuple(extracted.digests))
+        return feats
+
+    def _fit_one(self, p: int, feats: dict[str, Tensor], extracted: TileFeatures) -> TemplateSet:
+        det = self.dets[p]
+        pos, boxes = self._position(feats, extracted, p)
+        return det.pipeline.fit_features(
+            pos, extracted.digests, weights_id=self.weights_id, config=det.config, boxes=boxes
+        )
+
+    def with_positions(self, sets: Sequence[TemplateSet], shapes: Sequence[tuple[int, int]]) -> Self:
+        """This detector holding ``sets``, every position's in order (:meth:`fit_position` or
+        :meth:`update_position` of each), with the frames of ``shapes`` joining the training frame
+        size: the scales and the frame calibration computed from them, as :meth:`fit_extracted` and
+        :meth:`update_extracted` install them. Refused (ValueError): not one set per position, or
+        sets of different frames. The version becomes None (unsaved)."""
+        if len(sets) != self.n_positions:
+            raise ValueError(f"{len(sets)} position sets given; this product has {self.n_positions} positions")
+        if any(ts.image_digests != sets[0].image_digests for ts in sets):
+            raise ValueError("position sets of different frames")
+        self.frame = max([*shapes, *([self.frame] if self.frame else [])])
+        self._install(list(sets), sets[0].image_digests)
         return self
 
     def update(self, frames: Sequence[ImageInput]) -> Self:
@@ -518,23 +605,49 @@ class TiledHETMM(Detector):
         bytes will do); only the first new one is read, for ``sheets: auto``'s time budget, and
         only with ``templates.auto_max_ms_per_image``. Refused (ValueError): ``frames`` not one per
         extracted frame, features not of this product's positions."""
+        if extracted.position is not None:
+            raise ValueError(
+                f"tile features of position {extracted.position} alone: update_position grows one position"
+            )
+        grown = self._update_inputs(extracted, frames)
+        if grown is None:
+            return self
+        feats, keep = grown
+        sets = [self._grow_one(p, feats, keep, extracted=extracted) for p in range(self.n_positions)]
+        return self.with_positions(sets, extracted.shapes)
+
+    def update_position(self, extracted: TileFeatures, frames: Sequence[ImageInput]) -> TemplateSet | None:
+        """Position ``extracted.position``'s set grown by the new frames' rows alone
+        (:meth:`TileFeatures.of_position`), re-selected and recalibrated: exactly the set
+        :meth:`update_extracted` makes for that position (None: every frame already held), so
+        :meth:`with_positions` of every position's is the hot update. The same ``frames`` and
+        refusals; this detector is left as it was."""
+        if extracted.position is None:
+            raise ValueError("update_position takes one position's tile features (TileFeatures.of_position)")
+        grown = self._update_inputs(extracted, frames)
+        return None if grown is None else self._grow_one(extracted.position, *grown, extracted=extracted)
+
+    def _update_inputs(
+        self, extracted: TileFeatures, frames: Sequence[ImageInput]
+    ) -> tuple[dict[str, Tensor], list[int]] | None:
+        """A hot update's refusals, then the new frames' bank tensors and the positions of the frames
+        not yet held (None: none); ``sheets: auto``'s cost measured on the first of them."""
         self._require_fitted()
         if len(frames) != extracted.n_frames:
             raise ValueError(f"tile features of {extracted.n_frames} frames, {len(frames)} frames given")
         feats = self._bank(extracted)
         keep = unseen_positions(self.frame_digests, extracted.digests)
         if not keep:
-            return self
+            return None
         self._measure_cost(frames[keep[0]])
-        sets = []
-        for p, det in enumerate(self.dets):
-            pos, pos_boxes = self._position(feats, extracted.boxes, p)
-            grown, kept = det.pipeline.grown(det.scorer.require_templates(), pos, extracted.digests, pos_boxes)
-            assert grown is not None and kept == keep  # every position holds the same frames' digests
-            sets.append(det.pipeline.refit(grown))
-        self.frame = max([*extracted.shapes, *([self.frame] if self.frame else [])])
-        self._install(sets, sets[0].image_digests)
-        return self
+        return feats, keep
+
+    def _grow_one(self, p: int, feats: dict[str, Tensor], keep: list[int], *, extracted: TileFeatures) -> TemplateSet:
+        det = self.dets[p]
+        pos, boxes = self._position(feats, extracted, p)
+        grown, kept = det.pipeline.grown(det.scorer.require_templates(), pos, extracted.digests, boxes)
+        assert grown is not None and kept == keep  # every position holds the same frames' digests
+        return det.pipeline.refit(grown)
 
     def _require_fitted(self) -> None:
         if not self.scales:
@@ -770,10 +883,9 @@ class TiledHETMM(Detector):
         progress, map_size, steps = options.get("progress", False), options.get("map_size"), options.get("steps")
         det = cls(config, progress=progress, map_size=map_size, steps=steps)
         info = ts.meta["tiles"]
-        if det.backbone.weights_id != ts.weights_id:
+        if det.weights_id != ts.weights_id:
             raise TemplateError(
-                f"tiled templates were built with weights {ts.weights_id}, the backbone now loads "
-                f"{det.backbone.weights_id}"
+                f"tiled templates were built with weights {ts.weights_id}, the backbone now loads {det.weights_id}"
             )
         det._check_positions(info)
         sets = position_sets(ts)

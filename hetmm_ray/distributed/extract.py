@@ -33,17 +33,17 @@ import numpy as np
 import ray
 import torch
 
-from ..config import BackboneConfig, DetectorConfig
+from ..config import FEATURE_TASKS_PER_SLOT, BackboneConfig, DetectorConfig
 from ..core.device import TORCH_DTYPES, image_digest, resolve_device
 from ..data.decode import ImageError, canvas_digest, decode_image, images_to_tensor
-from ..detection.interface import Layout, frames_per_pass
+from ..detection.interface import Layout, frames_per_pass, positions_per_frame
 from .runtime import use_assigned_cpus
 
 if TYPE_CHECKING:
     from ..core.backbone import Backbone
     from ..detection.tiled import TiledHETMM, TileFeatures
 
-__all__ = ["TileBatches", "extract_features_ray", "extract_tiles_ray"]
+__all__ = ["TileBatches", "extract_features_ray", "extract_tiles_ray", "frames_per_batch"]
 
 ImageItem = bytes | np.ndarray
 """Encoded image bytes, or a decoded RGB uint8 array (H, W, 3)."""
@@ -216,16 +216,17 @@ def _tiled(config_json: str) -> TiledHETMM:
     return TiledHETMM(DetectorConfig.from_dict(json.loads(config_json)))
 
 
-@ray.remote(num_returns=2)
+@ray.remote
 def _extract_tiles_batch(
     config: DetectorConfig,
     start: int,
     items: list[ImageItem],
     use_gpu: bool,
     estimate: tuple[int, int, int] | None = None,
-) -> tuple[dict[str, Any], TileFeatures]:
-    """One frame batch's :class:`~hetmm_ray.detection.tiled.TileFeatures` (the second return, left in the object
-    store), and what the caller reads at once (the first): the node it ran on, its frames and, with
+) -> tuple[Any, ...]:
+    """One frame batch's :class:`~hetmm_ray.detection.tiled.TileFeatures`, a part per position
+    (``TileFeatures.of_position``; the returns after the first, left in the object store), and what
+    the caller reads at once (the first return): the node it ran on, its frames and, with
     ``estimate`` (frames trained on, largest height, largest width), the estimated ms per frame of
     its first frame against the sheets such a fit keeps and the layout of a frame of that size."""
     use_assigned_cpus()
@@ -241,23 +242,33 @@ def _extract_tiles_batch(
         n_train, height, width = estimate
         info["ms"] = ms_per_frame_of(det, decoded[0], n_train)
         info["layout"] = det.layout(height, width)
-    return info, extracted
+    return (info, *(extracted.of_position(p, det.n_positions) for p in range(det.n_positions)))
 
 
 @dataclass(frozen=True)
 class TileBatches:
-    """A tiled extraction's batches once every task has finished: ``refs``, each batch's
-    :class:`~hetmm_ray.detection.tiled.TileFeatures` in the object store, in input order; ``nodes``, the node
-    id each of them ran on (``ray.get_runtime_context().get_node_id()``), in the same order."""
+    """A tiled extraction's batches once every task has finished: ``positions[p]``, each batch's rows
+    of position ``p`` (:meth:`~hetmm_ray.detection.tiled.TileFeatures.of_position`) in the object
+    store, in input order, so a task fitting one position reads that position's alone; ``nodes``, the
+    node id each batch ran on (``ray.get_runtime_context().get_node_id()``), in the same order."""
 
-    refs: list[ray.ObjectRef]
+    positions: list[list[ray.ObjectRef]]
     nodes: list[str]
 
     def gathered(self) -> TileFeatures:
-        """Every batch fetched and joined in input order (``TileFeatures.gathered``)."""
+        """Every batch fetched and joined in input order, every position's rows of each frame
+        (``TileFeatures.interleaved`` of ``TileFeatures.gathered``)."""
         from ..detection.tiled import TileFeatures
 
-        return TileFeatures.gathered(ray.get(self.refs))
+        return TileFeatures.interleaved([TileFeatures.gathered(ray.get(refs)) for refs in self.positions])
+
+
+def frames_per_batch(frames: int, group: int, num_cpus: float) -> int:
+    """Frames per feature task of a tiled extraction of ``frames`` frames: whole backbone groups
+    (``group`` frames each), as many as leave about ``FEATURE_TASKS_PER_SLOT`` tasks per task slot
+    of the connected cluster (its CPUs over ``num_cpus``), at least one group."""
+    slots = max(1.0, float(ray.cluster_resources().get("CPU", 1.0)) / max(num_cpus, 1e-9))
+    return group * max(1, int(frames // (group * FEATURE_TASKS_PER_SLOT * slots)))
 
 
 def extract_tiles_ray(
@@ -278,8 +289,8 @@ def extract_tiles_ray(
     code; the features in ``bank_dtype``, ``bfloat16`` as float32).
 
     ``images``: encoded bytes (decoded inside the tasks: bytes travel, not pixels) or RGB ``uint8``
-    arrays. ``frames_per_task``: frames per task, a multiple of ``interface.frames_per_pass`` (the
-    default: one backbone group), else a ValueError before any task. Each task gets ``num_cpus``
+    arrays. ``frames_per_task``: frames per task, a multiple of ``interface.frames_per_pass``, else a
+    ValueError before any task (the default: :func:`frames_per_batch`). Each task gets ``num_cpus``
     CPUs (its torch threads) and ``num_gpus`` GPUs (``> 0`` runs it on ``config.device``), placed with
     the SPREAD strategy. ``progress(done_frames, total_frames)`` is called as batches finish. With
     ``on_estimate`` and ``estimate_for`` (the largest frame's height and width), the first batch's
@@ -293,21 +304,28 @@ def extract_tiles_ray(
     if len(images) == 0:
         raise ValueError("no images given")
     group = frames_per_pass(config)
-    bs = frames_per_task or group
-    if bs < 1 or bs % group:
-        raise ValueError(f"frames_per_task must be a positive multiple of {group} (frames per backbone pass), got {bs}")
+    if frames_per_task is not None and (frames_per_task < 1 or frames_per_task % group):
+        raise ValueError(
+            f"frames_per_task must be a positive multiple of {group} (frames per backbone pass), got {frames_per_task}"
+        )
     if not ray.is_initialized():
         from .runtime import connect
 
         connect()
     total = len(images)
-    task = _extract_tiles_batch.options(num_cpus=num_cpus, num_gpus=num_gpus, scheduling_strategy="SPREAD")
+    bs = frames_per_task or frames_per_batch(total, group, num_cpus)
+    positions = positions_per_frame(config)
+    task = _extract_tiles_batch.options(
+        num_cpus=num_cpus, num_gpus=num_gpus, scheduling_strategy="SPREAD", num_returns=1 + positions
+    )
     asked = None if on_estimate is None or estimate_for is None else (total, *estimate_for)
-    infos, refs = {}, []
+    infos: dict[ray.ObjectRef, int] = {}
+    refs: list[list[ray.ObjectRef]] = [[] for _ in range(positions)]
     for s in range(0, total, bs):
-        info, feats = task.remote(config, s, list(images[s : s + bs]), num_gpus > 0, asked if s == 0 else None)
+        info, *parts = task.remote(config, s, list(images[s : s + bs]), num_gpus > 0, asked if s == 0 else None)
         infos[info] = s
-        refs.append(feats)
+        for p, part in enumerate(parts):
+            refs[p].append(part)
     nodes: dict[int, str] = {}
     pending, done = list(infos), 0
     try:

@@ -27,8 +27,8 @@ Three modules: this one (the actor: hosts, shards, publishing, following the sto
 
 A tiled product (``geometry.tiles``, hetmm_ray/detection/tiled.py) has one shard per (tile position,
 layer), named by its bank key ``tile<p>/<layer>``; its create and hot update extract the frames'
-tile features as frame-batch tasks over the cluster (``extract.extract_tiles_ray``) and fit or grow
-every position from them in one task, and publish like any other version (the shards reload from
+tile features as frame-batch tasks over the cluster (``extract.extract_tiles_ray``), fit or grow
+each position from them in a task of its own, and publish like any other version (the shards reload from
 the store; after a hot update they append the new frames' rows in place and take the task's
 selection instead, :meth:`ProductRegistry._adopted_in_place`); the far rule at a new rate is
 accepted and moves the frame threshold only (the stored tile scales stay:

@@ -26,9 +26,11 @@ from .jobs import JobProgress
 from .registry_tasks import (
     compare_task,
     fit_line,
-    fit_tiles_task,
+    fit_tiles_ray,
     labelled_calibration,
-    update_tiles_task,
+    tiles_fitted,
+    tiles_updated,
+    update_tiles_ray,
     whole_frames,
     with_region_in_task,
 )
@@ -202,17 +204,17 @@ class JobStarters:
         self, product: str, choice: GeometryChoice, images: list[bytes], note: dict[str, Any], progress: JobProgress
     ) -> int:
         """A tiled product's create: its frames' tile features as frame-batch tasks across the cluster
-        (:meth:`_tile_batches`), then every position fit from them in one task
-        (:func:`~.registry_tasks.fit_tiles_task`, PTS fanned out), published as v1; its shards are
+        (:meth:`_tile_batches`), then each position fit from them in a task of its own
+        (:func:`~.registry_tasks.fit_tiles_ray`, PTS fanned out), joined and published as v1; its shards are
         its (tile position, layer) objects, placed over the template hosts."""
         progress.note(**note)
         cfg = choice.config
         batches, line = await self._tile_batches(cfg, images, progress, estimate=True)
         progress.stage(line or "fit", len(images))
         me = ray.get_runtime_context().current_actor
-        ts = await fit_tiles_task.remote(cfg.to_dict(), batches.refs, images[0], me, progress.job_id)
+        results = await asyncio.gather(*fit_tiles_ray(cfg, batches, images[0], me, progress.job_id))
         del batches  # the features' objects are freed here, not after the publish
-        ts = choice.stored_with(ts)
+        ts = choice.stored_with(await asyncio.to_thread(tiles_fitted, cfg, results))
         note_outliers(progress, ts)
         async with self._lock(product):
             progress.stage("publish")
@@ -409,9 +411,9 @@ class JobStarters:
         self, product: str, images: list[bytes], progress: JobProgress, candidate: bool = False
     ) -> int:
         """A tiled product's hot update: the new frames' tile features as frame-batch tasks across the
-        cluster (:meth:`_tile_batches`, the head's settings), then ``TiledHETMM.update_extracted`` on
-        the head in one task (:func:`~.registry_tasks.update_tiles_task`: every position grown,
-        re-selected and recalibrated), published with ``expect_head``; its (tile, layer) shards grow
+        cluster (:meth:`_tile_batches`, the head's settings), then each position of the head grown,
+        re-selected and recalibrated in a task of its own (:func:`~.registry_tasks.update_tiles_ray`),
+        joined and published with ``expect_head``; its (tile, layer) shards grow
         in place (:meth:`_adopted_in_place`), or load the new head from the store (a candidate: the
         shards keep the head). Frames already held are skipped (``skipped_duplicates``); with nothing
         new the head stays. A failure publishes nothing."""
@@ -421,8 +423,10 @@ class JobStarters:
             progress.note(candidate=candidate)
             batches, _ = await self._tile_batches(cfg, images, progress)
             progress.stage("select and calibrate", len(images))
-            ts, added = await update_tiles_task.remote(self.store_uri, product, head, batches.refs, images)
+            results = await asyncio.gather(*update_tiles_ray(self.store_uri, product, head, batches, images))
             del batches  # the features' objects are freed here, not after the publish
+            base = await asyncio.to_thread(self.store.get, product, head)
+            ts, added = await asyncio.to_thread(tiles_updated, base, results)
             progress.note(skipped_duplicates=len(images) - added, added_images=added)
             if ts is None:
                 if product not in self.shards or self.versions.get(product) != head:

@@ -2,11 +2,14 @@
 full CPU, over one detector (``detector_choice.load_detector``, ``tiled.TiledHETMM``) or the compare of two
 versions. The actor starts them and publishes what they return; nothing here holds state.
 
-- :func:`fit_tiles_task`, :func:`update_tiles_task`: a tiled product's create and hot update from
-  its frames' tile features, which frame-batch tasks extracted across the cluster first
-  (``extract.extract_tiles_ray``): one detector in a task gathers them, in input order, and fits or
-  grows every position (``TiledHETMM.fit_extracted`` / ``update_extracted``), PTS fanned out.
-  :func:`whole_frames` says which products take these paths.
+- :func:`fit_tiles_ray`, :func:`update_tiles_ray`: a tiled product's create and hot update from its
+  frames' tile features, which frame-batch tasks extracted across the cluster first
+  (``extract.extract_tiles_ray``): one task per position (:func:`fit_position_task`,
+  :func:`update_position_task`) reads that position's rows of every batch and fits or grows it
+  (``TiledHETMM.fit_position`` / ``update_position``, PTS fanned out), so the positions spread over
+  the cluster as the frames did; :func:`tiles_fitted` / :func:`tiles_updated` join them into the
+  product (``TiledHETMM.with_positions``: the scales and the frame calibration), exactly what one
+  ``TiledHETMM`` in one process fits. :func:`whole_frames` says which products take these paths.
 - :func:`with_region_in_task`: any product's region change (``Detector.with_region``, what ``hetmm
   region`` runs) as one detector in a task.
 - :func:`labelled_calibration`: labelled validation (``validation.calibrate_with_labels``).
@@ -30,14 +33,20 @@ from .runtime import use_assigned_cpus
 
 if TYPE_CHECKING:
     from ..detection.interface import Layout
+    from ..detection.tiled import TileFeatures
+    from .extract import TileBatches
 
 __all__ = [
     "COMPARE_MAP_SIZE",
     "compare_task",
     "fit_line",
-    "fit_tiles_task",
+    "fit_position_task",
+    "fit_tiles_ray",
     "labelled_calibration",
-    "update_tiles_task",
+    "tiles_fitted",
+    "tiles_updated",
+    "update_position_task",
+    "update_tiles_ray",
     "whole_frames",
     "with_region_in_task",
 ]
@@ -110,42 +119,105 @@ def fit_line(layout: Layout, sheets: int, ms: float) -> str:
     )
 
 
+def _position_rows(parts: list[ray.ObjectRef]) -> TileFeatures:
+    """One position's rows of every frame batch (``extract.TileBatches.positions[p]``), joined in
+    input order."""
+    from ..detection.tiled import TileFeatures
+
+    return TileFeatures.gathered(ray.get(parts))
+
+
 @ray.remote(num_cpus=TASK_CPUS)
-def fit_tiles_task(
-    config: dict[str, Any], batches: list[ray.ObjectRef], cost_image: bytes, registry: Any, job_id: str | None
-) -> TemplateSet:
-    """A tiled product's fit in one task from its frames' tile features: ``batches``, the frame batches'
-    ``TileFeatures`` refs in input order (``extract.TileBatches.refs``), gathered here
-    (``TileFeatures.gathered``), then ``TiledHETMM.fit_extracted`` with each position's PTS fanned
-    out as pixel-chunk tasks; ``cost_image``: the first frame, encoded (``sheets: auto``'s time
-    budget is measured on it). Each position's stages go to the job (``job_id``) through ``registry``.
-    Returns the unsaved template set: what ``TiledHETMM(config).fit(frames)`` gives."""
-    from ..detection.tiled import TiledHETMM, TileFeatures
+def fit_position_task(
+    config: dict[str, Any],
+    parts: list[ray.ObjectRef],
+    cost_image: bytes,
+    registry: Any,
+    job_id: str | None,
+) -> tuple[TemplateSet, dict[str, Any]]:
+    """One position's fit (``TiledHETMM.fit_position``, its PTS fanned out as pixel-chunk tasks) from its
+    rows of the frame batches (``parts``: ``extract.TileBatches.positions[p]``); ``cost_image``: the first
+    frame, encoded (``sheets: auto``'s time budget is measured on it). The position's stages go to
+    the job (``job_id``) through ``registry``. Returns the position's set and :func:`_ran` of it."""
+    from ..detection.tiled import TiledHETMM
 
     use_assigned_cpus()
     report = None if job_id is None else JobReport(registry, job_id)
     det = TiledHETMM(DetectorConfig.from_dict(config), steps=_fanned_out_pts(), report=report)
-    det.fit_extracted(TileFeatures.gathered(ray.get(batches)), cost_image)
-    return det.template_set()
+    rows = _position_rows(parts)
+    return det.fit_position(rows, cost_image), _ran(rows)
+
+
+def _ran(rows: TileFeatures) -> dict[str, Any]:
+    """What a position task reports beside its set: the frames' sizes (the training frame size is
+    their largest) and the node it ran on."""
+    return {"shapes": rows.shapes, "node": ray.get_runtime_context().get_node_id()}
 
 
 @ray.remote(num_cpus=TASK_CPUS)
-def update_tiles_task(
-    store_uri: str, product: str, version: int, batches: list[ray.ObjectRef], images: list[bytes]
-) -> tuple[TemplateSet | None, int]:
-    """``TiledHETMM.update_extracted`` of ``product`` at ``version`` in a task (PTS fanned out), from
-    the new frames' tile features (``batches`` as in :func:`fit_tiles_task`) and the encoded frames
-    (only the first new one is read: ``sheets: auto``'s budget): the new template set (None when
-    every frame was already held) and how many frames it added."""
-    from ..detection.tiled import TiledHETMM, TileFeatures
+def update_position_task(
+    store_uri: str, product: str, version: int, parts: list[ray.ObjectRef], images: list[bytes]
+) -> tuple[TemplateSet | None, dict[str, Any]]:
+    """One position of ``product`` at ``version`` grown by the new frames (``TiledHETMM.update_position``,
+    PTS fanned out) from its rows of the frame batches (``parts`` as in :func:`fit_position_task`)
+    and the encoded frames (only the first new one is read: ``sheets: auto``'s budget): the
+    position's new set (None when every frame was already held) and :func:`_ran` of it."""
+    from ..detection.tiled import TiledHETMM
 
     use_assigned_cpus()
     det = TiledHETMM.from_store(open_store(store_uri), product, version, steps=_fanned_out_pts())
-    held = det.template_set().n_images
-    det.update_extracted(TileFeatures.gathered(ray.get(batches)), images)
-    grown = det.template_set()
-    added = grown.n_images - held  # the frames already held are skipped, not added
-    return (grown if added else None), added
+    rows = _position_rows(parts)
+    return det.update_position(rows, images), _ran(rows)
+
+
+def fit_tiles_ray(
+    config: DetectorConfig,
+    batches: TileBatches,
+    cost_image: bytes,
+    registry: Any = None,
+    job_id: str | None = None,
+    *,
+    num_cpus: float = TASK_CPUS,
+) -> list[ray.ObjectRef]:
+    """A tiled product's fit spread over the cluster: one :func:`fit_position_task` of ``num_cpus``
+    CPUs per position (the tiles, then the whole view), each reading only its rows of the frame
+    batches; the refs of their results, in position order (:func:`tiles_fitted` joins them)."""
+    cfg, task = config.to_dict(), fit_position_task.options(num_cpus=num_cpus)
+    return [task.remote(cfg, parts, cost_image, registry, job_id) for parts in batches.positions]
+
+
+def update_tiles_ray(
+    store_uri: str, product: str, version: int, batches: TileBatches, images: list[bytes]
+) -> list[ray.ObjectRef]:
+    """A tiled product's hot update spread over the cluster: one :func:`update_position_task` per
+    position; the refs of their results, in position order (:func:`tiles_updated` joins them)."""
+    return [update_position_task.remote(store_uri, product, version, parts, images) for parts in batches.positions]
+
+
+def tiles_fitted(config: DetectorConfig, results: list[tuple[TemplateSet, dict[str, Any]]]) -> TemplateSet:
+    """The product's unsaved template set from every position's fit (:func:`fit_tiles_ray`'s
+    results): what ``TiledHETMM(config).fit(frames)`` gives (``TiledHETMM.with_positions``)."""
+    from ..detection.tiled import TiledHETMM
+
+    sets = [ts for ts, _ in results]
+    return TiledHETMM(config).with_positions(sets, results[0][1]["shapes"]).template_set()
+
+
+def tiles_updated(
+    head: TemplateSet, results: list[tuple[TemplateSet | None, dict[str, Any]]]
+) -> tuple[TemplateSet | None, int]:
+    """The hot update's unsaved template set from every position's (:func:`update_tiles_ray`'s
+    results) over ``head`` (the version they grew), and how many frames it added; (None, 0) when
+    every frame was already held."""
+    from ..detection.tiled import TiledHETMM
+
+    sets = [ts for ts, _ in results]
+    if any(ts is None for ts in sets):
+        if not all(ts is None for ts in sets):
+            raise RuntimeError("positions of one hot update disagree on the frames already held")
+        return None, 0
+    grown = TiledHETMM.from_template_set(head).with_positions(sets, results[0][1]["shapes"]).template_set()  # type: ignore[arg-type]
+    return grown, grown.n_images - head.n_images
 
 
 @ray.remote(num_cpus=TASK_CPUS)

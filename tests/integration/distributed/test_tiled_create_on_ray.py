@@ -112,7 +112,7 @@ def test_frame_batches_as_tasks_equal_the_one_process_extraction(part) -> None:
     images = [png(f) if i % 2 else f for i, f in enumerate(frames)]  # bytes and arrays mixed
     calls: list[tuple[int, int]] = []
     batches = extract_tiles_ray(CONFIG, images, progress=lambda d, t: calls.append((d, t)))
-    assert frames_per_pass(CONFIG) == 2 and len(batches.refs) == len(batches.nodes) == 3
+    assert frames_per_pass(CONFIG) == 2 and len(batches.nodes) == 3 and len(batches.positions) == 5
     got = batches.gathered()
     want = TiledHETMM(CONFIG).extract_tiles(frames)
     assert got.digests == want.digests and got.shapes == want.shapes == [(FRAME, FRAME)] * 5

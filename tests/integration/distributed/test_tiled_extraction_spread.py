@@ -55,7 +55,7 @@ def test_the_frame_batch_tasks_ran_on_both_nodes_and_equal_one_process(cluster) 
     batches = extract_tiles_ray(
         CONFIG, [png(f) for f in frames], num_cpus=TASK_CPUS, progress=lambda d, t: calls.append((d, t))
     )
-    assert frames_per_pass(CONFIG) == 1 and len(batches.refs) == FRAMES
+    assert frames_per_pass(CONFIG) == 1 and len(batches.nodes) == FRAMES
     per_node = Counter(batches.nodes)
     assert set(per_node) == nodes, per_node  # every node extracted some of the frames
     assert calls[-1] == (FRAMES, FRAMES) and len(calls) == FRAMES  # one count per finished batch
