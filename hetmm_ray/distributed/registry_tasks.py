@@ -180,9 +180,10 @@ def fit_tiles_ray(
     num_cpus: float = TASK_CPUS,
 ) -> list[ray.ObjectRef]:
     """A tiled product's fit spread over the cluster: one :func:`fit_position_task` of ``num_cpus``
-    CPUs per position (the tiles, then the whole view), each reading only its rows of the frame
-    batches; the refs of their results, in position order (:func:`tiles_fitted` joins them)."""
-    cfg, task = config.to_dict(), fit_position_task.options(num_cpus=num_cpus)
+    CPUs per position (the tiles, then the whole view; SPREAD over the nodes), each reading only
+    its rows of the frame batches; the refs of their results, in position order
+    (:func:`tiles_fitted` joins them)."""
+    cfg, task = config.to_dict(), fit_position_task.options(num_cpus=num_cpus, scheduling_strategy="SPREAD")
     return [task.remote(cfg, parts, cost_image, registry, job_id) for parts in batches.positions]
 
 
@@ -190,8 +191,10 @@ def update_tiles_ray(
     store_uri: str, product: str, version: int, batches: TileBatches, images: list[bytes]
 ) -> list[ray.ObjectRef]:
     """A tiled product's hot update spread over the cluster: one :func:`update_position_task` per
-    position; the refs of their results, in position order (:func:`tiles_updated` joins them)."""
-    return [update_position_task.remote(store_uri, product, version, parts, images) for parts in batches.positions]
+    position (SPREAD over the nodes); the refs of their results, in position order
+    (:func:`tiles_updated` joins them)."""
+    task = update_position_task.options(scheduling_strategy="SPREAD")
+    return [task.remote(store_uri, product, version, parts, images) for parts in batches.positions]
 
 
 def tiles_fitted(config: DetectorConfig, results: list[tuple[TemplateSet, dict[str, Any]]]) -> TemplateSet:

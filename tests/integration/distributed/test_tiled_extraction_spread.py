@@ -1,8 +1,9 @@
-"""A tiled product's feature extraction spreads over a real 2-node Ray cluster started in this process
+"""A tiled product's create spreads over a real 2-node Ray cluster started in this process
 (``ray.cluster_utils.Cluster``, 1 CPU per node): the frame-batch tasks of
 ``extract.extract_tiles_ray`` (what a tiled create and hot update run first) each report the node
 they ran on, both nodes ran some, and the gathered features equal the one-process extraction bit
-for bit."""
+for bit; then the position fit tasks (``registry_tasks.fit_tiles_ray``) ran on both nodes too, and
+their join is the product the one-process fit makes."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 import ray
+import torch
 from helpers import png
 
 from hetmm_ray.config import TASK_CPUS, BackboneConfig, DetectorConfig
@@ -21,6 +23,7 @@ from hetmm_ray.detection.interface import frames_per_pass
 from hetmm_ray.detection.tiled import TiledHETMM
 from hetmm_ray.distributed import connect, shutdown_ray
 from hetmm_ray.distributed.extract import extract_tiles_ray
+from hetmm_ray.distributed.registry_tasks import fit_tiles_ray, tiles_fitted
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -66,3 +69,23 @@ def test_the_frame_batch_tasks_ran_on_both_nodes_and_equal_one_process(cluster) 
     for layer, v in want.feats.items():
         assert got.feats[layer].shape == v.shape and got.feats[layer].shape[0] == FRAMES * 4
         assert np.array_equal(got.feats[layer], v), layer
+
+
+def test_the_position_fit_tasks_ran_on_both_nodes_and_fit_the_one_process_product(cluster) -> None:
+    nodes = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+    part = SyntheticProduct(seed=9, size=FRAME)
+    frames = [part.good(i) for i in range(FRAMES)]
+    images = [png(f) for f in frames]
+    batches = extract_tiles_ray(CONFIG, images, num_cpus=1)
+    assert len(batches.positions) == 4  # 2 x 2 tiles, no whole view: a fit task each
+    results = ray.get(fit_tiles_ray(CONFIG, batches, images[0], num_cpus=1))
+    ran = Counter(info["node"] for _, info in results)
+    assert set(ran) == nodes, ran  # the positions were fit on both nodes
+    got = tiles_fitted(CONFIG, results)
+    want = TiledHETMM(CONFIG).fit(frames).template_set()
+    assert got.image_digests == want.image_digests and got.calibration == want.calibration
+    assert got.meta["tiles"]["scales"] == want.meta["tiles"]["scales"]
+    assert got.meta["tiles"]["frame"] == want.meta["tiles"]["frame"] == [FRAME, FRAME]
+    assert set(got.bank) == set(want.bank)
+    for key, bank in want.bank.items():
+        assert torch.equal(got.bank[key], bank) and torch.equal(got.templates(key), want.templates(key)), key
