@@ -51,8 +51,8 @@ synthetic surface frames of ``--size`` px (``data/surface.py``'s ``write_surface
 ``--weights`` at ``backbone.image_size`` ``--image-size``, the product's other defaults unless given.
 Each run is what the service's tiled create runs before it publishes: the frame-batch feature tasks
 (``extract.extract_tiles_ray``, ``--task-cpus`` each, default ``TASK_CPUS``, SPREAD), then a fit task per
-position from their results (``registry_tasks.fit_tiles_ray``, ``--task-cpus`` each, PTS fanned out) and
-their join (``registry_tasks.tiles_fitted``); the time of each part and the
+position and its calibration's fold ranges as tasks (``position_fit.fit_tiles_ray``, ``--task-cpus``
+each) and their join (``position_fit.tiles_fitted``); the time of each part and the
 whole (wall, from the first task submitted to the template set back). Before the timed runs of a
 cluster, one untimed create of a frame per task slot starts every node's workers and builds their
 backbones, as a running service has them. Prints the median of ``--runs`` runs per cluster, the ratio of
@@ -907,15 +907,14 @@ def tiled_run(config: Any, images: list[bytes], task_cpus: float) -> tuple[dict[
     """One tiled create's feature tasks (``task_cpus`` each), then its position fit tasks and their join:
     seconds of the features, of the fit and in all, the template set, and the node each feature batch
     ran on."""
-    import ray
 
     from hetmm_ray.distributed.extract import extract_tiles_ray
-    from hetmm_ray.distributed.registry_tasks import fit_tiles_ray, tiles_fitted
+    from hetmm_ray.distributed.position_fit import fit_tiles_ray, tiles_fitted
 
     start = time.perf_counter()
     batches = extract_tiles_ray(config, images, num_cpus=task_cpus)
     extracted = time.perf_counter()
-    ts = tiles_fitted(config, ray.get(fit_tiles_ray(config, batches, images[0], num_cpus=task_cpus)))
+    ts = tiles_fitted(config, fit_tiles_ray(config, batches, images[0], num_cpus=task_cpus).results())
     done = time.perf_counter()
     return {"features_s": extracted - start, "fit_s": done - extracted, "total_s": done - start}, ts, batches.nodes
 

@@ -195,8 +195,11 @@ class FitPipeline:
         weights_id: str,
         config: DetectorConfig | None = None,
         boxes: Sequence[Box] | None = None,
+        calibrate: bool = True,
     ) -> TemplateSet:
-        """:meth:`fit` from the images' bank features (layer -> (N, C, h, w)) and digests."""
+        """:meth:`fit` from the images' bank features (layer -> (N, C, h, w)) and digests;
+        ``calibrate=False``: selected only (:meth:`selectable` then :meth:`selected`), its
+        calibration left to the caller (:meth:`out_of_fold` parts, :meth:`calibrated_from`)."""
         meta = TemplateMeta().with_(created=time.time())
         if boxes is not None:
             meta = meta.with_(image_boxes=boxes)
@@ -207,7 +210,7 @@ class FitPipeline:
             image_digests=tuple(digests),
             meta=meta,
         )
-        return self.refit(ts)
+        return self.refit(ts) if calibrate else self.selected(self.selectable(ts))
 
     def update(self, ts: TemplateSet, images: Sequence[ImageInput]) -> tuple[TemplateSet | None, int]:
         """Hot update of ``ts`` with good images: (the refit set, or None when every image was
@@ -288,8 +291,13 @@ class FitPipeline:
     def refit(self, ts: TemplateSet) -> TemplateSet:
         """``ts`` selected (:meth:`selected`) and calibrated (:meth:`calibrated`); a region that
         counts no map pixel is refused first (ConfigError)."""
+        return self.calibrated(self.selected(self.selectable(ts)))
+
+    def selectable(self, ts: TemplateSet) -> TemplateSet:
+        """``ts``, once its region is known to count a map pixel (else ConfigError): the check
+        :meth:`refit` makes first."""
         check_visible(ts.config)
-        return self.calibrated(self.selected(ts))
+        return ts
 
     # --- select ---------------------------------------------------------------------------
     def selected(self, ts: TemplateSet) -> TemplateSet:
@@ -442,7 +450,15 @@ class FitPipeline:
         return replace(made[k], config=chosen, meta=ts.meta.with_(sheets_auto=record))
 
     # --- calibrate ------------------------------------------------------------------------
-    def out_of_fold(self, ts: TemplateSet, *, templates: TemplateConfig | None = None) -> OutOfFold:
+    def fold_plan(self, ts: TemplateSet) -> list[list[int]]:
+        """The held-out images of each fold of ``ts``'s out-of-fold calibration
+        (:func:`~hetmm_ray.core.calibration.fold_plan` under ``ts.config.threshold``)."""
+        th = ts.config.threshold
+        return fold_plan(ts.n_images, folds=th.folds, max_images=th.max_images, seed=th.seed, keys=ts.image_digests)
+
+    def out_of_fold(
+        self, ts: TemplateSet, *, templates: TemplateConfig | None = None, folds: Sequence[int] | None = None
+    ) -> OutOfFold:
         """Out-of-fold scores of ``ts``'s training images, each scored as a new part would be.
 
         The folds come from ``ts.config.threshold`` (:func:`~hetmm_ray.core.calibration.fold_plan`:
@@ -455,16 +471,23 @@ class FitPipeline:
         one pass over the bank, ``core.cover.cover_folds``; other kinds through
         :meth:`fold_selections`, which an injected ``select_folds`` step may run as parallel
         tasks) + one ATMM scoring per held-out image; progress counts the scored images.
+
+        ``folds``: the indices of the folds to score (in increasing order; None: all), so the folds
+        can be scored apart: the parts of consecutive fold ranges, joined in order
+        (:meth:`calibrated_from`), are the scores of all of them.
         """
         config = ts.config
-        th = config.threshold
         sel = templates or config.templates
         n = ts.n_images
         images: list[int] = []
         scores: list[float] = []
         scoring_seconds = 0.0
         device = self.scorer.device
-        plan = fold_plan(n, folds=th.folds, max_images=th.max_images, seed=th.seed, keys=ts.image_digests)
+        plan = self.fold_plan(ts)
+        if folds is not None:
+            if list(folds) != sorted(set(folds)) or any(not 0 <= f < len(plan) for f in folds):
+                raise ValueError(f"folds {list(folds)}: increasing indices of the {len(plan)} folds wanted")
+            plan = [plan[f] for f in folds]
         total = sum(len(held) for held in plan)
         kept_rows = [np.setdiff1d(np.arange(n), held).tolist() for held in plan]
         selections = self.fold_selections(ts.bank, sel, plan, kept_rows)
@@ -548,6 +571,16 @@ class FitPipeline:
             return self.steps.calibrate(ts)
         oof = self.out_of_fold(ts, templates=ts.config.templates)
         return replace(ts, calibration=Calibration(scores=oof.scores))
+
+    def calibrated_from(self, ts: TemplateSet, parts: Sequence[OutOfFold]) -> TemplateSet:
+        """``ts`` with the calibration of ``parts``: :meth:`out_of_fold` of consecutive ranges of its
+        folds under its own selection, in fold order, that together score every held-out image;
+        exactly what :meth:`calibrated` computes in one call. A ValueError for parts that do not."""
+        images = [i for part in parts for i in part.images]
+        held = [i for fold in self.fold_plan(ts) for i in fold]
+        if images != held:
+            raise ValueError(f"out-of-fold parts score images {images}, the fold plan holds out {held}")
+        return replace(ts, calibration=Calibration(scores=tuple(s for part in parts for s in part.scores)))
 
 
 def _as_items(images: Sequence[ImageInput]) -> list[bytes | np.ndarray]:

@@ -73,7 +73,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from ..config import ConfigError, DetectorConfig, GeometryConfig, check_number, stored_config
-from ..core.calibration import TailModel
+from ..core.calibration import OutOfFold, TailModel
 from ..core.device import TORCH_DTYPES, image_digest
 from ..core.geometry import Box
 from ..core.region import TilePart, check_visible, map_mask, raster, tile_regions
@@ -545,15 +545,36 @@ class TiledHETMM(Detector):
         self.frame = None
         return self.with_positions(sets, extracted.shapes)
 
-    def fit_position(self, extracted: TileFeatures, cost_frame: ImageInput) -> TemplateSet:
+    def fit_position(self, extracted: TileFeatures, cost_frame: ImageInput, *, calibrate: bool = True) -> TemplateSet:
         """Position ``extracted.position``'s template set and calibration from its rows alone
         (:meth:`TileFeatures.of_position`): exactly the set :meth:`fit_extracted` makes for that
         position, so a fit can run each position apart (the service: a task each) and
-        :meth:`with_positions` of them all is the product. The same refusals and ``cost_frame``."""
+        :meth:`with_positions` of them all is the product. The same refusals and ``cost_frame``.
+        ``calibrate=False``: selected only, its out-of-fold scores left to
+        :meth:`position_scores` (any fold ranges, anywhere) and :meth:`calibrated_position`."""
         if extracted.position is None:
             raise ValueError("fit_position takes one position's tile features (TileFeatures.of_position)")
         feats = self._fit_inputs(extracted, cost_frame)
-        return self._fit_one(extracted.position, feats, extracted)
+        return self._fit_one(extracted.position, feats, extracted, calibrate=calibrate)
+
+    def position_scores(self, p: int, ts: TemplateSet, folds: Sequence[int]) -> OutOfFold:
+        """Position ``p``'s out-of-fold scores of folds ``folds`` of ``ts`` (its set, selected:
+        :meth:`fit_position` or :meth:`update_position` with ``calibrate=False``), under its own
+        selection (``FitPipeline.out_of_fold``) and its own settings: ``ts`` is installed at position
+        ``p`` first, as a fit or hot update in one process scores it."""
+        det = self.dets[p]
+        det.scorer.install(ts)
+        return det.pipeline.out_of_fold(ts, templates=ts.config.templates, folds=folds)
+
+    def calibrated_position(self, p: int, ts: TemplateSet, parts: Sequence[OutOfFold]) -> TemplateSet:
+        """Position ``p``'s selected set ``ts`` calibrated from :meth:`position_scores` of consecutive
+        fold ranges that cover every fold, in order: exactly the calibrated set
+        (``FitPipeline.calibrated_from``)."""
+        return self.dets[p].pipeline.calibrated_from(ts, parts)
+
+    def fold_count(self, ts: TemplateSet) -> int:
+        """Folds of the out-of-fold calibration of a position's set ``ts`` (every position has the same)."""
+        return len(self.dets[0].pipeline.fold_plan(ts))
 
     def _fit_inputs(self, extracted: TileFeatures, cost_frame: ImageInput) -> dict[str, Tensor]:
         """A fit's refusals, then ``extracted``'s bank tensors; ``sheets: auto``'s cost measured."""
@@ -564,11 +585,13 @@ class TiledHETMM(Detector):
         self._measure_cost(cost_frame)
         return feats
 
-    def _fit_one(self, p: int, feats: dict[str, Tensor], extracted: TileFeatures) -> TemplateSet:
+    def _fit_one(
+        self, p: int, feats: dict[str, Tensor], extracted: TileFeatures, *, calibrate: bool = True
+    ) -> TemplateSet:
         det = self.dets[p]
         pos, boxes = self._position(feats, extracted, p)
         return det.pipeline.fit_features(
-            pos, extracted.digests, weights_id=self.weights_id, config=det.config, boxes=boxes
+            pos, extracted.digests, weights_id=self.weights_id, config=det.config, boxes=boxes, calibrate=calibrate
         )
 
     def with_positions(self, sets: Sequence[TemplateSet], shapes: Sequence[tuple[int, int]]) -> Self:
@@ -616,16 +639,20 @@ class TiledHETMM(Detector):
         sets = [self._grow_one(p, feats, keep, extracted=extracted) for p in range(self.n_positions)]
         return self.with_positions(sets, extracted.shapes)
 
-    def update_position(self, extracted: TileFeatures, frames: Sequence[ImageInput]) -> TemplateSet | None:
+    def update_position(
+        self, extracted: TileFeatures, frames: Sequence[ImageInput], *, calibrate: bool = True
+    ) -> TemplateSet | None:
         """Position ``extracted.position``'s set grown by the new frames' rows alone
         (:meth:`TileFeatures.of_position`), re-selected and recalibrated: exactly the set
         :meth:`update_extracted` makes for that position (None: every frame already held), so
         :meth:`with_positions` of every position's is the hot update. The same ``frames`` and
-        refusals; this detector is left as it was."""
+        refusals; this detector is left as it was. ``calibrate=False``: as :meth:`fit_position`."""
         if extracted.position is None:
             raise ValueError("update_position takes one position's tile features (TileFeatures.of_position)")
         grown = self._update_inputs(extracted, frames)
-        return None if grown is None else self._grow_one(extracted.position, *grown, extracted=extracted)
+        if grown is None:
+            return None
+        return self._grow_one(extracted.position, *grown, extracted=extracted, calibrate=calibrate)
 
     def _update_inputs(
         self, extracted: TileFeatures, frames: Sequence[ImageInput]
@@ -642,12 +669,14 @@ class TiledHETMM(Detector):
         self._measure_cost(frames[keep[0]])
         return feats, keep
 
-    def _grow_one(self, p: int, feats: dict[str, Tensor], keep: list[int], *, extracted: TileFeatures) -> TemplateSet:
-        det = self.dets[p]
+    def _grow_one(
+        self, p: int, feats: dict[str, Tensor], keep: list[int], *, extracted: TileFeatures, calibrate: bool = True
+    ) -> TemplateSet:
+        pipeline = self.dets[p].pipeline
         pos, boxes = self._position(feats, extracted, p)
-        grown, kept = det.pipeline.grown(det.scorer.require_templates(), pos, extracted.digests, boxes)
+        grown, kept = pipeline.grown(self.dets[p].scorer.require_templates(), pos, extracted.digests, boxes)
         assert grown is not None and kept == keep  # every position holds the same frames' digests
-        return det.pipeline.refit(grown)
+        return pipeline.refit(grown) if calibrate else pipeline.selected(pipeline.selectable(grown))
 
     def _require_fitted(self) -> None:
         if not self.scales:

@@ -23,7 +23,8 @@ template shards, ``sheets: auto`` and the out-of-fold calibration each in a task
 
 Three modules: this one (the actor: hosts, shards, publishing, following the store, candidates),
 ``registry_jobs.py`` (the admin routes' job starters, mixed into the actor) and
-``registry_tasks.py`` (the jobs' long work as tasks, over one detector).
+``registry_tasks.py`` (the jobs' long work as tasks, over one detector; a tiled product's create and
+hot update spread position by position, ``position_fit.py``).
 
 A tiled product (``geometry.tiles``, hetmm_ray/detection/tiled.py) has one shard per (tile position,
 layer), named by its bank key ``tile<p>/<layer>``; its create and hot update extract the frames'

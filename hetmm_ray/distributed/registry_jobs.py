@@ -23,14 +23,11 @@ from ..config import TASK_CPUS, DetectorConfig
 from ..core.templates import TemplateSet
 from ..store import StoreConflict, check_product_name
 from .jobs import JobProgress
+from .position_fit import fit_tiles_ray, tiles_fitted, tiles_updated, update_tiles_ray
 from .registry_tasks import (
     compare_task,
     fit_line,
-    fit_tiles_ray,
     labelled_calibration,
-    tiles_fitted,
-    tiles_updated,
-    update_tiles_ray,
     whole_frames,
     with_region_in_task,
 )
@@ -205,15 +202,17 @@ class JobStarters:
     ) -> int:
         """A tiled product's create: its frames' tile features as frame-batch tasks across the cluster
         (:meth:`_tile_batches`), then each position fit from them in a task of its own
-        (:func:`~.registry_tasks.fit_tiles_ray`, PTS fanned out), joined and published as v1; its shards are
+        and its calibration's fold ranges in tasks too (:func:`~.position_fit.fit_tiles_ray`), joined and
+        published as v1; its shards are
         its (tile position, layer) objects, placed over the template hosts."""
         progress.note(**note)
         cfg = choice.config
         batches, line = await self._tile_batches(cfg, images, progress, estimate=True)
         progress.stage(line or "fit", len(images))
         me = ray.get_runtime_context().current_actor
-        results = await asyncio.gather(*fit_tiles_ray(cfg, batches, images[0], me, progress.job_id))
-        del batches  # the features' objects are freed here, not after the publish
+        fits = fit_tiles_ray(cfg, batches, images[0], me, progress.job_id)
+        results = await asyncio.to_thread(fits.results)
+        del batches, fits  # the features' and positions' objects are freed here, not after the publish
         ts = choice.stored_with(await asyncio.to_thread(tiles_fitted, cfg, results))
         note_outliers(progress, ts)
         async with self._lock(product):
@@ -412,7 +411,7 @@ class JobStarters:
     ) -> int:
         """A tiled product's hot update: the new frames' tile features as frame-batch tasks across the
         cluster (:meth:`_tile_batches`, the head's settings), then each position of the head grown,
-        re-selected and recalibrated in a task of its own (:func:`~.registry_tasks.update_tiles_ray`),
+        re-selected and recalibrated in tasks of its own (:func:`~.position_fit.update_tiles_ray`),
         joined and published with ``expect_head``; its (tile, layer) shards grow
         in place (:meth:`_adopted_in_place`), or load the new head from the store (a candidate: the
         shards keep the head). Frames already held are skipped (``skipped_duplicates``); with nothing
@@ -423,8 +422,9 @@ class JobStarters:
             progress.note(candidate=candidate)
             batches, _ = await self._tile_batches(cfg, images, progress)
             progress.stage("select and calibrate", len(images))
-            results = await asyncio.gather(*update_tiles_ray(self.store_uri, product, head, batches, images))
-            del batches  # the features' objects are freed here, not after the publish
+            fits = update_tiles_ray(self.store_uri, product, head, cfg, batches, images)
+            results = await asyncio.to_thread(fits.results)
+            del batches, fits  # the features' and positions' objects are freed here, not after the publish
             base = await asyncio.to_thread(self.store.get, product, head)
             ts, added = await asyncio.to_thread(tiles_updated, base, results)
             progress.note(skipped_duplicates=len(images) - added, added_images=added)

@@ -2,7 +2,7 @@
 (``ray.cluster_utils.Cluster``, 1 CPU per node): the frame-batch tasks of
 ``extract.extract_tiles_ray`` (what a tiled create and hot update run first) each report the node
 they ran on, both nodes ran some, and the gathered features equal the one-process extraction bit
-for bit; then the position fit tasks (``registry_tasks.fit_tiles_ray``) ran on both nodes too, and
+for bit; then the position fit tasks (``position_fit.fit_tiles_ray``) ran on both nodes too, and
 their join is the product the one-process fit makes."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from hetmm_ray.detection.interface import frames_per_pass
 from hetmm_ray.detection.tiled import TiledHETMM
 from hetmm_ray.distributed import connect, shutdown_ray
 from hetmm_ray.distributed.extract import extract_tiles_ray
-from hetmm_ray.distributed.registry_tasks import fit_tiles_ray, tiles_fitted
+from hetmm_ray.distributed.position_fit import fit_tiles_ray, tiles_fitted
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -78,8 +78,8 @@ def test_the_position_fit_tasks_ran_on_both_nodes_and_fit_the_one_process_produc
     images = [png(f) for f in frames]
     batches = extract_tiles_ray(CONFIG, images, num_cpus=1)
     assert len(batches.positions) == 4  # 2 x 2 tiles, no whole view: a fit task each
-    results = ray.get(fit_tiles_ray(CONFIG, batches, images[0], num_cpus=1))
-    ran = Counter(info["node"] for _, info in results)
+    results = fit_tiles_ray(CONFIG, batches, images[0], num_cpus=1).results()
+    ran = Counter(info["node"] for _, info in results[0])
     assert set(ran) == nodes, ran  # the positions were fit on both nodes
     got = tiles_fitted(CONFIG, results)
     want = TiledHETMM(CONFIG).fit(frames).template_set()
