@@ -53,6 +53,12 @@ Exact semantics:
   slices starting at multiples of ``G``, run anywhere (the service: one Ray task per slice) and
   joined in order (:meth:`TileFeatures.gathered`), fit exactly the product one call on every
   frame fits.
+- **Positions apart.** Each position's fit reads its own rows only (:meth:`TileFeatures.of_position`),
+  so :meth:`TiledHETMM.fit_position` / :meth:`TiledHETMM.update_position` of each, run anywhere,
+  then :meth:`TiledHETMM.with_positions` of them all, is exactly :meth:`TiledHETMM.fit_extracted`
+  / :meth:`TiledHETMM.update_extracted`; with ``calibrate=False`` a position is only selected and
+  its out-of-fold scores come in ranges of folds (:meth:`TiledHETMM.position_scores`), joined in
+  fold order by :meth:`TiledHETMM.calibrated_position` into the same calibration.
 - **Another region** (:meth:`TiledHETMM.with_region`): every position keeps its templates and is
   recalibrated under its part of the new region.
 
