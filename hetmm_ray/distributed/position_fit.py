@@ -40,7 +40,7 @@ from .ray_steps import JobReport
 from .runtime import use_assigned_cpus
 
 if TYPE_CHECKING:
-    from ..detection.tiled import TileFeatures
+    from ..detection.tiled import TiledHETMM, TileFeatures
     from .extract import TileBatches
 
 __all__ = [
@@ -58,6 +58,8 @@ __all__ = [
 Selected = tuple[TemplateSet | None, dict[str, Any]]
 """A position task's result: the position's selected, uncalibrated set (None: a hot update whose
 frames were all held already) and what :func:`_ran` reports."""
+Results = tuple[list[Selected], list[list[OutOfFold | None]]]
+"""Every task's result of a spread fit or hot update (:meth:`PositionFits.results`)."""
 
 
 def _fanned_out_pts() -> FitSteps:
@@ -144,7 +146,7 @@ class PositionFits:
     selected: list[ray.ObjectRef]
     scores: list[list[ray.ObjectRef]]
 
-    def results(self) -> tuple[list[Selected], list[list[OutOfFold | None]]]:
+    def results(self) -> Results:
         """Every task's result, waited for (``ray.get``)."""
         return ray.get(self.selected), [ray.get(refs) for refs in self.scores]
 
@@ -193,7 +195,7 @@ def update_tiles_ray(
     return _started(config, selected, num_cpus)
 
 
-def _calibrated(det: Any, selected: list[Selected], scores: list[list[OutOfFold | None]]) -> list[TemplateSet]:
+def _calibrated(det: TiledHETMM, selected: list[Selected], scores: list[list[OutOfFold | None]]) -> list[TemplateSet]:
     """Each position's selected set calibrated from its fold ranges (``TiledHETMM.calibrated_position``)."""
     out = []
     for p, ((ts, _), parts) in enumerate(zip(selected, scores, strict=True)):
@@ -203,7 +205,7 @@ def _calibrated(det: Any, selected: list[Selected], scores: list[list[OutOfFold 
     return out
 
 
-def tiles_fitted(config: DetectorConfig, results: tuple[list[Selected], list[list[OutOfFold | None]]]) -> TemplateSet:
+def tiles_fitted(config: DetectorConfig, results: Results) -> TemplateSet:
     """The product's unsaved template set from :func:`fit_tiles_ray`'s results
     (``PositionFits.results``): what ``TiledHETMM(config).fit(frames)`` gives."""
     from ..detection.tiled import TiledHETMM
@@ -213,9 +215,7 @@ def tiles_fitted(config: DetectorConfig, results: tuple[list[Selected], list[lis
     return det.with_positions(_calibrated(det, selected, scores), selected[0][1]["shapes"]).template_set()
 
 
-def tiles_updated(
-    head: TemplateSet, results: tuple[list[Selected], list[list[OutOfFold | None]]]
-) -> tuple[TemplateSet | None, int]:
+def tiles_updated(head: TemplateSet, results: Results) -> tuple[TemplateSet | None, int]:
     """The hot update's unsaved template set from :func:`update_tiles_ray`'s results over ``head``
     (the version they grew), and how many frames it added; (None, 0) when every frame was already
     held."""
