@@ -638,7 +638,8 @@ class TiledHETMM(Detector):
             raise ValueError(
                 f"tile features of position {extracted.position} alone: update_position grows one position"
             )
-        grown = self._update_inputs(extracted, frames)
+        self._require_fitted()
+        grown = self._update_inputs(extracted, frames, self.frame_digests)
         if grown is None:
             return self
         feats, keep = grown
@@ -646,30 +647,43 @@ class TiledHETMM(Detector):
         return self.with_positions(sets, extracted.shapes)
 
     def update_position(
-        self, extracted: TileFeatures, frames: Sequence[ImageInput], *, calibrate: bool = True
+        self,
+        extracted: TileFeatures,
+        frames: Sequence[ImageInput],
+        *,
+        base: TemplateSet | None = None,
+        calibrate: bool = True,
     ) -> TemplateSet | None:
         """Position ``extracted.position``'s set grown by the new frames' rows alone
         (:meth:`TileFeatures.of_position`), re-selected and recalibrated: exactly the set
         :meth:`update_extracted` makes for that position (None: every frame already held), so
         :meth:`with_positions` of every position's is the hot update. The same ``frames`` and
-        refusals; this detector is left as it was. ``calibrate=False``: as :meth:`fit_position`."""
-        if extracted.position is None:
+        refusals. ``base``: the position's set to grow (its own, :func:`position_sets` of the
+        stored product), installed at the position first, so a detector that holds no other
+        position's templates can grow it; None: the position's installed set (this detector's
+        other positions are left as they were). ``calibrate=False``: as :meth:`fit_position`."""
+        p = extracted.position
+        if p is None:
             raise ValueError("update_position takes one position's tile features (TileFeatures.of_position)")
-        grown = self._update_inputs(extracted, frames)
+        if base is not None:
+            self.dets[p].scorer.install(base)
+        else:
+            self._require_fitted()
+        held = self.dets[p].scorer.require_templates().image_digests
+        grown = self._update_inputs(extracted, frames, held)
         if grown is None:
             return None
-        return self._grow_one(extracted.position, *grown, extracted=extracted, calibrate=calibrate)
+        return self._grow_one(p, *grown, extracted=extracted, calibrate=calibrate)
 
     def _update_inputs(
-        self, extracted: TileFeatures, frames: Sequence[ImageInput]
+        self, extracted: TileFeatures, frames: Sequence[ImageInput], held: Sequence[str]
     ) -> tuple[dict[str, Tensor], list[int]] | None:
         """A hot update's refusals, then the new frames' bank tensors and the positions of the frames
-        not yet held (None: none); ``sheets: auto``'s cost measured on the first of them."""
-        self._require_fitted()
+        not in ``held`` (None: none); ``sheets: auto``'s cost measured on the first of them."""
         if len(frames) != extracted.n_frames:
             raise ValueError(f"tile features of {extracted.n_frames} frames, {len(frames)} frames given")
         feats = self._bank(extracted)
-        keep = unseen_positions(self.frame_digests, extracted.digests)
+        keep = unseen_positions(tuple(held), extracted.digests)
         if not keep:
             return None
         self._measure_cost(frames[keep[0]])
@@ -682,7 +696,9 @@ class TiledHETMM(Detector):
         pos, boxes = self._position(feats, extracted, p)
         grown, kept = pipeline.grown(self.dets[p].scorer.require_templates(), pos, extracted.digests, boxes)
         assert grown is not None and kept == keep  # every position holds the same frames' digests
-        return pipeline.refit(grown) if calibrate else pipeline.selected(pipeline.selectable(grown))
+        if calibrate:
+            return pipeline.refit(grown)
+        return replace(pipeline.selected(pipeline.selectable(grown)), calibration=None)  # the old one is stale
 
     def _require_fitted(self) -> None:
         if not self.scales:

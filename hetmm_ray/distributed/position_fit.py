@@ -34,7 +34,6 @@ from ..config import TASK_CPUS, DetectorConfig
 from ..core.calibration import OutOfFold
 from ..core.templates import TemplateSet
 from ..detection.fit_steps import FitSteps
-from ..store import open_store
 from .pts_fanout import pts_indices_ray
 from .ray_steps import JobReport
 from .runtime import use_assigned_cpus
@@ -99,18 +98,19 @@ def fit_position_task(
 
 @ray.remote(num_cpus=TASK_CPUS)
 def update_position_task(
-    store_uri: str, product: str, version: int, parts: list[ray.ObjectRef], images: list[bytes]
+    config: dict[str, Any], base: TemplateSet, parts: list[ray.ObjectRef], images: list[bytes]
 ) -> Selected:
-    """One position of ``product`` at ``version`` grown by the new frames and selected again
-    (``TiledHETMM.update_position``, uncalibrated) from its rows of the frame batches (``parts``)
-    and the encoded frames (only the first new one is read: ``sheets: auto``'s budget); None for
-    the set when every frame was already held."""
+    """One position of a stored product grown by the new frames and selected again
+    (``TiledHETMM.update_position``, uncalibrated; ``config``: the product's settings) from ``base``,
+    the position's stored set (Ray passes the value of its ref), its rows of the frame batches
+    (``parts``) and the encoded frames (only the first new one is read: ``sheets: auto``'s budget);
+    None for the set when every frame was already held."""
     from ..detection.tiled import TiledHETMM
 
     use_assigned_cpus()
-    det = TiledHETMM.from_store(open_store(store_uri), product, version, steps=_fanned_out_pts())
+    det = TiledHETMM(DetectorConfig.from_dict(config), steps=_fanned_out_pts())
     rows = _position_rows(parts)
-    return det.update_position(rows, images, calibrate=False), _ran(rows)
+    return det.update_position(rows, images, base=base, calibrate=False), _ran(rows)
 
 
 @ray.remote(num_cpus=TASK_CPUS)
@@ -179,20 +179,22 @@ def fit_tiles_ray(
 
 
 def update_tiles_ray(
-    store_uri: str,
-    product: str,
-    version: int,
-    config: DetectorConfig,
-    batches: TileBatches,
-    images: list[bytes],
-    *,
-    num_cpus: float = TASK_CPUS,
+    head: TemplateSet, batches: TileBatches, images: list[bytes], *, num_cpus: float = TASK_CPUS
 ) -> PositionFits:
-    """A hot update of ``product`` at ``version`` (``config``: its settings) spread over the cluster
-    (module docstring), every task of ``num_cpus`` CPUs; :func:`tiles_updated` joins the results."""
+    """A hot update of the stored version ``head`` spread over the cluster (module docstring), every
+    task of ``num_cpus`` CPUs, each position's task given its own stored set alone
+    (``tiled.position_sets``, put in the object store here); :func:`tiles_updated` joins the results."""
+    from ..detection.tiled import position_sets
+
     task = update_position_task.options(num_cpus=num_cpus, scheduling_strategy="SPREAD")
-    selected = [task.remote(store_uri, product, version, parts, images) for parts in batches.positions]
-    return _started(config, selected, num_cpus)
+    cfg = head.config.to_dict()
+    bases = position_sets(head)
+    if len(bases) != len(batches.positions):
+        raise ValueError(f"{len(batches.positions)} positions of tile features; the product holds {len(bases)}")
+    selected = [
+        task.remote(cfg, ray.put(base), parts, images) for base, parts in zip(bases, batches.positions, strict=True)
+    ]
+    return _started(head.config, selected, num_cpus)
 
 
 def _calibrated(det: TiledHETMM, selected: list[Selected], scores: list[list[OutOfFold | None]]) -> list[TemplateSet]:

@@ -422,10 +422,10 @@ class JobStarters:
             progress.note(candidate=candidate)
             batches, _ = await self._tile_batches(cfg, images, progress)
             progress.stage("select and calibrate", len(images))
-            fits = update_tiles_ray(self.store_uri, product, head, cfg, batches, images)
+            base = await asyncio.to_thread(self.store.get, product, head)
+            fits = update_tiles_ray(base, batches, images)
             results = await asyncio.to_thread(fits.results)
             del batches, fits  # the features' and positions' objects are freed here, not after the publish
-            base = await asyncio.to_thread(self.store.get, product, head)
             ts, added = await asyncio.to_thread(tiles_updated, base, results)
             progress.note(skipped_duplicates=len(images) - added, added_images=added)
             if ts is None:

@@ -108,3 +108,29 @@ def test_fold_chunks_takes_the_fewest_ranges_that_end_soonest(positions, folds, 
     assert math.isclose(spans[c], best)  # no count of ranges ends sooner
     assert all(spans[k] > best + 1e-9 for k in range(1, c))  # and none fewer ends as soon
     assert fold_chunks(positions, folds, 1) == 1  # one slot: no ranges
+
+
+def test_a_hot_update_position_by_position_from_each_stored_position_set_is_the_one_call_update(frames) -> None:
+    from hetmm_ray.detection.tiled import position_sets
+
+    cfg = config("cover", 3)
+    head = TiledHETMM(cfg).fit(frames[:8]).template_set()
+    new = [*frames[6:8], *frames[8:12]]  # two already held: skipped
+    want = TiledHETMM.from_template_set(head).update(new).template_set()
+    extracted = TiledHETMM(cfg).extract_tiles(new)
+    bases = position_sets(head)
+    sets = []
+    for p, base in enumerate(bases):
+        det = TiledHETMM(head.config)  # holds no templates: each position's own set is given
+        selected = det.update_position(extracted.of_position(p, len(bases)), new, base=base, calibrate=False)
+        assert selected is not None and selected.n_images == 12 and selected.calibration is None
+        parts = [det.position_scores(p, selected, range(0, 2)), det.position_scores(p, selected, range(2, 4))]
+        sets.append(det.calibrated_position(p, selected, parts))
+    got = TiledHETMM.from_template_set(head).with_positions(sets, extracted.shapes).template_set()
+    assert got.image_digests == want.image_digests and got.calibration == want.calibration
+    assert got.meta["tiles"]["scales"] == want.meta["tiles"]["scales"]
+    assert got.indices is not None and want.indices is not None
+    for key, bank in want.bank.items():
+        assert torch.equal(got.bank[key], bank) and torch.equal(got.indices[key], want.indices[key]), key
+    again = TiledHETMM(cfg).extract_tiles(frames[:2]).of_position(0, 5)
+    assert TiledHETMM(head.config).update_position(again, frames[:2], base=bases[0]) is None  # all held
