@@ -140,12 +140,16 @@ class Scorer:
         This scorer's configuration becomes ``config``, by default ``ts``'s product settings with
         this scorer's run-time settings (``config.RUN_TIME_SETTINGS``: device, dtype, batch sizes).
         """
-        if config is None:
-            config = replace(ts.config, **{k: getattr(self.config, k) for k in RUN_TIME_SETTINGS})
-        self.config = config
+        self.config = config or self.settings_of(ts)
         self.templates = ts
         self.version = version
         self._prepared = self.prepare(ts)
+
+    def settings_of(self, ts: TemplateSet) -> DetectorConfig:
+        """What :meth:`install` makes this scorer's configuration for ``ts``: its product settings with
+        this scorer's run-time settings (a caller scoring ``ts``'s own bank, the out-of-fold
+        calibration, sets it without preparing templates it does not match against)."""
+        return replace(ts.config, **{k: getattr(self.config, k) for k in RUN_TIME_SETTINGS})
 
     @property
     def prepared(self) -> dict[str, Tensor]:

@@ -90,7 +90,7 @@ from .detector import HETMM
 from .fit_steps import FitSteps, Report
 from .frame_cost import FrameCost
 from .geometry_rule import check_resolved
-from .interface import Detector, Layout, frame_grid, frames_per_pass
+from .interface import Detector, Layout, frame_grid, frames_per_pass, positions_per_frame
 from .scorer import ImageInput, Prediction, as_rgb
 
 if TYPE_CHECKING:
@@ -359,8 +359,9 @@ class TiledHETMM(Detector):
 
     @property
     def n_positions(self) -> int:
-        """Positions scored per frame: the tiles, and the whole view when the product has one (the last)."""
-        return self.n_tiles + int(self.whole_view)
+        """Positions scored per frame: the tiles, and the whole view when the product has one (the last;
+        ``interface.positions_per_frame``)."""
+        return positions_per_frame(self.config)
 
     @property
     def backbone(self) -> Any:
@@ -566,10 +567,10 @@ class TiledHETMM(Detector):
     def position_scores(self, p: int, ts: TemplateSet, folds: Sequence[int]) -> OutOfFold:
         """Position ``p``'s out-of-fold scores of folds ``folds`` of ``ts`` (its set, selected:
         :meth:`fit_position` or :meth:`update_position` with ``calibrate=False``), under its own
-        selection (``FitPipeline.out_of_fold``) and its own settings: ``ts`` is installed at position
-        ``p`` first, as a fit or hot update in one process scores it."""
+        selection (``FitPipeline.out_of_fold``) and under ``ts``'s own settings
+        (``Scorer.settings_of``), as a fit or hot update in one process scores it."""
         det = self.dets[p]
-        det.scorer.install(ts)
+        det.scorer.config = det.scorer.settings_of(ts)
         return det.pipeline.out_of_fold(ts, templates=ts.config.templates, folds=folds)
 
     def calibrated_position(self, p: int, ts: TemplateSet, parts: Sequence[OutOfFold]) -> TemplateSet:
@@ -643,7 +644,10 @@ class TiledHETMM(Detector):
         if grown is None:
             return self
         feats, keep = grown
-        sets = [self._grow_one(p, feats, keep, extracted=extracted) for p in range(self.n_positions)]
+        sets = [
+            self._grow_one(p, det.scorer.require_templates(), feats, keep, extracted=extracted)
+            for p, det in enumerate(self.dets)
+        ]
         return self.with_positions(sets, extracted.shapes)
 
     def update_position(
@@ -659,42 +663,52 @@ class TiledHETMM(Detector):
         :meth:`update_extracted` makes for that position (None: every frame already held), so
         :meth:`with_positions` of every position's is the hot update. The same ``frames`` and
         refusals. ``base``: the position's set to grow (its own, :func:`position_sets` of the
-        stored product), installed at the position first, so a detector that holds no other
-        position's templates can grow it; None: the position's installed set (this detector's
-        other positions are left as they were). ``calibrate=False``: as :meth:`fit_position`."""
+        stored product; the position scores under its settings, ``Scorer.settings_of``), so a
+        detector that holds no templates can grow it; None: the position's installed set. This
+        detector's installed templates are left as they were. ``calibrate=False``: as
+        :meth:`fit_position`."""
         p = extracted.position
         if p is None:
             raise ValueError("update_position takes one position's tile features (TileFeatures.of_position)")
-        if base is not None:
-            self.dets[p].scorer.install(base)
-        else:
+        scorer = self.dets[p].scorer
+        if base is None:
             self._require_fitted()
-        held = self.dets[p].scorer.require_templates().image_digests
-        grown = self._update_inputs(extracted, frames, held)
+            base = scorer.require_templates()
+        else:
+            scorer.config = scorer.settings_of(base)
+        grown = self._update_inputs(extracted, frames, base.image_digests)
         if grown is None:
             return None
-        return self._grow_one(p, *grown, extracted=extracted, calibrate=calibrate)
+        return self._grow_one(p, base, *grown, extracted=extracted, calibrate=calibrate)
 
     def _update_inputs(
-        self, extracted: TileFeatures, frames: Sequence[ImageInput], held: Sequence[str]
+        self, extracted: TileFeatures, frames: Sequence[ImageInput], held: tuple[str, ...]
     ) -> tuple[dict[str, Tensor], list[int]] | None:
         """A hot update's refusals, then the new frames' bank tensors and the positions of the frames
         not in ``held`` (None: none); ``sheets: auto``'s cost measured on the first of them."""
         if len(frames) != extracted.n_frames:
             raise ValueError(f"tile features of {extracted.n_frames} frames, {len(frames)} frames given")
         feats = self._bank(extracted)
-        keep = unseen_positions(tuple(held), extracted.digests)
+        keep = unseen_positions(held, extracted.digests)
         if not keep:
             return None
         self._measure_cost(frames[keep[0]])
         return feats, keep
 
     def _grow_one(
-        self, p: int, feats: dict[str, Tensor], keep: list[int], *, extracted: TileFeatures, calibrate: bool = True
+        self,
+        p: int,
+        base: TemplateSet,
+        feats: dict[str, Tensor],
+        keep: list[int],
+        *,
+        extracted: TileFeatures,
+        calibrate: bool = True,
     ) -> TemplateSet:
+        """Position ``p``'s ``base`` grown by its rows of ``extracted`` (the frames at ``keep``)."""
         pipeline = self.dets[p].pipeline
         pos, boxes = self._position(feats, extracted, p)
-        grown, kept = pipeline.grown(self.dets[p].scorer.require_templates(), pos, extracted.digests, boxes)
+        grown, kept = pipeline.grown(base, pos, extracted.digests, boxes)
         assert grown is not None and kept == keep  # every position holds the same frames' digests
         if calibrate:
             return pipeline.refit(grown)

@@ -12,13 +12,15 @@ in one process: the same decoding, the same digests, the same batches through
 the same code, reassembled in input order.
 
 A tiled product's frames go the same way (:func:`extract_tiles_ray`): frame batches as
-tasks, each of whole backbone groups (``interface.frames_per_pass`` frames, hetmm_ray/detection/tiled.py
-"Extraction apart from the fit"), the task cutting its frames' tiles and extracting
+tasks, each of whole backbone groups (``interface.frames_per_pass`` frames, as many groups per
+task as :func:`frames_per_batch` gives; hetmm_ray/detection/tiled.py "Extraction apart from the
+fit"), the task cutting its frames' tiles and extracting
 every position (:meth:`~hetmm_ray.detection.tiled.TiledHETMM.extract_tiles`), placed with Ray's
 SPREAD strategy so every node of a cluster takes batches. Their results stay in the
-object store (:class:`TileBatches`: the refs in input order, the node each batch ran
-on) for the fit that gathers them, so they never pass through the caller; gathered,
-they equal the one-process extraction of every frame.
+object store, a part per position (:class:`TileBatches`: each position's parts in input
+order, the node each batch ran on), for the fit that reads each position's alone
+(``position_fit.py``), so they never pass through the caller; gathered, they equal the
+one-process extraction of every frame.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from ..config import FEATURE_TASKS_PER_SLOT, BackboneConfig, DetectorConfig
 from ..core.device import TORCH_DTYPES, image_digest, resolve_device
 from ..data.decode import ImageError, canvas_digest, decode_image, images_to_tensor
 from ..detection.interface import Layout, frames_per_pass, positions_per_frame
-from .runtime import use_assigned_cpus
+from .runtime import task_slots, use_assigned_cpus
 
 if TYPE_CHECKING:
     from ..core.backbone import Backbone
@@ -267,8 +269,7 @@ def frames_per_batch(frames: int, group: int, num_cpus: float) -> int:
     """Frames per feature task of a tiled extraction of ``frames`` frames: whole backbone groups
     (``group`` frames each), as many as leave about ``FEATURE_TASKS_PER_SLOT`` tasks per task slot
     of the connected cluster (its CPUs over ``num_cpus``), at least one group."""
-    slots = max(1.0, float(ray.cluster_resources().get("CPU", 1.0)) / max(num_cpus, 1e-9))
-    return group * max(1, int(frames // (group * FEATURE_TASKS_PER_SLOT * slots)))
+    return group * max(1, int(frames // (group * FEATURE_TASKS_PER_SLOT * task_slots(num_cpus))))
 
 
 def extract_tiles_ray(

@@ -17,8 +17,10 @@ position in the object store (``extract.TileBatches.positions``). Then, exactly 
   ranges in fold order (``TiledHETMM.calibrated_position``: the same scores one call gives) and
   join the positions (``TiledHETMM.with_positions``: the scales and the frame calibration).
 
-Every task is started by the caller (the registry actor, or a benchmark's driver), none by
-another task: a task waiting on tasks it started would hold its worker while they need new ones.
+The position and fold-range tasks are all started by the caller (the registry actor, or a
+benchmark's driver), the fold ranges depending on their position's result, not started by it: a
+task waiting on tasks it started holds its worker while they need new ones. Only a position's PTS
+(kind ``pts``) fans out from inside its task, as pixel chunks.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from ..core.templates import TemplateSet
 from ..detection.fit_steps import FitSteps
 from .pts_fanout import pts_indices_ray
 from .ray_steps import JobReport
-from .runtime import use_assigned_cpus
+from .runtime import task_slots, use_assigned_cpus
 
 if TYPE_CHECKING:
     from ..detection.tiled import TiledHETMM, TileFeatures
@@ -153,8 +155,7 @@ class PositionFits:
 
 def _started(config: DetectorConfig, selected: list[ray.ObjectRef], num_cpus: float) -> PositionFits:
     """:class:`PositionFits` of position tasks ``selected``, with their fold-range tasks started."""
-    slots = float(ray.cluster_resources().get("CPU", 1.0)) / max(num_cpus, 1e-9)
-    chunks = fold_chunks(len(selected), config.threshold.folds, slots)
+    chunks = fold_chunks(len(selected), config.threshold.folds, task_slots(num_cpus))
     task = position_scores_task.options(num_cpus=num_cpus, scheduling_strategy="SPREAD")
     cfg = config.to_dict()
     scores = [[task.remote(cfg, p, ref, c, chunks) for c in range(chunks)] for p, ref in enumerate(selected)]

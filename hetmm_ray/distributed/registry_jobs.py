@@ -418,11 +418,10 @@ class JobStarters:
         new the head stays. A failure publishes nothing."""
         async with self._lock(product):
             head = await asyncio.to_thread(self.store.head, product)
-            cfg = (await asyncio.to_thread(self.store.record, product, head)).config
-            progress.note(candidate=candidate)
-            batches, _ = await self._tile_batches(cfg, images, progress)
-            progress.stage("select and calibrate", len(images))
             base = await asyncio.to_thread(self.store.get, product, head)
+            progress.note(candidate=candidate)
+            batches, _ = await self._tile_batches(base.config, images, progress)
+            progress.stage("select and calibrate", len(images))
             fits = update_tiles_ray(base, batches, images)
             results = await asyncio.to_thread(fits.results)
             del batches, fits  # the features' and positions' objects are freed here, not after the publish

@@ -81,9 +81,9 @@ def compare_task(
 def whole_frames(config: DetectorConfig) -> bool:
     """Whether a product's create and hot update jobs take the tiled path (a frame's tiles cut where
     its frame is: whole frames go into the feature tasks, each task extracts every position of its
-    frames, and one detector in a task fits or grows every position from them), not the sharded
-    path of a frame on one canvas (its features extracted as image-batch tasks, its layer shards
-    grown in place)."""
+    frames, and each position is fit or grown in tasks of its own, ``position_fit.py``), not the
+    sharded path of a frame on one canvas (its features extracted as image-batch tasks, its layer
+    shards grown in place)."""
     return config.geometry.tiled
 
 

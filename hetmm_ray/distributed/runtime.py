@@ -40,6 +40,7 @@ __all__ = [
     "shutdown_ray",
     "started_local_ray",
     "starts_local_ray",
+    "task_slots",
     "use_assigned_cpus",
 ]
 
@@ -299,3 +300,9 @@ def use_assigned_cpus(threads: int = 0) -> int:
     n = threads if threads > 0 else compute_threads(ray.get_runtime_context().get_assigned_resources().get("CPU", 1.0))
     torch.set_num_threads(n)
     return n
+
+
+def task_slots(num_cpus: float) -> float:
+    """How many tasks of ``num_cpus`` CPUs the connected cluster runs at once: its CPUs over a task's,
+    at least 1."""
+    return max(1.0, float(ray.cluster_resources().get("CPU", 1.0)) / max(num_cpus, 1e-9))
